@@ -1,0 +1,343 @@
+//! The [`FileSystem`] trait a cFS implements, and the plain types it speaks.
+//!
+//! Paths are absolute inside the file system (`/`, `/a/b`); they are never
+//! joined onto a host path by mapfs. The trait knows nothing of FUSE or of the
+//! preload shim: every executor translates into these calls.
+//!
+//! Consistency contract (DESIGN.md): close-to-open. `release` receives the
+//! final [`DataMap`] of an open; the next `open` of the same path must see it.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::datamap::DataMap;
+use crate::error::{Error, Result};
+
+/// Who is asking: the credentials of the calling process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ctx {
+    /// Effective (file-system) uid of the caller.
+    pub uid: u32,
+    /// Effective (file-system) gid of the caller.
+    pub gid: u32,
+    /// Caller's pid (0 when unknown, e.g. kernel-internal requests).
+    pub pid: u32,
+}
+
+impl Ctx {
+    /// The context of the current process, for tests and embedded use.
+    pub fn current() -> Self {
+        Ctx {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+            pid: rustix::process::getpid().as_raw_nonzero().get() as u32,
+        }
+    }
+}
+
+/// The type of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Named pipe.
+    Fifo,
+    /// UNIX socket.
+    Socket,
+    /// Character device.
+    CharDev,
+    /// Block device.
+    BlockDev,
+}
+
+impl FileKind {
+    /// The kind encoded in the `S_IFMT` bits of a `st_mode`.
+    pub fn from_mode(mode: u32) -> FileKind {
+        match mode & libc::S_IFMT {
+            libc::S_IFDIR => FileKind::Dir,
+            libc::S_IFLNK => FileKind::Symlink,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFSOCK => FileKind::Socket,
+            libc::S_IFCHR => FileKind::CharDev,
+            libc::S_IFBLK => FileKind::BlockDev,
+            _ => FileKind::File,
+        }
+    }
+}
+
+/// File attributes, as `stat` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    /// A number unique and stable for this file within the file system
+    /// (hard links share it). Executors key their inode tables on it.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    /// Last access.
+    pub atime: SystemTime,
+    /// Last data change.
+    pub mtime: SystemTime,
+    /// Last status change.
+    pub ctime: SystemTime,
+    /// File type.
+    pub kind: FileKind,
+    /// Permission bits including setuid/setgid/sticky (`mode & 0o7777`).
+    pub perm: u16,
+    /// Hard link count.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number for device files.
+    pub rdev: u64,
+    /// Preferred I/O size.
+    pub blksize: u32,
+}
+
+/// One directory entry. `attr` is filled when the file system has it for free
+/// (it lets executors answer `readdirplus` without extra lookups).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Entry name (never `.` or `..`).
+    pub name: OsString,
+    /// Same number `getattr` would report in [`Attr::ino`].
+    pub ino: u64,
+    /// File type.
+    pub kind: FileKind,
+    /// Full attributes, if known.
+    pub attr: Option<Attr>,
+}
+
+/// A time to set in `setattr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeSet {
+    /// The current time (`UTIME_NOW`).
+    Now,
+    /// A given time.
+    At(SystemTime),
+}
+
+/// The changes of a `setattr`; `None` leaves a field alone (`UTIME_OMIT`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// New permission bits (`chmod`).
+    pub mode: Option<u32>,
+    /// New owner (`chown`).
+    pub uid: Option<u32>,
+    /// New group (`chown`).
+    pub gid: Option<u32>,
+    /// New size (`truncate`).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<TimeSet>,
+    /// New modification time.
+    pub mtime: Option<TimeSet>,
+}
+
+impl SetAttr {
+    /// True when nothing is to change.
+    pub fn is_empty(&self) -> bool {
+        *self == SetAttr::default()
+    }
+}
+
+/// `statfs` result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatFs {
+    /// Total blocks.
+    pub blocks: u64,
+    /// Free blocks.
+    pub bfree: u64,
+    /// Free blocks for unprivileged users.
+    pub bavail: u64,
+    /// Total inodes.
+    pub files: u64,
+    /// Free inodes.
+    pub ffree: u64,
+    /// Block size.
+    pub bsize: u32,
+    /// Maximum name length.
+    pub namelen: u32,
+    /// Fragment size.
+    pub frsize: u32,
+}
+
+/// Flags of `rename`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// `RENAME_NOREPLACE`: fail with EEXIST if the target exists.
+    pub noreplace: bool,
+    /// `RENAME_EXCHANGE`: atomically swap source and target.
+    pub exchange: bool,
+}
+
+/// Open flags as passed to `open(2)` (`O_RDONLY`, `O_TRUNC`, `O_APPEND`...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFlags(pub i32);
+
+impl OpenFlags {
+    /// Access mode bits (`O_RDONLY`, `O_WRONLY`, `O_RDWR`).
+    pub fn access(self) -> i32 {
+        self.0 & libc::O_ACCMODE
+    }
+    /// Opened for writing.
+    pub fn writable(self) -> bool {
+        self.access() != libc::O_RDONLY
+    }
+    /// Opened for reading.
+    pub fn readable(self) -> bool {
+        self.access() != libc::O_WRONLY
+    }
+}
+
+/// The result of `open`/`create`: the file's map and the backing files its
+/// extents refer to (`Extent::file` indexes `files`).
+#[derive(Debug, Clone)]
+pub struct Opened {
+    /// Where the bytes live.
+    pub map: DataMap,
+    /// Backing files, opened with the access the caller asked for.
+    pub files: Vec<Arc<File>>,
+    /// An opaque number the file system may use to recognise this open in
+    /// `release`/`remap`.
+    pub handle: u64,
+}
+
+/// A stackable user-space file system, path-based like libfuse's high-level
+/// API. Every method has a default that answers `ENOSYS`, so a read-only or
+/// minimal file system implements only what it needs.
+///
+/// Data calls (read, write, fsync, in-map truncate) are not here: they run in
+/// the [`engine`](crate::engine) against the [`DataMap`] returned by `open`.
+#[allow(unused_variables)]
+pub trait FileSystem: Send + Sync + 'static {
+    /// Attributes of `path` (not following a final symlink).
+    fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr>;
+
+    /// Changes attributes; returns the new ones. A size change of a file that
+    /// is open is applied by the executor through the engine first, so the
+    /// file system only sees `size` for files not open through mapfs.
+    fn setattr(&self, ctx: &Ctx, path: &Path, set: &SetAttr) -> Result<Attr> {
+        Err(Error::not_implemented())
+    }
+
+    /// Lists a directory, without `.` and `..`.
+    fn readdir(&self, ctx: &Ctx, path: &Path) -> Result<Vec<DirEntry>> {
+        Err(Error::not_implemented())
+    }
+
+    /// Target of a symbolic link.
+    fn readlink(&self, ctx: &Ctx, path: &Path) -> Result<OsString> {
+        Err(Error::not_implemented())
+    }
+
+    /// Creates a file node (FIFO, socket, device, or empty regular file).
+    /// `mode` carries the type bits and the permission bits (umask applied).
+    fn mknod(&self, ctx: &Ctx, path: &Path, mode: u32, rdev: u64) -> Result<Attr> {
+        Err(Error::not_implemented())
+    }
+
+    /// Creates a directory (`mode`: permission bits, umask applied).
+    fn mkdir(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<Attr> {
+        Err(Error::not_implemented())
+    }
+
+    /// Removes a non-directory name.
+    fn unlink(&self, ctx: &Ctx, path: &Path) -> Result<()> {
+        Err(Error::not_implemented())
+    }
+
+    /// Removes an empty directory.
+    fn rmdir(&self, ctx: &Ctx, path: &Path) -> Result<()> {
+        Err(Error::not_implemented())
+    }
+
+    /// Creates a symbolic link at `path` pointing to `target` (stored as is).
+    fn symlink(&self, ctx: &Ctx, target: &OsStr, path: &Path) -> Result<Attr> {
+        Err(Error::not_implemented())
+    }
+
+    /// Renames `from` to `to`.
+    fn rename(&self, ctx: &Ctx, from: &Path, to: &Path, flags: RenameFlags) -> Result<()> {
+        Err(Error::not_implemented())
+    }
+
+    /// Creates a hard link `to` for the existing `from`.
+    fn link(&self, ctx: &Ctx, from: &Path, to: &Path) -> Result<Attr> {
+        Err(Error::not_implemented())
+    }
+
+    /// File-system statistics.
+    fn statfs(&self, ctx: &Ctx, path: &Path) -> Result<StatFs> {
+        Ok(StatFs {
+            bsize: 4096,
+            frsize: 4096,
+            namelen: 255,
+            ..StatFs::default()
+        })
+    }
+
+    /// Sets an extended attribute (`flags`: `XATTR_CREATE`/`XATTR_REPLACE`).
+    fn setxattr(&self, ctx: &Ctx, path: &Path, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        Err(Error::from_errno(libc::ENOTSUP))
+    }
+
+    /// Reads an extended attribute.
+    fn getxattr(&self, ctx: &Ctx, path: &Path, name: &OsStr) -> Result<Vec<u8>> {
+        Err(Error::from_errno(libc::ENOTSUP))
+    }
+
+    /// Lists extended attribute names.
+    fn listxattr(&self, ctx: &Ctx, path: &Path) -> Result<Vec<OsString>> {
+        Ok(Vec::new())
+    }
+
+    /// Removes an extended attribute.
+    fn removexattr(&self, ctx: &Ctx, path: &Path, name: &OsStr) -> Result<()> {
+        Err(Error::from_errno(libc::ENOTSUP))
+    }
+
+    /// Checks access (`mask`: `R_OK|W_OK|X_OK`, or `F_OK`) for the caller.
+    fn access(&self, ctx: &Ctx, path: &Path, mask: i32) -> Result<()> {
+        self.getattr(ctx, path).map(|_| ())
+    }
+
+    /// Opens an existing file: checks the caller may, and returns its map and
+    /// backing files. `O_TRUNC` in `flags` must be honoured.
+    fn open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+        Err(Error::not_implemented())
+    }
+
+    /// Creates and opens a regular file (`mode`: permission bits, umask
+    /// applied; `flags` may hold `O_EXCL`).
+    fn create(&self, ctx: &Ctx, path: &Path, flags: OpenFlags, mode: u32) -> Result<(Attr, Opened)> {
+        Err(Error::not_implemented())
+    }
+
+    /// The last close of an open: `map` is its final map, for the file system
+    /// to persist. Errors are logged, not seen by the application.
+    fn release(&self, ctx: &Ctx, path: &Path, handle: u64, map: &DataMap) -> Result<()> {
+        Ok(())
+    }
+
+    /// A write at `offset..offset+len` does not fit `map`'s growth policy:
+    /// return a map (and any extra backing files) where it does.
+    fn remap(&self, ctx: &Ctx, path: &Path, handle: u64, map: &DataMap, offset: u64, len: u64) -> Result<Opened> {
+        Err(Error::from_errno(libc::ENOSPC))
+    }
+
+    /// Flushes directory metadata to stable storage.
+    fn fsyncdir(&self, ctx: &Ctx, path: &Path, datasync: bool) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,23 @@
+//! mapfs core: everything a stackable user-space file system needs that is not
+//! FUSE.
+//!
+//! A file system ("cFS") implements [`FileSystem`]: path-based namespace
+//! operations plus `open`/`create`/`release`/`remap`, which produce and retire a
+//! [`DataMap`] per open file. Reads and writes never reach cFS code: the
+//! [`engine`] executes them against the map and the backing files. Executors
+//! (the FUSE daemon, kernel passthrough, the preload shim) live in other crates
+//! and call into this one; nothing here knows who calls it.
+
+pub mod backing;
+pub mod creds;
+pub mod datamap;
+pub mod engine;
+pub mod error;
+pub mod fs;
+
+pub use datamap::{DataMap, Extent, Growth, Placement, Segment};
+pub use error::{Error, Result};
+pub use fs::{
+    Attr, Ctx, DirEntry, FileKind, FileSystem, OpenFlags, Opened, RenameFlags, SetAttr, StatFs,
+    TimeSet,
+};

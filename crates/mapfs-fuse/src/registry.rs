@@ -1,0 +1,46 @@
+//! What the adapter shares with the control socket: the open files, found by
+//! the process that opened them, and cache invalidation.
+//!
+//! The preload shim first opens a file through the mount, so the kernel checks
+//! the caller's permissions and the daemon sees that open with the caller's
+//! pid; it then asks over the control socket for that open's map and backing
+//! files. The daemon hands out only what that pid has opened.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use mapfs::engine::DataFile;
+use mapfs::DataMap;
+
+/// One open of a file through the mount, as the control socket sees it.
+#[derive(Debug, Clone)]
+pub struct OpenInfo {
+    /// FUSE inode number (what `fstat` on the mount fd reports as `st_ino`).
+    pub ino: u64,
+    /// The FUSE file handle of this open.
+    pub fh: u64,
+    /// `open(2)` flags of this open.
+    pub flags: i32,
+    /// The data state shared with the daemon executor.
+    pub data: Arc<DataFile>,
+    /// Snapshot of the map at the time of the query.
+    pub map: DataMap,
+    /// Backing files of the map (whole-file maps: exactly one).
+    pub files: Vec<Arc<File>>,
+}
+
+/// Implemented by the adapter; queried by the control socket server.
+pub trait OpenRegistry: Send + Sync + 'static {
+    /// The opens of inode `ino` made by process `pid` (the kernel reports the
+    /// thread-group id of the opener), most recent first.
+    fn opens_by(&self, pid: u32, ino: u64) -> Vec<OpenInfo>;
+
+    /// Drops the kernel's cached attributes and pages of `ino` (after a shim
+    /// client wrote to it), so the next `stat`/`read` through the mount sees
+    /// the new size and bytes.
+    fn invalidate(&self, ino: u64);
+
+    /// Records the final map a shim client reports at close for the open
+    /// `fh` (non-whole-file maps), so the file system's `release` sees it.
+    fn client_released(&self, fh: u64, map: DataMap);
+}

@@ -2,4 +2,11 @@
 //! [`mapfs::FileSystem`] calls and executes data requests with the daemon or
 //! kernel-passthrough executor.
 
+pub mod adapter;
+pub mod handles;
+pub mod inodes;
+pub mod mount;
 pub mod registry;
+
+pub use adapter::{AdapterOptions, DataMode};
+pub use mount::{mount, parse_options, MountOptions, Mounted};

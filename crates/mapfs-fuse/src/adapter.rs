@@ -1,0 +1,1084 @@
+//! The thin FUSE adapter: every callback resolves inodes to paths, calls the
+//! [`FileSystem`] (namespace, open/create/release) or the data engine (read,
+//! write, fsync...), and maps `Ok` to a reply and `Err` to its errno.
+//!
+//! Data executors:
+//! - *daemon*: the engine runs here, on the [`DataFile`] of the open.
+//! - *passthrough*: for whole-file 1-to-1 maps the backing file is registered
+//!   with the kernel (`FUSE_DEV_IOC_BACKING_OPEN`) and the kernel does read,
+//!   write and mmap itself. All opens of an inode share one backing id. If the
+//!   kernel refuses once, passthrough is switched off for the mount with one
+//!   log line and the daemon executor takes over.
+//!
+//! Kernel caching: attributes and entries are cached for `ttl` (1 s by
+//! default); changes made in the backing directory behind the mount's back
+//! show after that. In daemon mode the kernel's writeback cache is on, so the
+//! kernel owns file size and mtime while pages are dirty.
+//!
+//! Locks (`flock`, POSIX) are handled by the kernel locally on the mount: they
+//! are not negotiated with the daemon.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, Notifier, OpenFlags as FuseOpenFlags,
+    RenameFlags as FuseRenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use mapfs::engine::{self, DataFile};
+use mapfs::{
+    Attr, Ctx, DataMap, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags, Result,
+    SetAttr, TimeSet,
+};
+use tracing::{debug, info, warn};
+
+use crate::handles::{Handles, OpenDir, OpenFile};
+use crate::inodes::{Inodes, ROOT};
+use crate::registry::{OpenInfo, OpenRegistry};
+
+/// How data requests are executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataMode {
+    /// Kernel passthrough where the map allows it, the daemon elsewhere.
+    Auto,
+    /// Every read and write runs in the daemon.
+    Daemon,
+    /// Kernel passthrough for whole-file maps (falls back like `Auto`).
+    Passthrough,
+}
+
+impl std::str::FromStr for DataMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(DataMode::Auto),
+            "daemon" => Ok(DataMode::Daemon),
+            "passthrough" => Ok(DataMode::Passthrough),
+            _ => Err(format!(
+                "unknown data mode {s:?} (expected auto, daemon or passthrough)"
+            )),
+        }
+    }
+}
+
+/// Adapter settings.
+#[derive(Debug, Clone)]
+pub struct AdapterOptions {
+    /// Data executor choice.
+    pub data: DataMode,
+    /// How long the kernel may cache attributes and entries.
+    pub ttl: Duration,
+}
+
+impl Default for AdapterOptions {
+    fn default() -> Self {
+        AdapterOptions {
+            data: DataMode::Auto,
+            ttl: Duration::from_secs(1),
+        }
+    }
+}
+
+/// State shared by the FUSE callbacks and the control socket.
+pub struct Shared {
+    fs: Arc<dyn FileSystem>,
+    inodes: Inodes,
+    handles: Handles,
+    opts: AdapterOptions,
+    /// Cleared when the kernel refuses passthrough once.
+    passthrough_ok: AtomicBool,
+    writeback: AtomicBool,
+    notifier: OnceLock<Notifier>,
+}
+
+/// The `fuser::Filesystem` implementation.
+pub struct Adapter(Arc<Shared>);
+
+impl Adapter {
+    /// An adapter for `fs`, whose root has the attributes `root`.
+    pub fn new(fs: Arc<dyn FileSystem>, opts: AdapterOptions) -> Result<Self> {
+        let root = fs.getattr(&Ctx::current(), Path::new("/"))?;
+        let passthrough = opts.data != DataMode::Daemon;
+        Ok(Adapter(Arc::new(Shared {
+            fs,
+            inodes: Inodes::new(root.ino),
+            handles: Handles::default(),
+            opts,
+            passthrough_ok: AtomicBool::new(passthrough),
+            writeback: AtomicBool::new(false),
+            notifier: OnceLock::new(),
+        })))
+    }
+
+    /// The state shared with the control socket.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.0.clone()
+    }
+}
+
+impl Shared {
+    /// Gives the adapter the session's notifier (for cache invalidation).
+    pub fn set_notifier(&self, n: Notifier) {
+        let _ = self.notifier.set(n);
+    }
+}
+
+fn ctx(req: &Request) -> Ctx {
+    Ctx {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+fn errno(e: &Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
+    t.map(|t| match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(s) => TimeSet::At(s),
+    })
+}
+
+/// Attributes of an open file from its backing file, for files whose path is
+/// gone (unlinked while open).
+fn attr_from_metadata(m: &std::fs::Metadata) -> Attr {
+    use std::os::unix::fs::MetadataExt;
+    let t = |s: i64, ns: i64| {
+        if s >= 0 {
+            SystemTime::UNIX_EPOCH + Duration::new(s as u64, ns as u32)
+        } else {
+            SystemTime::UNIX_EPOCH - Duration::from_secs(s.unsigned_abs())
+        }
+    };
+    Attr {
+        ino: m.ino(),
+        size: m.size(),
+        blocks: m.blocks(),
+        atime: t(m.atime(), m.atime_nsec()),
+        mtime: t(m.mtime(), m.mtime_nsec()),
+        ctime: t(m.ctime(), m.ctime_nsec()),
+        kind: FileKind::from_mode(m.mode()),
+        perm: (m.mode() & 0o7777) as u16,
+        nlink: m.nlink() as u32,
+        uid: m.uid(),
+        gid: m.gid(),
+        rdev: m.rdev(),
+        blksize: m.blksize() as u32,
+    }
+}
+
+impl Shared {
+    fn fuse_attr(&self, a: &Attr) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(self.inodes.fuse_ino(a.ino)),
+            size: a.size,
+            blocks: a.blocks,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+            crtime: a.ctime,
+            kind: file_type(a.kind),
+            perm: a.perm,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev as u32,
+            flags: 0,
+            blksize: a.blksize,
+        }
+    }
+
+    fn path(&self, ino: INodeNo) -> Result<PathBuf> {
+        self.inodes.path(ino.0).ok_or_else(Error::not_found)
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf> {
+        if name.as_bytes().contains(&b'/') {
+            return Err(Error::invalid());
+        }
+        self.inodes
+            .child_path(parent.0, name)
+            .ok_or_else(Error::not_found)
+    }
+
+    /// Replies with a new entry and records the kernel's reference.
+    fn entry(&self, parent: INodeNo, name: &OsStr, attr: &Attr, reply: ReplyEntry) {
+        let fa = self.fuse_attr(attr);
+        self.inodes.remember(parent.0, name, fa.ino.0);
+        reply.entry(&self.opts.ttl, &fa, Generation(0));
+    }
+
+    fn getattr_inner(&self, c: &Ctx, ino: INodeNo, fh: Option<FileHandle>) -> Result<Attr> {
+        let by_path = self.path(ino).and_then(|p| self.fs.getattr(c, &p));
+        match by_path {
+            Err(e) if e.errno() == libc::ENOENT => {
+                // An open file whose name is gone still has attributes.
+                let file = fh
+                    .and_then(|fh| self.handles.file(fh.0))
+                    .or_else(|| self.handles.any_file_of(ino.0))
+                    .ok_or(e)?;
+                let backing = file
+                    .data
+                    .whole_file_backing()
+                    .ok_or_else(Error::not_found)?;
+                let mut attr = attr_from_metadata(&backing.metadata()?);
+                attr.ino = self.fuse_to_fs_ino(ino.0);
+                Ok(attr)
+            }
+            other => other,
+        }
+    }
+
+    fn fuse_to_fs_ino(&self, ino: u64) -> u64 {
+        // fuse_ino is an involution (it only swaps root and 1).
+        self.inodes.fuse_ino(ino)
+    }
+
+    /// Whether a new open of `ino` with this data should use passthrough.
+    fn want_passthrough(&self, ino: u64, data: &DataFile) -> bool {
+        let Some(backing) = data.whole_file_backing() else {
+            return false;
+        };
+        if self.handles.has_backing(ino) {
+            return true;
+        }
+        if !self.passthrough_ok.load(Ordering::Relaxed) {
+            return false;
+        }
+        // The kernel requires every open of a passthrough inode to be
+        // passthrough: an inode already open through the daemon stays there.
+        if self.handles.any_file_of(ino).is_some() {
+            return false;
+        }
+        // Passthrough writes run with the daemon's credentials, which would
+        // not clear setuid/setgid bits; such files stay with the daemon, which
+        // clears them as FUSE_WRITE_KILL_SUIDGID asks.
+        match backing.metadata() {
+            Ok(m) => {
+                use std::os::unix::fs::MetadataExt;
+                m.mode() & (libc::S_ISUID | libc::S_ISGID) == 0
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn open_flags_for_fs(&self, flags: i32) -> i32 {
+        let mut flags = flags;
+        if self.writeback.load(Ordering::Relaxed) {
+            // With the writeback cache the kernel may read pages of a file
+            // opened write-only, and it implements O_APPEND itself.
+            if flags & libc::O_ACCMODE == libc::O_WRONLY {
+                flags = (flags & !libc::O_ACCMODE) | libc::O_RDWR;
+            }
+            flags &= !libc::O_APPEND;
+        }
+        flags
+    }
+
+    fn open_with_fallback(
+        &self,
+        flags: i32,
+        f: impl Fn(OpenFlags) -> Result<Opened>,
+        asked: i32,
+    ) -> Result<Opened> {
+        match f(OpenFlags(flags)) {
+            // Widening O_WRONLY to O_RDWR may be refused for a write-only file.
+            Err(e) if e.errno() == libc::EACCES && flags != asked => f(OpenFlags(asked)),
+            r => r,
+        }
+    }
+
+    fn register_open(
+        &self,
+        c: &Ctx,
+        ino: u64,
+        path: PathBuf,
+        flags: i32,
+        opened: Opened,
+        open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<fuser::BackingId>,
+    ) -> (u64, Option<Arc<fuser::BackingId>>) {
+        let fs_handle = opened.handle;
+        let data = Arc::new(DataFile::new(opened));
+        let mut backing = None;
+        if self.want_passthrough(ino, &data) {
+            let file = data.whole_file_backing().expect("whole-file map").clone();
+            match self.handles.backing_for(ino, || open_backing(&file)) {
+                Ok(id) => backing = Some(id),
+                Err(e) => {
+                    if self.passthrough_ok.swap(false, Ordering::Relaxed) {
+                        warn!(
+                            "kernel refused FUSE passthrough ({e}); this mount now runs all \
+                             reads and writes in the daemon"
+                        );
+                    }
+                }
+            }
+        }
+        let fh = self.handles.add_file(OpenFile {
+            ino,
+            path,
+            pid: c.pid,
+            flags,
+            fs_handle,
+            data,
+            backing: backing.clone(),
+            wrote: AtomicBool::new(false),
+            ctx: *c,
+        });
+        (fh, backing)
+    }
+
+    fn remap_for<'a>(
+        &'a self,
+        file: &'a OpenFile,
+    ) -> impl FnMut(&DataMap, u64, u64) -> Result<Opened> + 'a {
+        move |map, off, len| {
+            self.fs
+                .remap(&file.ctx, &file.path, file.fs_handle, map, off, len)
+        }
+    }
+
+    fn kill_suidgid(&self, path: &Path) -> Result<()> {
+        let root = Ctx {
+            uid: 0,
+            gid: 0,
+            pid: 0,
+        };
+        let attr = self.fs.getattr(&root, path)?;
+        let mut perm = u32::from(attr.perm);
+        let before = perm;
+        perm &= !libc::S_ISUID;
+        if perm & libc::S_IXGRP != 0 {
+            perm &= !libc::S_ISGID;
+        }
+        if perm != before {
+            let set = SetAttr {
+                mode: Some(perm),
+                ..SetAttr::default()
+            };
+            self.fs.setattr(&root, path, &set)?;
+        }
+        Ok(())
+    }
+
+    fn release_file(&self, fh: u64) -> Result<()> {
+        let Some(file) = self.handles.remove_file(fh) else {
+            return Err(Error::from_errno(libc::EBADF));
+        };
+        let map = file.data.map();
+        let res = self.fs.release(&file.ctx, &file.path, file.fs_handle, &map);
+        let ino = file.ino;
+        drop(file);
+        self.handles.prune_backing(ino);
+        if let Err(e) = &res {
+            warn!(path = %self.inodes.path(ino).unwrap_or_default().display(), "release failed: {e}");
+        }
+        Ok(())
+    }
+}
+
+impl OpenRegistry for Shared {
+    fn opens_by(&self, pid: u32, ino: u64) -> Vec<OpenInfo> {
+        self.handles
+            .files_of(pid, ino)
+            .into_iter()
+            .map(|(fh, f)| {
+                // Whole-file maps have exactly one file; other maps are
+                // served once the engine exposes its files (see registry docs).
+                let map = f.data.map();
+                let files = f.data.whole_file_backing().cloned().into_iter().collect();
+                OpenInfo {
+                    ino,
+                    fh,
+                    flags: f.flags,
+                    data: f.data.clone(),
+                    map,
+                    files,
+                }
+            })
+            .collect()
+    }
+
+    fn invalidate(&self, ino: u64) {
+        if let Some(n) = self.notifier.get() {
+            // Errors only mean the kernel has nothing cached for it.
+            let _ = n.inval_inode(INodeNo(ino), 0, 0);
+        }
+    }
+
+    fn client_released(&self, fh: u64, map: DataMap) {
+        if let Some(f) = self.handles.file(fh) {
+            if f.data.whole_file_backing().is_none() {
+                warn!(
+                    fh,
+                    extents = map.extents().len(),
+                    "client map of a non-1-to-1 file not applied yet"
+                );
+            }
+            f.wrote.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+macro_rules! tri {
+    ($reply:ident, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => {
+                debug!("-> {e}");
+                $reply.error(errno(&e));
+                return;
+            }
+        }
+    };
+}
+
+impl Filesystem for Adapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let s = &self.0;
+        let mut want = InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_MAX_PAGES;
+        if s.opts.data == DataMode::Daemon {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        } else {
+            want |= InitFlags::FUSE_PASSTHROUGH;
+        }
+        for flag in want.iter() {
+            if config.add_capabilities(flag).is_err() {
+                if flag == InitFlags::FUSE_PASSTHROUGH {
+                    warn!("kernel does not offer FUSE passthrough; all reads and writes run in the daemon");
+                    s.passthrough_ok.store(false, Ordering::Relaxed);
+                } else {
+                    info!("kernel does not offer {flag:?}");
+                }
+            } else if flag == InitFlags::FUSE_WRITEBACK_CACHE {
+                s.writeback.store(true, Ordering::Relaxed);
+            }
+        }
+        if s.passthrough_ok.load(Ordering::Relaxed) {
+            let _ = config.set_max_stack_depth(1);
+        }
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let s = &self.0;
+        let path = tri!(reply, s.child(parent, name));
+        let attr = tri!(reply, s.fs.getattr(&ctx(req), &path));
+        s.entry(parent, name, &attr, reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.0.inodes.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let s = &self.0;
+        let attr = tri!(reply, s.getattr_inner(&ctx(req), ino, fh));
+        reply.attr(&s.opts.ttl, &s.fuse_attr(&attr));
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let s = &self.0;
+        let c = ctx(req);
+        let path = s.path(ino);
+        let mut set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: time_set(atime),
+            mtime: time_set(mtime),
+        };
+        // A size change on an open file goes through the engine, so a map
+        // that is not 1-to-1 stays right; as the caller, so the backing
+        // kernel clears setuid/setgid as it would.
+        let open = fh
+            .and_then(|fh| s.handles.file(fh.0))
+            .or_else(|| match size {
+                Some(_) => s
+                    .handles
+                    .any_file_of(ino.0)
+                    .filter(|f| f.data.whole_file_backing().is_none()),
+                None => None,
+            });
+        if let (Some(sz), Some(file)) = (size, &open) {
+            tri!(
+                reply,
+                mapfs::creds::as_caller(&c, || file.data.truncate(sz))
+            );
+            file.wrote.store(true, Ordering::Relaxed);
+            set.size = None;
+        }
+        let attr = if set.is_empty() {
+            tri!(reply, s.getattr_inner(&c, ino, fh))
+        } else {
+            let path = tri!(reply, path);
+            tri!(reply, s.fs.setattr(&c, &path, &set))
+        };
+        reply.attr(&s.opts.ttl, &s.fuse_attr(&attr));
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let s = &self.0;
+        let path = tri!(reply, s.path(ino));
+        let target = tri!(reply, s.fs.readlink(&ctx(req), &path));
+        reply.data(target.as_bytes());
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let s = &self.0;
+        let path = tri!(reply, s.child(parent, name));
+        let attr = tri!(reply, s.fs.mknod(&ctx(req), &path, mode, u64::from(rdev)));
+        s.entry(parent, name, &attr, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let s = &self.0;
+        let path = tri!(reply, s.child(parent, name));
+        let attr = tri!(reply, s.fs.mkdir(&ctx(req), &path, mode));
+        s.entry(parent, name, &attr, reply);
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = &self.0;
+        let path = tri!(reply, s.child(parent, name));
+        tri!(reply, s.fs.unlink(&ctx(req), &path));
+        s.inodes.unlinked(parent.0, name);
+        reply.ok();
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = &self.0;
+        let path = tri!(reply, s.child(parent, name));
+        tri!(reply, s.fs.rmdir(&ctx(req), &path));
+        s.inodes.unlinked(parent.0, name);
+        reply.ok();
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let s = &self.0;
+        let path = tri!(reply, s.child(parent, link_name));
+        let attr = tri!(reply, s.fs.symlink(&ctx(req), target.as_os_str(), &path));
+        s.entry(parent, link_name, &attr, reply);
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: FuseRenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.0;
+        if flags.contains(FuseRenameFlags::RENAME_WHITEOUT) {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let from = tri!(reply, s.child(parent, name));
+        let to = tri!(reply, s.child(newparent, newname));
+        let rf = RenameFlags {
+            noreplace: flags.contains(FuseRenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(FuseRenameFlags::RENAME_EXCHANGE),
+        };
+        tri!(reply, s.fs.rename(&ctx(req), &from, &to, rf));
+        s.inodes
+            .renamed(parent.0, name, newparent.0, newname, rf.exchange);
+        reply.ok();
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let s = &self.0;
+        let from = tri!(reply, s.path(ino));
+        let to = tri!(reply, s.child(newparent, newname));
+        let attr = tri!(reply, s.fs.link(&ctx(req), &from, &to));
+        s.entry(newparent, newname, &attr, reply);
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: FuseOpenFlags, reply: ReplyOpen) {
+        let s = &self.0;
+        let c = ctx(req);
+        let path = tri!(reply, s.path(ino));
+        let fs_flags = s.open_flags_for_fs(flags.0);
+        let opened = tri!(
+            reply,
+            s.open_with_fallback(fs_flags, |f| s.fs.open(&c, &path, f), flags.0)
+        );
+        let (fh, backing) =
+            s.register_open(&c, ino.0, path, flags.0, opened, |f| reply.open_backing(f));
+        match backing {
+            Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+            None => reply.opened(FileHandle(fh), FopenFlags::empty()),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: FuseOpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let s = &self.0;
+        let Some(file) = s.handles.file(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        let mut buf = vec![0u8; size as usize];
+        let n = tri!(reply, file.data.read(offset, &mut buf));
+        reply.data(&buf[..n]);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: FuseOpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let s = &self.0;
+        let Some(file) = s.handles.file(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            tri!(reply, s.kill_suidgid(&file.path));
+        }
+        let mut remap = s.remap_for(&file);
+        let n = tri!(reply, file.data.write(offset, data, &mut remap));
+        file.wrote.store(true, Ordering::Relaxed);
+        reply.written(n as u32);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Writes reach the backing files synchronously; nothing is buffered.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: FuseOpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        tri!(reply, self.0.release_file(fh.0));
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(file) = self.0.handles.file(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        tri!(reply, file.data.fsync(datasync));
+        reply.ok();
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
+        let s = &self.0;
+        let path = tri!(reply, s.path(ino));
+        let entries = tri!(reply, s.fs.readdir(&ctx(req), &path));
+        let fh = s.handles.add_dir(OpenDir { entries });
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let s = &self.0;
+        let Some(dir) = s.handles.dir(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        // Offsets: 1 = ".", 2 = "..", 3.. = entries.
+        let mut off = offset;
+        while off < 2 {
+            let name = if off == 0 { "." } else { ".." };
+            if reply.add(ino, off + 1, FileType::Directory, name) {
+                reply.ok();
+                return;
+            }
+            off += 1;
+        }
+        for (i, e) in dir.entries.iter().enumerate().skip((off - 2) as usize) {
+            let eino = INodeNo(s.inodes.fuse_ino(e.ino));
+            if reply.add(eino, i as u64 + 3, file_type(e.kind), &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let s = &self.0;
+        let c = ctx(req);
+        let Some(dir) = s.handles.dir(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        let dir_path = tri!(reply, s.path(ino));
+        let mut off = offset;
+        if off < 2 {
+            // "." and ".." are not linked by the kernel, so they take no
+            // lookup reference.
+            let self_attr = tri!(reply, s.fs.getattr(&c, &dir_path));
+            let fa = s.fuse_attr(&self_attr);
+            while off < 2 {
+                let name = if off == 0 { "." } else { ".." };
+                if reply.add(ino, off + 1, name, &Duration::ZERO, &fa, Generation(0)) {
+                    reply.ok();
+                    return;
+                }
+                off += 1;
+            }
+        }
+        for (i, e) in dir.entries.iter().enumerate().skip((off - 2) as usize) {
+            let attr = match e.attr {
+                Some(a) => a,
+                None => match s.fs.getattr(&c, &dir_path.join(&e.name)) {
+                    Ok(a) => a,
+                    Err(_) => continue, // vanished since opendir
+                },
+            };
+            let fa = s.fuse_attr(&attr);
+            if reply.add(
+                fa.ino,
+                i as u64 + 3,
+                &e.name,
+                &s.opts.ttl,
+                &fa,
+                Generation(0),
+            ) {
+                break;
+            }
+            s.inodes.remember(ino.0, &e.name, fa.ino.0);
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: FuseOpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.0.handles.remove_dir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.0;
+        let path = tri!(reply, s.path(ino));
+        tri!(reply, s.fs.fsyncdir(&ctx(req), &path, datasync));
+        reply.ok();
+    }
+
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let s = &self.0;
+        let path = s.path(ino).unwrap_or_else(|_| PathBuf::from("/"));
+        let st = tri!(reply, s.fs.statfs(&ctx(req), &path));
+        reply.statfs(
+            st.blocks, st.bfree, st.bavail, st.files, st.ffree, st.bsize, st.namelen, st.frsize,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.0;
+        let path = tri!(reply, s.path(ino));
+        tri!(reply, s.fs.setxattr(&ctx(req), &path, name, value, flags));
+        reply.ok();
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let s = &self.0;
+        let path = tri!(reply, s.path(ino));
+        let value = tri!(reply, s.fs.getxattr(&ctx(req), &path, name));
+        xattr_reply(reply, &value, size);
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let s = &self.0;
+        let path = tri!(reply, s.path(ino));
+        let names = tri!(reply, s.fs.listxattr(&ctx(req), &path));
+        let mut buf = Vec::new();
+        for n in names {
+            buf.extend_from_slice(n.as_bytes());
+            buf.push(0);
+        }
+        xattr_reply(reply, &buf, size);
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = &self.0;
+        let path = tri!(reply, s.path(ino));
+        tri!(reply, s.fs.removexattr(&ctx(req), &path, name));
+        reply.ok();
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let s = &self.0;
+        let path = tri!(reply, s.path(ino));
+        tri!(reply, s.fs.access(&ctx(req), &path, mask.bits()));
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let s = &self.0;
+        let c = ctx(req);
+        let path = tri!(reply, s.child(parent, name));
+        let fs_flags = s.open_flags_for_fs(flags);
+        let (attr, opened) = tri!(reply, s.fs.create(&c, &path, OpenFlags(fs_flags), mode));
+        let fa = s.fuse_attr(&attr);
+        s.inodes.remember(parent.0, name, fa.ino.0);
+        let (fh, backing) =
+            s.register_open(&c, fa.ino.0, path, flags, opened, |f| reply.open_backing(f));
+        let ttl = s.opts.ttl;
+        match backing {
+            Some(id) => reply.created_passthrough(
+                &ttl,
+                &fa,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+                &id,
+            ),
+            None => reply.created(
+                &ttl,
+                &fa,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            ),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let Some(file) = self.0.handles.file(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        tri!(reply, file.data.fallocate(mode, offset, length));
+        file.wrote.store(true, Ordering::Relaxed);
+        reply.ok();
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let Some(file) = self.0.handles.file(fh.0) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        if offset < 0 {
+            reply.error(Errno::ENXIO);
+            return;
+        }
+        let pos = tri!(reply, file.data.seek(offset as u64, whence));
+        reply.offset(pos as i64);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let s = &self.0;
+        let (Some(src), Some(dst)) = (s.handles.file(fh_in.0), s.handles.file(fh_out.0)) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        let mut remap = s.remap_for(&dst);
+        // The reply carries a 32-bit count; the kernel loops for more.
+        let len = len.min(1 << 30);
+        let n = tri!(
+            reply,
+            engine::copy_range(&src.data, offset_in, &dst.data, offset_out, len, &mut remap)
+        );
+        dst.wrote.store(true, Ordering::Relaxed);
+        reply.written(n as u32);
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}
+
+/// The root inode number, re-exported for executors that need it.
+pub const ROOT_INO: u64 = ROOT;

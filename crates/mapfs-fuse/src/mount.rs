@@ -1,0 +1,160 @@
+//! Mounting: option parsing, the multi-threaded session, serving until the
+//! file system is unmounted.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use mapfs::FileSystem;
+
+use crate::adapter::{Adapter, AdapterOptions, Shared};
+
+/// The kernel options `mapfs mount -o` accepts.
+pub const KNOWN_OPTIONS: &[&str] = &[
+    "allow_other",
+    "allow_root",
+    "default_permissions",
+    "ro",
+    "rw",
+    "exec",
+    "noexec",
+    "suid",
+    "nosuid",
+    "dev",
+    "nodev",
+    "atime",
+    "noatime",
+    "sync",
+    "async",
+    "dirsync",
+];
+
+/// Parsed `-o` options.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Options for the kernel.
+    pub kernel: Vec<MountOption>,
+    /// Who may use the mount.
+    pub acl: SessionACL,
+}
+
+/// Parses a comma-separated option list (several `-o` may be given); an
+/// unknown option is an error naming it.
+pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
+    let mut kernel = Vec::new();
+    let mut acl = SessionACL::Owner;
+    for opt in opts
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter(|o| !o.is_empty())
+    {
+        let o = match opt {
+            "allow_other" => {
+                acl = SessionACL::All;
+                continue;
+            }
+            "allow_root" => {
+                acl = SessionACL::RootAndOwner;
+                continue;
+            }
+            "default_permissions" => MountOption::DefaultPermissions,
+            "ro" => MountOption::RO,
+            "rw" => MountOption::RW,
+            "exec" => MountOption::Exec,
+            "noexec" => MountOption::NoExec,
+            "suid" => MountOption::Suid,
+            "nosuid" => MountOption::NoSuid,
+            "dev" => MountOption::Dev,
+            "nodev" => MountOption::NoDev,
+            "atime" => MountOption::Atime,
+            "noatime" => MountOption::NoAtime,
+            "sync" => MountOption::Sync,
+            "async" => MountOption::Async,
+            "dirsync" => MountOption::DirSync,
+            other => {
+                return Err(format!(
+                    "unknown mount option {other:?} (known: {})",
+                    KNOWN_OPTIONS.join(", ")
+                ))
+            }
+        };
+        kernel.push(o);
+    }
+    Ok(MountOptions { kernel, acl })
+}
+
+/// A mounted, initialised file system that is not yet serving requests.
+pub struct Mounted {
+    session: Session<Adapter>,
+    shared: Arc<Shared>,
+    mountpoint: PathBuf,
+}
+
+/// Mounts `fs` at `mountpoint`. Returns once the kernel has completed the
+/// FUSE handshake, so the mount is usable as soon as [`Mounted::run`] starts.
+pub fn mount(
+    fs: Arc<dyn FileSystem>,
+    fs_name: &str,
+    backing: &Path,
+    mountpoint: &Path,
+    adapter: AdapterOptions,
+    opts: &MountOptions,
+) -> io::Result<Mounted> {
+    let adapter = Adapter::new(fs, adapter).map_err(io::Error::from)?;
+    let shared = adapter.shared();
+    let mut cfg = Config::default();
+    cfg.mount_options = opts.kernel.clone();
+    cfg.mount_options.push(MountOption::FSName(format!(
+        "mapfs-{fs_name}:{}",
+        backing.display()
+    )));
+    cfg.mount_options.push(MountOption::Subtype("mapfs".into()));
+    cfg.acl = opts.acl;
+    // One event loop per core, each with its own /dev/fuse clone.
+    cfg.n_threads = Some(
+        std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .max(2),
+    );
+    cfg.clone_fd = true;
+    let session = Session::new(adapter, mountpoint, &cfg)?;
+    shared.set_notifier(session.notifier());
+    Ok(Mounted {
+        session,
+        shared,
+        mountpoint: mountpoint.to_path_buf(),
+    })
+}
+
+impl Mounted {
+    /// State shared with the control socket.
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// Where it is mounted.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Serves requests until the file system is unmounted.
+    pub fn run(self) -> io::Result<()> {
+        self.session.run()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_reject_unknown() {
+        let o = parse_options(&["allow_other,ro".into(), "default_permissions".into()]).unwrap();
+        assert_eq!(o.acl, SessionACL::All);
+        assert!(o.kernel.contains(&MountOption::RO));
+        assert!(o.kernel.contains(&MountOption::DefaultPermissions));
+        let e = parse_options(&["bogus".into()]).unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+    }
+}

@@ -2,14 +2,34 @@
 //! backing root's directory fd, so `..` and symlinks can never escape it.
 //! Paths are never concatenated onto the root's host path, so a path close to
 //! PATH_MAX inside the file system stays usable.
+//!
+//! Resolution uses `openat2(2)` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`:
+//! the kernel refuses (`EXDEV`) any `..` or absolute symlink that would leave
+//! the starting directory, and `/proc/*/fd` style magic links (`ELOOP`).
+//!
+//! Long paths: a single `openat2` call takes at most `PATH_MAX - 1` bytes, so
+//! a longer path is walked in chunks of whole components, each intermediate
+//! chunk opened `O_PATH|O_DIRECTORY` beneath the directory reached so far.
+//! Within a later chunk, `..` and relative symlinks are confined to that
+//! chunk's starting directory rather than to the root: stricter than needed,
+//! never looser. Executors never send `..` anyway.
 
-use std::ffi::OsString;
-use std::os::fd::{BorrowedFd, OwnedFd};
-use std::path::Path;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path};
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// Largest number of path bytes handed to one `openat2` call. Well below
+/// PATH_MAX (4096 including the NUL) so a chunk plus one more maximal
+/// component (NAME_MAX = 255) never overflows.
+const CHUNK_BYTES: usize = 3800;
+
+/// How every lookup beneath the root is constrained.
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
 
 /// The backing root directory, held open.
 #[derive(Debug)]
@@ -20,25 +40,150 @@ pub struct BackingRoot {
 impl BackingRoot {
     /// Opens `dir` as a backing root (must be a directory).
     pub fn new(dir: &Path) -> Result<Self> {
-        todo!()
+        let root = rustix::fs::open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            let what = match e {
+                rustix::io::Errno::NOENT => "does not exist",
+                rustix::io::Errno::NOTDIR => "is not a directory",
+                _ => "cannot be opened",
+            };
+            Error::from(e).context(format!("backing root {} {what}", dir.display()))
+        })?;
+        Ok(BackingRoot { root })
     }
 
-    /// The root directory fd.
+    /// The root directory fd (`O_PATH`: usable as a `*at` dirfd, for
+    /// `fstat`/`fstatvfs`, not for reading entries).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        todo!()
+        self.root.as_fd()
     }
 
     /// Opens `path` (absolute inside the file system, `/` is the root) with
     /// `flags`, resolved beneath the root with no magic links; `..` and
     /// absolute symlinks that would leave the root fail with `EXDEV`.
+    ///
+    /// `O_CLOEXEC` is always added. `mode` is ignored unless `flags` holds
+    /// `O_CREAT` or `O_TMPFILE` (openat2 rejects a mode otherwise).
     pub fn open(&self, path: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd> {
-        todo!()
+        let comps = components(path)?;
+        self.open_components(&comps, flags, mode)
     }
 
     /// Opens the parent directory of `path` (`O_PATH|O_DIRECTORY`, beneath
     /// the root) and returns it with the final name, for `*at` calls that
     /// must not follow a final symlink.
+    ///
+    /// `/` has no parent and a final `..` names no entry: both are `EINVAL`.
+    /// Callers that need the root itself use [`BackingRoot::fd`] with `"."`.
     pub fn parent(&self, path: &Path) -> Result<(OwnedFd, OsString)> {
-        todo!()
+        let mut comps = components(path)?;
+        let name = match comps.pop() {
+            Some(n) if n != ".." => n.to_os_string(),
+            _ => {
+                return Err(
+                    Error::invalid().context(format!("{} has no parent directory", path.display()))
+                )
+            }
+        };
+        let dir = self.open_components(&comps, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
+        Ok((dir, name))
+    }
+
+    fn open_components(&self, comps: &[&OsStr], flags: OFlags, mode: Mode) -> Result<OwnedFd> {
+        let flags = flags | OFlags::CLOEXEC;
+        let mode = if flags.intersects(OFlags::CREATE | OFlags::TMPFILE) {
+            mode
+        } else {
+            Mode::empty()
+        };
+        let chunks = chunk(comps);
+        let (last, intermediate) = chunks.split_last().expect("chunk() never returns empty");
+        let mut dir: Option<OwnedFd> = None;
+        for c in intermediate {
+            let at = dir.as_ref().map_or(self.root.as_fd(), |d| d.as_fd());
+            let next = openat2(
+                at,
+                c.as_os_str(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                RESOLVE,
+            )?;
+            dir = Some(next);
+        }
+        let at = dir.as_ref().map_or(self.root.as_fd(), |d| d.as_fd());
+        Ok(openat2(at, last.as_os_str(), flags, mode, RESOLVE)?)
+    }
+}
+
+/// The components of an in-file-system path, without the root, `.`, or empty
+/// parts; `..` is kept for the kernel to judge.
+fn components(path: &Path) -> Result<Vec<&OsStr>> {
+    let mut out = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir => out.push(OsStr::new("..")),
+            Component::Normal(n) => out.push(n),
+            Component::Prefix(_) => return Err(Error::invalid()),
+        }
+    }
+    Ok(out)
+}
+
+/// Groups components into relative paths of at most [`CHUNK_BYTES`] bytes
+/// (a single over-long component forms its own chunk and the kernel answers
+/// `ENAMETOOLONG`). Never empty: no components gives `"."`.
+fn chunk(comps: &[&OsStr]) -> Vec<OsString> {
+    let mut chunks = Vec::new();
+    let mut cur: Vec<u8> = Vec::new();
+    for c in comps {
+        let b = c.as_bytes();
+        if !cur.is_empty() && cur.len() + 1 + b.len() > CHUNK_BYTES {
+            chunks.push(OsStr::from_bytes(&cur).to_os_string());
+            cur.clear();
+        }
+        if !cur.is_empty() {
+            cur.push(b'/');
+        }
+        cur.extend_from_slice(b);
+    }
+    if cur.is_empty() {
+        cur.push(b'.');
+    }
+    chunks.push(OsStr::from_bytes(&cur).to_os_string());
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_respect_limit_and_keep_components_whole() {
+        let name = "d".repeat(200);
+        let comps: Vec<&OsStr> = (0..50).map(|_| OsStr::new(name.as_str())).collect();
+        let chunks = chunk(&comps);
+        assert!(chunks.len() > 1);
+        let mut total = 0;
+        for c in &chunks {
+            assert!(c.len() <= CHUNK_BYTES);
+            for part in c.as_bytes().split(|b| *b == b'/') {
+                assert_eq!(part, name.as_bytes());
+                total += 1;
+            }
+        }
+        assert_eq!(total, 50);
+        assert_eq!(chunk(&[]), vec![OsString::from(".")]);
+    }
+
+    #[test]
+    fn components_drop_root_and_dot() {
+        let c = components(Path::new("//a/./b/../c/")).unwrap();
+        assert_eq!(c, vec!["a", "b", "..", "c"]);
+        assert!(components(Path::new("/")).unwrap().is_empty());
     }
 }

@@ -1,0 +1,134 @@
+//! The mount table (`/proc/self/mountinfo`) and per-mount runtime files.
+
+use std::path::{Path, PathBuf};
+
+/// One line of the mount table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Where it is mounted.
+    pub mountpoint: PathBuf,
+    /// File system type (`fuse.mapfs` for ours).
+    pub fstype: String,
+    /// Mount source (`mapfs-passthrough:/backing` for ours).
+    pub source: String,
+}
+
+/// The file system type of mapfs mounts.
+pub const MAPFS_FSTYPE: &str = "fuse.mapfs";
+
+/// Undoes mountinfo's octal escapes (`\040` for a space...).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses mountinfo text.
+pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            let mountpoint = pre.split(' ').nth(4)?;
+            let mut post = post.split(' ');
+            let fstype = post.next()?;
+            let source = post.next().unwrap_or("");
+            Some(MountEntry {
+                mountpoint: PathBuf::from(unescape(mountpoint)),
+                fstype: fstype.to_string(),
+                source: unescape(source),
+            })
+        })
+        .collect()
+}
+
+/// The current mount table.
+pub fn mount_table() -> Vec<MountEntry> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| parse_mountinfo(&t))
+        .unwrap_or_default()
+}
+
+/// The mount at exactly `path`, if any (the last one wins, as in the kernel).
+pub fn mounted_at(path: &Path) -> Option<MountEntry> {
+    mount_table()
+        .into_iter()
+        .rev()
+        .find(|m| m.mountpoint == path)
+}
+
+/// Directory for daemon logs and pid files.
+pub fn runtime_dir() -> PathBuf {
+    if rustix::process::geteuid().is_root() {
+        PathBuf::from("/run/mapfs")
+    } else if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(d).join("mapfs")
+    } else {
+        std::env::temp_dir().join(format!("mapfs-{}", rustix::process::geteuid().as_raw()))
+    }
+}
+
+/// A file name standing for a mountpoint (`/mnt/a b` -> `mnt-a%20b`).
+pub fn escaped(mountpoint: &Path) -> String {
+    let s = mountpoint.to_string_lossy();
+    let mut out = String::new();
+    for c in s.trim_start_matches('/').chars() {
+        match c {
+            '/' => out.push('-'),
+            '-' | '%' | ' ' => out.push_str(&format!("%{:02X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    if out.is_empty() {
+        out.push_str("root");
+    }
+    out
+}
+
+/// Log file of the daemon serving `mountpoint`.
+pub fn log_path(mountpoint: &Path) -> PathBuf {
+    runtime_dir().join(format!("{}.log", escaped(mountpoint)))
+}
+
+/// Pid file of the daemon serving `mountpoint`.
+pub fn pid_path(mountpoint: &Path) -> PathBuf {
+    runtime_dir().join(format!("{}.pid", escaped(mountpoint)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_mountinfo_with_escapes() {
+        let t = "36 35 0:30 / /mnt/a\\040b rw,relatime shared:1 - fuse.mapfs mapfs-passthrough:/x rw,user_id=0\n\
+                 22 1 8:1 / / rw - ext4 /dev/vda rw\n";
+        let m = parse_mountinfo(t);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].mountpoint, PathBuf::from("/mnt/a b"));
+        assert_eq!(m[0].fstype, MAPFS_FSTYPE);
+        assert_eq!(m[0].source, "mapfs-passthrough:/x");
+        assert_eq!(m[1].fstype, "ext4");
+    }
+
+    #[test]
+    fn escapes_mountpoints_uniquely() {
+        assert_eq!(escaped(Path::new("/mnt/a-b")), "mnt-a%2Db");
+        assert_ne!(
+            escaped(Path::new("/mnt/a-b")),
+            escaped(Path::new("/mnt/a/b"))
+        );
+    }
+}

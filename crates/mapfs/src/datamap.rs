@@ -11,10 +11,27 @@
 //! offset == offset in backing file 0 for every offset, and the size is the
 //! backing file's own size. Executors recognise it and hand the backing file to
 //! the kernel (passthrough) or to the application (preload shim).
+//!
+//! # Reserved space (in-place maps)
+//!
+//! Under [`Growth::InPlace`] backing space can belong to the file without
+//! holding any of its bytes: the part of an extent given to
+//! [`DataMap::new`] that lies past `size` (an M-to-1 slot is handed out as one
+//! extent of the slot's capacity with `size` = the file's length), extents
+//! trimmed away by [`DataMap::truncate`] or [`DataMap::punch_hole`], and the
+//! gap left behind the last extent by a write past it. The map keeps such space
+//! in a private *reserved* list ([`DataMap::reserved`]): it reads as a hole
+//! (zeros, whatever the backing bytes hold), and a later write into it lands
+//! there in place without a remap. So no backing byte is ever assumed to be
+//! zero, and stale bytes of a shrunk file can never reappear.
+//!
+//! Invariants (checked by [`DataMap::validate`]): extents and reserved pieces
+//! are each sorted, non-overlapping and non-empty, never overlap one another,
+//! and (except for whole-file maps) every extent ends at or before `size`.
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One contiguous run of logical bytes stored contiguously in a backing file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,14 +46,46 @@ pub struct Extent {
     pub len: u64,
 }
 
+impl Extent {
+    /// One past the last logical byte covered.
+    pub fn logical_end(&self) -> u64 {
+        self.logical + self.len
+    }
+
+    /// The part of this extent covering logical `start..end` (which must lie
+    /// inside it), with the backing offset shifted to match.
+    fn slice(&self, start: u64, end: u64) -> Extent {
+        debug_assert!(self.logical <= start && start < end && end <= self.logical_end());
+        Extent {
+            logical: start,
+            file: self.file,
+            offset: self.offset + (start - self.logical),
+            len: end - start,
+        }
+    }
+
+    /// True when `next` continues this extent both logically and in the same
+    /// backing file, so the two can be one extent.
+    fn continues_into(&self, next: &Extent) -> bool {
+        self.file == next.file
+            && self.logical_end() == next.logical
+            && self.offset + self.len == next.offset
+    }
+}
+
 /// Where bytes written outside the current extents go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Growth {
-    /// Extend the extent that ends where the write starts (or the last extent
-    /// when writing past the end, keeping the same logical->backing shift),
-    /// as long as the file stays within `limit` bytes (`None`: no limit; an
-    /// M-to-1 slot sets its capacity). A write into a hole that is not
-    /// adjacent to the last extent needs a remap.
+    /// Extend the last extent when writing past the end, keeping the same
+    /// logical->backing shift, as long as the file stays within `limit`
+    /// bytes (`None`: no limit; an M-to-1 slot sets its capacity). A write
+    /// into a hole below the end of the last extent needs a remap, unless the
+    /// hole is reserved space (see the module docs).
+    ///
+    /// By choosing this policy the file system promises that the backing
+    /// bytes after the last extent (at its shift, up to `limit`) belong to
+    /// this file alone; [`DataMap::new`] rejects maps whose own extents sit
+    /// there.
     InPlace {
         /// Maximum logical size reachable without a remap.
         limit: Option<u64>,
@@ -72,6 +121,20 @@ pub enum Segment {
     },
 }
 
+impl Segment {
+    /// Number of logical bytes this segment covers.
+    pub fn len(&self) -> u64 {
+        match *self {
+            Segment::Data { len, .. } | Segment::Hole { len } => len,
+        }
+    }
+
+    /// True for a zero-length segment (never produced by the map).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Where a write goes, or that it needs a remap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
@@ -90,18 +153,175 @@ pub struct DataMap {
     size: u64,
     growth: Growth,
     whole_file: bool,
+    /// Backing space owned by the file that holds none of its bytes (module
+    /// docs). `default` keeps self-describing encodings of older maps loading.
+    #[serde(default)]
+    reserved: Vec<Extent>,
+}
+
+fn einval(msg: &str) -> Error {
+    Error::invalid().context(format!("invalid DataMap: {msg}"))
+}
+
+/// Index of the first extent of sorted `v` that ends after `off`.
+fn first_ending_after(v: &[Extent], off: u64) -> usize {
+    v.partition_point(|e| e.logical_end() <= off)
+}
+
+/// The pieces of sorted `v` inside logical `start..end`, each cut to it.
+fn pieces_in(v: &[Extent], start: u64, end: u64) -> impl Iterator<Item = Extent> + '_ {
+    v[first_ending_after(v, start)..]
+        .iter()
+        .take_while(move |e| e.logical < end)
+        .map(move |e| e.slice(e.logical.max(start), e.logical_end().min(end)))
+}
+
+/// Cuts logical `start..end` out of sorted `v` (splitting extents that
+/// straddle a bound) and returns the removed pieces, sorted.
+fn remove_range(v: &mut Vec<Extent>, start: u64, end: u64) -> Vec<Extent> {
+    if start >= end {
+        return Vec::new();
+    }
+    let i = first_ending_after(v, start);
+    let j = i + v[i..].partition_point(|e| e.logical < end);
+    if i == j {
+        return Vec::new();
+    }
+    let mut keep = Vec::with_capacity(2);
+    let first = v[i];
+    let last = v[j - 1];
+    if first.logical < start {
+        keep.push(first.slice(first.logical, start));
+    }
+    if last.logical_end() > end {
+        keep.push(last.slice(end, last.logical_end()));
+    }
+    let removed: Vec<Extent> = v[i..j]
+        .iter()
+        .map(|e| e.slice(e.logical.max(start), e.logical_end().min(end)))
+        .collect();
+    v.splice(i..j, keep);
+    removed
+}
+
+/// Merges `v[i]` with its neighbours when they continue one another.
+fn coalesce_at(v: &mut Vec<Extent>, mut i: usize) {
+    if i > 0 && v[i - 1].continues_into(&v[i]) {
+        v[i - 1].len += v[i].len;
+        v.remove(i);
+        i -= 1;
+    }
+    if i + 1 < v.len() && v[i].continues_into(&v[i + 1]) {
+        v[i].len += v[i + 1].len;
+        v.remove(i + 1);
+    }
+}
+
+/// Maps `e` in sorted `v`, shadowing whatever covered its range before.
+fn insert_extent(v: &mut Vec<Extent>, e: Extent) {
+    let i = first_ending_after(v, e.logical);
+    // An in-place overwrite re-records the mapping it already has: keep the
+    // vector untouched instead of splitting and re-merging (O(n) memmoves on
+    // big maps).
+    if let Some(cur) = v.get(i) {
+        if cur.logical <= e.logical
+            && e.logical_end() <= cur.logical_end()
+            && cur.file == e.file
+            && cur.offset + (e.logical - cur.logical) == e.offset
+        {
+            return;
+        }
+    }
+    remove_range(v, e.logical, e.logical_end());
+    let at = v.partition_point(|x| x.logical < e.logical);
+    v.insert(at, e);
+    coalesce_at(v, at);
+}
+
+/// Checks that `v` is sorted, non-overlapping, non-empty and overflow-free.
+fn check_sorted(v: &[Extent], what: &str) -> Result<()> {
+    let mut prev_end = 0u64;
+    for (n, e) in v.iter().enumerate() {
+        if e.len == 0 {
+            return Err(einval(&format!("{what} {n} is empty")));
+        }
+        if e.logical.checked_add(e.len).is_none() || e.offset.checked_add(e.len).is_none() {
+            return Err(einval(&format!("{what} {n} overflows")));
+        }
+        if n > 0 && e.logical < prev_end {
+            return Err(einval(&format!("{what} {n} overlaps or is out of order")));
+        }
+        prev_end = e.logical_end();
+    }
+    Ok(())
+}
+
+/// Merges two sorted, mutually disjoint extent lists into one sorted list.
+fn merge_sorted(a: impl Iterator<Item = Extent>, b: impl Iterator<Item = Extent>) -> Vec<Extent> {
+    let mut out: Vec<Extent> = a.chain(b).collect();
+    out.sort_unstable_by_key(|e| e.logical);
+    out
 }
 
 impl DataMap {
     /// The whole-file 1-to-1 map onto backing file 0.
     pub fn whole_file() -> Self {
-        todo!()
+        DataMap {
+            extents: Vec::new(),
+            size: 0,
+            growth: Growth::InPlace { limit: None },
+            whole_file: true,
+            reserved: Vec::new(),
+        }
     }
 
     /// A map from parts. Fails with `EINVAL` if extents overlap, are unsorted,
     /// empty, or the growth policy names a file no extent could use.
+    ///
+    /// "Could use" is checked as: an [`Growth::AppendLog`] log must not have
+    /// live extents at or past its `end` (the next append would overwrite
+    /// them), and under [`Growth::InPlace`] no other extent may sit in the
+    /// space the last extent grows into. Backing file indexes are checked
+    /// against the open files by the engine, which alone knows how many there
+    /// are. Extents reaching past `size` are cut at `size`; under `InPlace`
+    /// the part cut off stays reserved to the file (module docs).
     pub fn new(extents: Vec<Extent>, size: u64, growth: Growth) -> Result<Self> {
-        todo!()
+        check_sorted(&extents, "extent")?;
+        if let Growth::AppendLog { file, end } = growth {
+            if extents
+                .iter()
+                .any(|e| e.file == file && e.offset + e.len > end)
+            {
+                return Err(einval("an extent lies past the end of the append log"));
+            }
+        }
+        let mut map = DataMap {
+            extents,
+            size,
+            growth,
+            whole_file: false,
+            reserved: Vec::new(),
+        };
+        let past = remove_range(&mut map.extents, size, u64::MAX);
+        if let Growth::InPlace { limit } = growth {
+            map.reserved = past;
+            if let Some(t) = map.tail() {
+                let start = t.offset + t.len;
+                let room = match limit {
+                    None => u64::MAX,
+                    Some(l) => start.saturating_add(l.saturating_sub(t.logical_end())),
+                };
+                let clash = map.extents.iter().chain(&map.reserved).any(|e| {
+                    e.file == t.file && *e != t && e.offset < room && e.offset + e.len > start
+                });
+                if clash {
+                    return Err(einval(
+                        "an extent lies where the last extent grows in place",
+                    ));
+                }
+            }
+        }
+        Ok(map)
     }
 
     /// True for [`DataMap::whole_file`] maps.
@@ -112,6 +332,14 @@ impl DataMap {
     /// The extents, sorted by logical offset.
     pub fn extents(&self) -> &[Extent] {
         &self.extents
+    }
+
+    /// Backing space owned by the file but holding none of its bytes (reads
+    /// as holes), sorted by logical offset. Only [`Growth::InPlace`] maps have
+    /// any. A file system persisting a map may keep it to avoid a remap on the
+    /// next open, or drop it.
+    pub fn reserved(&self) -> &[Extent] {
+        &self.reserved
     }
 
     /// Logical size (for whole-file maps: meaningless, the backing file's size
@@ -125,26 +353,515 @@ impl DataMap {
         self.growth
     }
 
+    /// Checks the invariants listed in the module docs (`EINVAL` naming the
+    /// broken one). Maps built by [`DataMap::new`] and changed only through
+    /// its methods always pass; this is for tests and for maps decoded with
+    /// serde, which bypasses [`DataMap::new`].
+    pub fn validate(&self) -> Result<()> {
+        check_sorted(&self.extents, "extent")?;
+        check_sorted(&self.reserved, "reserved piece")?;
+        if !self.whole_file {
+            if let Some(last) = self.extents.last() {
+                if last.logical_end() > self.size {
+                    return Err(einval("an extent ends past the size"));
+                }
+            }
+        }
+        for r in &self.reserved {
+            if pieces_in(&self.extents, r.logical, r.logical_end())
+                .next()
+                .is_some()
+            {
+                return Err(einval("reserved space overlaps an extent"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The piece (extent or reserved) that ends last, whose shift growth in
+    /// place continues.
+    fn tail(&self) -> Option<Extent> {
+        match (self.extents.last(), self.reserved.last()) {
+            (Some(e), Some(r)) if r.logical_end() > e.logical_end() => Some(*r),
+            (Some(e), _) => Some(*e),
+            (None, r) => r.copied(),
+        }
+    }
+
     /// The backing segments and holes of `offset..offset+len`, clipped to the
     /// logical size (so the sum of lengths may be less than `len`).
     pub fn locate(&self, offset: u64, len: u64) -> Vec<Segment> {
-        todo!()
+        if len == 0 {
+            return Vec::new();
+        }
+        if self.whole_file {
+            let len = len.min(u64::MAX - offset);
+            return vec![Segment::Data {
+                file: 0,
+                offset,
+                len,
+            }];
+        }
+        if offset >= self.size {
+            return Vec::new();
+        }
+        let end = offset.saturating_add(len).min(self.size);
+        let mut out = Vec::new();
+        let mut cursor = offset;
+        for p in pieces_in(&self.extents, offset, end) {
+            if p.logical > cursor {
+                out.push(Segment::Hole {
+                    len: p.logical - cursor,
+                });
+            }
+            out.push(Segment::Data {
+                file: p.file,
+                offset: p.offset,
+                len: p.len,
+            });
+            cursor = p.logical_end();
+        }
+        if cursor < end {
+            out.push(Segment::Hole { len: end - cursor });
+        }
+        out
     }
 
     /// Where a write of `len` bytes at `offset` goes under the growth policy.
     pub fn place_write(&self, offset: u64, len: u64) -> Placement {
-        todo!()
+        if len == 0 {
+            return Placement::Fits(Vec::new());
+        }
+        let Some(end) = offset.checked_add(len) else {
+            return Placement::NeedsRemap;
+        };
+        if self.whole_file {
+            return Placement::Fits(vec![Segment::Data {
+                file: 0,
+                offset,
+                len,
+            }]);
+        }
+        match self.growth {
+            Growth::ReadOnly => Placement::NeedsRemap,
+            Growth::AppendLog { file, end: log_end } => match log_end.checked_add(len) {
+                Some(_) => Placement::Fits(vec![Segment::Data {
+                    file,
+                    offset: log_end,
+                    len,
+                }]),
+                None => Placement::NeedsRemap,
+            },
+            Growth::InPlace { limit } => self.place_in_place(offset, end, limit),
+        }
+    }
+
+    fn place_in_place(&self, offset: u64, end: u64, limit: Option<u64>) -> Placement {
+        let pieces = merge_sorted(
+            pieces_in(&self.extents, offset, end),
+            pieces_in(&self.reserved, offset, end),
+        );
+        let mut segs: Vec<Segment> = Vec::with_capacity(pieces.len() + 1);
+        let mut push = |file: u32, off: u64, len: u64| {
+            if let Some(Segment::Data {
+                file: f,
+                offset: o,
+                len: l,
+            }) = segs.last_mut()
+            {
+                if *f == file && *o + *l == off {
+                    *l += len;
+                    return;
+                }
+            }
+            segs.push(Segment::Data {
+                file,
+                offset: off,
+                len,
+            });
+        };
+        let mut cursor = offset;
+        for p in &pieces {
+            if p.logical > cursor {
+                // A hole below a piece the file owns: no space of ours there.
+                return Placement::NeedsRemap;
+            }
+            push(p.file, p.offset, p.len);
+            cursor = p.logical_end();
+        }
+        if cursor < end {
+            let Some(t) = self.tail() else {
+                return Placement::NeedsRemap;
+            };
+            if cursor < t.logical_end() || limit.is_some_and(|l| end > l) {
+                return Placement::NeedsRemap;
+            }
+            // Same shift as the tail: backing = tail backing end + distance.
+            let Some(back) = (t.offset + t.len).checked_add(cursor - t.logical_end()) else {
+                return Placement::NeedsRemap;
+            };
+            if back.checked_add(end - cursor).is_none() {
+                return Placement::NeedsRemap;
+            }
+            push(t.file, back, end - cursor);
+        }
+        Placement::Fits(segs)
     }
 
     /// Records a write placed by [`DataMap::place_write`]: extents and size
     /// grow to cover it.
+    ///
+    /// The placement's segments are mapped in order from `offset` on; a
+    /// prefix of a placement (the segments that were written before an I/O
+    /// error, with `len` their total) may be committed.
     pub fn commit_write(&mut self, offset: u64, len: u64, placement: &Placement) {
-        todo!()
+        let Placement::Fits(segs) = placement else {
+            return;
+        };
+        if len == 0 {
+            return;
+        }
+        let end = offset.saturating_add(len);
+        if self.whole_file {
+            self.size = self.size.max(end);
+            return;
+        }
+        if let (Growth::InPlace { .. }, Some(t)) = (self.growth, self.tail()) {
+            if offset > t.logical_end() {
+                if let Some(Segment::Data {
+                    file, offset: b, ..
+                }) = segs.first()
+                {
+                    let gap = offset - t.logical_end();
+                    let tail_back = t.offset + t.len;
+                    if *file == t.file && tail_back.checked_add(gap) == Some(*b) {
+                        // The gap's backing bytes are ours but unwritten:
+                        // keep them for later writes, read them as zeros.
+                        insert_extent(&mut self.reserved, t.slice_after(gap));
+                    }
+                }
+            }
+        }
+        let mut cursor = offset;
+        for seg in segs {
+            if cursor >= end {
+                break;
+            }
+            match *seg {
+                Segment::Data {
+                    file,
+                    offset: b,
+                    len: l,
+                } => {
+                    let l = l.min(end - cursor);
+                    remove_range(&mut self.reserved, cursor, cursor + l);
+                    insert_extent(
+                        &mut self.extents,
+                        Extent {
+                            logical: cursor,
+                            file,
+                            offset: b,
+                            len: l,
+                        },
+                    );
+                    if let Growth::AppendLog { file: lf, end: le } = &mut self.growth {
+                        if *lf == file {
+                            *le = (*le).max(b + l);
+                        }
+                    }
+                    cursor += l;
+                }
+                Segment::Hole { len: l } => cursor += l.min(end - cursor),
+            }
+        }
+        self.size = self.size.max(end);
     }
 
     /// Sets the logical size: shrinking drops or trims extents past it;
     /// growing leaves a hole.
+    ///
+    /// Under [`Growth::InPlace`] the space of dropped extents stays reserved
+    /// to the file (module docs); backing files are never touched.
     pub fn truncate(&mut self, size: u64) {
-        todo!()
+        if !self.whole_file && size < self.size {
+            let removed = remove_range(&mut self.extents, size, u64::MAX);
+            self.keep_reserved(removed);
+        }
+        self.size = size;
+    }
+
+    /// Makes `offset..offset+len` a hole without changing the size; returns
+    /// the extent pieces that were unmapped. Under [`Growth::InPlace`] their
+    /// space stays reserved to the file, so the engine may also punch them in
+    /// the backing file. Whole-file maps are unchanged (the engine punches the
+    /// backing file itself).
+    pub fn punch_hole(&mut self, offset: u64, len: u64) -> Vec<Extent> {
+        if self.whole_file {
+            return Vec::new();
+        }
+        let removed = remove_range(&mut self.extents, offset, offset.saturating_add(len));
+        self.keep_reserved(removed.clone());
+        removed
+    }
+
+    fn keep_reserved(&mut self, pieces: Vec<Extent>) {
+        if let Growth::InPlace { .. } = self.growth {
+            for p in pieces {
+                insert_extent(&mut self.reserved, p);
+            }
+        }
+    }
+
+    /// `SEEK_DATA`: the first offset at or after `offset` that an extent maps,
+    /// or `None` (`ENXIO`) when there is none below the size. Not meaningful
+    /// for whole-file maps.
+    pub fn next_data(&self, offset: u64) -> Option<u64> {
+        if offset >= self.size {
+            return None;
+        }
+        let e = self
+            .extents
+            .get(first_ending_after(&self.extents, offset))?;
+        let at = e.logical.max(offset);
+        (at < self.size).then_some(at)
+    }
+
+    /// `SEEK_HOLE`: the first offset at or after `offset` that no extent maps
+    /// (the size counts as a hole), or `None` (`ENXIO`) when `offset` is at or
+    /// past the size. Not meaningful for whole-file maps.
+    pub fn next_hole(&self, offset: u64) -> Option<u64> {
+        if offset >= self.size {
+            return None;
+        }
+        let mut cursor = offset;
+        for e in &self.extents[first_ending_after(&self.extents, offset)..] {
+            if e.logical > cursor {
+                break;
+            }
+            cursor = e.logical_end();
+        }
+        Some(cursor.min(self.size))
+    }
+}
+
+impl Extent {
+    /// The `len` logical bytes right after this extent at the same shift.
+    fn slice_after(&self, len: u64) -> Extent {
+        Extent {
+            logical: self.logical_end(),
+            file: self.file,
+            offset: self.offset + self.len,
+            len,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ext(logical: u64, file: u32, offset: u64, len: u64) -> Extent {
+        Extent {
+            logical,
+            file,
+            offset,
+            len,
+        }
+    }
+
+    fn data(file: u32, offset: u64, len: u64) -> Segment {
+        Segment::Data { file, offset, len }
+    }
+
+    fn hole(len: u64) -> Segment {
+        Segment::Hole { len }
+    }
+
+    #[test]
+    fn whole_file_is_identity() {
+        let mut m = DataMap::whole_file();
+        assert!(m.is_whole_file());
+        assert_eq!(m.locate(10, 5), vec![data(0, 10, 5)]);
+        assert_eq!(m.locate(10, 0), vec![]);
+        let p = m.place_write(7, 3);
+        assert_eq!(p, Placement::Fits(vec![data(0, 7, 3)]));
+        m.commit_write(7, 3, &p);
+        assert!(m.extents().is_empty());
+        m.truncate(0);
+        assert_eq!(m.locate(0, 4), vec![data(0, 0, 4)]);
+    }
+
+    #[test]
+    fn new_rejects_bad_extents() {
+        let g = Growth::InPlace { limit: None };
+        let bad = [
+            vec![ext(0, 0, 0, 0)],
+            vec![ext(10, 0, 0, 5), ext(0, 0, 100, 5)],
+            vec![ext(0, 0, 0, 10), ext(5, 0, 100, 10)],
+            vec![ext(u64::MAX - 1, 0, 0, 10)],
+        ];
+        for b in bad {
+            assert_eq!(DataMap::new(b, 100, g).unwrap_err().errno(), libc::EINVAL);
+        }
+        // The log would overwrite a live extent.
+        let log = Growth::AppendLog { file: 1, end: 5 };
+        assert!(DataMap::new(vec![ext(0, 1, 0, 10)], 10, log).is_err());
+        // The tail would grow over another extent of the same file.
+        let two = vec![ext(0, 0, 100, 10), ext(10, 0, 0, 10)];
+        assert!(DataMap::new(two.clone(), 20, g).is_err());
+        // ... unless the limit stops it first.
+        assert!(DataMap::new(two, 20, Growth::InPlace { limit: Some(20) }).is_ok());
+    }
+
+    #[test]
+    fn locate_clips_and_fills_holes() {
+        let m = DataMap::new(
+            vec![ext(10, 0, 0, 10), ext(30, 1, 50, 10)],
+            50,
+            Growth::ReadOnly,
+        )
+        .unwrap();
+        assert_eq!(
+            m.locate(0, 100),
+            vec![
+                hole(10),
+                data(0, 0, 10),
+                hole(10),
+                data(1, 50, 10),
+                hole(10)
+            ]
+        );
+        assert_eq!(
+            m.locate(15, 20),
+            vec![data(0, 5, 5), hole(10), data(1, 50, 5)]
+        );
+        assert_eq!(m.locate(50, 10), vec![]);
+        assert_eq!(m.place_write(0, 1), Placement::NeedsRemap);
+    }
+
+    #[test]
+    fn in_place_overwrites_and_extends() {
+        let g = Growth::InPlace { limit: Some(100) };
+        let mut m = DataMap::new(vec![ext(0, 0, 1000, 10)], 10, g).unwrap();
+        let p = m.place_write(5, 10);
+        assert_eq!(p, Placement::Fits(vec![data(0, 1005, 10)]));
+        m.commit_write(5, 10, &p);
+        assert_eq!(m.extents(), &[ext(0, 0, 1000, 15)]);
+        assert_eq!(m.size(), 15);
+        assert_eq!(m.place_write(95, 10), Placement::NeedsRemap);
+        // A gap past the end stays a hole but its space stays ours.
+        let p = m.place_write(50, 10);
+        assert_eq!(p, Placement::Fits(vec![data(0, 1050, 10)]));
+        m.commit_write(50, 10, &p);
+        assert_eq!(m.locate(10, 10), vec![data(0, 1010, 5), hole(5)]);
+        assert_eq!(m.reserved(), &[ext(15, 0, 1015, 35)]);
+        let p = m.place_write(20, 40);
+        assert_eq!(p, Placement::Fits(vec![data(0, 1020, 40)]));
+        m.commit_write(20, 40, &p);
+        assert_eq!(m.extents(), &[ext(0, 0, 1000, 15), ext(20, 0, 1020, 40)]);
+        m.validate().unwrap();
+    }
+
+    #[test]
+    fn in_place_interior_hole_needs_remap() {
+        let g = Growth::InPlace { limit: None };
+        let m = DataMap::new(vec![ext(0, 0, 0, 10), ext(20, 1, 0, 10)], 30, g).unwrap();
+        assert_eq!(m.place_write(12, 2), Placement::NeedsRemap);
+        assert_eq!(m.place_write(5, 10), Placement::NeedsRemap);
+        assert_eq!(m.place_write(25, 10), Placement::Fits(vec![data(1, 5, 10)]));
+    }
+
+    #[test]
+    fn slot_past_size_is_reserved() {
+        let g = Growth::InPlace { limit: Some(64) };
+        let mut m = DataMap::new(vec![ext(0, 3, 4096, 64)], 0, g).unwrap();
+        assert!(m.extents().is_empty());
+        assert_eq!(m.reserved(), &[ext(0, 3, 4096, 64)]);
+        assert_eq!(m.locate(0, 64), vec![]);
+        let p = m.place_write(8, 8);
+        assert_eq!(p, Placement::Fits(vec![data(3, 4104, 8)]));
+        m.commit_write(8, 8, &p);
+        assert_eq!(m.locate(0, 64), vec![hole(8), data(3, 4104, 8)]);
+        m.truncate(4);
+        assert_eq!(m.locate(0, 64), vec![hole(4)]);
+        m.truncate(64);
+        assert_eq!(m.locate(0, 64), vec![hole(64)]);
+        assert_eq!(
+            m.place_write(0, 64),
+            Placement::Fits(vec![data(3, 4096, 64)])
+        );
+        m.validate().unwrap();
+    }
+
+    #[test]
+    fn append_log_shadows() {
+        let g = Growth::AppendLog { file: 2, end: 0 };
+        let mut m = DataMap::new(vec![], 0, g).unwrap();
+        for (off, len) in [(0, 100), (100, 50), (20, 10), (90, 20)] {
+            let p = m.place_write(off, len);
+            m.commit_write(off, len, &p);
+        }
+        assert_eq!(
+            m.extents(),
+            &[
+                ext(0, 2, 0, 20),
+                ext(20, 2, 150, 10),
+                ext(30, 2, 30, 60),
+                ext(90, 2, 160, 20),
+                ext(110, 2, 110, 40),
+            ]
+        );
+        assert_eq!(m.growth(), Growth::AppendLog { file: 2, end: 180 });
+        assert_eq!(m.size(), 150);
+        m.truncate(95);
+        assert_eq!(m.extents().last(), Some(&ext(90, 2, 160, 5)));
+        assert!(m.reserved().is_empty());
+        m.validate().unwrap();
+    }
+
+    #[test]
+    fn sequential_appends_coalesce() {
+        let mut m = DataMap::new(vec![], 0, Growth::AppendLog { file: 0, end: 0 }).unwrap();
+        for i in 0..100 {
+            let p = m.place_write(i * 10, 10);
+            m.commit_write(i * 10, 10, &p);
+        }
+        assert_eq!(m.extents(), &[ext(0, 0, 0, 1000)]);
+    }
+
+    #[test]
+    fn seek_data_and_hole() {
+        let m = DataMap::new(
+            vec![ext(10, 0, 0, 10), ext(20, 1, 0, 5), ext(40, 0, 10, 10)],
+            60,
+            Growth::ReadOnly,
+        )
+        .unwrap();
+        assert_eq!(m.next_data(0), Some(10));
+        assert_eq!(m.next_data(12), Some(12));
+        assert_eq!(m.next_data(25), Some(40));
+        assert_eq!(m.next_data(50), None);
+        assert_eq!(m.next_data(60), None);
+        assert_eq!(m.next_hole(0), Some(0));
+        assert_eq!(m.next_hole(10), Some(25));
+        assert_eq!(m.next_hole(45), Some(50));
+        assert_eq!(m.next_hole(59), Some(59));
+        assert_eq!(m.next_hole(60), None);
+    }
+
+    #[test]
+    fn punch_hole_keeps_in_place_space() {
+        let g = Growth::InPlace { limit: None };
+        let mut m = DataMap::new(vec![ext(0, 0, 0, 100)], 100, g).unwrap();
+        let removed = m.punch_hole(10, 20);
+        assert_eq!(removed, vec![ext(10, 0, 10, 20)]);
+        assert_eq!(m.size(), 100);
+        assert_eq!(
+            m.locate(0, 100),
+            vec![data(0, 0, 10), hole(20), data(0, 30, 70)]
+        );
+        let p = m.place_write(15, 5);
+        assert_eq!(p, Placement::Fits(vec![data(0, 15, 5)]));
+        m.validate().unwrap();
     }
 }

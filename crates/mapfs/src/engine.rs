@@ -4,18 +4,39 @@
 //!
 //! Whole-file 1-to-1 maps go straight to the backing file (`pread`/`pwrite`
 //! with no lock taken on the map); other maps are located segment by segment.
+//!
+//! For other maps the map is the truth: reads are clipped to the map's size,
+//! holes (and reserved space, see [`crate::datamap`]) read as zeros whatever
+//! the backing bytes are, and a backing file shorter than an extent reads as
+//! zeros past its end. Backing files are never shrunk by `truncate` (other
+//! files or other opens may share them); only the map changes.
+//!
+//! Locking: whole-file maps take none. Other maps hold one `RwLock`: shared
+//! for reads, exclusive for writes, truncate and hole punching. The `remap`
+//! callback runs under the exclusive lock, so it must not call back into the
+//! same [`DataFile`].
 
 use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use crate::datamap::DataMap;
-use crate::error::Result;
+use rustix::fs::{FallocateFlags, SeekFrom};
+
+use crate::datamap::{DataMap, Growth, Placement, Segment};
+use crate::error::{Error, Result};
 use crate::fs::Opened;
 
 /// Called when a write does not fit the map: given the current map and the
 /// write's range, returns the new map and backing files (the file system's
 /// `remap`).
 pub type Remap<'a> = &'a mut dyn FnMut(&DataMap, u64, u64) -> Result<Opened>;
+
+/// Largest byte offset a file may reach (`off_t` is signed).
+const MAX_OFFSET: u64 = i64::MAX as u64;
+
+/// Chunk size for copies that go through the engine rather than the kernel.
+const COPY_CHUNK: usize = 1 << 20;
 
 /// One open file's data state: its map and backing files.
 #[derive(Debug)]
@@ -30,10 +51,68 @@ struct State {
     files: Vec<Arc<File>>,
 }
 
+impl State {
+    /// Backing file 0 when the map is whole-file. `DataFile::whole` covers
+    /// maps that were whole-file at open; this covers a remap to one.
+    fn whole(&self) -> Result<Option<&File>> {
+        if self.map.is_whole_file() {
+            self.file(0).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn file(&self, idx: u32) -> Result<&File> {
+        self.files.get(idx as usize).map(|f| &**f).ok_or_else(|| {
+            Error::io().context(format!(
+                "map names backing file {idx} but only {} are open",
+                self.files.len()
+            ))
+        })
+    }
+}
+
+/// `pread` until `buf` is full or the file ends; returns the bytes read.
+fn read_full_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while !buf.is_empty() {
+        match file.read_at(buf, offset) {
+            Ok(0) => break,
+            Ok(n) => {
+                done += n;
+                offset += n as u64;
+                buf = &mut buf[n..];
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Rejects ranges whose end does not fit in `off_t`.
+fn check_range(offset: u64, len: u64) -> Result<u64> {
+    match offset.checked_add(len) {
+        Some(end) if end <= MAX_OFFSET => Ok(end),
+        _ => Err(Error::from_errno(libc::EFBIG)),
+    }
+}
+
 impl DataFile {
     /// Wraps the result of `open`/`create`.
     pub fn new(opened: Opened) -> Self {
-        todo!()
+        let whole = if opened.map.is_whole_file() {
+            opened.files.first().cloned()
+        } else {
+            None
+        };
+        DataFile {
+            inner: parking_lot::RwLock::new(State {
+                map: opened.map,
+                files: opened.files,
+            }),
+            whole,
+        }
     }
 
     /// For whole-file 1-to-1 maps, the backing file (what kernel passthrough
@@ -49,43 +128,233 @@ impl DataFile {
 
     /// Current logical size.
     pub fn size(&self) -> Result<u64> {
-        todo!()
+        if let Some(f) = &self.whole {
+            return Ok(rustix::fs::fstat(f)?.st_size as u64);
+        }
+        let st = self.inner.read();
+        match st.whole()? {
+            Some(f) => Ok(rustix::fs::fstat(f)?.st_size as u64),
+            None => Ok(st.map.size()),
+        }
     }
 
     /// Reads into `buf` at `offset`; returns bytes read (short only at EOF).
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        todo!()
+        if let Some(f) = &self.whole {
+            return Ok(read_full_at(f, buf, offset)?);
+        }
+        let st = self.inner.read();
+        if let Some(f) = st.whole()? {
+            return Ok(read_full_at(f, buf, offset)?);
+        }
+        let mut done = 0usize;
+        for seg in st.map.locate(offset, buf.len() as u64) {
+            let n = seg.len() as usize;
+            let out = &mut buf[done..done + n];
+            match seg {
+                Segment::Data { file, offset, .. } => {
+                    let got = read_full_at(st.file(file)?, out, offset)?;
+                    // A backing file shorter than its extent: zeros, like a
+                    // sparse tail.
+                    out[got..].fill(0);
+                }
+                Segment::Hole { .. } => out.fill(0),
+            }
+            done += n;
+        }
+        Ok(done)
     }
 
     /// Writes `data` at `offset`, calling `remap` when the map cannot place it.
+    ///
+    /// A remap is asked for at most once per write; if the new map still
+    /// cannot place it the write fails with `ENOSPC`. When an I/O error hits
+    /// after some segments were written, those are kept and their length
+    /// returned, like a short `write(2)`.
     pub fn write(&self, offset: u64, data: &[u8], remap: Remap<'_>) -> Result<usize> {
-        todo!()
+        let len = data.len() as u64;
+        check_range(offset, len)?;
+        if let Some(f) = &self.whole {
+            f.write_all_at(data, offset)?;
+            return Ok(data.len());
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let mut st = self.inner.write();
+        let mut placement = st.map.place_write(offset, len);
+        if placement == Placement::NeedsRemap {
+            let opened = remap(&st.map, offset, len)?;
+            st.map = opened.map;
+            st.files = opened.files;
+            placement = st.map.place_write(offset, len);
+        }
+        let Placement::Fits(segs) = placement else {
+            return Err(Error::from_errno(libc::ENOSPC)
+                .context("remapped map still cannot place the write"));
+        };
+        let mut done = 0usize;
+        for (i, seg) in segs.iter().enumerate() {
+            let Segment::Data {
+                file,
+                offset: at,
+                len: n,
+            } = *seg
+            else {
+                return Err(Error::io().context("placement holds a hole"));
+            };
+            let n = n as usize;
+            let res = st
+                .file(file)
+                .and_then(|f| Ok(f.write_all_at(&data[done..done + n], at)?));
+            if let Err(e) = res {
+                if done == 0 {
+                    return Err(e);
+                }
+                let written = Placement::Fits(segs[..i].to_vec());
+                st.map.commit_write(offset, done as u64, &written);
+                return Ok(done);
+            }
+            done += n;
+        }
+        debug_assert_eq!(done, data.len());
+        let placed = Placement::Fits(segs);
+        st.map.commit_write(offset, len, &placed);
+        Ok(done)
     }
 
     /// Sets the size.
     pub fn truncate(&self, size: u64) -> Result<()> {
-        todo!()
+        check_range(size, 0)?;
+        if let Some(f) = &self.whole {
+            f.set_len(size)?;
+            return Ok(());
+        }
+        let mut st = self.inner.write();
+        match st.whole()? {
+            Some(f) => f.set_len(size)?,
+            None => st.map.truncate(size),
+        }
+        Ok(())
     }
 
     /// Flushes the backing files (`datasync`: data only).
     pub fn fsync(&self, datasync: bool) -> Result<()> {
-        todo!()
+        let sync = |f: &File| {
+            if datasync {
+                f.sync_data()
+            } else {
+                f.sync_all()
+            }
+        };
+        if let Some(f) = &self.whole {
+            return Ok(sync(f)?);
+        }
+        // Sync without holding the lock: writers need not wait for the disk.
+        let files = self.inner.read().files.clone();
+        for (i, f) in files.iter().enumerate() {
+            if files[..i].iter().any(|g| Arc::ptr_eq(f, g)) {
+                continue;
+            }
+            sync(f)?;
+        }
+        Ok(())
     }
 
     /// `fallocate(2)` with its `mode` (0, `FALLOC_FL_KEEP_SIZE`,
     /// `FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE`, `FALLOC_FL_ZERO_RANGE`).
+    ///
+    /// Whole-file maps pass every mode to the backing file. For other maps:
+    /// mode 0 grows the size to `offset+len` (the new bytes are a hole: no
+    /// space is reserved, so a later write may still fail with `ENOSPC`);
+    /// `KEEP_SIZE` alone does nothing; `PUNCH_HOLE` and `ZERO_RANGE` unmap the
+    /// range (it reads as zeros), and under [`Growth::InPlace`] also punch the
+    /// freed backing bytes, best effort, to give the space back. Other modes
+    /// answer `EOPNOTSUPP`.
     pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> Result<()> {
-        todo!()
+        if len == 0 {
+            return Err(Error::invalid());
+        }
+        let end = check_range(offset, len)?;
+        let flags = FallocateFlags::from_bits_retain(mode as u32);
+        if let Some(f) = &self.whole {
+            rustix::fs::fallocate(f, flags, offset, len)?;
+            return Ok(());
+        }
+        let mut st = self.inner.write();
+        if let Some(f) = st.whole()? {
+            rustix::fs::fallocate(f, flags, offset, len)?;
+            return Ok(());
+        }
+        let keep = flags.contains(FallocateFlags::KEEP_SIZE);
+        let punch = flags.contains(FallocateFlags::PUNCH_HOLE);
+        let zero = flags.contains(FallocateFlags::ZERO_RANGE);
+        let known =
+            FallocateFlags::KEEP_SIZE | FallocateFlags::PUNCH_HOLE | FallocateFlags::ZERO_RANGE;
+        if !known.contains(flags) || (punch && (!keep || zero)) {
+            return Err(Error::from_errno(libc::EOPNOTSUPP));
+        }
+        if punch || zero {
+            let removed = st.map.punch_hole(offset, len);
+            if let Growth::InPlace { .. } = st.map.growth() {
+                let hole = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+                for r in removed {
+                    if let Ok(f) = st.file(r.file) {
+                        // Best effort: the map already reads the range as
+                        // zeros; this only frees disk blocks.
+                        let _ = rustix::fs::fallocate(f, hole, r.offset, r.len);
+                    }
+                }
+            }
+        }
+        if !keep && end > st.map.size() {
+            st.map.truncate(end);
+        }
+        Ok(())
     }
 
     /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (others are the caller's).
     pub fn seek(&self, offset: u64, whence: i32) -> Result<u64> {
-        todo!()
+        if offset > MAX_OFFSET {
+            return Err(Error::from_errno(libc::ENXIO));
+        }
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return Err(Error::invalid()),
+        };
+        let pos = if data {
+            SeekFrom::Data(offset)
+        } else {
+            SeekFrom::Hole(offset)
+        };
+        if let Some(f) = &self.whole {
+            return Ok(rustix::fs::seek(f, pos)?);
+        }
+        let st = self.inner.read();
+        if let Some(f) = st.whole()? {
+            return Ok(rustix::fs::seek(f, pos)?);
+        }
+        let found = if data {
+            st.map.next_data(offset)
+        } else {
+            st.map.next_hole(offset)
+        };
+        found.ok_or_else(|| Error::from_errno(libc::ENXIO))
     }
+}
+
+/// True when the two files are the same inode.
+fn same_inode(a: &File, b: &File) -> Result<bool> {
+    let (sa, sb) = (rustix::fs::fstat(a)?, rustix::fs::fstat(b)?);
+    Ok(sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino)
 }
 
 /// Copies `len` bytes from `src` at `off_in` to `dst` at `off_out`
 /// (`copy_file_range` between backing files when both are whole-file maps).
+///
+/// Returns the bytes copied, fewer than `len` only when `src` ends first.
+/// Like `copy_file_range(2)`, overlapping ranges of one file are `EINVAL`.
 pub fn copy_range(
     src: &DataFile,
     off_in: u64,
@@ -94,5 +363,74 @@ pub fn copy_range(
     len: u64,
     remap: Remap<'_>,
 ) -> Result<usize> {
-    todo!()
+    let len = len.min(isize::MAX as u64);
+    check_range(off_in, len)?;
+    check_range(off_out, len)?;
+    let overlap = off_in < off_out + len && off_out < off_in + len;
+    if let (Some(fi), Some(fo)) = (&src.whole, &dst.whole) {
+        if overlap && same_inode(fi, fo)? {
+            return Err(Error::invalid());
+        }
+        let (mut pin, mut pout) = (off_in, off_out);
+        let mut done: u64 = 0;
+        while done < len {
+            let want = (len - done).min(1 << 30) as usize;
+            match rustix::fs::copy_file_range(fi, Some(&mut pin), fo, Some(&mut pout), want) {
+                Ok(0) => return Ok(done as usize),
+                Ok(n) => done += n as u64,
+                Err(rustix::io::Errno::INTR) => {}
+                // The kernel cannot copy between these files (other file
+                // systems, special files): copy the rest by hand.
+                Err(
+                    rustix::io::Errno::XDEV
+                    | rustix::io::Errno::INVAL
+                    | rustix::io::Errno::NOSYS
+                    | rustix::io::Errno::OPNOTSUPP,
+                ) => {
+                    let rest = copy_by_hand(src, pin, dst, pout, len - done, remap)?;
+                    return Ok((done + rest) as usize);
+                }
+                Err(e) => {
+                    return if done > 0 {
+                        Ok(done as usize)
+                    } else {
+                        Err(e.into())
+                    }
+                }
+            }
+        }
+        return Ok(done as usize);
+    }
+    if overlap && std::ptr::eq(src, dst) {
+        return Err(Error::invalid());
+    }
+    Ok(copy_by_hand(src, off_in, dst, off_out, len, remap)? as usize)
+}
+
+/// Read-then-write copy through the engine, in chunks.
+fn copy_by_hand(
+    src: &DataFile,
+    mut off_in: u64,
+    dst: &DataFile,
+    mut off_out: u64,
+    len: u64,
+    remap: Remap<'_>,
+) -> Result<u64> {
+    let mut buf = vec![0u8; (len as usize).min(COPY_CHUNK)];
+    let mut done = 0u64;
+    while done < len {
+        let want = ((len - done) as usize).min(buf.len());
+        let got = src.read(off_in, &mut buf[..want])?;
+        if got == 0 {
+            break;
+        }
+        let put = dst.write(off_out, &buf[..got], &mut *remap)?;
+        done += put as u64;
+        off_in += put as u64;
+        off_out += put as u64;
+        if put < got {
+            break;
+        }
+    }
+    Ok(done)
 }

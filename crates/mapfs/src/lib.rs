@@ -9,6 +9,7 @@
 //! and call into this one; nothing here knows who calls it.
 
 pub mod backing;
+pub mod control;
 pub mod creds;
 pub mod datamap;
 pub mod engine;

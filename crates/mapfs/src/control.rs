@@ -1,0 +1,387 @@
+//! The control protocol between a mount's daemon and attached preload-shim
+//! clients (DESIGN.md, "preload shim, attached").
+//!
+//! # Contract
+//!
+//! The shim never asks the daemon to open anything. It opens through the
+//! mount first, so the kernel checks the caller's permissions and the daemon
+//! sees that open with the caller's pid; only then does it ask, over this
+//! socket, to *adopt* that open: the daemon answers with the open's
+//! [`DataMap`] and a private descriptor of each backing file (SCM_RIGHTS).
+//! The daemon authenticates the peer with `SO_PEERCRED` and hands out only
+//! opens that the peer's own threads made, so a client never gets a file its
+//! uid could not open through the mount.
+//!
+//! # Transport
+//!
+//! One `SOCK_SEQPACKET` UNIX socket per mount, at [`socket_path`]. Every
+//! message is one packet: a version byte ([`VERSION`]) followed by a
+//! `postcard`-encoded [`Request`] or [`Response`]. Each request gets exactly
+//! one response; descriptors travel only with [`Response::Adopted`]. A client
+//! holds one connection per mount per process (a forked child reconnects), so
+//! the daemon can drop a client's state when its connection closes.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::datamap::DataMap;
+
+/// Protocol version, the first byte of every packet. Bumped on any change of
+/// the message types; a peer seeing another version refuses the message.
+pub const VERSION: u8 = 1;
+
+/// Largest packet either side sends or accepts.
+pub const MAX_PACKET: usize = 256 * 1024;
+
+/// Most backing descriptors one [`Response::Adopted`] carries (DeFUSE's limit
+/// of 16 parts per map); opens with more backing files are not adopted.
+pub const MAX_FDS: usize = 16;
+
+/// Environment variable overriding the directory of control sockets
+/// (default [`DEFAULT_RUNTIME_DIR`]); daemon and clients must agree.
+pub const RUNTIME_DIR_ENV: &str = "MAPFS_RUNTIME_DIR";
+
+/// Default directory of control sockets.
+pub const DEFAULT_RUNTIME_DIR: &str = "/run/mapfs";
+
+/// How long a client waits for the daemon before giving up (and falling back
+/// to the mount), so a hung daemon cannot hang the application forever.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A message from a shim client to the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// First message on a connection.
+    Hello {
+        /// The client's [`VERSION`].
+        version: u8,
+    },
+    /// Hand over the open of inode `ino` that thread `tid` of the peer made
+    /// through the mount (`tid` may equal the peer's pid when the opener is
+    /// unknown, e.g. for descriptors inherited across `exec`).
+    Adopt {
+        /// FUSE inode number (`st_ino` of the mount descriptor).
+        ino: u64,
+        /// Thread that made the open.
+        tid: u32,
+        /// Current `F_GETFL` flags of the mount descriptor: the access mode
+        /// must match the open's; `O_APPEND`, `O_NONBLOCK`, `O_DIRECT`,
+        /// `O_NOATIME`, `O_SYNC`/`O_DSYNC` are applied to the handed-out
+        /// descriptors.
+        flags: i32,
+    },
+    /// The last descriptor of an adopted open was closed. When `wrote`, the
+    /// daemon drops the kernel's cached attributes and pages of `ino` before
+    /// answering (close-to-open consistency for readers through the mount).
+    Closed {
+        /// The handle from [`Response::Adopted`] (0 if unknown, e.g. after
+        /// `exec`).
+        handle: u64,
+        /// FUSE inode number.
+        ino: u64,
+        /// The open was writable.
+        wrote: bool,
+    },
+    /// The final map of an adopted open whose data the client executed
+    /// itself (non-whole-file maps), for the file system's `release`.
+    Release {
+        /// The handle from [`Response::Adopted`].
+        handle: u64,
+        /// Final map.
+        map: DataMap,
+    },
+}
+
+/// A message from the daemon to a shim client.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// Answer to [`Request::Hello`].
+    Hello {
+        /// The daemon's [`VERSION`].
+        version: u8,
+    },
+    /// Answer to [`Request::Adopt`]; `files` descriptors are attached, one
+    /// per backing file of `map`, each a private open file description
+    /// (own offset and status flags), close-on-exec.
+    Adopted {
+        /// Names this adoption in later requests on the same connection.
+        handle: u64,
+        /// The open's map.
+        map: DataMap,
+        /// Number of descriptors attached.
+        files: u32,
+    },
+    /// The request cannot be served; the client falls back to the mount.
+    Refused {
+        /// Why, as an errno.
+        errno: i32,
+        /// Why, for logs and the shim's report.
+        reason: String,
+    },
+    /// Answer to requests that return nothing.
+    Done,
+}
+
+/// Encodes a message as one packet (version byte + postcard).
+pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
+    let mut out = vec![VERSION];
+    let body = postcard::to_stdvec(msg).map_err(io::Error::other)?;
+    out.extend_from_slice(&body);
+    if out.len() > MAX_PACKET {
+        return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+    }
+    Ok(out)
+}
+
+/// Decodes one packet; fails with `EPROTO` on a version mismatch or garbage.
+pub fn decode<T: for<'de> Deserialize<'de>>(packet: &[u8]) -> io::Result<T> {
+    match packet.split_first() {
+        Some((&VERSION, body)) => {
+            postcard::from_bytes(body).map_err(|_| io::Error::from_raw_os_error(libc::EPROTO))
+        }
+        _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+    }
+}
+
+/// Sends one message with `fds` attached.
+pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let packet = encode(msg)?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if fds.len() > MAX_FDS
+        || (!fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)))
+    {
+        return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+    }
+    let iov = [io::IoSlice::new(&packet)];
+    loop {
+        match rustix::net::sendmsg(sock, &iov, &mut control, SendFlags::NOSIGNAL) {
+            Ok(n) if n == packet.len() => return Ok(()),
+            Ok(_) => return Err(io::Error::from_raw_os_error(libc::EMSGSIZE)),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Receives one message and its attached descriptors (close-on-exec).
+/// Returns `Ok(None)` when the peer closed the connection.
+pub fn recv<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_PACKET];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = loop {
+        let mut iov = [io::IoSliceMut::new(&mut buf)];
+        match rustix::net::recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(r) => break r,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut fds = Vec::new();
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = msg {
+            fds.extend(rights);
+        }
+    }
+    if got.bytes == 0 {
+        return Ok(None);
+    }
+    if got.flags.contains(rustix::net::ReturnFlags::TRUNC)
+        || got.flags.contains(rustix::net::ReturnFlags::CTRUNC)
+    {
+        return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+    }
+    let msg = decode(&buf[..got.bytes])?;
+    Ok(Some((msg, fds)))
+}
+
+/// Sends `req` and waits for the response: the client side of one exchange.
+pub fn call(sock: BorrowedFd<'_>, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
+    send(sock, req, &[])?;
+    match recv(sock)? {
+        Some(answer) => Ok(answer),
+        None => Err(io::Error::from_raw_os_error(libc::ECONNRESET)),
+    }
+}
+
+/// A new, unconnected control socket (`SOCK_SEQPACKET`, close-on-exec).
+pub fn socket() -> io::Result<OwnedFd> {
+    Ok(rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
+/// Connects to the control socket at `path` and exchanges [`Request::Hello`].
+/// The connection times out after [`CLIENT_TIMEOUT`] on every call.
+pub fn connect(path: &Path) -> io::Result<OwnedFd> {
+    let sock = socket()?;
+    let addr = SocketAddrUnix::new(path)?;
+    loop {
+        match rustix::net::connect(&sock, &addr) {
+            Ok(()) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    rustix::net::sockopt::set_socket_timeout(
+        &sock,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(CLIENT_TIMEOUT),
+    )?;
+    rustix::net::sockopt::set_socket_timeout(
+        &sock,
+        rustix::net::sockopt::Timeout::Send,
+        Some(CLIENT_TIMEOUT),
+    )?;
+    match call(sock.as_fd(), &Request::Hello { version: VERSION })? {
+        (Response::Hello { version: VERSION }, _) => Ok(sock),
+        _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+    }
+}
+
+/// The control socket of the mount at `mountpoint` (an absolute path, as in
+/// `/proc/self/mountinfo`): `<runtime dir>/<escaped mountpoint>.sock`, where
+/// the runtime dir is `$MAPFS_RUNTIME_DIR` or `/run/mapfs`, and the mountpoint
+/// is escaped like `systemd-escape --path` (`/mnt/a-b` -> `mnt-a\x2db`). A
+/// name that would not fit in `sun_path` becomes `h-<64-bit FNV-1a hash>`.
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    let dir = std::env::var_os(RUNTIME_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNTIME_DIR));
+    let name = escape(mountpoint);
+    let candidate = dir.join(format!("{name}.sock"));
+    // sun_path holds 108 bytes including the terminating NUL.
+    if candidate.as_os_str().len() < 108 {
+        return candidate;
+    }
+    dir.join(format!(
+        "h-{:016x}.sock",
+        fnv1a(mountpoint.as_os_str().as_encoded_bytes())
+    ))
+}
+
+fn escape(mountpoint: &Path) -> String {
+    let bytes = mountpoint.as_os_str().as_encoded_bytes();
+    let trimmed: &[u8] = {
+        let mut b = bytes;
+        while let [b'/', rest @ ..] = b {
+            b = rest;
+        }
+        while let [rest @ .., b'/'] = b {
+            b = rest;
+        }
+        b
+    };
+    if trimmed.is_empty() {
+        return "-".to_string();
+    }
+    let mut out = String::with_capacity(trimmed.len());
+    for (i, &c) in trimmed.iter().enumerate() {
+        match c {
+            b'/' => out.push('-'),
+            b'.' if i == 0 => out.push_str("\\x2e"),
+            c if c.is_ascii_alphanumeric() || c == b'_' || c == b'.' => out.push(c as char),
+            c => out.push_str(&format!("\\x{c:02x}")),
+        }
+    }
+    out
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek, Write};
+
+    #[test]
+    fn escape_matches_systemd_style() {
+        assert_eq!(escape(Path::new("/mnt/a-b")), "mnt-a\\x2db");
+        assert_eq!(escape(Path::new("/")), "-");
+        assert_eq!(escape(Path::new("/tmp/x y/")), "tmp-x\\x20y");
+        assert_eq!(escape(Path::new("/.hidden")), "\\x2ehidden");
+    }
+
+    #[test]
+    fn long_mountpoints_are_hashed_into_sun_path() {
+        let long = format!("/{}", "d/".repeat(100));
+        let p = socket_path(Path::new(&long));
+        assert!(p.as_os_str().len() < 108, "{p:?}");
+        assert!(p.file_name().unwrap().to_str().unwrap().starts_with("h-"));
+        assert_ne!(p, socket_path(Path::new(&format!("{long}x"))));
+    }
+
+    #[test]
+    fn codec_round_trips_and_checks_version() {
+        let msgs = [
+            Request::Hello { version: VERSION },
+            Request::Adopt {
+                ino: 7,
+                tid: 42,
+                flags: libc::O_RDWR | libc::O_APPEND,
+            },
+            Request::Closed {
+                handle: 3,
+                ino: 7,
+                wrote: true,
+            },
+        ];
+        for m in msgs.iter().cloned() {
+            let bytes = encode(&m).unwrap();
+            assert_eq!(decode::<Request>(&bytes).unwrap(), m);
+            let mut wrong = bytes.clone();
+            wrong[0] = VERSION + 1;
+            assert!(decode::<Request>(&wrong).is_err());
+        }
+        assert!(decode::<Request>(&[]).is_err());
+        assert!(decode::<Request>(&[VERSION, 0xff, 0xff]).is_err());
+    }
+
+    #[test]
+    fn descriptors_travel_with_the_message() {
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(b"hello").unwrap();
+        let resp = Response::Refused {
+            errno: libc::EPERM,
+            reason: "test".into(),
+        };
+        send(a.as_fd(), &resp, &[file.as_fd()]).unwrap();
+        let (got, fds) = recv::<Response>(b.as_fd()).unwrap().unwrap();
+        assert_eq!(got, resp);
+        assert_eq!(fds.len(), 1);
+        let mut received = std::fs::File::from(fds.into_iter().next().unwrap());
+        received.rewind().unwrap();
+        let mut s = String::new();
+        received.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hello");
+        drop(a);
+        assert!(recv::<Response>(b.as_fd()).unwrap().is_none());
+    }
+}

@@ -36,13 +36,19 @@ fn loc_path(loc: &Loc<'_>) -> PathBuf {
     proc_fd_path(loc.dir(), Some(loc.name()))
 }
 
-/// Calls `f` with a buffer sized by a query first; retries if the value
+/// Calls `fill` with a buffer sized by `query` first; retries if the value
 /// grew in between (`ERANGE`).
-fn sized(mut f: impl FnMut(&mut [u8]) -> rustix::io::Result<usize>) -> Result<Vec<u8>> {
+fn sized(
+    query: impl Fn() -> rustix::io::Result<usize>,
+    fill: impl Fn(&mut [u8]) -> rustix::io::Result<usize>,
+) -> Result<Vec<u8>> {
     loop {
-        let n = f(&mut [])?;
+        let n = query()?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let mut buf = vec![0u8; n];
-        match f(&mut buf) {
+        match fill(&mut buf) {
             Ok(m) => {
                 buf.truncate(m);
                 return Ok(buf);
@@ -73,13 +79,19 @@ impl Passthrough {
     pub(super) fn do_getxattr(&self, path: &Path, name: &OsStr) -> Result<Vec<u8>> {
         let loc = self.loc(path)?;
         let p = loc_path(&loc);
-        sized(|buf| rustix::fs::lgetxattr(&p, name, buf))
+        sized(
+            || rustix::fs::lgetxattr_query(&p, name),
+            |buf| rustix::fs::lgetxattr(&p, name, buf),
+        )
     }
 
     pub(super) fn do_listxattr(&self, path: &Path) -> Result<Vec<OsString>> {
         let loc = self.loc(path)?;
         let p = loc_path(&loc);
-        let raw = sized(|buf| rustix::fs::llistxattr(&p, buf))?;
+        let raw = sized(
+            || rustix::fs::llistxattr_query(&p),
+            |buf| rustix::fs::llistxattr(&p, buf),
+        )?;
         Ok(raw
             .split(|b| *b == 0)
             .filter(|n| !n.is_empty())

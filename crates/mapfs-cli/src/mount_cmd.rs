@@ -340,7 +340,7 @@ pub fn umount(args: UmountArgs) -> Result<()> {
         .or_else(|_| std::path::absolute(&args.mountpoint))
         .with_context(|| format!("bad mountpoint {}", args.mountpoint.display()))?;
     match mounts::mounted_at(&mp) {
-        Some(m) if m.fstype == mounts::MAPFS_FSTYPE => {}
+        Some(m) if m.is_mapfs() => {}
         Some(m) => bail!(
             "{} is not a mapfs mount ({} is mounted there)",
             mp.display(),

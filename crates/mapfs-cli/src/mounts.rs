@@ -13,8 +13,20 @@ pub struct MountEntry {
     pub source: String,
 }
 
-/// The file system type of mapfs mounts.
+/// The file system type of mapfs mounts made through fusermount3 (a root
+/// daemon mounts directly and the kernel then reports plain `fuse`).
 pub const MAPFS_FSTYPE: &str = "fuse.mapfs";
+
+/// Prefix of the mount source of every mapfs mount (`mapfs-<fs>:<backing>`).
+pub const MAPFS_SOURCE_PREFIX: &str = "mapfs-";
+
+impl MountEntry {
+    /// True for mounts served by a mapfs daemon.
+    pub fn is_mapfs(&self) -> bool {
+        (self.fstype == "fuse" || self.fstype == MAPFS_FSTYPE)
+            && self.source.starts_with(MAPFS_SOURCE_PREFIX)
+    }
+}
 
 /// Undoes mountinfo's octal escapes (`\040` for a space...).
 fn unescape(s: &str) -> String {

@@ -3,6 +3,7 @@
 //! kernel-passthrough executor.
 
 pub mod adapter;
+pub mod control;
 pub mod handles;
 pub mod inodes;
 pub mod mount;

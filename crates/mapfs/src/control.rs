@@ -346,7 +346,7 @@ mod tests {
                 wrote: true,
             },
         ];
-        for m in msgs.iter().cloned() {
+        for m in msgs {
             let bytes = encode(&m).unwrap();
             assert_eq!(decode::<Request>(&bytes).unwrap(), m);
             let mut wrong = bytes.clone();

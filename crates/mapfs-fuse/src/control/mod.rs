@@ -1,0 +1,384 @@
+//! The daemon's control socket: attached preload-shim clients adopt opens
+//! they made through the mount (protocol in [`mapfs::control`]).
+//!
+//! # Security
+//!
+//! A client never names a path: it names an inode it already opened through
+//! the mount, so the kernel has already checked its permissions. The server
+//! learns the client's pid from `SO_PEERCRED` and hands out only opens the
+//! registry recorded for that pid or one of its threads (the kernel reports
+//! the opener of a FUSE request by its thread id on some kernels and by its
+//! thread-group id on others, so both are tried; a claimed thread id must be
+//! a live thread of the peer, checked in `/proc/<pid>/task`). The access mode
+//! of the handed-out descriptor is the open's own.
+//!
+//! # Descriptors
+//!
+//! Each adoption gets a *private* open file description of the backing file
+//! (reopened through `/proc/self/fd`), so its offset and status flags belong
+//! to the client alone, exactly like a fresh `open(2)`.
+//!
+//! # Client state
+//!
+//! Writable adoptions are remembered per connection; when the client reports
+//! the close (or its connection drops because it died), the server drops the
+//! kernel's cached attributes and pages of the inode through
+//! [`OpenRegistry::invalidate`], so readers through the mount see the new
+//! size and bytes (close-to-open).
+//!
+//! Threads: one accept thread, one thread per client connection; dropping the
+//! [`ControlServer`] shuts every connection down, joins the threads and
+//! removes the socket file.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use mapfs::control::{self, Request, Response};
+use parking_lot::Mutex;
+use rustix::fs::{Mode, OFlags};
+use rustix::net::SocketAddrUnix;
+
+use crate::registry::{OpenInfo, OpenRegistry};
+
+/// A running control socket server. Dropping it stops the server, closes
+/// every client connection and removes the socket file.
+pub struct ControlServer {
+    path: PathBuf,
+    shared: Arc<Shared>,
+    listener: Arc<OwnedFd>,
+    accept: Option<JoinHandle<()>>,
+}
+
+/// A connection's socket (to shut it down) and its thread (to join it).
+type ConnHandle = (Arc<OwnedFd>, JoinHandle<()>);
+
+struct Shared {
+    registry: Arc<dyn OpenRegistry>,
+    stopping: AtomicBool,
+    next_handle: AtomicU64,
+    /// Live client connections, by connection id, for shutdown on drop.
+    conns: Mutex<HashMap<u64, ConnHandle>>,
+}
+
+/// Starts serving the control socket at `socket` (normally
+/// [`mapfs::control::socket_path`] of the mountpoint). A stale socket file is
+/// replaced; the parent directory is created (mode 0755) if missing. The
+/// socket is world-connectable (0666): clients are authenticated per request
+/// by their credentials, not by file permissions.
+pub fn spawn(registry: Arc<dyn OpenRegistry>, socket: &Path) -> io::Result<ControlServer> {
+    if let Some(dir) = socket.parent() {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir)?;
+            let _ = rustix::fs::chmod(dir, Mode::from_raw_mode(0o755));
+        }
+    }
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = control::socket()?;
+    rustix::net::bind(&listener, &SocketAddrUnix::new(socket)?)?;
+    rustix::fs::chmod(socket, Mode::from_raw_mode(0o666))?;
+    rustix::net::listen(&listener, 64)?;
+    let listener = Arc::new(listener);
+    let shared = Arc::new(Shared {
+        registry,
+        stopping: AtomicBool::new(false),
+        next_handle: AtomicU64::new(1),
+        conns: Mutex::new(HashMap::new()),
+    });
+    let accept = {
+        let shared = Arc::clone(&shared);
+        let listener = Arc::clone(&listener);
+        std::thread::Builder::new()
+            .name("mapfs-control".into())
+            .spawn(move || accept_loop(&shared, &listener))?
+    };
+    tracing::info!(socket = %socket.display(), "control socket listening");
+    Ok(ControlServer {
+        path: socket.to_path_buf(),
+        shared,
+        listener,
+        accept: Some(accept),
+    })
+}
+
+impl ControlServer {
+    /// Where the socket lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of connected clients (for tests and stats).
+    pub fn clients(&self) -> usize {
+        self.shared.conns.lock().len()
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Linux wakes a blocked accept(2) on shutdown(2) of the listener;
+        // a connection attempt is the belt to those braces.
+        let _ = rustix::net::shutdown(&*self.listener, rustix::net::Shutdown::Both);
+        if let (Ok(s), Ok(addr)) = (control::socket(), SocketAddrUnix::new(&self.path)) {
+            let _ = rustix::net::connect(&s, &addr);
+        }
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        let conns: Vec<_> = self.shared.conns.lock().drain().collect();
+        for (_, (sock, _)) in &conns {
+            let _ = rustix::net::shutdown(sock.as_fd(), rustix::net::Shutdown::Both);
+        }
+        for (_, (_, thread)) in conns {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl std::fmt::Debug for ControlServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlServer")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &OwnedFd) {
+    let mut next_conn = 0u64;
+    loop {
+        let accepted = rustix::net::accept_with(listener, rustix::net::SocketFlags::CLOEXEC);
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let sock = match accepted {
+            Ok(s) => Arc::new(s),
+            Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "control socket accept failed");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+        };
+        let peer = match rustix::net::sockopt::socket_peercred(&*sock) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "no peer credentials; dropping client");
+                continue;
+            }
+        };
+        next_conn += 1;
+        let id = next_conn;
+        // Held across spawn and insert, so a connection that ends at once
+        // cannot remove its entry before it exists.
+        let mut conns = shared.conns.lock();
+        let thread = {
+            let shared = Arc::clone(shared);
+            let sock = Arc::clone(&sock);
+            std::thread::Builder::new()
+                .name(format!("mapfs-ctl-{}", peer.pid.as_raw_nonzero()))
+                .spawn(move || {
+                    let pid = peer.pid.as_raw_nonzero().get() as u32;
+                    let mut conn = Conn {
+                        shared: &shared,
+                        pid,
+                        adopted: HashMap::new(),
+                        claimed: HashSet::new(),
+                    };
+                    conn.serve(sock.as_fd());
+                    conn.client_gone();
+                    shared.conns.lock().remove(&id);
+                })
+        };
+        match thread {
+            Ok(t) => {
+                conns.insert(id, (sock, t));
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot start a control connection thread"),
+        }
+    }
+}
+
+/// A writable adoption still open in the client.
+struct Adoption {
+    ino: u64,
+    fh: u64,
+}
+
+struct Conn<'a> {
+    shared: &'a Shared,
+    /// Thread-group id of the peer (`SO_PEERCRED`).
+    pid: u32,
+    adopted: HashMap<u64, Adoption>,
+    /// FUSE handles already handed to this client, so two adoptions of the
+    /// same inode do not get the same open.
+    claimed: HashSet<u64>,
+}
+
+impl Conn<'_> {
+    fn serve(&mut self, sock: BorrowedFd<'_>) {
+        loop {
+            let req = match control::recv::<Request>(sock) {
+                Ok(Some((req, _fds))) => req,
+                Ok(None) => return,
+                Err(e) => {
+                    if e.raw_os_error() == Some(libc::EPROTO) {
+                        let _ = control::send(
+                            sock,
+                            &refused(libc::EPROTO, "protocol version mismatch"),
+                            &[],
+                        );
+                    } else if !self.shared.stopping.load(Ordering::SeqCst) {
+                        tracing::debug!(pid = self.pid, error = %e, "control client read failed");
+                    }
+                    return;
+                }
+            };
+            let sent = match req {
+                Request::Hello { version } if version == control::VERSION => {
+                    control::send(sock, &Response::Hello { version }, &[])
+                }
+                Request::Hello { .. } => control::send(
+                    sock,
+                    &refused(libc::EPROTO, "protocol version mismatch"),
+                    &[],
+                ),
+                Request::Adopt { ino, tid, flags } => match self.adopt(ino, tid, flags) {
+                    Ok((resp, fd)) => control::send(sock, &resp, &[fd.as_fd()]),
+                    Err(resp) => control::send(sock, &resp, &[]),
+                },
+                Request::Closed { handle, ino, wrote } => {
+                    let known = self.adopted.remove(&handle);
+                    if let Some(a) = &known {
+                        self.claimed.remove(&a.fh);
+                    }
+                    if wrote || known.is_some() {
+                        self.shared.registry.invalidate(ino);
+                    }
+                    control::send(sock, &Response::Done, &[])
+                }
+                Request::Release { handle, map } => match self.adopted.get(&handle) {
+                    Some(a) => {
+                        self.shared.registry.client_released(a.fh, map);
+                        control::send(sock, &Response::Done, &[])
+                    }
+                    None => control::send(sock, &refused(libc::EBADF, "unknown handle"), &[]),
+                },
+            };
+            if let Err(e) = sent {
+                tracing::debug!(pid = self.pid, error = %e, "control client write failed");
+                return;
+            }
+        }
+    }
+
+    /// Finds the open `tid` of this peer made of `ino` and reopens its backing
+    /// file for the client.
+    fn adopt(&mut self, ino: u64, tid: u32, flags: i32) -> Result<(Response, OwnedFd), Response> {
+        if tid != self.pid && !is_thread_of(tid, self.pid) {
+            return Err(refused(libc::EPERM, "thread is not the peer's"));
+        }
+        let registry = &self.shared.registry;
+        let mut opens = registry.opens_by(tid, ino);
+        if tid != self.pid {
+            opens.extend(registry.opens_by(self.pid, ino));
+        }
+        let access = flags & libc::O_ACCMODE;
+        let open: OpenInfo = opens
+            .into_iter()
+            .filter(|o| o.flags & libc::O_ACCMODE == access)
+            .find(|o| !self.claimed.contains(&o.fh))
+            .ok_or_else(|| refused(libc::ENOENT, "no such open by this process"))?;
+        if !open.map.is_whole_file() {
+            return Err(refused(libc::EOPNOTSUPP, "map is not whole-file"));
+        }
+        let backing = open
+            .files
+            .first()
+            .ok_or_else(|| refused(libc::EIO, "whole-file map without a backing file"))?;
+        let fd = reopen(backing.as_fd(), flags).map_err(|e| {
+            refused(
+                e.raw_os_error().unwrap_or(libc::EIO),
+                &format!("cannot reopen the backing file: {e}"),
+            )
+        })?;
+        let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
+        if access != libc::O_RDONLY {
+            self.adopted.insert(handle, Adoption { ino, fh: open.fh });
+            self.claimed.insert(open.fh);
+        }
+        tracing::debug!(
+            pid = self.pid,
+            tid,
+            ino,
+            fh = open.fh,
+            handle,
+            "open adopted by a shim client"
+        );
+        Ok((
+            Response::Adopted {
+                handle,
+                map: open.map,
+                files: 1,
+            },
+            fd,
+        ))
+    }
+
+    /// The client's connection is gone (closed or the process died): what it
+    /// may have written becomes visible through the mount.
+    fn client_gone(&mut self) {
+        for (_, a) in self.adopted.drain() {
+            self.shared.registry.invalidate(a.ino);
+        }
+    }
+}
+
+fn refused(errno: i32, reason: &str) -> Response {
+    Response::Refused {
+        errno,
+        reason: reason.to_string(),
+    }
+}
+
+/// True if `tid` is currently a thread of process `pid`.
+fn is_thread_of(tid: u32, pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
+}
+
+/// A new open file description of the file `fd` refers to, with the client's
+/// access mode and status flags (the creation flags were applied by the open
+/// through the mount already).
+fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
+    let keep = libc::O_ACCMODE
+        | libc::O_APPEND
+        | libc::O_NONBLOCK
+        | libc::O_DIRECT
+        | libc::O_NOATIME
+        | libc::O_SYNC
+        | libc::O_DSYNC
+        | libc::O_LARGEFILE;
+    let oflags = OFlags::from_bits_retain((flags & keep) as u32) | OFlags::CLOEXEC;
+    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    match rustix::fs::open(proc_path.as_str(), oflags, Mode::empty()) {
+        Ok(f) => Ok(f),
+        // O_NOATIME needs ownership; drop it rather than the adoption.
+        Err(rustix::io::Errno::PERM) if oflags.contains(OFlags::NOATIME) => Ok(rustix::fs::open(
+            proc_path.as_str(),
+            oflags - OFlags::NOATIME,
+            Mode::empty(),
+        )?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,333 @@
+//! Socket-level tests of the control server against a fake registry: no
+//! kernel mount involved.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use mapfs::control::{self, Request, Response};
+use mapfs::engine::DataFile;
+use mapfs::{DataMap, Extent, Growth, Opened};
+use parking_lot::Mutex;
+
+use super::spawn;
+use crate::registry::{OpenInfo, OpenRegistry};
+
+#[derive(Default)]
+struct Fake {
+    /// (pid, info) pairs, as the adapter would record opens.
+    opens: Mutex<Vec<(u32, OpenInfo)>>,
+    invalidated: Mutex<Vec<u64>>,
+    released: Mutex<Vec<(u64, DataMap)>>,
+}
+
+impl OpenRegistry for Fake {
+    fn opens_by(&self, pid: u32, ino: u64) -> Vec<OpenInfo> {
+        self.opens
+            .lock()
+            .iter()
+            .rev()
+            .filter(|(p, o)| *p == pid && o.ino == ino)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+    fn invalidate(&self, ino: u64) {
+        self.invalidated.lock().push(ino);
+    }
+    fn client_released(&self, fh: u64, map: DataMap) {
+        self.released.lock().push((fh, map));
+    }
+}
+
+fn open_info(ino: u64, fh: u64, flags: i32, map: DataMap, file: File) -> OpenInfo {
+    let file = Arc::new(file);
+    OpenInfo {
+        ino,
+        fh,
+        flags,
+        data: Arc::new(DataFile::new(Opened {
+            map: map.clone(),
+            files: vec![Arc::clone(&file)],
+            handle: fh,
+        })),
+        map,
+        files: vec![file],
+    }
+}
+
+fn me() -> u32 {
+    std::process::id()
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    fake: Arc<Fake>,
+    server: super::ControlServer,
+    backing: std::path::PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing");
+    std::fs::write(&backing, b"0123456789").unwrap();
+    let fake = Arc::new(Fake::default());
+    let sock = dir.path().join("run/ctl.sock");
+    let server = spawn(fake.clone(), &sock).unwrap();
+    Setup {
+        _dir: dir,
+        fake,
+        server,
+        backing,
+    }
+}
+
+#[test]
+fn adopts_own_open_with_a_private_description() {
+    let s = setup();
+    let daemon_file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&s.backing)
+        .unwrap();
+    s.fake.opens.lock().push((
+        me(),
+        open_info(5, 77, libc::O_RDWR, DataMap::whole_file(), daemon_file),
+    ));
+    let conn = control::connect(s.server.path()).unwrap();
+    let (resp, fds) = control::call(
+        conn.as_fd(),
+        &Request::Adopt {
+            ino: 5,
+            tid: me(),
+            flags: libc::O_RDWR,
+        },
+    )
+    .unwrap();
+    let Response::Adopted { handle, map, files } = resp else {
+        panic!("refused: {resp:?}")
+    };
+    assert!(map.is_whole_file());
+    assert_eq!((files, fds.len()), (1, 1));
+    let mut f = File::from(fds.into_iter().next().unwrap());
+    // A private description: offset starts at 0 whatever the daemon's is.
+    let mut buf = [0u8; 4];
+    f.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"0123");
+    f.seek(SeekFrom::Start(10)).unwrap();
+    f.write_all(b"AB").unwrap();
+    assert_eq!(std::fs::read(&s.backing).unwrap(), b"0123456789AB");
+
+    // A second adoption of the same (writable) open is refused: it is claimed.
+    let (resp, fds) = control::call(
+        conn.as_fd(),
+        &Request::Adopt {
+            ino: 5,
+            tid: me(),
+            flags: libc::O_RDWR,
+        },
+    )
+    .unwrap();
+    assert!(
+        matches!(
+            resp,
+            Response::Refused {
+                errno: libc::ENOENT,
+                ..
+            }
+        ),
+        "{resp:?}"
+    );
+    assert!(fds.is_empty());
+
+    let (resp, _) = control::call(
+        conn.as_fd(),
+        &Request::Closed {
+            handle,
+            ino: 5,
+            wrote: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(resp, Response::Done);
+    assert_eq!(*s.fake.invalidated.lock(), vec![5]);
+}
+
+#[test]
+fn refuses_other_pids_access_modes_and_foreign_threads() {
+    let s = setup();
+    let f = File::open(&s.backing).unwrap();
+    // Someone else's open.
+    s.fake
+        .opens
+        .lock()
+        .push((1, open_info(9, 1, libc::O_RDONLY, DataMap::whole_file(), f)));
+    let f = File::open(&s.backing).unwrap();
+    s.fake.opens.lock().push((
+        me(),
+        open_info(10, 2, libc::O_RDONLY, DataMap::whole_file(), f),
+    ));
+    let conn = control::connect(s.server.path()).unwrap();
+    let ask = |ino, tid, flags| {
+        control::call(conn.as_fd(), &Request::Adopt { ino, tid, flags })
+            .unwrap()
+            .0
+    };
+    assert!(matches!(
+        ask(9, me(), libc::O_RDONLY),
+        Response::Refused {
+            errno: libc::ENOENT,
+            ..
+        }
+    ));
+    // Claiming pid 1 (not a thread of ours) is refused outright.
+    assert!(matches!(
+        ask(9, 1, libc::O_RDONLY),
+        Response::Refused {
+            errno: libc::EPERM,
+            ..
+        }
+    ));
+    // Asking for more access than the open has is refused.
+    assert!(matches!(
+        ask(10, me(), libc::O_RDWR),
+        Response::Refused {
+            errno: libc::ENOENT,
+            ..
+        }
+    ));
+    assert!(matches!(
+        ask(10, me(), libc::O_RDONLY),
+        Response::Adopted { .. }
+    ));
+    // A thread of ours may ask for its open (recorded under the tid).
+    let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+    let f = File::open(&s.backing).unwrap();
+    s.fake.opens.lock().push((
+        tid,
+        open_info(11, 3, libc::O_RDONLY, DataMap::whole_file(), f),
+    ));
+    assert!(matches!(
+        ask(11, tid, libc::O_RDONLY),
+        Response::Adopted { .. }
+    ));
+}
+
+#[test]
+fn non_whole_file_maps_are_refused_and_release_needs_a_handle() {
+    let s = setup();
+    let map = DataMap::new(
+        vec![Extent {
+            logical: 0,
+            file: 0,
+            offset: 0,
+            len: 10,
+        }],
+        10,
+        Growth::ReadOnly,
+    )
+    .unwrap();
+    let f = File::open(&s.backing).unwrap();
+    s.fake
+        .opens
+        .lock()
+        .push((me(), open_info(3, 4, libc::O_RDONLY, map.clone(), f)));
+    let conn = control::connect(s.server.path()).unwrap();
+    let (resp, fds) = control::call(
+        conn.as_fd(),
+        &Request::Adopt {
+            ino: 3,
+            tid: me(),
+            flags: libc::O_RDONLY,
+        },
+    )
+    .unwrap();
+    assert!(
+        matches!(
+            resp,
+            Response::Refused {
+                errno: libc::EOPNOTSUPP,
+                ..
+            }
+        ),
+        "{resp:?}"
+    );
+    assert!(fds.is_empty());
+    let (resp, _) = control::call(conn.as_fd(), &Request::Release { handle: 99, map }).unwrap();
+    assert!(matches!(
+        resp,
+        Response::Refused {
+            errno: libc::EBADF,
+            ..
+        }
+    ));
+    assert!(s.fake.released.lock().is_empty());
+}
+
+#[test]
+fn a_vanished_client_invalidates_what_it_could_have_written() {
+    let s = setup();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&s.backing)
+        .unwrap();
+    s.fake.opens.lock().push((
+        me(),
+        open_info(21, 8, libc::O_WRONLY, DataMap::whole_file(), f),
+    ));
+    let conn = control::connect(s.server.path()).unwrap();
+    let (resp, _fds) = control::call(
+        conn.as_fd(),
+        &Request::Adopt {
+            ino: 21,
+            tid: me(),
+            flags: libc::O_WRONLY | libc::O_APPEND,
+        },
+    )
+    .unwrap();
+    assert!(matches!(resp, Response::Adopted { .. }));
+    assert_eq!(s.server.clients(), 1);
+    drop(conn);
+    // The connection thread invalidates, then leaves; wait for that without
+    // a timing assumption by polling the observable effect.
+    for _ in 0..1000 {
+        if s.server.clients() == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(s.server.clients(), 0);
+    assert_eq!(*s.fake.invalidated.lock(), vec![21]);
+}
+
+#[test]
+fn version_mismatch_is_refused_and_drop_removes_the_socket() {
+    let s = setup();
+    let sock = control::socket().unwrap();
+    rustix::net::connect(
+        &sock,
+        &rustix::net::SocketAddrUnix::new(s.server.path()).unwrap(),
+    )
+    .unwrap();
+    // A packet from a future protocol version.
+    rustix::net::send(
+        &sock,
+        &[control::VERSION + 1, 0],
+        rustix::net::SendFlags::empty(),
+    )
+    .unwrap();
+    let (resp, _) = control::recv::<Response>(sock.as_fd()).unwrap().unwrap();
+    assert!(matches!(
+        resp,
+        Response::Refused {
+            errno: libc::EPROTO,
+            ..
+        }
+    ));
+    let path = s.server.path().to_path_buf();
+    let held = control::connect(&path).unwrap();
+    drop(s.server);
+    assert!(!path.exists());
+    // The server closed our connection rather than leave it hanging.
+    assert!(control::recv::<Response>(held.as_fd()).unwrap().is_none());
+}

@@ -63,7 +63,7 @@ fn perms(d: &Path) {
     file(&d.join("suid"), 0o6755, 65534, 65534);
     file(&d.join("grp"), 0o640, 0, 4242);
     rustix::fs::lsetxattr(
-        &d.join("mine"),
+        d.join("mine"),
         "trusted.root",
         b"t",
         rustix::fs::XattrFlags::empty(),
@@ -134,7 +134,7 @@ fn lookups_reads_and_opens() {
             native_as(c, || {
                 io(rustix::fs::accessat(
                     rustix::fs::CWD,
-                    &t.n(path),
+                    t.n(path),
                     rustix::fs::Access::from_bits_retain(mask as u32),
                     AtFlags::EACCESS,
                 ))
@@ -187,7 +187,7 @@ fn new_files_owned_by_caller_and_setgid_inheritance() {
     native_as(c, || {
         io(rustix::fs::mkfifoat(
             rustix::fs::CWD,
-            &t.n("/pub/fifo"),
+            t.n("/pub/fifo"),
             Mode::from_raw_mode(0o600),
         ))
     })
@@ -204,7 +204,7 @@ fn new_files_owned_by_caller_and_setgid_inheritance() {
         native_as(c, || {
             io(rustix::fs::mknodat(
                 rustix::fs::CWD,
-                &t.n("/pub/null"),
+                t.n("/pub/null"),
                 rustix::fs::FileType::CharacterDevice,
                 Mode::from_raw_mode(0o666),
                 rustix::fs::makedev(1, 3),
@@ -219,6 +219,7 @@ fn new_files_owned_by_caller_and_setgid_inheritance() {
             std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
+                .truncate(false)
                 .open(t.n("/ro/x"))
         }),
     );
@@ -242,6 +243,7 @@ fn new_files_owned_by_caller_and_setgid_inheritance() {
         std::fs::OpenOptions::new()
             .write(true)
             .create(true)
+            .truncate(false)
             .mode(0o644)
             .open(t.n("/sg/f"))
     })
@@ -261,6 +263,7 @@ fn new_files_owned_by_caller_and_setgid_inheritance() {
         std::fs::OpenOptions::new()
             .write(true)
             .create(true)
+            .truncate(false)
             .mode(0o644)
             .open(t.n("/pub/g"))
     })
@@ -355,7 +358,7 @@ fn setattr_permissions() {
         ),
         native_as(c, || {
             io(rustix::fs::chown(
-                &t.n("/mine"),
+                t.n("/mine"),
                 Some(Uid::from_raw(1000)),
                 None,
             ))
@@ -372,7 +375,7 @@ fn setattr_permissions() {
         ),
         native_as(c, || {
             io(rustix::fs::chown(
-                &t.n("/mine"),
+                t.n("/mine"),
                 None,
                 Some(Gid::from_raw(4242)),
             ))
@@ -390,7 +393,7 @@ fn setattr_permissions() {
     .unwrap();
     native_as(c, || {
         io(rustix::fs::chown(
-            &t.n("/suid"),
+            t.n("/suid"),
             None,
             Some(Gid::from_raw(65534)),
         ))
@@ -484,7 +487,7 @@ fn setattr_permissions() {
             native_as(c, || {
                 io(rustix::fs::utimensat(
                     rustix::fs::CWD,
-                    &t.n(path),
+                    t.n(path),
                     ts,
                     AtFlags::empty(),
                 ))
@@ -507,7 +510,7 @@ fn xattr_permissions() {
         t.fs.setxattr(c, p("/rootf"), u, b"v", 0),
         native_as(c, || {
             io(rustix::fs::lsetxattr(
-                &t.n("/rootf"),
+                t.n("/rootf"),
                 u,
                 b"v",
                 rustix::fs::XattrFlags::empty(),
@@ -519,7 +522,7 @@ fn xattr_permissions() {
         t.fs.setxattr(c, p("/mine"), u, b"v", 0),
         native_as(c, || {
             io(rustix::fs::lsetxattr(
-                &t.n("/mine"),
+                t.n("/mine"),
                 u,
                 b"v",
                 rustix::fs::XattrFlags::empty(),
@@ -549,7 +552,7 @@ fn xattr_permissions() {
         t.fs.setxattr(c, p("/mine"), OsStr::new("trusted.x"), b"v", 0),
         native_as(c, || {
             io(rustix::fs::lsetxattr(
-                &t.n("/mine"),
+                t.n("/mine"),
                 "trusted.x",
                 b"v",
                 rustix::fs::XattrFlags::empty(),
@@ -559,7 +562,7 @@ fn xattr_permissions() {
     assert_eq!(e.unwrap_err(), libc::EPERM);
     let e = same(
         t.fs.getxattr(c, p("/priv/x"), u),
-        native_as(c, || io(rustix::fs::lgetxattr_query(&t.n("/priv/x"), u))),
+        native_as(c, || io(rustix::fs::lgetxattr_query(t.n("/priv/x"), u))),
     );
     assert_eq!(e.unwrap_err(), libc::EACCES);
     t.assert_same_trees();

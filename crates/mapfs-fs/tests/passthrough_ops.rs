@@ -93,7 +93,7 @@ fn chmod_chown_truncate() {
     )
     .unwrap();
     rustix::fs::chown(
-        &t.n("/a/f"),
+        t.n("/a/f"),
         Some(rustix::process::Uid::from_raw(1000)),
         None,
     )
@@ -110,7 +110,7 @@ fn chmod_chown_truncate() {
     )
     .unwrap();
     rustix::fs::chown(
-        &t.n("/a/f"),
+        t.n("/a/f"),
         None,
         Some(rustix::process::Gid::from_raw(1000)),
     )
@@ -163,10 +163,12 @@ fn chmod_chown_truncate() {
             },
             "/a",
         ),
-        io_res(std::fs::OpenOptions::new()
-            .write(true)
-            .open(t.n("/a"))
-            .and_then(|f| f.set_len(0)))
+        io_res(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(t.n("/a"))
+                .and_then(|f| f.set_len(0)),
+        ),
     )
     .unwrap_err();
     same(
@@ -207,7 +209,7 @@ fn chmod_chown_truncate() {
     .unwrap();
     rustix::fs::chownat(
         rustix::fs::CWD,
-        &t.n("/l"),
+        t.n("/l"),
         Some(rustix::process::Uid::from_raw(1000)),
         None,
         AtFlags::SYMLINK_NOFOLLOW,
@@ -313,7 +315,7 @@ fn utimens_at_now_and_omit() {
             },
         ),
         io_res(
-            rustix::fs::utimensat(rustix::fs::CWD, &t.n("/zz"), &ts, AtFlags::empty())
+            rustix::fs::utimensat(rustix::fs::CWD, t.n("/zz"), &ts, AtFlags::empty())
                 .map_err(std::io::Error::from),
         ),
     )
@@ -388,7 +390,7 @@ fn readlink_symlink_mknod_mkdir() {
         };
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &t.n(name),
+            t.n(name),
             ft,
             Mode::from_raw_mode(mode & 0o7777),
             rdev,
@@ -404,7 +406,7 @@ fn readlink_symlink_mknod_mkdir() {
     same(
         t.fs.mknod(&ROOT, p("/fifo"), libc::S_IFIFO | 0o600, 0),
         io_res(
-            rustix::fs::mkfifoat(rustix::fs::CWD, &t.n("/fifo"), Mode::from_raw_mode(0o600))
+            rustix::fs::mkfifoat(rustix::fs::CWD, t.n("/fifo"), Mode::from_raw_mode(0o600))
                 .map_err(Into::into),
         ),
     )
@@ -460,14 +462,8 @@ fn rename_native(
     flags: rustix::fs::RenameFlags,
 ) -> Result<(), i32> {
     io_res(
-        rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &t.n(from),
-            rustix::fs::CWD,
-            &t.n(to),
-            flags,
-        )
-        .map_err(std::io::Error::from),
+        rustix::fs::renameat_with(rustix::fs::CWD, t.n(from), rustix::fs::CWD, t.n(to), flags)
+            .map_err(std::io::Error::from),
     )
 }
 
@@ -543,20 +539,15 @@ fn hard_links_share_ino_and_attrs() {
     let via_orig = t.fs.getattr(&ROOT, p("/a/f")).unwrap();
     assert_eq!((via_orig.perm, via_orig.uid), (0o600, 1000));
     std::fs::set_permissions(t.n("/a/f"), std::fs::Permissions::from_mode(0o600)).unwrap();
-    rustix::fs::chown(
-        &t.n("/hl"),
-        Some(rustix::process::Uid::from_raw(1000)),
-        None,
-    )
-    .unwrap();
+    rustix::fs::chown(t.n("/hl"), Some(rustix::process::Uid::from_raw(1000)), None).unwrap();
     // Linking a symlink links the link.
     let a = t.fs.link(&ROOT, p("/l"), p("/l2")).unwrap();
     assert_eq!(a.kind, FileKind::Symlink);
     rustix::fs::linkat(
         rustix::fs::CWD,
-        &t.n("/l"),
+        t.n("/l"),
         rustix::fs::CWD,
-        &t.n("/l2"),
+        t.n("/l2"),
         AtFlags::empty(),
     )
     .unwrap();
@@ -586,7 +577,7 @@ fn statfs_matches_statvfs() {
     );
     same(
         t.fs.statfs(&ROOT, p("/nope")),
-        io_res(rustix::fs::statvfs(&t.n("/nope")).map_err(std::io::Error::from)),
+        io_res(rustix::fs::statvfs(t.n("/nope")).map_err(std::io::Error::from)),
     )
     .unwrap_err();
 }
@@ -598,7 +589,7 @@ fn xattrs_set_get_list_remove() {
     let x = |r: rustix::io::Result<()>| io_res(r.map_err(std::io::Error::from));
     for path in ["/a/f", "/a", "/"] {
         t.fs.setxattr(&ROOT, p(path), name, b"v1", 0).unwrap();
-        rustix::fs::lsetxattr(&t.n(path), name, b"v1", rustix::fs::XattrFlags::empty()).unwrap();
+        rustix::fs::lsetxattr(t.n(path), name, b"v1", rustix::fs::XattrFlags::empty()).unwrap();
         assert_eq!(t.fs.getxattr(&ROOT, p(path), name).unwrap(), b"v1");
         assert!(t
             .fs
@@ -609,7 +600,7 @@ fn xattrs_set_get_list_remove() {
         let r = same(
             t.fs.setxattr(&ROOT, p(path), name, b"v2", libc::XATTR_CREATE),
             x(rustix::fs::lsetxattr(
-                &t.n(path),
+                t.n(path),
                 name,
                 b"v2",
                 rustix::fs::XattrFlags::CREATE,
@@ -622,7 +613,7 @@ fn xattrs_set_get_list_remove() {
     let r = same(
         t.fs.setxattr(&ROOT, p("/a/f"), other, b"v", libc::XATTR_REPLACE),
         x(rustix::fs::lsetxattr(
-            &t.n("/a/f"),
+            t.n("/a/f"),
             other,
             b"v",
             rustix::fs::XattrFlags::REPLACE,
@@ -635,26 +626,20 @@ fn xattrs_set_get_list_remove() {
     );
     same(
         t.fs.removexattr(&ROOT, p("/a/f"), other),
-        x(rustix::fs::lremovexattr(&t.n("/a/f"), other)),
+        x(rustix::fs::lremovexattr(t.n("/a/f"), other)),
     )
     .unwrap_err();
     // A big value round-trips.
     let big = vec![7u8; 3000];
     t.fs.setxattr(&ROOT, p("/a/sub/g"), name, &big, 0).unwrap();
-    rustix::fs::lsetxattr(
-        &t.n("/a/sub/g"),
-        name,
-        &big,
-        rustix::fs::XattrFlags::empty(),
-    )
-    .unwrap();
+    rustix::fs::lsetxattr(t.n("/a/sub/g"), name, &big, rustix::fs::XattrFlags::empty()).unwrap();
     assert_eq!(t.fs.getxattr(&ROOT, p("/a/sub/g"), name).unwrap(), big);
     // On a symlink: user.* is refused (EPERM) natively; the target is
     // untouched.
     let r = same(
         t.fs.setxattr(&ROOT, p("/l"), other, b"v", 0),
         x(rustix::fs::lsetxattr(
-            &t.n("/l"),
+            t.n("/l"),
             other,
             b"v",
             rustix::fs::XattrFlags::empty(),
@@ -672,7 +657,7 @@ fn xattrs_set_get_list_remove() {
     t.fs.removexattr(&ROOT, p("/a/f"), tr).unwrap();
     // remove.
     t.fs.removexattr(&ROOT, p("/a"), name).unwrap();
-    rustix::fs::lremovexattr(&t.n("/a"), name).unwrap();
+    rustix::fs::lremovexattr(t.n("/a"), name).unwrap();
     assert!(!t
         .fs
         .listxattr(&ROOT, p("/a"))
@@ -697,7 +682,7 @@ fn access_as_native() {
         let native = io_res(
             rustix::fs::accessat(
                 rustix::fs::CWD,
-                &t.m(path),
+                t.m(path),
                 rustix::fs::Access::from_bits_retain(mask as u32),
                 AtFlags::EACCESS,
             )
@@ -845,6 +830,7 @@ fn create_modes_excl_and_existing() {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(false)
         .mode(0o444)
         .open(t.n("/ro"))
         .unwrap()
@@ -891,6 +877,7 @@ fn create_modes_excl_and_existing() {
                 std::fs::OpenOptions::new()
                     .write(true)
                     .create(true)
+                    .truncate(false)
                     .open(t.n(path)),
             ),
         )

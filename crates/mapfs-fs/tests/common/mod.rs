@@ -211,7 +211,7 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Node>) {
             uid: md.uid(),
             gid: md.gid(),
             nlink: md.nlink(),
-            size: (!ft.is_dir()).then(|| md.len()),
+            size: (!ft.is_dir()).then_some(md.len()),
             rdev: md.rdev(),
             content: ft.is_file().then(|| std::fs::read(&path).unwrap()),
             target: ft.is_symlink().then(|| std::fs::read_link(&path).unwrap()),

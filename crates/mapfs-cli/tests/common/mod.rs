@@ -1,0 +1,101 @@
+//! Shared helpers of the `mapfs` integration tests (each test file includes
+//! this module; not every file uses every helper).
+#![allow(dead_code)]
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+pub use mapfs_testkit::{fuse_or_skip, DataMode, MountSession};
+use rustix::io::Errno;
+
+/// Path of the `mapfs` binary under test.
+pub fn mapfs_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_mapfs")
+}
+
+/// The data modes every mount test runs in.
+pub const MODES: [DataMode; 2] = [DataMode::Daemon, DataMode::Passthrough];
+
+/// Mounts `passthrough` in `mode` with `opts`, panicking with mapfs's output
+/// on failure.
+pub fn mount(mode: DataMode, opts: &[&str]) -> MountSession {
+    MountSession::passthrough(mapfs_bin(), mode, opts)
+        .unwrap_or_else(|e| panic!("mounting passthrough --data {mode} -o {opts:?}: {e:#}"))
+}
+
+/// A world-traversable temp dir on the same file system as the mounts' backing
+/// dirs (the native control side of a comparison).
+pub fn native_dir() -> tempfile::TempDir {
+    let d = tempfile::Builder::new()
+        .prefix("mapfs-native-")
+        .tempdir()
+        .expect("temp dir");
+    fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// Symbolic errno name for messages and observation logs.
+pub fn ename(e: Errno) -> String {
+    let n = e.raw_os_error();
+    let s = match n {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::EACCES => "EACCES",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::EXDEV => "EXDEV",
+        libc::ENODEV => "ENODEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::EFBIG => "EFBIG",
+        libc::ENOSPC => "ENOSPC",
+        libc::ESPIPE => "ESPIPE",
+        libc::EROFS => "EROFS",
+        libc::EMLINK => "EMLINK",
+        libc::ERANGE => "ERANGE",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::ELOOP => "ELOOP",
+        libc::ENODATA => "ENODATA",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ETXTBSY => "ETXTBSY",
+        _ => return format!("errno{n}"),
+    };
+    s.to_string()
+}
+
+/// `"ok"` or the errno name of a syscall result.
+pub fn outcome<T>(r: &Result<T, Errno>) -> String {
+    match r {
+        Ok(_) => "ok".into(),
+        Err(e) => ename(*e),
+    }
+}
+
+/// A C string of a path, built before forking a [`mapfs_testkit::run_as`] child.
+pub fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_encoded_bytes()).expect("path without NUL")
+}
+
+/// Lines of /proc/self/mountinfo mount points under `dir`.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    mapfs_testkit::mount::mounts_under(dir)
+}
+
+/// Runs `f` on the mount of `mode` created with `opts`; skips loudly without
+/// /dev/fuse.
+pub fn with_mount(test: &str, mode: DataMode, opts: &[&str], f: impl FnOnce(&MountSession)) {
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(mode, opts);
+    f(&s);
+}

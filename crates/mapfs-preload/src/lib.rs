@@ -1,2 +1,153 @@
-//! `libmapfs_preload.so`: the preload executor (see DESIGN.md). Not built yet;
-//! issue 3 tracks it. The crate exists so the workspace layout is final.
+//! `libmapfs_preload.so`: the preload executor of mapfs, attached mode
+//! (DESIGN.md). Loaded with `LD_PRELOAD` (see `mapfs run`), it moves the data
+//! path of files on mapfs mounts into the application: their reads and
+//! writes run on the backing files, not through the FUSE daemon.
+//!
+//! How descriptors are served is described in [`table`]; the hooks are in
+//! [`hooks`], declared once in one table. The rules every hook follows:
+//!
+//! - Every descriptor stays a real kernel descriptor; anything the shim
+//!   cannot serve keeps going through the mount, never to an error.
+//! - A thread-local guard ([`Guard`]) sends calls the shim makes itself
+//!   straight to libc, and errno is saved and restored around the shim's own
+//!   work. The shim's system calls go through rustix's raw syscalls.
+//! - Nothing runs before the constructor; the constructor opens no file and
+//!   talks to no daemon (that happens at the first hook that needs it).
+//!
+//! Environment: `MAPFS_MOUNTS` (mountpoints to attach to, `:`-separated;
+//! default all mapfs mounts), `MAPFS_PRELOAD_REPORT=<path>` (append a JSON
+//! summary line per process at exit, see [`report`]), `MAPFS_PRELOAD_LOG=1`
+//! (diagnostics on stderr), `MAPFS_RUNTIME_DIR` (where control sockets
+//! live, as for the daemon).
+//!
+//! Tests can ask a live process about one descriptor with the exported
+//! `mapfs_preload_fd_status(fd)`: 0 unclassified, 1 not a mapfs file, 2 mapfs
+//! file not adopted yet, 3 adopted (data calls native), 4 served through the
+//! mount.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub mod hooks;
+pub mod mounts;
+pub mod report;
+pub mod sys;
+pub mod table;
+
+/// Set by the constructor; hooks do nothing but call libc before it.
+static READY: AtomicBool = AtomicBool::new(false);
+
+/// `MAPFS_PRELOAD_LOG` was set.
+static LOG: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static IN_SHIM: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The re-entrancy guard: held while the shim does its own work on a thread,
+/// so libc calls made meanwhile (by std, by the allocator...) go straight to
+/// libc instead of back into the shim.
+pub struct Guard(());
+
+impl Guard {
+    /// Enters the shim on this thread; `None` if it is already inside, or the
+    /// library is not initialised yet.
+    #[inline]
+    pub fn enter() -> Option<Guard> {
+        if !READY.load(Ordering::Acquire) {
+            return None;
+        }
+        IN_SHIM.with(|g| {
+            if g.get() {
+                None
+            } else {
+                g.set(true);
+                Some(Guard(()))
+            }
+        })
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        IN_SHIM.with(|g| g.set(false));
+    }
+}
+
+extern "C" fn init() {
+    // SAFETY: getenv with a NUL-terminated name; the constructor runs before
+    // the program can change its environment concurrently.
+    let log = unsafe { !libc::getenv(c"MAPFS_PRELOAD_LOG".as_ptr()).is_null() };
+    LOG.store(log, Ordering::Relaxed);
+    // SAFETY: registering plain extern "C" functions with no arguments.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+    }
+    READY.store(true, Ordering::Release);
+}
+
+extern "C" fn fini() {
+    let Some(_g) = Guard::enter() else {
+        return;
+    };
+    // Buffered stdio output reaches the files before the daemon is told they
+    // changed (exit() flushes streams only after destructors run).
+    // SAFETY: fflush(NULL) flushes every open output stream.
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+    }
+    for closed in table::all_open_writable() {
+        closed.send();
+    }
+    report::write_at_exit();
+}
+
+thread_local! {
+    static FORK_LOCKED: Cell<bool> = const { Cell::new(false) };
+}
+
+extern "C" fn fork_prepare() {
+    let Some(g) = Guard::enter() else {
+        return;
+    };
+    sys::keep_errno(|| {
+        if !mounts::loaded().is_empty() {
+            table::adopt_all_pending();
+        }
+        table::lock_for_fork();
+    });
+    // The guard stays held across fork and is released by the handlers
+    // below, in both processes.
+    std::mem::forget(g);
+    FORK_LOCKED.with(|f| f.set(true));
+}
+
+fn fork_done() {
+    if FORK_LOCKED.with(|f| f.replace(false)) {
+        table::unlock_after_fork();
+        IN_SHIM.with(|g| g.set(false));
+    }
+}
+
+extern "C" fn fork_parent() {
+    fork_done();
+}
+
+extern "C" fn fork_child() {
+    fork_done();
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = fini;
+
+/// For tests: how descriptor `fd` of this process is served (see the crate
+/// docs for the codes).
+#[no_mangle]
+pub extern "C" fn mapfs_preload_fd_status(fd: libc::c_int) -> libc::c_int {
+    libc::c_int::from(table::state(fd))
+}

@@ -1,0 +1,586 @@
+//! The interposed libc functions, declared once in one table ([`hooks!`]):
+//! each entry generates the exported symbol and the pointer to the real
+//! function (`dlsym(RTLD_NEXT)`, resolved at first use).
+//!
+//! Deliberately *not* intercepted:
+//! - read/write-side calls that need no help: `lseek`, `fsync`,
+//!   `fdatasync`, `ftruncate`, `ioctl`... On an adopted descriptor they are
+//!   native (it *is* the backing file); on a pending one they go through the
+//!   mount, which is correct.
+//! - path calls (`stat`, `rename`, `unlink`, `readdir`, `chmod`...): the
+//!   daemon stays the single authority on the namespace.
+//! - `exec*`: descriptors cross exec as they are. A pending (mount)
+//!   descriptor is re-adopted by the new image at its first data call (the
+//!   pid is unchanged); an adopted one keeps working natively but the new
+//!   image no longer knows it is a mapfs file (`fstat` shows the backing
+//!   identity, its close is not reported; the process that opened it
+//!   reports it at its own close or exit).
+//! - `close_range`/`closefrom`, `openat2` (no glibc wrapper), `io_uring`,
+//!   POSIX AIO: nothing to do for adopted descriptors; others go through
+//!   the mount.
+//!
+//! Variadic C functions (`open`, `openat`, `fcntl`) are defined here with
+//! their optional argument as a fixed one: on the x86-64 and AArch64 Linux
+//! ABIs a variadic integer argument travels exactly like a fixed one, and
+//! the value is only passed on to the real function.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use libc::{off64_t, off_t, size_t, ssize_t, FILE};
+
+use crate::table::{self, ADOPTED, MOUNT, OTHER, UNKNOWN};
+use crate::{report, sys, Guard};
+
+/// The real libc function behind a hook.
+pub struct Real {
+    ptr: AtomicPtr<c_void>,
+    name: &'static std::ffi::CStr,
+}
+
+impl Real {
+    /// A not-yet-resolved function.
+    pub const fn new(name: &'static std::ffi::CStr) -> Self {
+        Real {
+            ptr: AtomicPtr::new(std::ptr::null_mut()),
+            name,
+        }
+    }
+
+    /// The address of the next definition of the symbol after this library.
+    #[inline]
+    pub fn addr(&self) -> *mut c_void {
+        let p = self.ptr.load(Ordering::Relaxed);
+        if !p.is_null() {
+            return p;
+        }
+        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT searches the
+        // libraries loaded after this one (libc).
+        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) };
+        if p.is_null() {
+            let msg = b"mapfs-preload: a libc function is missing; aborting\n";
+            let _ = rustix::io::write(sys::fd(2), msg);
+            std::process::abort();
+        }
+        self.ptr.store(p, Ordering::Relaxed);
+        p
+    }
+}
+
+/// Declares the hooks. Each entry is
+/// `fn name(args) -> ret [as RealFnType] = |real| body`: the body runs as
+/// the exported function with `real` bound to the real libc function (of
+/// type `RealFnType`, by default the hook's own signature).
+macro_rules! hooks {
+    (@realty [$($ty:ty),*] $ret:ty) => { unsafe extern "C" fn($($ty),*) -> $ret };
+    (@realty [$($ty:ty),*] $ret:ty, $real_ty:ty) => { $real_ty };
+    ($(
+        $(#[$m:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $(as $real_ty:ty)? = |$real:ident| $body:block
+    )*) => {
+        $(
+            $(#[$m])*
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                static REAL: Real = Real::new(
+                    // SAFETY: the literal below is NUL-terminated and has no
+                    // interior NUL.
+                    unsafe { std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()) }
+                );
+                // SAFETY: `REAL` holds the address of libc's function of the
+                // same name, whose C prototype is the type named here.
+                let $real: hooks!(@realty [$($ty),*] $ret $(, $real_ty)?) =
+                    unsafe { std::mem::transmute::<*mut c_void, _>(REAL.addr()) };
+                $body
+            }
+        )*
+    };
+}
+
+/// Before a data call on `fd`: adopt a pending descriptor, count the call.
+#[inline(always)]
+fn data(fd: c_int) {
+    match table::state(fd) {
+        OTHER => {}
+        ADOPTED => report::count_native(),
+        MOUNT => report::count_mount(),
+        _ => data_slow(fd),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn data_slow(fd: c_int) {
+    if fd < 0 {
+        return;
+    }
+    if let Some(_g) = Guard::enter() {
+        sys::keep_errno(|| table::serve(fd));
+        match table::state(fd) {
+            ADOPTED => report::count_native(),
+            MOUNT => report::count_mount(),
+            _ => {}
+        }
+    }
+}
+
+/// After an open returned `fd`.
+#[inline]
+fn opened(fd: c_int, flags: c_int) -> c_int {
+    if fd >= 0 && flags & libc::O_PATH == 0 {
+        if let Some(_g) = Guard::enter() {
+            sys::keep_errno(|| table::opened(fd));
+        }
+    }
+    fd
+}
+
+/// After a stream was opened on `fd` (stdio calls read and write inside
+/// glibc, out of the shim's sight, so the stream's descriptor is adopted at
+/// once).
+fn stream_opened(stream: *mut FILE, fresh: bool) -> *mut FILE {
+    if stream.is_null() {
+        return stream;
+    }
+    if let Some(_g) = Guard::enter() {
+        sys::keep_errno(|| {
+            // SAFETY: a stream libc just returned.
+            let fd = unsafe { libc::fileno(stream) };
+            if fresh {
+                table::opened(fd);
+            }
+            table::serve(fd);
+        });
+    }
+    stream
+}
+
+/// `fd` is about to be closed: returns what to tell the daemon afterwards.
+#[inline]
+fn closing(fd: c_int) -> Option<table::Closed> {
+    match table::state(fd) {
+        UNKNOWN => None,
+        // No lock taken: just forget the classification.
+        OTHER => table::closing(fd),
+        _ => match Guard::enter() {
+            Some(_g) => sys::keep_errno(|| table::closing(fd)),
+            None => table::closing(fd),
+        },
+    }
+}
+
+fn closed(note: Option<table::Closed>) {
+    if let Some(note) = note {
+        if let Some(_g) = Guard::enter() {
+            sys::keep_errno(|| note.send());
+        }
+    }
+}
+
+/// After `new` became a duplicate of `old` (replacing whatever `new` was).
+fn duped(old: c_int, new: c_int) {
+    if new < 0 || old == new {
+        return;
+    }
+    let note = closing(new);
+    if table::state(old) == OTHER {
+        // Fast path for pipes and sockets (a shell's redirections).
+        table::mark_other(new);
+    } else if let Some(_g) = Guard::enter() {
+        sys::keep_errno(|| table::duped(old, new));
+    }
+    closed(note);
+}
+
+/// Reports the mount's identity for adopted descriptors.
+fn patch_stat(fd: c_int, dev: &mut u64, ino: &mut u64) {
+    if table::state(fd) != ADOPTED {
+        return;
+    }
+    if let Some(_g) = Guard::enter() {
+        if let Some((d, i)) = table::adopted_identity(fd) {
+            *dev = d;
+            *ino = i;
+        }
+    }
+}
+
+/// True for the `(dirfd, "", AT_EMPTY_PATH)` form of the `*at` stat calls.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+unsafe fn empty_path(path: *const c_char, flags: c_int) -> bool {
+    // SAFETY: per the contract, a non-null path has at least one byte.
+    flags & libc::AT_EMPTY_PATH != 0 && (path.is_null() || unsafe { *path } == 0)
+}
+
+type OpenFn = unsafe extern "C" fn(*const c_char, c_int, ...) -> c_int;
+type OpenAtFn = unsafe extern "C" fn(c_int, *const c_char, c_int, ...) -> c_int;
+type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
+
+fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    match cmd {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+            // SAFETY: the real fcntl with the caller's arguments.
+            let r = unsafe { real(fd, cmd, arg) };
+            if r >= 0 {
+                duped(fd, r);
+            }
+            r
+        }
+        libc::F_SETLK
+        | libc::F_SETLKW
+        | libc::F_GETLK
+        | libc::F_OFD_SETLK
+        | libc::F_OFD_SETLKW
+        | libc::F_OFD_GETLK => {
+            // Locks are taken on what the descriptor finally is: adopt first,
+            // or the adoption's dup3 would drop them.
+            data(fd);
+            // SAFETY: as above.
+            unsafe { real(fd, cmd, arg) }
+        }
+        // SAFETY: as above.
+        _ => unsafe { real(fd, cmd, arg) },
+    }
+}
+
+hooks! {
+    // ---- opens: classify the new descriptor ----
+    fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenFn = |real| {
+        opened(real(path, flags, mode), flags)
+    }
+    fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenFn = |real| {
+        opened(real(path, flags, mode), flags)
+    }
+    fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenAtFn = |real| {
+        opened(real(dirfd, path, flags, mode), flags)
+    }
+    fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenAtFn = |real| {
+        opened(real(dirfd, path, flags, mode), flags)
+    }
+    fn __open_2(path: *const c_char, flags: c_int) -> c_int = |real| {
+        opened(real(path, flags), flags)
+    }
+    fn __open64_2(path: *const c_char, flags: c_int) -> c_int = |real| {
+        opened(real(path, flags), flags)
+    }
+    fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int = |real| {
+        opened(real(dirfd, path, flags), flags)
+    }
+    fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int = |real| {
+        opened(real(dirfd, path, flags), flags)
+    }
+    fn creat(path: *const c_char, mode: libc::mode_t) -> c_int = |real| {
+        opened(real(path, mode), libc::O_WRONLY)
+    }
+    fn creat64(path: *const c_char, mode: libc::mode_t) -> c_int = |real| {
+        opened(real(path, mode), libc::O_WRONLY)
+    }
+
+    // ---- close and duplication ----
+    fn close(fd: c_int) -> c_int = |real| {
+        let note = closing(fd);
+        let r = real(fd);
+        closed(note);
+        r
+    }
+    fn dup(old: c_int) -> c_int = |real| {
+        let r = real(old);
+        duped(old, r);
+        r
+    }
+    fn dup2(old: c_int, new: c_int) -> c_int = |real| {
+        let r = real(old, new);
+        duped(old, r);
+        r
+    }
+    fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int = |real| {
+        let r = real(old, new, flags);
+        duped(old, r);
+        r
+    }
+    fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int as FcntlFn = |real| {
+        fcntl_hook(real, fd, cmd, arg)
+    }
+    fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int as FcntlFn = |real| {
+        fcntl_hook(real, fd, cmd, arg)
+    }
+
+    // ---- data calls: adopt first, then the real call ----
+    fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, buf, n)
+    }
+    fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, buf, n, buflen)
+    }
+    fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, buf, n)
+    }
+    fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, buf, n, off)
+    }
+    fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, buf, n, off)
+    }
+    fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, buf, n, off, buflen)
+    }
+    fn __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t, buflen: size_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, buf, n, off, buflen)
+    }
+    fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, buf, n, off)
+    }
+    fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, buf, n, off)
+    }
+    fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt)
+    }
+    fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt)
+    }
+    fn preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt, off)
+    }
+    fn preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt, off)
+    }
+    fn pwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt, off)
+    }
+    fn pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt, off)
+    }
+    fn preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt, off, flags)
+    }
+    fn preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt, off, flags)
+    }
+    fn pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt, off, flags)
+    }
+    fn pwritev64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
+        data(fd);
+        real(fd, iov, cnt, off, flags)
+    }
+    fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void = |real| {
+        if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 {
+            data(fd);
+        }
+        real(addr, len, prot, flags, fd, off)
+    }
+    fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void = |real| {
+        if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 {
+            data(fd);
+        }
+        real(addr, len, prot, flags, fd, off)
+    }
+    fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int = |real| {
+        data(fd);
+        real(fd, mode, off, len)
+    }
+    fn fallocate64(fd: c_int, mode: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
+        data(fd);
+        real(fd, mode, off, len)
+    }
+    fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c_int = |real| {
+        data(fd);
+        real(fd, off, len)
+    }
+    fn posix_fallocate64(fd: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
+        data(fd);
+        real(fd, off, len)
+    }
+    fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int = |real| {
+        data(fd);
+        real(fd, off, len, advice)
+    }
+    fn posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, advice: c_int) -> c_int = |real| {
+        data(fd);
+        real(fd, off, len, advice)
+    }
+    fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t = |real| {
+        data(in_fd);
+        data(out_fd);
+        real(out_fd, in_fd, off, n)
+    }
+    fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t = |real| {
+        data(in_fd);
+        data(out_fd);
+        real(out_fd, in_fd, off, n)
+    }
+    fn copy_file_range(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
+        data(in_fd);
+        data(out_fd);
+        real(in_fd, off_in, out_fd, off_out, n, flags)
+    }
+    fn splice(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
+        data(in_fd);
+        data(out_fd);
+        real(in_fd, off_in, out_fd, off_out, n, flags)
+    }
+    fn flock(fd: c_int, op: c_int) -> c_int = |real| {
+        data(fd);
+        real(fd, op)
+    }
+    fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int = |real| {
+        data(fd);
+        real(fd, cmd, len)
+    }
+    fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int = |real| {
+        data(fd);
+        real(fd, cmd, len)
+    }
+
+    // ---- fstat family: adopted descriptors report the mount's identity ----
+    fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int = |real| {
+        let r = real(fd, buf);
+        if r == 0 {
+            // SAFETY: the real fstat filled `buf`.
+            let b = unsafe { &mut *buf };
+            patch_stat(fd, &mut b.st_dev, &mut b.st_ino);
+        }
+        r
+    }
+    fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int = |real| {
+        let r = real(fd, buf);
+        if r == 0 {
+            // SAFETY: the real fstat64 filled `buf`.
+            let b = unsafe { &mut *buf };
+            patch_stat(fd, &mut b.st_dev, &mut b.st_ino);
+        }
+        r
+    }
+    fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int = |real| {
+        let r = real(ver, fd, buf);
+        if r == 0 {
+            // SAFETY: the real __fxstat filled `buf`.
+            let b = unsafe { &mut *buf };
+            patch_stat(fd, &mut b.st_dev, &mut b.st_ino);
+        }
+        r
+    }
+    fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int = |real| {
+        let r = real(ver, fd, buf);
+        if r == 0 {
+            // SAFETY: the real __fxstat64 filled `buf`.
+            let b = unsafe { &mut *buf };
+            patch_stat(fd, &mut b.st_dev, &mut b.st_ino);
+        }
+        r
+    }
+    fn fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |real| {
+        let r = real(dirfd, path, buf, flags);
+        // SAFETY: `path` is the caller's C string (or null with AT_EMPTY_PATH).
+        if r == 0 && unsafe { empty_path(path, flags) } {
+            // SAFETY: the real fstatat filled `buf`.
+            let b = unsafe { &mut *buf };
+            patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
+        }
+        r
+    }
+    fn fstatat64(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = |real| {
+        let r = real(dirfd, path, buf, flags);
+        // SAFETY: as in fstatat.
+        if r == 0 && unsafe { empty_path(path, flags) } {
+            // SAFETY: the real fstatat64 filled `buf`.
+            let b = unsafe { &mut *buf };
+            patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
+        }
+        r
+    }
+    fn __fxstatat(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |real| {
+        let r = real(ver, dirfd, path, buf, flags);
+        // SAFETY: as in fstatat.
+        if r == 0 && unsafe { empty_path(path, flags) } {
+            // SAFETY: the real __fxstatat filled `buf`.
+            let b = unsafe { &mut *buf };
+            patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
+        }
+        r
+    }
+    fn __fxstatat64(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = |real| {
+        let r = real(ver, dirfd, path, buf, flags);
+        // SAFETY: as in fstatat.
+        if r == 0 && unsafe { empty_path(path, flags) } {
+            // SAFETY: the real __fxstatat64 filled `buf`.
+            let b = unsafe { &mut *buf };
+            patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
+        }
+        r
+    }
+    fn statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, buf: *mut libc::statx) -> c_int = |real| {
+        let r = real(dirfd, path, flags, mask, buf);
+        // SAFETY: as in fstatat.
+        if r == 0 && unsafe { empty_path(path, flags) } && table::state(dirfd) == ADOPTED {
+            // SAFETY: the real statx filled `buf`.
+            let b = unsafe { &mut *buf };
+            let mut dev = rustix::fs::makedev(b.stx_dev_major, b.stx_dev_minor);
+            let mut ino = b.stx_ino;
+            patch_stat(dirfd, &mut dev, &mut ino);
+            b.stx_dev_major = rustix::fs::major(dev);
+            b.stx_dev_minor = rustix::fs::minor(dev);
+            b.stx_ino = ino;
+        }
+        r
+    }
+
+    // ---- stdio: glibc reads and writes streams internally, so a stream's
+    // descriptor is adopted when the stream is made ----
+    fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
+        stream_opened(real(path, mode), true)
+    }
+    fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
+        stream_opened(real(path, mode), true)
+    }
+    fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE = |real| {
+        stream_opened(real(fd, mode), false)
+    }
+    fn freopen(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE = |real| {
+        // SAFETY: the caller's stream (null is allowed by glibc).
+        let old = if stream.is_null() { -1 } else { unsafe { libc::fileno(stream) } };
+        let note = closing(old);
+        let r = real(path, mode, stream);
+        closed(note);
+        stream_opened(r, true)
+    }
+    fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE = |real| {
+        // SAFETY: as in freopen.
+        let old = if stream.is_null() { -1 } else { unsafe { libc::fileno(stream) } };
+        let note = closing(old);
+        let r = real(path, mode, stream);
+        closed(note);
+        stream_opened(r, true)
+    }
+    fn fclose(stream: *mut FILE) -> c_int = |real| {
+        // SAFETY: the caller's stream.
+        let fd = unsafe { libc::fileno(stream) };
+        let note = closing(fd);
+        let r = real(stream);
+        closed(note);
+        r
+    }
+}

@@ -1,0 +1,106 @@
+//! Thin system-call helpers for the shim. They go through rustix's raw
+//! system calls, never through libc's exported functions, so the shim's own
+//! work can never re-enter its hooks.
+
+use std::io;
+use std::mem::ManuallyDrop;
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use rustix::fs::{AtFlags, StatxFlags};
+
+/// Borrows a raw descriptor the application owns.
+pub fn fd<'a>(raw: RawFd) -> BorrowedFd<'a> {
+    // SAFETY: the descriptor belongs to the application and stays open while
+    // a hook runs on it; if the application closes it concurrently, the
+    // kernel answers EBADF, which every caller handles.
+    unsafe { BorrowedFd::borrow_raw(raw) }
+}
+
+/// What the shim needs to know about an open descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// `st_dev` as `stat` reports it.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+    /// A regular file.
+    pub regular: bool,
+}
+
+/// Device, inode and type of `raw`, from cached attributes only: on a FUSE
+/// mount `AT_STATX_DONT_SYNC` keeps this from reaching the daemon.
+pub fn identity(raw: RawFd) -> io::Result<Identity> {
+    let st = rustix::fs::statx(
+        fd(raw),
+        c"",
+        AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+        StatxFlags::TYPE | StatxFlags::INO,
+    )?;
+    Ok(Identity {
+        dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+        ino: st.stx_ino,
+        regular: u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFREG,
+    })
+}
+
+/// Makes `target` refer to `src`'s open file description (`dup3`), keeping
+/// the number `target`; `cloexec` sets `FD_CLOEXEC` on it.
+pub fn dup_over(src: BorrowedFd<'_>, target: RawFd, cloexec: bool) -> io::Result<()> {
+    // SAFETY: `target` is an open descriptor of the application; it is
+    // wrapped only to satisfy rustix's signature and never closed here
+    // (ManuallyDrop), so ownership stays with the application.
+    let mut t = ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(target) });
+    let flags = if cloexec {
+        rustix::io::DupFlags::CLOEXEC
+    } else {
+        rustix::io::DupFlags::empty()
+    };
+    rustix::io::dup3(src, &mut t, flags)?;
+    Ok(())
+}
+
+/// True if `raw` has `FD_CLOEXEC`.
+pub fn cloexec(raw: RawFd) -> bool {
+    rustix::io::fcntl_getfd(fd(raw))
+        .map(|f| f.contains(rustix::io::FdFlags::CLOEXEC))
+        .unwrap_or(false)
+}
+
+/// The calling thread's errno.
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location always returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Sets the calling thread's errno.
+pub fn set_errno(e: i32) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// Runs `f` with errno saved and restored, so the shim's internal calls never
+/// change what the application sees.
+pub fn keep_errno<T>(f: impl FnOnce() -> T) -> T {
+    let e = errno();
+    let r = f();
+    set_errno(e);
+    r
+}
+
+/// Thread id of the caller.
+pub fn gettid() -> u32 {
+    rustix::thread::gettid().as_raw_nonzero().get() as u32
+}
+
+/// Process id of the caller.
+pub fn getpid() -> u32 {
+    rustix::process::getpid().as_raw_nonzero().get() as u32
+}
+
+/// Writes a diagnostic line to stderr when `MAPFS_PRELOAD_LOG` is set.
+pub fn log(msg: std::fmt::Arguments<'_>) {
+    if crate::LOG.load(std::sync::atomic::Ordering::Relaxed) {
+        let line = format!("mapfs-preload[{}]: {msg}\n", getpid());
+        let _ = rustix::io::write(fd(2), line.as_bytes());
+    }
+}

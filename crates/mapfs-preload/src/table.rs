@@ -1,0 +1,448 @@
+//! The shim's fd table: which descriptors are mapfs files and how each is
+//! served.
+//!
+//! # How a descriptor is served
+//!
+//! Every descriptor the application holds stays a real kernel descriptor.
+//! An `open` goes through the mount first (the kernel checks permissions,
+//! the daemon records the open with the caller's pid); a regular file on an
+//! attached mount becomes [`PENDING`]. The first *data* call on it (read,
+//! write, mmap, locks...) *adopts* it: the shim asks the daemon for that
+//! open's map and a private descriptor of the backing file, and for a
+//! whole-file 1-to-1 map `dup3`s the backing descriptor over the
+//! application's number ([`ADOPTED`]). From then on every data call, including
+//! glibc-internal ones (stdio), `mmap`, `sendfile` and `io_uring`, is native;
+//! the kernel keeps the offset, shared across `dup` and `fork` exactly as for
+//! any file. Only `fstat`/`statx` are patched to report the mount's
+//! `st_dev`/`st_ino`, and the last close of a writable adoption tells the
+//! daemon, so readers through the mount see the new size and bytes.
+//!
+//! Adoption is lazy so that metadata-only opens (`create`+`close`,
+//! `open`+`fstat`) cost no daemon round trip beyond the mount's own. A file
+//! the shim cannot serve (daemon unreachable, map not whole-file, refused)
+//! becomes [`MOUNT`]: it keeps working through the mount, never an error.
+//!
+//! Descriptors duplicated before adoption share one [`Entry`], so adoption
+//! replaces all of them with one backing description (shared offset); and
+//! before `fork` every pending entry is adopted, so parent and child keep
+//! sharing it.
+//!
+//! Lock order: the table lock, then an entry's lock, then a mount's
+//! connection lock.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, RawFd};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use mapfs::control::{Request, Response};
+use parking_lot::{Mutex, RwLock};
+
+use crate::{mounts, report, sys};
+
+/// Descriptors at or above this number are never tracked (served through
+/// the mount).
+pub const MAX_FD: usize = 1 << 20;
+
+/// Not classified since it was opened or last closed.
+pub const UNKNOWN: u8 = 0;
+/// Not a file of an attached mount.
+pub const OTHER: u8 = 1;
+/// A mapfs file not adopted yet (a descriptor of the mount).
+pub const PENDING: u8 = 2;
+/// Adopted: the descriptor is the backing file itself; data calls are native.
+pub const ADOPTED: u8 = 3;
+/// A mapfs file served through the mount (the shim could not adopt it).
+pub const MOUNT: u8 = 4;
+
+static STATE: [AtomicU8; MAX_FD] = [const { AtomicU8::new(UNKNOWN) }; MAX_FD];
+
+/// The fast-path state of `fd`.
+#[inline]
+pub fn state(fd: RawFd) -> u8 {
+    match usize::try_from(fd) {
+        Ok(i) if i < MAX_FD => STATE[i].load(Ordering::Relaxed),
+        _ => OTHER,
+    }
+}
+
+fn set_state(fd: RawFd, s: u8) {
+    if let Ok(i) = usize::try_from(fd) {
+        if i < MAX_FD {
+            STATE[i].store(s, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One open of a mapfs file, shared by its duplicated descriptors.
+pub struct Entry {
+    /// Index into [`mounts::all`].
+    pub mount: usize,
+    /// `st_dev` of the mount.
+    pub dev: u64,
+    /// FUSE inode number.
+    pub ino: u64,
+    /// Thread that made the open (what the daemon recorded as its pid), or
+    /// the process id when unknown.
+    pub tid: u32,
+    /// Mutable part.
+    pub inner: Mutex<Inner>,
+}
+
+/// The mutable part of an [`Entry`].
+pub struct Inner {
+    /// Descriptors of this process referring to it.
+    pub fds: Vec<RawFd>,
+    /// How it is served.
+    pub status: Status,
+}
+
+/// How an [`Entry`] is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Not adopted yet.
+    Pending,
+    /// The descriptors are the backing file.
+    Adopted {
+        /// The daemon's handle of the adoption.
+        handle: u64,
+        /// Opened for writing (the daemon is told at the last close).
+        writable: bool,
+    },
+    /// Served through the mount, with the reason.
+    Mount(String),
+}
+
+type Table = HashMap<RawFd, Arc<Entry>>;
+
+static TABLE: RwLock<Option<Table>> = RwLock::new(None);
+
+fn get(fd: RawFd) -> Option<Arc<Entry>> {
+    TABLE.read().as_ref()?.get(&fd).cloned()
+}
+
+fn insert(fd: RawFd, e: Arc<Entry>) {
+    TABLE.write().get_or_insert_with(HashMap::new).insert(fd, e);
+}
+
+fn remove(fd: RawFd) -> Option<Arc<Entry>> {
+    TABLE.write().as_mut()?.remove(&fd)
+}
+
+/// The mount identity to report for an adopted descriptor.
+pub fn adopted_identity(fd: RawFd) -> Option<(u64, u64)> {
+    if state(fd) != ADOPTED {
+        return None;
+    }
+    get(fd).map(|e| (e.dev, e.ino))
+}
+
+/// Classifies a descriptor the application just got from `open`/`fopen`,
+/// made by the calling thread.
+pub fn opened(fd: RawFd) {
+    if fd < 0 {
+        return;
+    }
+    // A stale entry (descriptor closed behind our back, e.g. close_range).
+    drop(remove(fd));
+    classify(fd, sys::gettid());
+}
+
+/// Classifies `fd` (opened by thread `tid`): a regular file of an attached
+/// mount becomes [`PENDING`], anything else [`OTHER`]. Returns the new state.
+fn classify(fd: RawFd, tid: u32) -> u8 {
+    if usize::try_from(fd).map_or(true, |i| i >= MAX_FD) {
+        return OTHER;
+    }
+    if mounts::all().is_empty() {
+        set_state(fd, OTHER);
+        return OTHER;
+    }
+    let id = match sys::identity(fd) {
+        Ok(id) => id,
+        Err(_) => return UNKNOWN,
+    };
+    let mount = match mounts::by_dev(id.dev) {
+        Some(m) if id.regular => m,
+        _ => {
+            set_state(fd, OTHER);
+            return OTHER;
+        }
+    };
+    let entry = Arc::new(Entry {
+        mount,
+        dev: id.dev,
+        ino: id.ino,
+        tid,
+        inner: Mutex::new(Inner {
+            fds: vec![fd],
+            status: Status::Pending,
+        }),
+    });
+    insert(fd, entry);
+    set_state(fd, PENDING);
+    report::count_tracked();
+    PENDING
+}
+
+/// Makes `fd` ready for a data call: classifies an unknown descriptor and
+/// adopts a pending one. Called on the slow path only.
+pub fn serve(fd: RawFd) {
+    let mut s = state(fd);
+    if s == UNKNOWN {
+        // Inherited across exec, or made by a call the shim does not hook:
+        // the opener is unknown, so the daemon is asked on the process's
+        // behalf.
+        s = classify(fd, sys::getpid());
+    }
+    if s == PENDING {
+        if let Some(e) = get(fd) {
+            adopt(&e);
+        }
+    }
+}
+
+/// Adopts `entry`: asks the daemon for the backing descriptor and puts it
+/// under every descriptor of the entry.
+pub fn adopt(entry: &Arc<Entry>) {
+    let mut inner = entry.inner.lock();
+    if inner.status != Status::Pending {
+        return;
+    }
+    let status = match try_adopt(entry, &inner.fds) {
+        Ok(s) => s,
+        Err(reason) => Status::Mount(reason),
+    };
+    let st = match &status {
+        Status::Adopted { .. } => {
+            report::count_adopted();
+            ADOPTED
+        }
+        Status::Mount(reason) => {
+            report::count_fallback(reason);
+            sys::log(format_args!(
+                "ino {} served through the mount: {reason}",
+                entry.ino
+            ));
+            MOUNT
+        }
+        Status::Pending => PENDING,
+    };
+    inner.status = status;
+    for &fd in &inner.fds {
+        set_state(fd, st);
+    }
+}
+
+fn try_adopt(entry: &Entry, fds: &[RawFd]) -> Result<Status, String> {
+    let &first = fds.first().ok_or("no descriptor")?;
+    match sys::identity(first) {
+        Ok(id) if id.dev == entry.dev && id.ino == entry.ino => {}
+        _ => return Err("descriptor changed behind the shim".into()),
+    }
+    let flags = rustix::fs::fcntl_getfl(sys::fd(first))
+        .map_err(|e| format!("F_GETFL: {e}"))?
+        .bits() as i32;
+    // SEEK_CUR on a FUSE file is answered by the kernel, not the daemon.
+    let offset = rustix::fs::seek(sys::fd(first), rustix::fs::SeekFrom::Current(0))
+        .map_err(|e| format!("lseek: {e}"))?;
+    let mount = &mounts::all()[entry.mount];
+    let req = Request::Adopt {
+        ino: entry.ino,
+        tid: entry.tid,
+        flags,
+    };
+    let (resp, backing) = mount
+        .call(&req)
+        .map_err(|e| format!("daemon unreachable: {e}"))?;
+    let (handle, map) = match resp {
+        Response::Adopted { handle, map, .. } => (handle, map),
+        Response::Refused { reason, .. } => return Err(format!("refused: {reason}")),
+        other => return Err(format!("unexpected answer {other:?}")),
+    };
+    if !map.is_whole_file() || backing.len() != 1 {
+        // Not reached with today's daemon (it refuses such maps); running the
+        // data engine in-process for them is future work.
+        return Err("map is not whole-file".into());
+    }
+    let backing = &backing[0];
+    rustix::fs::seek(backing.as_fd(), rustix::fs::SeekFrom::Start(offset))
+        .map_err(|e| format!("lseek backing: {e}"))?;
+    for &fd in fds {
+        sys::dup_over(backing.as_fd(), fd, sys::cloexec(fd))
+            .map_err(|e| format!("dup3 over fd {fd}: {e}"))?;
+    }
+    Ok(Status::Adopted {
+        handle,
+        writable: flags & libc::O_ACCMODE != libc::O_RDONLY,
+    })
+}
+
+/// What to tell the daemon after a descriptor is closed.
+pub struct Closed {
+    mount: usize,
+    req: Request,
+}
+
+impl Closed {
+    /// Tells the daemon (errors are ignored: a dead daemon has no cache).
+    pub fn send(self) {
+        if let Some(m) = mounts::all().get(self.mount) {
+            let _ = m.call(&self.req);
+        }
+    }
+}
+
+/// Bookkeeping for `fd` being closed (or replaced by `dup2`): returns the
+/// message for the daemon if this was the last descriptor of a writable
+/// adoption. Call before the real close, send after it.
+pub fn closing(fd: RawFd) -> Option<Closed> {
+    let s = state(fd);
+    set_state(fd, UNKNOWN);
+    if s == UNKNOWN || s == OTHER {
+        return None;
+    }
+    let entry = remove(fd)?;
+    let mut inner = entry.inner.lock();
+    inner.fds.retain(|&f| f != fd);
+    if !inner.fds.is_empty() {
+        return None;
+    }
+    closed_message(&entry, &inner.status)
+}
+
+fn closed_message(entry: &Entry, status: &Status) -> Option<Closed> {
+    match *status {
+        Status::Adopted {
+            handle,
+            writable: true,
+        } => Some(Closed {
+            mount: entry.mount,
+            req: Request::Closed {
+                handle,
+                ino: entry.ino,
+                wrote: true,
+            },
+        }),
+        _ => None,
+    }
+}
+
+/// `new` now refers to what `old` refers to (`dup`, `dup2`, `fcntl(F_DUPFD)`).
+pub fn duped(old: RawFd, new: RawFd) {
+    if new < 0 || old == new {
+        return;
+    }
+    drop(remove(new));
+    let mut s = state(old);
+    if s == UNKNOWN {
+        s = classify(old, sys::getpid());
+    }
+    match get(old) {
+        Some(e) if s == PENDING || s == ADOPTED || s == MOUNT => {
+            e.inner.lock().fds.push(new);
+            insert(new, e);
+            set_state(new, s);
+        }
+        _ => set_state(new, if s == OTHER { OTHER } else { UNKNOWN }),
+    }
+}
+
+/// Adopts every pending entry (before `fork`, so parent and child share the
+/// backing descriptions like they share everything else).
+pub fn adopt_all_pending() {
+    let pending: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
+        Some(t) => t
+            .values()
+            .filter(|e| e.inner.lock().status == Status::Pending)
+            .cloned()
+            .collect(),
+        None => return,
+    };
+    for e in pending {
+        adopt(&e);
+    }
+}
+
+/// Messages for every writable adoption still open (at exit).
+pub fn all_open_writable() -> Vec<Closed> {
+    let t = TABLE.read();
+    let Some(t) = t.as_ref() else {
+        return Vec::new();
+    };
+    let mut seen: Vec<*const Entry> = Vec::new();
+    let mut out = Vec::new();
+    for e in t.values() {
+        if seen.contains(&Arc::as_ptr(e)) {
+            continue;
+        }
+        seen.push(Arc::as_ptr(e));
+        let inner = e.inner.lock();
+        if let Some(c) = closed_message(e, &inner.status) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Status of `fd` for tests and the report: the state and, for [`MOUNT`],
+/// why.
+pub fn describe(fd: RawFd) -> (u8, Option<String>) {
+    let s = state(fd);
+    let reason = get(fd).and_then(|e| match &e.inner.lock().status {
+        Status::Mount(r) => Some(r.clone()),
+        _ => None,
+    });
+    (s, reason)
+}
+
+/// The distinct entries of the table (several descriptors may share one).
+fn distinct(t: &Table) -> Vec<&Arc<Entry>> {
+    let mut out: Vec<&Arc<Entry>> = Vec::new();
+    for e in t.values() {
+        if !out.iter().any(|o| Arc::ptr_eq(o, e)) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// Locks everything before `fork` (with [`unlock_after_fork`] in both
+/// processes after it), so the child never inherits a lock held by a thread
+/// that does not exist there.
+pub fn lock_for_fork() {
+    let t = TABLE.write();
+    if let Some(t) = t.as_ref() {
+        for e in distinct(t) {
+            std::mem::forget(e.inner.lock());
+        }
+    }
+    std::mem::forget(t);
+    for m in mounts::loaded() {
+        std::mem::forget(m.conn.lock());
+    }
+}
+
+/// Undoes [`lock_for_fork`].
+pub fn unlock_after_fork() {
+    for m in mounts::loaded() {
+        // SAFETY: locked by `lock_for_fork` in this thread (in the child, by
+        // the thread that forked, which is this one).
+        unsafe { m.conn.force_unlock() };
+    }
+    // SAFETY: as above: the table is write-locked by `lock_for_fork`, so it
+    // has not changed since, and each distinct entry was locked there once.
+    unsafe {
+        if let Some(t) = (*TABLE.data_ptr()).as_ref() {
+            for e in distinct(t) {
+                e.inner.force_unlock();
+            }
+        }
+        TABLE.force_unlock_write();
+    }
+}
+
+/// Marks `fd` as not a mapfs file without looking (a duplicate of one).
+pub fn mark_other(fd: RawFd) {
+    set_state(fd, OTHER);
+}

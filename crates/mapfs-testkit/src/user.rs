@@ -40,7 +40,8 @@ pub fn sh_as_nobody(script: &str) -> std::io::Result<std::process::Output> {
 ///
 /// The child is a fork of a multi-threaded test process, so `f` must only make
 /// raw system calls on data prepared before the call (rustix calls taking
-/// `&CStr` paths qualify): no allocation, no printing, no locks.
+/// `&CStr` paths qualify): no allocation, no printing, no locks. All fds but
+/// 0-2 are closed in the child before `f` runs.
 pub fn run_as(uid: u32, gid: u32, f: impl FnOnce() -> Result<(), Errno>) -> Result<(), Errno> {
     // SAFETY: fork(2) wrapper. The child only performs raw syscalls (documented
     // contract of `f`) and leaves through _exit, never returning into Rust code
@@ -54,6 +55,11 @@ pub fn run_as(uid: u32, gid: u32, f: impl FnOnce() -> Result<(), Errno>) -> Resu
         ));
     }
     if pid == 0 {
+        // The child inherited every fd of every test thread; holding them
+        // would keep other tests' flock()s and open files alive. `f` opens
+        // what it needs itself.
+        // SAFETY: close_range(2) on the child's own fd table.
+        unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
         // SAFETY: plain credential syscalls in the freshly forked child.
         let ok = unsafe {
             libc::setgroups(0, std::ptr::null()) == 0

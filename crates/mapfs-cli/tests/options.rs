@@ -1,0 +1,117 @@
+//! Mount options that change behaviour: ro, allow_other (absent), remount.
+
+mod common;
+
+use std::fs;
+
+use common::*;
+use mapfs_testkit::run_as_nobody;
+use rustix::fs::{Mode, OFlags};
+
+#[test]
+fn read_only() {
+    for mode in MODES {
+        with_mount("read_only", mode, &["ro"], |s| {
+            fs::write(s.backing().join("f"), b"data").unwrap();
+            assert_eq!(
+                fs::read(s.mountpoint().join("f")).unwrap(),
+                b"data",
+                "ro --data {mode}: read"
+            );
+            let r = rustix::fs::open(s.mountpoint().join("f"), OFlags::WRONLY, Mode::empty());
+            assert_eq!(outcome(&r), "EROFS", "ro --data {mode}: open for write");
+            let r = rustix::fs::mkdir(s.mountpoint().join("d"), Mode::from_raw_mode(0o755));
+            assert_eq!(outcome(&r), "EROFS", "ro --data {mode}: mkdir");
+            let r = rustix::fs::unlink(s.mountpoint().join("f"));
+            assert_eq!(outcome(&r), "EROFS", "ro --data {mode}: unlink");
+            assert_eq!(fs::read(s.backing().join("f")).unwrap(), b"data");
+        });
+    }
+}
+
+#[test]
+fn other_users_need_allow_other() {
+    for mode in MODES {
+        with_mount("other_users_need_allow_other", mode, &[], |s| {
+            fs::write(s.mountpoint().join("f"), b"data").unwrap();
+            let c = cpath(&s.mountpoint().join("f"));
+            let r = run_as_nobody(|| rustix::fs::stat(c.as_c_str()).map(|_| ()));
+            assert_eq!(
+                outcome(&r),
+                "EACCES",
+                "--data {mode} without allow_other: nobody's stat"
+            );
+        });
+        with_mount(
+            "other_users_need_allow_other",
+            mode,
+            &["allow_other"],
+            |s| {
+                fs::write(s.mountpoint().join("f"), b"data").unwrap();
+                let c = cpath(&s.mountpoint().join("f"));
+                let r = run_as_nobody(|| {
+                    let fd = rustix::fs::open(c.as_c_str(), OFlags::RDONLY, Mode::empty())?;
+                    let mut b = [0u8; 4];
+                    rustix::io::read(&fd, &mut b).map(|_| ())
+                });
+                assert_eq!(
+                    outcome(&r),
+                    "ok",
+                    "--data {mode} with allow_other: nobody reads a 644 file"
+                );
+            },
+        );
+    }
+}
+
+/// Files created through the mount belong to the caller, not the daemon.
+#[test]
+fn created_files_belong_to_caller() {
+    for mode in MODES {
+        with_mount(
+            "created_files_belong_to_caller",
+            mode,
+            &["allow_other"],
+            |s| {
+                let d = s.mountpoint().join("pub");
+                fs::create_dir(&d).unwrap();
+                rustix::fs::chmod(&d, Mode::from_raw_mode(0o777)).unwrap();
+                let (cf, cd, cl, cs) = (
+                    cpath(&d.join("f")),
+                    cpath(&d.join("d")),
+                    cpath(&d.join("fifo")),
+                    cpath(&d.join("s")),
+                );
+                let r = run_as_nobody(|| {
+                    rustix::fs::open(
+                        cf.as_c_str(),
+                        OFlags::CREATE | OFlags::WRONLY,
+                        Mode::from_raw_mode(0o644),
+                    )?;
+                    rustix::fs::mkdir(cd.as_c_str(), Mode::from_raw_mode(0o755))?;
+                    rustix::fs::mknodat(
+                        rustix::fs::CWD,
+                        cl.as_c_str(),
+                        rustix::fs::FileType::Fifo,
+                        Mode::from_raw_mode(0o644),
+                        0,
+                    )?;
+                    rustix::fs::symlink(c"f", cs.as_c_str())
+                });
+                assert_eq!(
+                    outcome(&r),
+                    "ok",
+                    "--data {mode}: nobody creates in a 0777 dir"
+                );
+                for n in ["f", "d", "fifo", "s"] {
+                    let st = rustix::fs::lstat(s.backing().join("pub").join(n)).unwrap();
+                    assert_eq!(
+                        (st.st_uid, st.st_gid),
+                        (mapfs_testkit::NOBODY_UID, mapfs_testkit::NOBODY_GID),
+                        "--data {mode}: backing owner of {n} created by nobody"
+                    );
+                }
+            },
+        );
+    }
+}

@@ -1,0 +1,98 @@
+//! `mapfs run`: runs a program with the preload shim attached to mapfs
+//! mounts, so its reads and writes on them skip the FUSE daemon.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::mounts;
+
+/// File name of the shim, built next to the `mapfs` binary.
+const SHIM: &str = "libmapfs_preload.so";
+
+/// Arguments of `mapfs run`.
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+      mapfs run -- cp /mnt/data/big /mnt/data/big.copy\n  \
+      mapfs run --mount /mnt/data -- python3 train.py\n  \
+      MAPFS_PRELOAD_REPORT=/tmp/r.json mapfs run -- fio job.fio   # what was served natively")]
+pub struct RunArgs {
+    /// Attach to this mapfs mount (repeatable); default: every mapfs mount.
+    #[arg(long = "mount", value_name = "MOUNTPOINT")]
+    pub mounts: Vec<PathBuf>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Replaces this process with the command, `LD_PRELOAD` and `MAPFS_MOUNTS`
+/// set; returns only if it cannot be started.
+pub fn run(args: RunArgs) -> Result<()> {
+    let shim = shim_path()?;
+    let table = mounts::mount_table();
+    let chosen: Vec<PathBuf> = if args.mounts.is_empty() {
+        table
+            .iter()
+            .filter(|m| m.is_mapfs())
+            .map(|m| m.mountpoint.clone())
+            .collect()
+    } else {
+        let mut v = Vec::new();
+        for m in &args.mounts {
+            let canon =
+                std::fs::canonicalize(m).with_context(|| format!("--mount {}", m.display()))?;
+            if !table.iter().any(|e| e.mountpoint == canon && e.is_mapfs()) {
+                bail!("{} is not a mapfs mount", canon.display());
+            }
+            v.push(canon);
+        }
+        v
+    };
+    if chosen.is_empty() {
+        eprintln!("mapfs run: no mapfs mount found; running the command without attaching");
+    }
+    if let Some(bad) = chosen
+        .iter()
+        .find(|m| m.as_os_str().as_encoded_bytes().contains(&b':'))
+    {
+        bail!(
+            "mountpoint {} contains ':', which MAPFS_MOUNTS cannot carry",
+            bad.display()
+        );
+    }
+    let joined = std::env::join_paths(&chosen).context("joining mountpoints")?;
+
+    let mut preload = OsString::from(&shim);
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(" ");
+        preload.push(old);
+    }
+    let (prog, rest) = args.command.split_first().expect("clap requires CMD");
+    // exec, not spawn: the command gets this process's pid, signals and
+    // exit status exactly as if it had been started directly.
+    let err = Command::new(prog)
+        .args(rest)
+        .env("LD_PRELOAD", preload)
+        .env("MAPFS_MOUNTS", joined)
+        .exec();
+    Err(err).with_context(|| format!("running {}", prog.to_string_lossy()))
+}
+
+/// The shim next to the running `mapfs` binary (the same target dir).
+fn shim_path() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the mapfs binary")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    // Test binaries live one level down, in deps/.
+    for cand in [dir.join(SHIM), dir.join("..").join(SHIM)] {
+        if cand.exists() {
+            return Ok(cand.canonicalize()?);
+        }
+    }
+    bail!(
+        "{SHIM} not found next to {}; build it with `cargo build --workspace` (same profile)",
+        exe.display()
+    )
+}

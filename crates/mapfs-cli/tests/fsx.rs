@@ -90,3 +90,34 @@ fn fsx_final_file_matches_native() {
         "backing file differs from what the mount shows"
     );
 }
+
+/// Several exercisers at once on one mount (different files): the daemon's
+/// threads and the kernel's per-inode state must keep them apart.
+fn parallel(mode: DataMode) {
+    let test = format!("fsx parallel --data {mode}");
+    if !fuse_or_skip(&test) {
+        return;
+    }
+    let s = mount(mode, &[]);
+    let handles: Vec<_> = (0..3u64)
+        .map(|i| {
+            let dir = s.mountpoint().to_path_buf();
+            std::thread::spawn(move || fsx::run(&FsxConfig::new(dir, 1000 + i, 2_500)))
+        })
+        .collect();
+    for h in handles {
+        let r = h.join().expect("fsx thread panicked");
+        let report = r.unwrap_or_else(|f| panic!("{test}:\n{f}"));
+        assert!(report.skipped.is_empty(), "{test}: {report}");
+    }
+}
+
+#[test]
+fn fsx_parallel_daemon() {
+    parallel(DataMode::Daemon);
+}
+
+#[test]
+fn fsx_parallel_passthrough() {
+    parallel(DataMode::Passthrough);
+}

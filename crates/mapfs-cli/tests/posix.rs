@@ -1873,6 +1873,108 @@ fn eacces(e: &Env, o: &mut Obs) -> Result<()> {
     Ok(())
 }
 
+fn large_offsets(e: &Env, o: &mut Obs) -> Result<()> {
+    let f = e.p("big");
+    let fd = open(&f, OFlags::CREATE | OFlags::RDWR, 0o644)?;
+    let off = (5u64 << 30) + 3;
+    o.val(
+        "pwrite at 5 GiB+3",
+        rustix::io::pwrite(&fd, b"far away", off).map_err(ename),
+    );
+    o.val("size", st(&f)?.st_size);
+    let mut b = [0u8; 16];
+    let n = rustix::io::pread(&fd, &mut b, off - 4)?;
+    o.val("pread around it", (n, b[..n].to_vec()));
+    o.val(
+        "SEEK_DATA 0",
+        rustix::fs::seek(&fd, SeekFrom::Data(0))
+            .map(|x| x >> 20)
+            .map_err(ename),
+    );
+    rustix::fs::ftruncate(&fd, 4 << 30)?;
+    o.val("size after truncate to 4 GiB", st(&f)?.st_size);
+    o.rec(
+        "pwrite at 8 EiB",
+        &rustix::io::pwrite(&fd, b"x", i64::MAX as u64 - 1),
+    );
+    Ok(())
+}
+
+fn o_direct(e: &Env, o: &mut Obs) -> Result<()> {
+    let f = e.p("direct");
+    let fd = rustix::fs::open(
+        &f,
+        OFlags::CREATE | OFlags::RDWR | OFlags::DIRECT | OFlags::CLOEXEC,
+        mode(0o644),
+    );
+    o.rec("open O_DIRECT", &fd);
+    let Ok(fd) = fd else { return Ok(()) };
+    // 4 KiB-aligned buffer.
+    let mut buf = vec![0u8; 3 * 4096];
+    let start = buf.as_ptr().align_offset(4096);
+    let aligned = &mut buf[start..start + 8192];
+    aligned.fill(0x5a);
+    o.val(
+        "aligned write",
+        rustix::io::pwrite(&fd, aligned, 4096).map_err(ename),
+    );
+    aligned.fill(0);
+    o.val(
+        "aligned read",
+        rustix::io::pread(&fd, &mut *aligned, 4096).map_err(ename),
+    );
+    ensure!(
+        aligned.iter().all(|b| *b == 0x5a),
+        "O_DIRECT read back wrong data"
+    );
+    o.val("size", st(&f)?.st_size);
+    // A buffered reader sees the direct writes.
+    let c = read_file(&f)?;
+    ensure!(
+        c[4096..].iter().all(|b| *b == 0x5a) && c[..4096].iter().all(|b| *b == 0),
+        "buffered view of direct writes"
+    );
+    Ok(())
+}
+
+fn exec(e: &Env, o: &mut Obs) -> Result<()> {
+    let bin = e.p("sleep");
+    fs::copy("/bin/sleep", &bin)?;
+    chmod(&bin, 0o755)?;
+    let status = std::process::Command::new(&bin).arg("0").status()?;
+    o.val("run copied /bin/sleep", status.success());
+    let script = e.p("script.sh");
+    write_file(&script, b"#!/bin/sh\necho script-ran\n")?;
+    chmod(&script, 0o755)?;
+    let out = std::process::Command::new(&script).output()?;
+    o.val(
+        "run script",
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    );
+    chmod(&script, 0o644)?;
+    o.val(
+        "exec without x bit",
+        std::process::Command::new(&script)
+            .output()
+            .map(|_| ())
+            .map_err(|e| e.raw_os_error()),
+    );
+    let mut child = std::process::Command::new(&bin).arg("30").spawn()?;
+    // Writing a running executable is refused (deny_write_access on the inode).
+    let mut r = Ok(());
+    for _ in 0..200 {
+        r = rustix::fs::open(&bin, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty()).map(|_| ());
+        if r.is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    o.rec("open running executable for write", &r);
+    Ok(())
+}
+
 // ---------------------------------------------------------------- harness
 
 fn run_on(check: Check, env: &Env) -> Result<Vec<String>> {
@@ -2018,6 +2120,9 @@ posix_tests! {
     t_path_max => path_max: plain,
     t_exdev => exdev: plain,
     t_eacces => eacces: perm,
+    t_large_offsets => large_offsets: plain,
+    t_o_direct => o_direct: plain,
+    t_exec => exec: plain,
 }
 
 /// Every check must pass on a native directory: proves the checks themselves

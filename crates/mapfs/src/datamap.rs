@@ -232,9 +232,27 @@ fn insert_extent(v: &mut Vec<Extent>, e: Extent) {
             return;
         }
     }
-    remove_range(v, e.logical, e.logical_end());
-    let at = v.partition_point(|x| x.logical < e.logical);
-    v.insert(at, e);
+    // One splice replaces everything `e` overlaps with [head, e, tail]: an
+    // extent replaced by one of the same length moves nothing else.
+    let j = i + v[i..].partition_point(|x| x.logical < e.logical_end());
+    let mut repl = [e; 3];
+    let mut n = 0;
+    let mut at = i;
+    if let Some(first) = v.get(i).filter(|f| i < j && f.logical < e.logical) {
+        repl[n] = first.slice(first.logical, e.logical);
+        n += 1;
+        at += 1;
+    }
+    repl[n] = e;
+    n += 1;
+    if let Some(last) = v[..j]
+        .last()
+        .filter(|l| i < j && l.logical_end() > e.logical_end())
+    {
+        repl[n] = last.slice(e.logical_end(), last.logical_end());
+        n += 1;
+    }
+    v.splice(i..j, repl[..n].iter().copied());
     coalesce_at(v, at);
 }
 

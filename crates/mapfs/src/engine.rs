@@ -363,9 +363,19 @@ pub fn copy_range(
     len: u64,
     remap: Remap<'_>,
 ) -> Result<usize> {
-    let len = len.min(isize::MAX as u64);
-    check_range(off_in, len)?;
+    check_range(off_in, 0)?;
+    check_range(off_out, 0)?;
+    // Copy no further than the source's size now: a copy within one file
+    // that extends it must not then read back its own new bytes, which one
+    // `copy_file_range(2)` call would not either.
+    let len = len
+        .min(isize::MAX as u64)
+        .min(src.size()?.saturating_sub(off_in));
+    if len == 0 {
+        return Ok(0);
+    }
     check_range(off_out, len)?;
+    // Checked on the clipped length, as the kernel does.
     let overlap = off_in < off_out + len && off_out < off_in + len;
     if let (Some(fi), Some(fo)) = (&src.whole, &dst.whole) {
         if overlap && same_inode(fi, fo)? {

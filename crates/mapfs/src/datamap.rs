@@ -302,7 +302,8 @@ impl DataMap {
     /// space the last extent grows into. Backing file indexes are checked
     /// against the open files by the engine, which alone knows how many there
     /// are. Extents reaching past `size` are cut at `size`; under `InPlace`
-    /// the part cut off stays reserved to the file (module docs).
+    /// the part cut off stays reserved to the file (module docs). Adjacent
+    /// extents continuing one another in the same backing file are merged.
     pub fn new(extents: Vec<Extent>, size: u64, growth: Growth) -> Result<Self> {
         check_sorted(&extents, "extent")?;
         if let Growth::AppendLog { file, end } = growth {
@@ -313,6 +314,16 @@ impl DataMap {
                 return Err(einval("an extent lies past the end of the append log"));
             }
         }
+        // Adjacent extents that continue one another become one, as the
+        // map's own updates keep them.
+        let mut extents = extents;
+        extents.dedup_by(|next, prev| {
+            let merge = prev.continues_into(next);
+            if merge {
+                prev.len += next.len;
+            }
+            merge
+        });
         let mut map = DataMap {
             extents,
             size,
@@ -630,6 +641,30 @@ impl DataMap {
         }
     }
 
+    /// True when a write of `offset..offset+len` changes nothing in the map:
+    /// an [`Growth::InPlace`] map (not whole-file) whose extents already map
+    /// every byte of the range, below the size. Such writes may run
+    /// concurrently with each other and with reads.
+    pub fn overwrites_in_place(&self, offset: u64, len: u64) -> bool {
+        if self.whole_file || !matches!(self.growth, Growth::InPlace { .. }) {
+            return false;
+        }
+        let Some(end) = offset.checked_add(len) else {
+            return false;
+        };
+        if end > self.size {
+            return false;
+        }
+        let mut cursor = offset;
+        for p in pieces_in(&self.extents, offset, end) {
+            if p.logical > cursor {
+                return false;
+            }
+            cursor = p.logical_end();
+        }
+        cursor >= end
+    }
+
     /// `SEEK_DATA`: the first offset at or after `offset` that an extent maps,
     /// or `None` (`ENXIO`) when there is none below the size. Not meaningful
     /// for whole-file maps.
@@ -729,6 +764,17 @@ mod tests {
         assert!(DataMap::new(two.clone(), 20, g).is_err());
         // ... unless the limit stops it first.
         assert!(DataMap::new(two, 20, Growth::InPlace { limit: Some(20) }).is_ok());
+    }
+
+    #[test]
+    fn new_merges_continuing_extents() {
+        let m = DataMap::new(
+            vec![ext(0, 0, 0, 10), ext(10, 0, 10, 10), ext(20, 1, 20, 10)],
+            30,
+            Growth::ReadOnly,
+        )
+        .unwrap();
+        assert_eq!(m.extents(), &[ext(0, 0, 0, 20), ext(20, 1, 20, 10)]);
     }
 
     #[test]
@@ -865,6 +911,29 @@ mod tests {
         assert_eq!(m.next_hole(45), Some(50));
         assert_eq!(m.next_hole(59), Some(59));
         assert_eq!(m.next_hole(60), None);
+    }
+
+    #[test]
+    fn overwrites_in_place_only_inside_extents() {
+        let g = Growth::InPlace { limit: None };
+        let m = DataMap::new(
+            vec![ext(0, 0, 0, 10), ext(10, 1, 0, 10), ext(30, 0, 10, 5)],
+            40,
+            g,
+        )
+        .unwrap();
+        assert!(m.overwrites_in_place(0, 20));
+        assert!(m.overwrites_in_place(31, 4));
+        assert!(!m.overwrites_in_place(15, 10));
+        assert!(!m.overwrites_in_place(34, 2));
+        let log = DataMap::new(
+            vec![ext(0, 0, 0, 10)],
+            10,
+            Growth::AppendLog { file: 0, end: 10 },
+        )
+        .unwrap();
+        assert!(!log.overwrites_in_place(0, 5));
+        assert!(!DataMap::whole_file().overwrites_in_place(0, 5));
     }
 
     #[test]

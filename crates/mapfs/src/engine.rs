@@ -181,6 +181,34 @@ impl DataFile {
         if data.is_empty() {
             return Ok(0);
         }
+        {
+            // Overwrites inside an in-place map leave the map as it is, so
+            // they need only the shared lock and run in parallel.
+            let st = self.inner.read();
+            if st.map.overwrites_in_place(offset, len) {
+                let mut done = 0usize;
+                for seg in st.map.locate(offset, len) {
+                    let Segment::Data {
+                        file,
+                        offset: at,
+                        len: n,
+                    } = seg
+                    else {
+                        return Err(Error::io().context("hole inside a mapped range"));
+                    };
+                    let n = n as usize;
+                    let res = st
+                        .file(file)
+                        .and_then(|f| Ok(f.write_all_at(&data[done..done + n], at)?));
+                    match res {
+                        Ok(()) => done += n,
+                        Err(_) if done > 0 => return Ok(done),
+                        Err(e) => return Err(e),
+                    }
+                }
+                return Ok(done);
+            }
+        }
         let mut st = self.inner.write();
         let mut placement = st.map.place_write(offset, len);
         if placement == Placement::NeedsRemap {

@@ -300,3 +300,54 @@ fn in_place_slot_grows_then_remaps() {
         "right neighbour intact"
     );
 }
+
+#[test]
+fn in_place_overwriters_in_parallel_with_a_grower() {
+    // Two backing files, extents interleaved; overwrites take the shared
+    // lock while one thread appends past the end under the exclusive one.
+    let (a, b) = (tmp(), tmp());
+    let extents: Vec<Extent> = (0..64)
+        .map(|i| ext(i * 4096, (i % 2) as u32, (i / 2) * 4096, 4096))
+        .collect();
+    let map = DataMap::new(extents, 64 * 4096, Growth::InPlace { limit: None }).unwrap();
+    let df = Arc::new(DataFile::new(opened(map, vec![a, b])));
+    let mut threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let df = df.clone();
+            thread::spawn(move || {
+                for round in 0..20u8 {
+                    for i in (t as u64..64).step_by(4) {
+                        let v = vec![t * 32 + round % 32 + 1; 4096];
+                        df.write(i * 4096, &v, &mut no_remap).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    {
+        let df = df.clone();
+        threads.push(thread::spawn(move || {
+            for i in 64..128u64 {
+                df.write(i * 4096, &[0x77; 4096], &mut no_remap).unwrap();
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    let all = read_all(&df);
+    assert_eq!(all.len(), 128 * 4096);
+    for (i, c) in all.chunks(4096).enumerate() {
+        let want = if i < 64 {
+            (i % 4) as u8 * 32 + 20
+        } else {
+            0x77
+        };
+        assert!(c.iter().all(|&x| x == want), "block {i}");
+    }
+    // The appends extended the last extent (file 1) at its shift.
+    assert_eq!(
+        df.map().extents().last().unwrap(),
+        &ext(63 * 4096, 1, 31 * 4096, 65 * 4096)
+    );
+}

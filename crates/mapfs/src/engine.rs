@@ -11,15 +11,20 @@
 //! zeros past its end. Backing files are never shrunk by `truncate` (other
 //! files or other opens may share them); only the map changes.
 //!
+//! Backing files must not be opened with `O_APPEND`: Linux `pwrite` ignores
+//! the offset on such files. Executors implement `O_APPEND` by writing at
+//! [`DataFile::size`].
+//!
 //! Locking: whole-file maps take none. Other maps hold one `RwLock`: shared
-//! for reads, exclusive for writes, truncate and hole punching. The `remap`
+//! for reads and for overwrites inside an in-place map's extents, exclusive
+//! for other writes, truncate and hole punching. The `remap`
 //! callback runs under the exclusive lock, so it must not call back into the
 //! same [`DataFile`].
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rustix::fs::{FallocateFlags, SeekFrom};
 
@@ -42,7 +47,9 @@ const COPY_CHUNK: usize = 1 << 20;
 #[derive(Debug)]
 pub struct DataFile {
     inner: parking_lot::RwLock<State>,
-    whole: Option<Arc<File>>,
+    /// Set when the map is whole-file (at open, or after a remap to one:
+    /// a whole-file map never needs a remap, so it stays whole-file).
+    whole: OnceLock<Arc<File>>,
 }
 
 #[derive(Debug)]
@@ -52,8 +59,8 @@ struct State {
 }
 
 impl State {
-    /// Backing file 0 when the map is whole-file. `DataFile::whole` covers
-    /// maps that were whole-file at open; this covers a remap to one.
+    /// Backing file 0 when the map is whole-file. `DataFile::whole` answers
+    /// first; this covers the moment between a remap and its setting.
     fn whole(&self) -> Result<Option<&File>> {
         if self.map.is_whole_file() {
             self.file(0).map(Some)
@@ -101,11 +108,12 @@ fn check_range(offset: u64, len: u64) -> Result<u64> {
 impl DataFile {
     /// Wraps the result of `open`/`create`.
     pub fn new(opened: Opened) -> Self {
-        let whole = if opened.map.is_whole_file() {
-            opened.files.first().cloned()
-        } else {
-            None
-        };
+        let whole = OnceLock::new();
+        if opened.map.is_whole_file() {
+            if let Some(f) = opened.files.first() {
+                let _ = whole.set(f.clone());
+            }
+        }
         DataFile {
             inner: parking_lot::RwLock::new(State {
                 map: opened.map,
@@ -116,9 +124,10 @@ impl DataFile {
     }
 
     /// For whole-file 1-to-1 maps, the backing file (what kernel passthrough
-    /// and the preload shim hand out).
+    /// and the preload shim hand out). A file whose remap turned it
+    /// whole-file answers `Some` from then on.
     pub fn whole_file_backing(&self) -> Option<&Arc<File>> {
-        self.whole.as_ref()
+        self.whole.get()
     }
 
     /// A copy of the current map (for `release`).
@@ -128,7 +137,7 @@ impl DataFile {
 
     /// Current logical size.
     pub fn size(&self) -> Result<u64> {
-        if let Some(f) = &self.whole {
+        if let Some(f) = self.whole.get() {
             return Ok(rustix::fs::fstat(f)?.st_size as u64);
         }
         let st = self.inner.read();
@@ -140,7 +149,7 @@ impl DataFile {
 
     /// Reads into `buf` at `offset`; returns bytes read (short only at EOF).
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        if let Some(f) = &self.whole {
+        if let Some(f) = self.whole.get() {
             return Ok(read_full_at(f, buf, offset)?);
         }
         let st = self.inner.read();
@@ -174,7 +183,7 @@ impl DataFile {
     pub fn write(&self, offset: u64, data: &[u8], remap: Remap<'_>) -> Result<usize> {
         let len = data.len() as u64;
         check_range(offset, len)?;
-        if let Some(f) = &self.whole {
+        if let Some(f) = self.whole.get() {
             f.write_all_at(data, offset)?;
             return Ok(data.len());
         }
@@ -215,6 +224,12 @@ impl DataFile {
             let opened = remap(&st.map, offset, len)?;
             st.map = opened.map;
             st.files = opened.files;
+            if st.map.is_whole_file() {
+                if let Some(f) = st.files.first() {
+                    // From now on every op skips the lock.
+                    let _ = self.whole.set(f.clone());
+                }
+            }
             placement = st.map.place_write(offset, len);
         }
         let Placement::Fits(segs) = placement else {
@@ -254,7 +269,7 @@ impl DataFile {
     /// Sets the size.
     pub fn truncate(&self, size: u64) -> Result<()> {
         check_range(size, 0)?;
-        if let Some(f) = &self.whole {
+        if let Some(f) = self.whole.get() {
             f.set_len(size)?;
             return Ok(());
         }
@@ -275,7 +290,7 @@ impl DataFile {
                 f.sync_all()
             }
         };
-        if let Some(f) = &self.whole {
+        if let Some(f) = self.whole.get() {
             return Ok(sync(f)?);
         }
         // Sync without holding the lock: writers need not wait for the disk.
@@ -305,7 +320,7 @@ impl DataFile {
         }
         let end = check_range(offset, len)?;
         let flags = FallocateFlags::from_bits_retain(mode as u32);
-        if let Some(f) = &self.whole {
+        if let Some(f) = self.whole.get() {
             rustix::fs::fallocate(f, flags, offset, len)?;
             return Ok(());
         }
@@ -356,7 +371,7 @@ impl DataFile {
         } else {
             SeekFrom::Hole(offset)
         };
-        if let Some(f) = &self.whole {
+        if let Some(f) = self.whole.get() {
             return Ok(rustix::fs::seek(f, pos)?);
         }
         let st = self.inner.read();
@@ -405,7 +420,7 @@ pub fn copy_range(
     check_range(off_out, len)?;
     // Checked on the clipped length, as the kernel does.
     let overlap = off_in < off_out + len && off_out < off_in + len;
-    if let (Some(fi), Some(fo)) = (&src.whole, &dst.whole) {
+    if let (Some(fi), Some(fo)) = (src.whole.get(), dst.whole.get()) {
         if overlap && same_inode(fi, fo)? {
             return Err(Error::invalid());
         }

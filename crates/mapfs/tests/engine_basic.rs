@@ -80,6 +80,7 @@ fn read_only_map_asks_for_remap_once() {
     // The file is now whole-file over `new`, but was not at open: size,
     // reads and truncate still go to its backing file.
     assert!(df.map().is_whole_file());
+    assert!(df.whole_file_backing().is_some());
     assert_eq!(read_all(&df), b"hello WORLD");
     df.truncate(5).unwrap();
     assert_eq!(new.metadata().unwrap().len(), 5);

@@ -46,11 +46,15 @@ impl Env {
     }
 }
 
-/// The observation log compared between native and mount.
+/// The observation log compared between native and mount, plus notes that
+/// are only printed (behaviour FUSE cannot reproduce, documented at the site).
 #[derive(Default)]
-struct Obs(Vec<String>);
+struct Obs(Vec<String>, Vec<String>);
 
 impl Obs {
+    fn note(&mut self, what: &str, v: impl std::fmt::Debug) {
+        self.1.push(format!("{what} = {v:?}"));
+    }
     fn rec<T>(&mut self, what: &str, r: &Result<T, Errno>) {
         self.0.push(format!("{what}: {}", outcome(r)));
     }
@@ -1259,10 +1263,18 @@ fn flock(e: &Env, o: &mut Obs) -> Result<()> {
         &other(FlockOperation::NonBlockingLockExclusive),
     );
     drop(fd);
-    o.rec(
-        "other process LOCK_EX|NB after close",
-        &other(FlockOperation::NonBlockingLockExclusive),
-    );
+    // A flock lives until the last reference to the open file description
+    // goes; children forked meanwhile by other test threads hold copies until
+    // they close them, so allow a little time.
+    let mut r = other(FlockOperation::NonBlockingLockExclusive);
+    for _ in 0..100 {
+        if r != Err(Errno::AGAIN) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        r = other(FlockOperation::NonBlockingLockExclusive);
+    }
+    o.rec("other process LOCK_EX|NB after close", &r);
     Ok(())
 }
 
@@ -1490,7 +1502,10 @@ fn setid_clear_on_chown(e: &Env, o: &mut Obs) -> Result<()> {
         )?;
         chmod(&f, m)?;
         rustix::fs::chownat(CWD, &f, None, None, AtFlags::empty())?;
-        o.val(
+        // Not compared: with FUSE_HANDLE_KILLPRIV_V2 the kernel strips the
+        // kill-suid part of a chown(-1, -1) and sends the daemon at most a
+        // ctime-only SETATTR, so no FUSE daemon can reproduce native here.
+        o.note(
             &format!("perm after chown -1:-1 of {m:o}"),
             format!("{:o}", perm(&st(&f)?)),
         );
@@ -1941,8 +1956,19 @@ fn exec(e: &Env, o: &mut Obs) -> Result<()> {
     let bin = e.p("sleep");
     fs::copy("/bin/sleep", &bin)?;
     chmod(&bin, 0o755)?;
-    let status = std::process::Command::new(&bin).arg("0").status()?;
-    o.val("run copied /bin/sleep", status.success());
+    // A concurrently forked child of another test thread may still hold the
+    // copy's write fd for a moment (ETXTBSY): retry briefly, as builds do.
+    let mut status = std::process::Command::new(&bin).arg("0").status();
+    for _ in 0..50 {
+        match &status {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                status = std::process::Command::new(&bin).arg("0").status();
+            }
+            _ => break,
+        }
+    }
+    o.val("run copied /bin/sleep", status?.success());
     let script = e.p("script.sh");
     write_file(&script, b"#!/bin/sh\necho script-ran\n")?;
     chmod(&script, 0o755)?;
@@ -1962,7 +1988,7 @@ fn exec(e: &Env, o: &mut Obs) -> Result<()> {
     let mut child = std::process::Command::new(&bin).arg("30").spawn()?;
     // Writing a running executable is refused (deny_write_access on the inode).
     let mut r = Ok(());
-    for _ in 0..200 {
+    for _ in 0..2000 {
         r = rustix::fs::open(&bin, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty()).map(|_| ());
         if r.is_err() {
             break;
@@ -1980,6 +2006,13 @@ fn exec(e: &Env, o: &mut Obs) -> Result<()> {
 fn run_on(check: Check, env: &Env) -> Result<Vec<String>> {
     let mut o = Obs::default();
     check(env, &mut o)?;
+    if !o.1.is_empty() {
+        eprintln!(
+            "notes (not compared) in {}:\n  {}",
+            env.dir.display(),
+            o.1.join("\n  ")
+        );
+    }
     Ok(o.0)
 }
 

@@ -1,0 +1,496 @@
+//! The preload shim attached to a real mount (issue 3): the data path moves
+//! into the application, and everything it cannot serve still works through
+//! the mount.
+//!
+//! Needs the shim and `mapfs-fsx` built next to `mapfs`
+//! (`cargo build --workspace`); skips loudly without /dev/fuse or python3.
+
+mod common;
+mod preload_support;
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{fuse_or_skip, mount, DataMode};
+use mapfs_testkit::user::command_as_nobody;
+use preload_support::*;
+
+fn fsx_ops() -> u64 {
+    std::env::var("MAPFS_FSX_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+}
+
+/// The exerciser itself runs under `mapfs run`; its byte model checks every
+/// read, and the shim's report proves the calls skipped the daemon.
+fn fsx_under_shim(mode: DataMode) {
+    let test = format!("preload fsx --data {mode}");
+    if !fuse_or_skip(&test) {
+        return;
+    }
+    let s = mount(mode, &[]);
+    let report = report_path(&s, "fsx");
+    let out = ok(attached(&s, &report, fsx_bin())
+        .arg("--dir")
+        .arg(s.mountpoint())
+        .arg("--ops")
+        .arg(fsx_ops().to_string())
+        .arg("--seed")
+        .arg("20260301"));
+    eprintln!("{test}: {}", String::from_utf8_lossy(&out.stdout).trim());
+    let t = totals(&report, "mapfs-fsx");
+    eprintln!("{test}: shim {t:?}");
+    assert!(
+        t.tracked > 0,
+        "{test}: the shim saw no open at all: mapfs-fsx makes raw system calls \
+         (rustix's linux_raw backend), which LD_PRELOAD cannot interpose; it must \
+         call libc for the shim to be exercised"
+    );
+    assert_eq!(t.fallbacks, 0, "{test}: some opens fell back to the mount: {t:?}");
+    assert_eq!(t.adopted, t.tracked, "{test}: not every open was adopted: {t:?}");
+    assert!(t.native_calls > 0 && t.mount_calls == 0, "{test}: {t:?}");
+}
+
+#[test]
+fn fsx_under_shim_passthrough() {
+    fsx_under_shim(DataMode::Passthrough);
+}
+
+#[test]
+fn fsx_under_shim_daemon() {
+    fsx_under_shim(DataMode::Daemon);
+}
+
+/// Writes `data` to `path` through the shim (python under `mapfs run`).
+fn shim_write(s: &mapfs_testkit::MountSession, report: &std::path::Path, path: &std::path::Path, data: &[u8]) {
+    let mut child = attached(s, report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys,ctypes\n\
+             d=sys.stdin.buffer.read()\n\
+             fd=os.open(sys.argv[1],os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o644)\n\
+             n=0\n\
+             while n<len(d): n+=os.write(fd,d[n:])\n\
+             assert not d or ctypes.CDLL(None).mapfs_preload_fd_status(fd)==3, 'not adopted'\n\
+             os.close(fd)\n",
+        )
+        .arg(path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn python3");
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "shim writer failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Reads `path` through the shim.
+fn shim_read(s: &mapfs_testkit::MountSession, report: &std::path::Path, path: &std::path::Path) -> Vec<u8> {
+    ok(attached(s, report, "python3")
+        .arg("-c")
+        .arg("import sys,os\nfd=os.open(sys.argv[1],os.O_RDONLY)\nb=b''\nwhile True:\n  c=os.read(fd,65536)\n  if not c: break\n  b+=c\nsys.stdout.buffer.write(b)\n")
+        .arg(path))
+    .stdout
+}
+
+/// Close-to-open between a shim process and plain processes on the mount,
+/// growing and shrinking the file, in both directions.
+fn mixed_access(mode: DataMode) {
+    let test = format!("preload mixed access --data {mode}");
+    if !fuse_or_skip(&test) || !have("python3") {
+        return;
+    }
+    let s = mount(mode, &[]);
+    let report = report_path(&s, "mixed");
+    let f = s.mountpoint().join("shared.bin");
+    for (round, len) in [100_000usize, 3_000, 0, 250_000, 17].into_iter().enumerate() {
+        // Shim writes, the mount reads (this test process, no shim). The
+        // mount read first, so the kernel has the old state cached.
+        let _ = std::fs::read(&f);
+        let data = pattern(len, round as u64 + 1);
+        shim_write(&s, &report, &f, &data);
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().len(),
+            len as u64,
+            "{test} round {round}: stat through the mount after the shim's close"
+        );
+        assert!(std::fs::read(&f).unwrap() == data, "{test} round {round}: bytes through the mount");
+        // The mount writes, the shim reads.
+        let data2 = pattern(len / 2 + 1, round as u64 + 100);
+        std::fs::write(&f, &data2).unwrap();
+        assert!(shim_read(&s, &report, &f) == data2, "{test} round {round}: shim read after mount write");
+    }
+    let t = totals(&report, "python");
+    assert!(t.adopted >= 10, "{test}: {t:?}");
+}
+
+#[test]
+fn mixed_access_passthrough() {
+    mixed_access(DataMode::Passthrough);
+}
+
+/// Known to fail while the daemon-mode mount uses the kernel's writeback
+/// cache: the kernel then trusts its own cached size over the daemon's, and
+/// an inode invalidation does not reset it.
+#[test]
+fn mixed_access_daemon() {
+    mixed_access(DataMode::Daemon);
+}
+
+/// As nobody, a root-only file is refused with EACCES through the shim exactly
+/// as through the mount, and a readable file is adopted (the control socket
+/// serves unprivileged peers).
+#[test]
+fn nobody_gets_eacces_like_through_the_mount() {
+    let test = "preload EACCES as nobody";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &["allow_other", "default_permissions"]);
+    let secret = s.mountpoint().join("secret");
+    std::fs::write(&secret, b"root only").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let public = s.mountpoint().join("public");
+    std::fs::write(&public, b"for everyone").unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let report = report_path(&s, "nobody");
+    std::fs::write(&report, b"").unwrap();
+    std::fs::set_permissions(&report, std::fs::Permissions::from_mode(0o666)).unwrap();
+
+    let script = "import os,sys,errno,ctypes\n\
+        for p in sys.argv[1:]:\n\
+        \x20 try:\n\
+        \x20   fd=os.open(p,os.O_RDONLY); d=os.read(fd,100)\n\
+        \x20   st=ctypes.CDLL(None).mapfs_preload_fd_status(fd) if os.environ.get('LD_PRELOAD') else -1\n\
+        \x20   print(p, 'ok', d.decode(), st)\n\
+        \x20 except OSError as e: print(p, errno.errorcode[e.errno])\n";
+    let run = |shimmed: bool| -> String {
+        let mut cmd = command_as_nobody(if shimmed { mapfs_bin() } else { "python3" });
+        if shimmed {
+            cmd.args(["run", "--mount"]).arg(s.mountpoint()).args(["--", "python3"]);
+        }
+        cmd.arg("-c")
+            .arg(script)
+            .arg(&secret)
+            .arg(&public)
+            .env("MAPFS_PRELOAD_REPORT", &report)
+            .env("HOME", "/");
+        String::from_utf8(ok(&mut cmd).stdout).unwrap()
+    };
+    let plain = run(false);
+    let shimmed = run(true);
+    let sp = secret.display();
+    let pp = public.display();
+    assert_eq!(plain, format!("{sp} EACCES\n{pp} ok for everyone -1\n"), "{test}: through the mount");
+    assert_eq!(shimmed, format!("{sp} EACCES\n{pp} ok for everyone 3\n"), "{test}: through the shim");
+}
+
+const FORK_DUP_SCRIPT: &str = r#"
+import os, sys, fcntl, threading, subprocess, ctypes, random
+status = ctypes.CDLL(None).mapfs_preload_fd_status
+PENDING, ADOPTED = 2, 3
+p = sys.argv[1]
+data = open(p, 'rb').read()
+cur = lambda fd: os.lseek(fd, 0, os.SEEK_CUR)
+
+# Lazy adoption: an open alone is not adopted; the first read is.
+fd = os.open(p, os.O_RDWR)
+assert status(fd) == PENDING, status(fd)
+assert os.read(fd, 10) == data[:10]
+assert status(fd) == ADOPTED, status(fd)
+# fstat reports the mount's identity, not the backing file's.
+st, ps = os.fstat(fd), os.stat(p)
+assert (st.st_dev, st.st_ino, st.st_size) == (ps.st_dev, ps.st_ino, ps.st_size), (st, ps)
+
+# dup and F_DUPFD share the offset.
+d = os.dup(fd)
+assert status(d) == ADOPTED and cur(d) == 10
+assert os.read(d, 5) == data[10:15] and cur(fd) == 15
+f3 = fcntl.fcntl(fd, fcntl.F_DUPFD, 100)
+assert f3 >= 100 and status(f3) == ADOPTED
+assert os.read(f3, 5) == data[15:20] and cur(fd) == 20
+d2 = os.dup2(fd, 90)
+assert os.read(90, 1) == data[20:21] and cur(fd) == 21
+os.lseek(fd, 20, os.SEEK_SET)
+
+# fork: the child's reads move the parent's offset (one open file description).
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if os.read(fd, 100) == data[20:120] else 1)
+_, ws = os.waitpid(pid, 0)
+assert ws == 0 and cur(fd) == 120, (ws, cur(fd))
+
+# A pending descriptor, duplicated, then forked: adopted before the fork, so
+# the offset is still shared by the dups and across the processes.
+g = os.open(p, os.O_RDONLY)
+g2 = os.dup(g)
+assert status(g) == PENDING and status(g2) == PENDING
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if os.read(g, 50) == data[:50] else 1)
+_, ws = os.waitpid(pid, 0)
+assert ws == 0 and status(g2) == ADOPTED, (ws, status(g2))
+assert cur(g2) == 50 and os.read(g2, 10) == data[50:60]
+
+# exec: the new image continues at the shared offset.
+r = subprocess.run([sys.executable, '-c', 'import os,sys; sys.stdout.buffer.write(os.read(%d, 30))' % fd],
+                   pass_fds=(fd,), capture_output=True)
+assert r.returncode == 0 and r.stdout == data[120:150], r
+assert cur(fd) == 150
+
+# A pending descriptor inherited across fork+exec: the bytes are right
+# whether the child serves it through the mount (the open was the parent's)
+# or the parent adopted it before forking (backing file, native).
+h = os.open(p, os.O_RDONLY)
+os.lseek(h, 7, os.SEEK_SET)
+r = subprocess.run([sys.executable, '-c',
+    'import os,sys,ctypes; s=ctypes.CDLL(None).mapfs_preload_fd_status; b=os.read(%d, 5); sys.stdout.write(repr((b, s(%d))))' % (h, h)],
+    pass_fds=(h,), capture_output=True)
+assert r.returncode == 0, r
+b, s = eval(r.stdout)
+assert b == data[7:12] and s in (1, 4), (b, s)
+assert cur(h) == 12
+
+# fcntl: flags and locks on adopted descriptors.
+assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR
+fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
+assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)
+fcntl.lockf(fd, fcntl.LOCK_UN, 10, 0)
+
+# O_APPEND from two processes interleaves whole records.
+a = os.open(p, os.O_WRONLY | os.O_APPEND)
+before = os.fstat(a).st_size
+pid = os.fork()
+if pid == 0:
+    for _ in range(50): os.write(a, b'C' * 100)
+    os._exit(0)
+for _ in range(50): os.write(a, b'P' * 100)
+os.waitpid(pid, 0)
+assert status(a) == ADOPTED
+assert os.fstat(a).st_size == before + 10000
+tail = os.pread(fd, 10000, before)
+assert sorted(tail[i:i+100] for i in range(0, 10000, 100)) == [b'C' * 100] * 50 + [b'P' * 100] * 50
+data = data + tail
+
+# Threads: one thread opens, others read at random offsets concurrently.
+box = {}
+t = threading.Thread(target=lambda: box.setdefault('fd', os.open(p, os.O_RDONLY)))
+t.start(); t.join()
+errors = []
+def reader(seed):
+    rnd = random.Random(seed)
+    for _ in range(200):
+        off = rnd.randrange(0, len(data)); n = rnd.randrange(1, 8192)
+        if os.pread(box['fd'], n, off) != data[off:off+n]: errors.append((off, n))
+ts = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+[x.start() for x in ts]; [x.join() for x in ts]
+assert not errors, errors[:5]
+assert status(box['fd']) == ADOPTED, status(box['fd'])
+
+for x in (fd, d, f3, 90, g, g2, h, a, box['fd']): os.close(x)
+print('done')
+"#;
+
+/// fork/exec/dup/fcntl/threads, each asserting bytes and offsets.
+#[test]
+fn fork_exec_dup_fcntl_threads() {
+    let test = "preload fork/exec/dup/fcntl/threads";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let f = s.mountpoint().join("data.bin");
+    std::fs::write(&f, pattern(200_000, 42)).unwrap();
+    let report = report_path(&s, "fork");
+    let out = ok(attached(&s, &report, "python3").arg("-c").arg(FORK_DUP_SCRIPT).arg(&f));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done");
+    let t = totals(&report, "python");
+    assert_eq!(t.fallbacks, 0, "{test}: {t:?}");
+}
+
+/// A shell redirection: the shell's child opens the file, makes it stdin and
+/// execs `cat`; the new image adopts the inherited descriptor (same pid as
+/// the opener), and `cat`'s reads are native.
+#[test]
+fn redirected_stdin_is_adopted_after_exec() {
+    let test = "preload exec re-adoption";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let f = s.mountpoint().join("in.txt");
+    let data = pattern(70_000, 5);
+    std::fs::write(&f, &data).unwrap();
+    let report = report_path(&s, "redirect");
+    let out = ok(attached(&s, &report, "sh").arg("-c").arg("exec cat < \"$1\"").arg("sh").arg(&f));
+    assert!(out.stdout == data, "{test}: bytes");
+    let t = totals(&report, "cat");
+    assert_eq!((t.processes, t.adopted, t.fallbacks), (1, 1, 0), "{test}: {t:?}");
+    assert!(t.native_calls > 0 && t.mount_calls == 0, "{test}: {t:?}");
+}
+
+/// Metadata-only opens cost no adoption (no daemon round trip beyond the
+/// mount's own): create, stat and unlink under the shim adopt nothing.
+#[test]
+fn metadata_only_opens_are_not_adopted() {
+    let test = "preload create-stat-unlink";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let report = report_path(&s, "meta");
+    ok(attached(&s, &report, "python3").arg("-c").arg(
+        "import os,sys\nd=sys.argv[1]\n\
+         for i in range(200): os.close(os.open(f'{d}/f{i}', os.O_CREAT|os.O_WRONLY, 0o644))\n\
+         for i in range(200): assert os.stat(f'{d}/f{i}').st_size == 0\n\
+         for i in range(200): os.unlink(f'{d}/f{i}')\n",
+    ).arg(s.mountpoint()));
+    let t = totals(&report, "python");
+    assert!(t.tracked >= 200, "{test}: {t:?}");
+    assert_eq!(t.adopted, 0, "{test}: {t:?}");
+    assert_eq!(std::fs::read_dir(s.mountpoint()).unwrap().count(), 0);
+}
+
+fn daemon_pid(s: &mapfs_testkit::MountSession) -> i32 {
+    // The daemon serving the mount holds /dev/fuse; its pid file is in the
+    // runtime dir, but scanning /proc for the mount's source avoids knowing
+    // the layout.
+    let needle = s.mountpoint().to_string_lossy().into_owned();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "mount") && args.iter().any(|a| *a == needle) && !args.iter().any(|a| a == "umount") {
+            return pid;
+        }
+    }
+    panic!("no daemon found for {needle}");
+}
+
+/// Waits for `cond` (bounded: a hang becomes a failure, not a stuck test).
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(20), "gave up waiting: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The daemon dies under a shim process: adopted descriptors keep their
+/// bytes, new opens fail with an error, nothing hangs.
+#[test]
+fn daemon_killed_nothing_hangs() {
+    let test = "preload daemon killed";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let f = s.mountpoint().join("a.bin");
+    let data = pattern(50_000, 9);
+    std::fs::write(&f, &data).unwrap();
+    let report = report_path(&s, "killed");
+    let ready = s.scratch().unwrap().join("ready");
+    let go = s.scratch().unwrap().join("go");
+    let mut child = attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys,time,errno\n\
+             p,ready,go=sys.argv[1:4]\n\
+             fd=os.open(p,os.O_RDONLY); first=os.read(fd,100)\n\
+             open(ready,'w').close()\n\
+             while not os.path.exists(go): time.sleep(0.01)\n\
+             rest=os.read(fd,1000)\n\
+             try:\n  os.open(p,os.O_RDONLY); new='opened'\n\
+             except OSError as e: new=errno.errorcode[e.errno]\n\
+             print(len(first)+len(rest), new)\n",
+        )
+        .arg(&f)
+        .arg(&ready)
+        .arg(&go)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("shim process opened the file", || ready.exists());
+    let pid = daemon_pid(&s);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    std::fs::write(&go, b"").unwrap();
+    eventually("shim process finished", || child.try_wait().unwrap().is_some());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{test}: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+    let mut words = stdout.split_whitespace();
+    assert_eq!(words.next(), Some("1100"), "{test}: the adopted fd kept reading: {stdout}");
+    let new = words.next().unwrap_or_default();
+    assert!(["ENOTCONN", "EIO", "ECONNABORTED"].contains(&new), "{test}: a new open after the daemon died: {new}");
+    // The bytes read were the file's (the adopted fd is the backing file).
+    assert_eq!(std::fs::read(s.backing().join("a.bin")).unwrap(), data);
+}
+
+/// A shim writer killed before it could report its close: the daemon sees
+/// its connection drop and invalidates, so the mount shows the new size.
+#[test]
+fn client_killed_daemon_drops_its_state() {
+    let test = "preload client killed";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let f = s.mountpoint().join("w.bin");
+    std::fs::write(&f, b"old").unwrap();
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 3);
+    let report = report_path(&s, "client");
+    let ready = s.scratch().unwrap().join("ready");
+    let mut child = attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys,time\n\
+             fd=os.open(sys.argv[1],os.O_WRONLY)\n\
+             os.pwrite(fd,b'x'*12345,0)\n\
+             open(sys.argv[2],'w').close()\n\
+             time.sleep(600)\n",
+        )
+        .arg(&f)
+        .arg(&ready)
+        .spawn()
+        .unwrap();
+    eventually("writer wrote", || ready.exists());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    eventually("the mount shows the killed writer's size", || {
+        std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0) == 12345
+    });
+    assert_eq!(std::fs::read(&f).unwrap(), vec![b'x'; 12345]);
+    // The mount still serves new shim clients afterwards.
+    let out = ok(attached(&s, &report, "cat").arg(&f));
+    assert_eq!(out.stdout.len(), 12345);
+    let t = totals(&report, "cat");
+    assert_eq!((t.adopted, t.fallbacks), (1, 0), "{test}: {t:?}");
+}
+
+/// `mapfs run` refuses a directory that is not a mapfs mount, and reports a
+/// missing program.
+#[test]
+fn run_rejects_bad_mounts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(mapfs_bin())
+        .args(["run", "--mount"])
+        .arg(dir.path())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a mapfs mount"));
+}

@@ -1,0 +1,157 @@
+//! Helpers of the preload-shim tests (`preload_*.rs`): running programs
+//! under `mapfs run`, reading the shim's exit reports.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use mapfs_testkit::MountSession;
+use serde_json::Value;
+
+/// The `mapfs` binary under test.
+pub fn mapfs_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_mapfs")
+}
+
+/// The target directory holding `mapfs`, the shim and `mapfs-fsx`.
+fn bin_dir() -> PathBuf {
+    Path::new(mapfs_bin())
+        .parent()
+        .expect("mapfs has a directory")
+        .to_path_buf()
+}
+
+/// The shim; panics with how to build it when missing (`cargo test` alone
+/// does not build a cdylib nobody depends on).
+pub fn shim() -> PathBuf {
+    let p = bin_dir().join("libmapfs_preload.so");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first with `cargo build --workspace` (same profile)",
+        p.display()
+    );
+    p
+}
+
+/// The `mapfs-fsx` exerciser binary.
+pub fn fsx_bin() -> PathBuf {
+    let p = bin_dir().join("mapfs-fsx");
+    assert!(
+        p.exists(),
+        "{} is missing: build it first with `cargo build --workspace` (same profile)",
+        p.display()
+    );
+    p
+}
+
+/// A command running `prog` under `mapfs run --mount <mount>`, writing the
+/// shim's per-process reports to `report`.
+pub fn attached(s: &MountSession, report: &Path, prog: impl AsRef<OsStr>) -> Command {
+    shim();
+    let mut c = Command::new(mapfs_bin());
+    c.arg("run")
+        .arg("--mount")
+        .arg(s.mountpoint())
+        .arg("--")
+        .arg(prog)
+        .env("MAPFS_PRELOAD_REPORT", report)
+        .env_remove("LD_PRELOAD");
+    c
+}
+
+/// Runs `cmd`, panicking with its output unless it succeeds.
+pub fn ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({:?})\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The shim's exit reports (one JSON object per process that exited).
+pub fn reports(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad report line {l:?}: {e}")))
+        .collect()
+}
+
+/// Totals of the reports of processes whose executable name ends with `exe`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Totals {
+    /// Processes that reported.
+    pub processes: u64,
+    /// mapfs files opened.
+    pub tracked: u64,
+    /// Opens adopted (data path native).
+    pub adopted: u64,
+    /// Hooked data calls served natively.
+    pub native_calls: u64,
+    /// Hooked data calls that went through the mount.
+    pub mount_calls: u64,
+    /// Opens that fell back to the mount.
+    pub fallbacks: u64,
+}
+
+/// Sums the reports of `exe` (a file name, e.g. `cat`) in `path`.
+pub fn totals(path: &Path, exe: &str) -> Totals {
+    let mut t = Totals::default();
+    for r in reports(path) {
+        let name = r["exe"].as_str().unwrap_or_default();
+        if !name.rsplit('/').next().unwrap_or_default().starts_with(exe) {
+            continue;
+        }
+        let n = |k: &str| r[k].as_u64().unwrap_or(0);
+        t.processes += 1;
+        t.tracked += n("tracked");
+        t.adopted += n("adopted");
+        t.native_calls += n("native_calls");
+        t.mount_calls += n("mount_calls");
+        t.fallbacks += r["fallbacks"]
+            .as_object()
+            .map(|o| o.values().filter_map(Value::as_u64).sum())
+            .unwrap_or(0);
+    }
+    t
+}
+
+/// A fresh report file path inside the session's scratch dir.
+pub fn report_path(s: &MountSession, name: &str) -> PathBuf {
+    let p = s.scratch().expect("session has a scratch dir").join(format!("{name}.report"));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so a failure reproduces.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Is `python3` (resp. another program) installed? Tests needing it skip
+/// loudly when not.
+pub fn have(prog: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {prog}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !found {
+        eprintln!("SKIPPED: `{prog}` is not installed; this preload check did not run");
+    }
+    found
+}

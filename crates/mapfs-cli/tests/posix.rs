@@ -673,6 +673,50 @@ fn rename_check(e: &Env, o: &mut Obs) -> Result<()> {
     );
     o.val("exchanged dir content", list_dir(&e.p("n3"))?);
     o.val("entries at end", list_dir(&e.dir)?);
+    // Open files deep in a renamed directory keep working, and the subtree
+    // is reachable (and removable) under the new name only.
+    let top = e.p("top");
+    fs::create_dir_all(top.join("mid/low"))?;
+    write_file(&top.join("mid/low/leaf"), b"leaf")?;
+    let leaf = open(&top.join("mid/low/leaf"), OFlags::RDWR, 0)?;
+    let low = open(&top.join("mid/low"), OFlags::RDONLY | OFlags::DIRECTORY, 0)?;
+    rustix::fs::rename(&top, e.p("top2"))?;
+    rustix::io::pwrite(&leaf, b"LEAF", 0)?;
+    o.val(
+        "fstat leaf after parent rename",
+        rustix::fs::fstat(&leaf).map(|s| s.st_size).map_err(ename),
+    );
+    o.val(
+        "read leaf via new path",
+        String::from_utf8(read_file(&e.p("top2/mid/low/leaf"))?)?,
+    );
+    o.rec(
+        "stat leaf via old path",
+        &rustix::fs::stat(top.join("mid/low/leaf")),
+    );
+    o.rec(
+        "create via dirfd in moved dir",
+        &rustix::fs::openat(
+            &low,
+            "new",
+            OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
+            mode(0o644),
+        ),
+    );
+    o.val(
+        "new file visible via new path",
+        st(&e.p("top2/mid/low/new")).is_ok(),
+    );
+    rustix::fs::rename(e.p("top2/mid"), e.p("mid-moved-up"))?;
+    o.val(
+        "read leaf after second move",
+        String::from_utf8(read_file(&e.p("mid-moved-up/low/leaf"))?)?,
+    );
+    o.rec(
+        "unlinkat via dirfd after moves",
+        &rustix::fs::unlinkat(&low, "leaf", AtFlags::empty()),
+    );
+    o.val("moved subtree", list_dir(&e.p("mid-moved-up/low"))?);
     Ok(())
 }
 
@@ -775,6 +819,20 @@ fn link(e: &Env, o: &mut Obs) -> Result<()> {
     o.rec("link dir", &rustix::fs::link(e.p("d"), e.p("d2")));
     rustix::fs::rename(&b, e.p("d/b"))?;
     o.val("nlink after rename of one name", st(&c)?.st_nlink);
+    // Names come and go around one inode: every remaining name still works.
+    rustix::fs::link(&c, e.p("x1"))?;
+    rustix::fs::rename(&c, e.p("x2"))?;
+    rustix::fs::unlink(e.p("d/b"))?;
+    o.val(
+        "x1 after renaming and unlinking other names",
+        describe(&st(&e.p("x1"))?),
+    );
+    o.val("x2 content", String::from_utf8(read_file(&e.p("x2"))?)?);
+    rustix::fs::rename(e.p("x2"), e.p("x1"))?;
+    o.val(
+        "rename onto another link of the same inode",
+        (list_dir(&e.dir)?, st(&e.p("x1"))?.st_nlink),
+    );
     Ok(())
 }
 

@@ -1,0 +1,297 @@
+//! Benchmark configurations (table rows): how to get a directory showing the
+//! backing directory, and what to run the workload under.
+//!
+//! Adding a configuration is one entry in [`CONFIGS`]; e.g. `preload` will be
+//! `Setup::Mapfs { data: "auto" }` with `Wrap::MapfsRun(&[])`.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+/// How a configuration makes the backing directory visible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// The backing directory itself.
+    Native,
+    /// `mapfs mount passthrough BACKING MNT --data <data>`.
+    Mapfs {
+        /// The `--data` mode.
+        data: &'static str,
+    },
+    /// `bindfs BACKING MNT`, the reference FUSE passthrough.
+    Bindfs,
+}
+
+/// What the workload command runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wrap {
+    /// Nothing: the workload runs as is.
+    None,
+    /// `mapfs run <args> --` before the workload command.
+    // Only the `preload`/`embedded` configurations of issue 3 will use it.
+    #[allow(dead_code)]
+    MapfsRun(&'static [&'static str]),
+}
+
+/// One configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConfigDef {
+    /// Name as accepted by `--configs` and shown in tables.
+    pub name: &'static str,
+    /// One-line description.
+    pub about: &'static str,
+    /// Directory set-up.
+    pub setup: Setup,
+    /// Command wrapper.
+    pub wrap: Wrap,
+}
+
+/// Every configuration, in table order; `native` first because every ratio
+/// is relative to it.
+pub const CONFIGS: &[ConfigDef] = &[
+    ConfigDef {
+        name: "native",
+        about: "the workload runs on the backing directory",
+        setup: Setup::Native,
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "fuse",
+        about: "mapfs passthrough fs mounted with --data daemon",
+        setup: Setup::Mapfs { data: "daemon" },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "passthrough",
+        about: "mapfs passthrough fs mounted with --data passthrough (kernel FUSE passthrough)",
+        setup: Setup::Mapfs {
+            data: "passthrough",
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "bindfs",
+        about: "reference: bindfs BACKING MNT (Debian's bindfs, an existing FUSE passthrough)",
+        setup: Setup::Bindfs,
+        wrap: Wrap::None,
+    },
+];
+
+/// The configurations named in `names`, in table order.
+pub fn select(names: &[String]) -> Result<Vec<ConfigDef>> {
+    for n in names {
+        if !CONFIGS.iter().any(|c| c.name == n) {
+            let all: Vec<_> = CONFIGS.iter().map(|c| c.name).collect();
+            bail!(
+                "unknown configuration {n:?}; configurations: {}",
+                all.join(", ")
+            );
+        }
+    }
+    Ok(CONFIGS
+        .iter()
+        .filter(|c| names.iter().any(|n| n == c.name))
+        .copied()
+        .collect())
+}
+
+/// A configuration ready to run workloads.
+pub struct Prepared {
+    /// The directory that shows the backing directory's content.
+    pub root: PathBuf,
+    /// Command prefix for the workload (empty = run it directly).
+    pub prefix: Vec<OsString>,
+    /// Unmounts on drop.
+    _mount: Option<MountGuard>,
+}
+
+impl Prepared {
+    /// A command running `program` under this configuration's prefix.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        match self.prefix.split_first() {
+            None => Command::new(program),
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(program);
+                c
+            }
+        }
+    }
+}
+
+/// Unmounts a mount point when dropped, so that a failing benchmark leaves
+/// nothing mounted. Each command is tried in order until one succeeds.
+pub struct MountGuard {
+    mnt: PathBuf,
+    unmount: Vec<Vec<OsString>>,
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        for cmd in &self.unmount {
+            let ok = Command::new(&cmd[0])
+                .args(&cmd[1..])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok && !is_mountpoint(&self.mnt).unwrap_or(false) {
+                return;
+            }
+        }
+        eprintln!(
+            "mapfs bench: could not unmount {}; run `umount -l {}`",
+            self.mnt.display(),
+            self.mnt.display()
+        );
+    }
+}
+
+/// Whether `p` is the root of a mount (its device differs from its parent's).
+fn is_mountpoint(p: &Path) -> Result<bool> {
+    let me = std::fs::metadata(p)?;
+    let parent = std::fs::metadata(p.join(".."))?;
+    Ok(me.dev() != parent.dev() || me.ino() == parent.ino())
+}
+
+/// Runs a mount command, which must return once the mount is ready.
+fn run_mount_command(cmd: Command, timeout: Duration) -> Result<()> {
+    let r = super::process::run(cmd, timeout)?;
+    if !r.status.success() {
+        let last = r.error_line();
+        bail!(
+            "mount failed ({}){}",
+            r.status,
+            if last.is_empty() {
+                String::new()
+            } else {
+                format!(": {last}")
+            }
+        );
+    }
+    Ok(())
+}
+
+/// Whether `prog` is on PATH.
+fn on_path(prog: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+}
+
+/// Sets up configuration `def` over `backing`, mounting (if it mounts) on
+/// `mnt_parent/<name>`; `mapfs` is the mapfs executable.
+pub fn prepare(
+    def: &ConfigDef,
+    backing: &Path,
+    mnt_parent: &Path,
+    mapfs: &Path,
+) -> Result<Prepared> {
+    let prefix = match def.wrap {
+        Wrap::None => vec![],
+        Wrap::MapfsRun(args) => {
+            let mut p: Vec<OsString> = vec![mapfs.into(), "run".into()];
+            p.extend(args.iter().map(OsString::from));
+            p.push("--".into());
+            p
+        }
+    };
+    let (root, guard) = match def.setup {
+        Setup::Native => (backing.to_path_buf(), None),
+        Setup::Mapfs { data } => {
+            let mnt = mnt_parent.join(def.name);
+            std::fs::create_dir_all(&mnt)?;
+            let mut cmd = Command::new(mapfs);
+            cmd.arg("mount")
+                .arg("passthrough")
+                .arg(backing)
+                .arg(&mnt)
+                .args(["--data", data]);
+            run_mount_command(cmd, Duration::from_secs(60))?;
+            let mnt_os: OsString = mnt.clone().into();
+            let guard = MountGuard {
+                mnt: mnt.clone(),
+                unmount: vec![
+                    vec![mapfs.into(), "umount".into(), mnt_os.clone()],
+                    vec!["fusermount3".into(), "-u".into(), mnt_os.clone()],
+                    vec!["umount".into(), "-l".into(), mnt_os],
+                ],
+            };
+            (mnt, Some(guard))
+        }
+        Setup::Bindfs => {
+            if !on_path("bindfs") {
+                bail!("skipped: bindfs is not installed (apt-get install bindfs)");
+            }
+            let mnt = mnt_parent.join(def.name);
+            std::fs::create_dir_all(&mnt)?;
+            let mut cmd = Command::new("bindfs");
+            cmd.arg(backing).arg(&mnt);
+            run_mount_command(cmd, Duration::from_secs(60))?;
+            let mnt_os: OsString = mnt.clone().into();
+            let guard = MountGuard {
+                mnt: mnt.clone(),
+                unmount: vec![
+                    vec!["fusermount3".into(), "-u".into(), mnt_os.clone()],
+                    vec!["umount".into(), "-l".into(), mnt_os],
+                ],
+            };
+            (mnt, Some(guard))
+        }
+    };
+    if guard.is_some() && !is_mountpoint(&root).unwrap_or(false) {
+        bail!("{} is not a mount point after mounting", root.display());
+    }
+    Ok(Prepared {
+        root,
+        prefix,
+        _mount: guard,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_first_and_names_unique() {
+        assert_eq!(CONFIGS[0].name, "native");
+        let mut names: Vec<_> = CONFIGS.iter().map(|c| c.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), CONFIGS.len());
+    }
+
+    #[test]
+    fn selection() {
+        let s = select(&["bindfs".into(), "native".into()]).unwrap();
+        assert_eq!(
+            s.iter().map(|c| c.name).collect::<Vec<_>>(),
+            ["native", "bindfs"]
+        );
+        assert!(select(&["nfs".into()]).is_err());
+    }
+
+    #[test]
+    fn wrapped_command_puts_prefix_first() {
+        let def = ConfigDef {
+            name: "x",
+            about: "",
+            setup: Setup::Native,
+            wrap: Wrap::MapfsRun(&["--attach", "/m"]),
+        };
+        let t = tempfile::tempdir().unwrap();
+        let p = prepare(&def, t.path(), t.path(), Path::new("/bin/mapfs")).unwrap();
+        let c = p.command("fio");
+        assert_eq!(c.get_program(), "/bin/mapfs");
+        let args: Vec<_> = c.get_args().collect();
+        assert_eq!(args, ["run", "--attach", "/m", "--", "fio"]);
+        let plain = prepare(&CONFIGS[0], t.path(), t.path(), Path::new("/bin/mapfs")).unwrap();
+        assert_eq!(plain.command("fio").get_program(), "fio");
+        assert_eq!(plain.root, t.path());
+    }
+}

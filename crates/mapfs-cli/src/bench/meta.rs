@@ -1,0 +1,120 @@
+//! The `create-stat-unlink` metadata workload, run in-process with std::fs.
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::workloads::META_PHASES;
+
+/// The figures of one phase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseResult {
+    /// `create`, `stat` or `unlink`.
+    pub phase: String,
+    /// Operations done.
+    pub ops: u64,
+    /// Wall time of the phase in seconds.
+    pub secs: f64,
+    /// Median latency of one operation in nanoseconds.
+    pub lat_p50_ns: f64,
+    /// 99th percentile latency of one operation in nanoseconds.
+    pub lat_p99_ns: f64,
+}
+
+impl PhaseResult {
+    /// Operations per second.
+    pub fn ops_per_sec(&self) -> f64 {
+        self.ops as f64 / self.secs
+    }
+}
+
+/// The value at quantile `q` (0..=1) of `sorted` (nearest rank).
+fn quantile(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1].as_nanos() as f64
+}
+
+fn phase(
+    name: &str,
+    files: usize,
+    mut op: impl FnMut(usize) -> std::io::Result<()>,
+) -> Result<PhaseResult> {
+    let mut lat = Vec::with_capacity(files);
+    let start = Instant::now();
+    for i in 0..files {
+        let t = Instant::now();
+        op(i).with_context(|| format!("{name} of file {i}"))?;
+        lat.push(t.elapsed());
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    Ok(PhaseResult {
+        phase: name.to_string(),
+        ops: files as u64,
+        secs,
+        lat_p50_ns: quantile(&lat, 0.5),
+        lat_p99_ns: quantile(&lat, 0.99),
+    })
+}
+
+/// Creates `files` empty files in a fresh directory `dir/csu`, stats them
+/// and unlinks them, timing each phase. The directory is removed afterwards,
+/// also after a failure.
+pub fn create_stat_unlink(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> {
+    let d = dir.join("csu");
+    if d.exists() {
+        fs::remove_dir_all(&d).with_context(|| format!("removing stale {}", d.display()))?;
+    }
+    fs::create_dir(&d).with_context(|| format!("creating {}", d.display()))?;
+    let name = |i: usize| d.join(format!("f{i:06}"));
+    let run = || -> Result<Vec<PhaseResult>> {
+        let create = phase(META_PHASES[0], files, |i| {
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(name(i))
+                .map(drop)
+        })?;
+        let stat = phase(META_PHASES[1], files, |i| fs::metadata(name(i)).map(drop))?;
+        let unlink = phase(META_PHASES[2], files, |i| fs::remove_file(name(i)))?;
+        Ok(vec![create, stat, unlink])
+    };
+    let r = run();
+    let cleanup = fs::remove_dir_all(&d);
+    let r = r?;
+    cleanup.with_context(|| format!("removing {}", d.display()))?;
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_all_phases_and_cleans_up() {
+        let t = tempfile::tempdir().unwrap();
+        let r = create_stat_unlink(t.path(), 50).unwrap();
+        let phases: Vec<_> = r.iter().map(|p| p.phase.as_str()).collect();
+        assert_eq!(phases, META_PHASES);
+        for p in &r {
+            assert_eq!(p.ops, 50);
+            assert!(p.ops_per_sec() > 0.0 && p.lat_p99_ns >= p.lat_p50_ns);
+        }
+        assert!(!t.path().join("csu").exists());
+    }
+
+    #[test]
+    fn quantiles_nearest_rank() {
+        let v: Vec<_> = (1..=100).map(Duration::from_nanos).collect();
+        assert_eq!(quantile(&v, 0.5), 50.0);
+        assert_eq!(quantile(&v, 0.99), 99.0);
+        assert_eq!(quantile(&v[..1], 0.99), 1.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+}

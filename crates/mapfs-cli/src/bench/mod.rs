@@ -1,0 +1,775 @@
+//! `mapfs bench`: the data workloads (fio) and `create-stat-unlink` of
+//! WORKLOADS.md on every configuration, with ratios to native.
+//!
+//! One backing directory is shared by all configurations (they show the same
+//! files), so read files are preallocated once, natively. All configurations
+//! are set up before the first run and runs are interleaved (for each cell,
+//! run r goes through every configuration in turn) so that slow drift of the
+//! machine does not favour one configuration.
+
+mod config;
+mod fio;
+mod meta;
+mod process;
+mod report;
+mod stats;
+mod workloads;
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use config::{ConfigDef, Prepared, CONFIGS};
+use report::{Record, Table};
+use workloads::{Kind, Workload, META_PHASES, QUICK, WORKLOADS};
+
+/// Run the benchmark workloads on native, mapfs (daemon and passthrough data
+/// modes) and bindfs, and report throughput, latency and ratios to native.
+///
+/// Needs root (to drop the page cache and mount) and fio (apt-get install
+/// fio). Examples:
+///
+///   mapfs bench --quick
+///
+///   mapfs bench --size 256M --runs 3 --out bench-results
+///
+///   mapfs bench --workloads 'seq-*' --bs 4k,1m --configs native,passthrough
+#[derive(clap::Args, Debug, Clone, Default)]
+#[command(verbatim_doc_comment)]
+pub struct BenchArgs {
+    /// Size of each file the data workloads read or write (e.g. 256M, 1G)
+    /// [default: 256M; 32M with --quick]
+    #[arg(long, value_name = "SIZE")]
+    pub size: Option<String>,
+
+    /// N, the thread count of the *-Nth-* workloads [default: 4]
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Seconds per run of the random workloads (sequential ones do --size
+    /// bytes) [default: 5; 2 with --quick]
+    #[arg(long, value_name = "SECS")]
+    pub runtime: Option<u64>,
+
+    /// I/O sizes, comma-separated [default: 4k,32k,128k,1m; 4k,1m with --quick]
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub bs: Option<Vec<String>>,
+
+    /// Workloads to run: names or globs, comma-separated (see --list)
+    /// [default: all; a subset with --quick]
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub workloads: Option<Vec<String>>,
+
+    /// Configurations to run, comma-separated (see --list) [default: all]
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub configs: Option<Vec<String>>,
+
+    /// Runs per figure; tables show the median and the spread
+    /// [default: 3; 1 with --quick]
+    #[arg(long, value_name = "R")]
+    pub runs: Option<usize>,
+
+    /// Number of files of create-stat-unlink [default: 10000; 2000 with --quick]
+    #[arg(long, value_name = "N")]
+    pub files: Option<usize>,
+
+    /// Backing directory; the benchmark works in a temporary subdirectory
+    /// of it [default: a temporary directory in /var/tmp, or in the current
+    /// directory when /var/tmp is tmpfs]
+    #[arg(long, value_name = "DIR")]
+    pub backing: Option<PathBuf>,
+
+    /// Write results.json, results.md and one SVG chart per workload here
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+
+    /// A demo-sized run (about a minute): small files, one run, two I/O sizes,
+    /// a subset of the workloads; explicit flags still win
+    #[arg(long)]
+    pub quick: bool,
+
+    /// List the workloads and configurations and exit
+    #[arg(long)]
+    pub list: bool,
+
+    /// The mapfs executable used to mount [default: this executable]
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub mapfs_exe: Option<PathBuf>,
+
+    /// Internal: run create-stat-unlink in DIR and print its JSON (used to
+    /// run the loop under a configuration's command prefix)
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub meta_worker: Option<PathBuf>,
+}
+
+/// Parses a size such as `4k`, `256M`, `1G` or `512` (binary units).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let shift = match unit
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => bail!("bad size {s:?} (examples: 4k, 256M, 1G)"),
+    };
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("bad size {s:?} (examples: 4k, 256M, 1G)"))?;
+    if n == 0 {
+        bail!("size {s:?} must not be zero");
+    }
+    n.checked_mul(1 << shift)
+        .with_context(|| format!("size {s:?} too large"))
+}
+
+/// Formats a byte count the way I/O sizes are written in tables (`4k`, `1m`).
+pub fn fmt_size(n: u64) -> String {
+    for (shift, u) in [(30, "g"), (20, "m"), (10, "k")] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{}{u}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
+/// Every parameter, defaults resolved.
+#[derive(Debug, Clone, Serialize)]
+struct Params {
+    size: u64,
+    threads: usize,
+    runtime: u64,
+    seq_runtime_cap: u64,
+    bs: Vec<u64>,
+    runs: usize,
+    files: usize,
+    quick: bool,
+    workloads: Vec<String>,
+    configs: Vec<String>,
+}
+
+fn resolve(a: &BenchArgs) -> Result<(Params, Vec<Workload>, Vec<ConfigDef>)> {
+    let q = a.quick;
+    let size = parse_size(a.size.as_deref().unwrap_or(if q { "32M" } else { "256M" }))?;
+    let threads = a.threads.unwrap_or(4);
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let runtime = a.runtime.unwrap_or(if q { 2 } else { 5 }).max(1);
+    let default_bs: &[&str] = if q {
+        &["4k", "1m"]
+    } else {
+        &["4k", "32k", "128k", "1m"]
+    };
+    let bs = match &a.bs {
+        Some(v) => v
+            .iter()
+            .map(|s| parse_size(s))
+            .collect::<Result<Vec<_>>>()?,
+        None => default_bs
+            .iter()
+            .map(|s| parse_size(s))
+            .collect::<Result<Vec<_>>>()?,
+    };
+    if let Some(b) = bs.iter().find(|b| **b > size) {
+        bail!(
+            "I/O size {} is larger than --size {}",
+            fmt_size(*b),
+            fmt_size(size)
+        );
+    }
+    let runs = a.runs.unwrap_or(if q { 1 } else { 3 });
+    if runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let files = a.files.unwrap_or(if q { 2000 } else { 10_000 });
+    let wl = match &a.workloads {
+        Some(p) => workloads::select(p)?,
+        None if q => workloads::select(&QUICK.iter().map(|s| s.to_string()).collect::<Vec<_>>())?,
+        None => WORKLOADS.to_vec(),
+    };
+    let cf = match &a.configs {
+        Some(n) => config::select(n)?,
+        None => CONFIGS.to_vec(),
+    };
+    let params = Params {
+        size,
+        threads,
+        runtime,
+        // Sequential jobs do --size bytes; the cap only stops a pathological
+        // configuration from stalling everything.
+        seq_runtime_cap: (runtime * 12).max(120),
+        bs,
+        runs,
+        files,
+        quick: q,
+        workloads: wl.iter().map(|w| w.name.to_string()).collect(),
+        configs: cf.iter().map(|c| c.name.to_string()).collect(),
+    };
+    Ok((params, wl, cf))
+}
+
+fn print_list() {
+    println!("Workloads (N = --threads):");
+    for w in WORKLOADS {
+        println!("  {:<20} {}", w.name, w.about);
+    }
+    println!("\nConfigurations:");
+    for c in CONFIGS {
+        println!("  {:<20} {}", c.name, c.about);
+    }
+}
+
+/// Flushes dirty data and, when allowed, drops the page cache so that reads
+/// come from the device, not from memory left by the previous run.
+struct Settler {
+    drop_caches: bool,
+}
+
+impl Settler {
+    fn new() -> Settler {
+        rustix::fs::sync();
+        let drop_caches = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+        if !drop_caches {
+            eprintln!(
+                "mapfs bench: WARNING: cannot write /proc/sys/vm/drop_caches (not root?); \
+                 read figures will include page-cache hits"
+            );
+        }
+        Settler { drop_caches }
+    }
+
+    fn settle(&self) {
+        rustix::fs::sync();
+        if self.drop_caches {
+            let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+        }
+    }
+}
+
+/// The backing directory: the user's, or a temporary one off tmpfs.
+fn backing_dir(arg: &Option<PathBuf>) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    if let Some(p) = arg {
+        if !p.is_dir() {
+            bail!("--backing {} is not a directory", p.display());
+        }
+        return Ok((p.canonicalize()?, None));
+    }
+    let is_tmpfs = |p: &Path| {
+        nix::sys::statfs::statfs(p)
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+    };
+    let parent = if Path::new("/var/tmp").is_dir() && !is_tmpfs(Path::new("/var/tmp")) {
+        PathBuf::from("/var/tmp")
+    } else {
+        std::env::current_dir()?
+    };
+    if is_tmpfs(&parent) {
+        eprintln!(
+            "mapfs bench: note: {} is tmpfs; pass --backing DIR for a disk file system",
+            parent.display()
+        );
+    }
+    let t = tempfile::Builder::new()
+        .prefix("mapfs-bench-backing.")
+        .tempdir_in(&parent)
+        .with_context(|| format!("creating a backing directory in {}", parent.display()))?;
+    Ok((t.path().canonicalize()?, Some(t)))
+}
+
+/// Writes `size` bytes of non-zero data to `path` and syncs it.
+fn preallocate(path: &Path, size: u64) -> Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    // A cheap xorshift fill: not all-zero, so no layer can short-cut it.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])
+            .with_context(|| format!("writing {}", path.display()))?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Status of one configuration, for the JSON report.
+#[derive(Debug, Serialize)]
+struct ConfigStatus {
+    name: String,
+    about: String,
+    error: Option<String>,
+}
+
+/// The whole JSON report.
+#[derive(Debug, Serialize)]
+struct JsonReport<'a> {
+    tool: &'static str,
+    version: &'static str,
+    started_unix: u64,
+    kernel: String,
+    cpus: usize,
+    fio: Option<String>,
+    backing: String,
+    page_cache_dropped: bool,
+    params: &'a Params,
+    configs: &'a [ConfigStatus],
+    tables: &'a [Table],
+    records: &'a [Record],
+}
+
+/// Runs one fio job on a configuration and turns its report into a record.
+fn run_fio(p: &Prepared, dir: &Path, w: &Workload, job: &fio::FioJob) -> Result<fio::FioResult> {
+    let mut cmd = p.command("fio");
+    cmd.args(job.args(w.name, dir));
+    let limit = job.time_based.unwrap_or(job.runtime_cap) + 120;
+    let out = process::run(cmd, Duration::from_secs(limit))?;
+    match fio::parse(&out.stdout, job.is_write()) {
+        Ok(r) if out.status.success() => Ok(r),
+        Ok(_) => bail!("fio exited with {}: {}", out.status, out.error_line()),
+        Err(_) if !out.status.success() => {
+            bail!("fio exited with {}: {}", out.status, out.error_line())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs create-stat-unlink on a configuration: in-process when there is no
+/// command prefix, else as `PREFIX mapfs bench --meta-worker DIR`.
+fn run_meta(
+    p: &Prepared,
+    dir: &Path,
+    files: usize,
+    mapfs: &Path,
+) -> Result<Vec<meta::PhaseResult>> {
+    if p.prefix.is_empty() {
+        return meta::create_stat_unlink(dir, files);
+    }
+    let mut cmd = p.command(mapfs);
+    cmd.arg("bench")
+        .arg("--meta-worker")
+        .arg(dir)
+        .arg("--files")
+        .arg(files.to_string());
+    let out = process::run(cmd, Duration::from_secs(600))?;
+    if !out.status.success() {
+        bail!(
+            "{} exited with {}: {}",
+            mapfs.display(),
+            out.status,
+            out.error_line()
+        );
+    }
+    serde_json::from_str(out.stdout.trim()).context("parsing the metadata worker's output")
+}
+
+fn empty_record(w: &str, c: &str, col: &str, run: usize) -> Record {
+    Record {
+        workload: w.into(),
+        config: c.into(),
+        column: col.into(),
+        run,
+        value: None,
+        iops: None,
+        lat_p50_us: None,
+        lat_p99_us: None,
+        amount: None,
+        secs: None,
+        error: None,
+    }
+}
+
+/// Entry point of `mapfs bench`.
+pub fn run(args: BenchArgs) -> Result<()> {
+    if let Some(dir) = &args.meta_worker {
+        let r = meta::create_stat_unlink(dir, args.files.unwrap_or(10_000))?;
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    if args.list {
+        print_list();
+        return Ok(());
+    }
+    let (params, wls, cfgs) = resolve(&args)?;
+    let fio_version = if wls.iter().any(Workload::is_data) {
+        Some(fio::check_installed()?)
+    } else {
+        None
+    };
+    let mapfs = match &args.mapfs_exe {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().context("locating the mapfs executable")?,
+    };
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+
+    let (backing, _backing_tmp) = backing_dir(&args.backing)?;
+    let data = tempfile::Builder::new()
+        .prefix("mapfs-bench.")
+        .tempdir_in(&backing)
+        .with_context(|| format!("creating a work directory in {}", backing.display()))?;
+    let data_name: OsString = data
+        .path()
+        .file_name()
+        .context("work directory name")?
+        .into();
+    let mnt_parent = tempfile::Builder::new()
+        .prefix("mapfs-bench-mnt.")
+        .tempdir()
+        .context("creating a directory for mount points")?;
+    if mnt_parent.path().canonicalize()?.starts_with(&backing) {
+        bail!(
+            "the mount points ({}) would be inside the backing directory; pass another --backing",
+            mnt_parent.path().display()
+        );
+    }
+    eprintln!(
+        "mapfs bench: backing {}, files of {}, {} thread(s), {} run(s)",
+        backing.display(),
+        fmt_size(params.size),
+        params.threads,
+        params.runs
+    );
+
+    // Preallocate the read files natively once: every configuration shows
+    // the same backing files.
+    let mut prealloc: Vec<String> = vec![];
+    for w in &wls {
+        let Kind::Data { rw, own_files, .. } = w.kind else {
+            continue;
+        };
+        let files: Vec<String> = if w.is_read() {
+            let n = if own_files {
+                w.thread_count(params.threads)
+            } else {
+                1
+            };
+            (0..n)
+                .map(|i| format!("{}.{i}", workloads::READ_PREFIX))
+                .collect()
+        } else if rw == "randwrite" {
+            vec![workloads::RANDWRITE_FILE.into()]
+        } else {
+            vec![]
+        };
+        for f in files {
+            if !prealloc.contains(&f) {
+                prealloc.push(f);
+            }
+        }
+    }
+    if !prealloc.is_empty() {
+        eprintln!(
+            "mapfs bench: preallocating {} file(s) of {}",
+            prealloc.len(),
+            fmt_size(params.size)
+        );
+        for f in &prealloc {
+            preallocate(&data.path().join(f), params.size)?;
+        }
+    }
+
+    let settler = Settler::new();
+
+    // Set up every configuration; one that fails becomes a row with its error.
+    let mut prepared: Vec<(ConfigDef, Result<Prepared, String>)> = vec![];
+    for c in &cfgs {
+        let r =
+            config::prepare(c, &backing, mnt_parent.path(), &mapfs).map_err(|e| format!("{e:#}"));
+        if let Err(e) = &r {
+            eprintln!("mapfs bench: {}: {e}", c.name);
+        }
+        prepared.push((*c, r));
+    }
+    let ready: Vec<(&ConfigDef, &Prepared)> = prepared
+        .iter()
+        .filter_map(|(c, r)| r.as_ref().ok().map(|p| (c, p)))
+        .collect();
+
+    let columns_of = |w: &Workload| -> Vec<String> {
+        match w.kind {
+            Kind::Data { .. } => params.bs.iter().map(|b| fmt_size(*b)).collect(),
+            Kind::CreateStatUnlink => META_PHASES.iter().map(|s| s.to_string()).collect(),
+        }
+    };
+    let units: u64 = wls
+        .iter()
+        .map(|w| if w.is_data() { params.bs.len() } else { 1 })
+        .sum::<usize>() as u64
+        * (params.runs * ready.len()) as u64;
+    let pb = ProgressBar::with_draw_target(Some(units), ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise} eta {eta}] {msg}")
+            .expect("valid progress template"),
+    );
+
+    let mut records: Vec<Record> = vec![];
+    for w in &wls {
+        match w.kind {
+            Kind::Data { .. } => {
+                for &bs in &params.bs {
+                    let col = fmt_size(bs);
+                    let job = w
+                        .fio_job(
+                            bs,
+                            params.size,
+                            params.threads,
+                            params.runtime,
+                            params.seq_runtime_cap,
+                        )
+                        .expect("data workload has a fio job");
+                    for run in 0..params.runs {
+                        for (c, p) in &ready {
+                            pb.set_message(format!(
+                                "{} bs={col} run {}/{} {}",
+                                w.name,
+                                run + 1,
+                                params.runs,
+                                c.name
+                            ));
+                            settler.settle();
+                            let dir = p.root.join(&data_name);
+                            let mut rec = empty_record(w.name, c.name, &col, run);
+                            match run_fio(p, &dir, w, &job) {
+                                Ok(r) => {
+                                    rec.value = Some(r.bw_bytes / 1e6);
+                                    rec.iops = Some(r.iops);
+                                    rec.lat_p50_us = r.clat_p50_ns.map(|v| v / 1e3);
+                                    rec.lat_p99_us = r.clat_p99_ns.map(|v| v / 1e3);
+                                    rec.amount = Some(r.io_bytes);
+                                    rec.secs = Some(r.runtime_ms as f64 / 1e3);
+                                }
+                                Err(e) => {
+                                    let e = format!("{e:#}");
+                                    pb.suspend(|| {
+                                        eprintln!("mapfs bench: {} {col} {}: {e}", w.name, c.name)
+                                    });
+                                    rec.error = Some(e);
+                                }
+                            }
+                            records.push(rec);
+                            pb.inc(1);
+                        }
+                    }
+                }
+            }
+            Kind::CreateStatUnlink => {
+                for run in 0..params.runs {
+                    for (c, p) in &ready {
+                        pb.set_message(format!(
+                            "{} run {}/{} {}",
+                            w.name,
+                            run + 1,
+                            params.runs,
+                            c.name
+                        ));
+                        settler.settle();
+                        let dir = p.root.join(&data_name);
+                        match run_meta(p, &dir, params.files, &mapfs) {
+                            Ok(phases) => {
+                                for ph in phases {
+                                    let mut rec = empty_record(w.name, c.name, &ph.phase, run);
+                                    rec.value = Some(ph.ops_per_sec());
+                                    rec.iops = Some(ph.ops_per_sec());
+                                    rec.lat_p50_us = Some(ph.lat_p50_ns / 1e3);
+                                    rec.lat_p99_us = Some(ph.lat_p99_ns / 1e3);
+                                    rec.amount = Some(ph.ops);
+                                    rec.secs = Some(ph.secs);
+                                    records.push(rec);
+                                }
+                            }
+                            Err(e) => {
+                                let e = format!("{e:#}");
+                                pb.suspend(|| eprintln!("mapfs bench: {} {}: {e}", w.name, c.name));
+                                for ph in META_PHASES {
+                                    let mut rec = empty_record(w.name, c.name, ph, run);
+                                    rec.error = Some(e.clone());
+                                    records.push(rec);
+                                }
+                            }
+                        }
+                        pb.inc(1);
+                    }
+                }
+            }
+        }
+    }
+    pb.finish_and_clear();
+
+    // Unmount before removing the work directory, so that no daemon holds it.
+    let statuses: Vec<ConfigStatus> = prepared
+        .iter()
+        .map(|(c, r)| ConfigStatus {
+            name: c.name.into(),
+            about: c.about.into(),
+            error: r.as_ref().err().cloned(),
+        })
+        .collect();
+    drop(ready);
+    drop(prepared);
+    drop(data);
+
+    let rows: Vec<(String, Option<String>)> = statuses
+        .iter()
+        .map(|s| (s.name.clone(), s.error.clone()))
+        .collect();
+    let tables: Vec<Table> = wls
+        .iter()
+        .map(|w| {
+            let n = params.threads.to_string();
+            let about: Vec<&str> = w
+                .about
+                .split(' ')
+                .map(|word| if word == "N" { n.as_str() } else { word })
+                .collect();
+            let about = about.join(" ");
+            let unit = if w.is_data() { "MB/s" } else { "ops/s" };
+            report::build_table(w.name, &about, unit, &columns_of(w), &rows, &records)
+        })
+        .collect();
+
+    let mut md = String::new();
+    for t in &tables {
+        md.push_str(&report::render_markdown(t));
+        md.push('\n');
+    }
+    print!("{md}");
+
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let mut full = format!(
+            "# mapfs bench results\n\nKernel {kernel}, {cpus} CPU(s), {}, backing {}.\n\
+             Files of {}, N = {} threads, random runs of {} s, {} run(s) per figure \
+             (cell: median (ratio to native) ±half the min..max spread).\n\
+             Page cache dropped before every run: {}.\n\n",
+            fio_version.as_deref().unwrap_or("no fio"),
+            backing.display(),
+            fmt_size(params.size),
+            params.threads,
+            params.runtime,
+            params.runs,
+            if settler.drop_caches { "yes" } else { "NO" },
+        );
+        full.push_str("| config | what |\n|---|---|\n");
+        for s in &statuses {
+            full.push_str(&format!("| {} | {} |\n", s.name, s.about));
+        }
+        full.push_str("\n## Throughput\n\n");
+        full.push_str(&md);
+        full.push_str("## Latency\n\n");
+        for t in &tables {
+            full.push_str(&report::render_latency_markdown(t));
+            full.push('\n');
+        }
+        std::fs::write(out.join("results.md"), full)?;
+        let json = JsonReport {
+            tool: "mapfs bench",
+            version: env!("CARGO_PKG_VERSION"),
+            started_unix,
+            kernel,
+            cpus,
+            fio: fio_version.clone(),
+            backing: backing.display().to_string(),
+            page_cache_dropped: settler.drop_caches,
+            params: &params,
+            configs: &statuses,
+            tables: &tables,
+            records: &records,
+        };
+        std::fs::write(
+            out.join("results.json"),
+            serde_json::to_string_pretty(&json)?,
+        )?;
+        for t in &tables {
+            report::write_svg(t, &out.join(format!("{}.svg", t.workload)))?;
+        }
+        eprintln!("mapfs bench: wrote {}", out.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert!(parse_size("4x").is_err());
+        assert!(parse_size("k").is_err());
+        assert!(parse_size("0").is_err());
+        for s in ["4k", "32k", "128k", "1m", "1g", "1000"] {
+            assert_eq!(fmt_size(parse_size(s).unwrap()), s);
+        }
+    }
+
+    #[test]
+    fn quick_defaults_and_explicit_flags() {
+        let (p, w, c) = resolve(&BenchArgs {
+            quick: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (p.size, p.runs, p.bs.clone()),
+            (32 << 20, 1, vec![4096, 1 << 20])
+        );
+        assert_eq!(w.len(), QUICK.len());
+        assert_eq!(c.len(), CONFIGS.len());
+        let (p, _, _) = resolve(&BenchArgs {
+            quick: true,
+            size: Some("64M".into()),
+            runs: Some(2),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!((p.size, p.runs), (64 << 20, 2));
+        let (p, w, _) = resolve(&BenchArgs::default()).unwrap();
+        assert_eq!(
+            (p.size, p.runs, p.bs.len(), w.len()),
+            (256 << 20, 3, 4, WORKLOADS.len())
+        );
+        assert!(resolve(&BenchArgs {
+            bs: Some(vec!["1g".into()]),
+            ..Default::default()
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn preallocated_file_has_size_and_data() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        preallocate(&p, (1 << 20) + 5).unwrap();
+        let b = std::fs::read(&p).unwrap();
+        assert_eq!(b.len(), (1 << 20) + 5);
+        assert!(b.iter().filter(|x| **x == 0).count() < b.len() / 100);
+    }
+}

@@ -1,0 +1,273 @@
+//! The workload catalogue (../shared/WORKLOADS.md) and name selection.
+
+use anyhow::{bail, Result};
+
+use super::fio::{Files, FioJob};
+
+/// Preallocated file read by the read workloads (`rd.0` .. `rd.<N-1>`).
+pub const READ_PREFIX: &str = "rd";
+/// Preallocated file overwritten by the random-write workloads.
+pub const RANDWRITE_FILE: &str = "rw.0";
+/// Files created (and removed) by the sequential-write workloads.
+pub const WRITE_PREFIX: &str = "wr";
+
+/// How many threads a data workload runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// One thread.
+    One,
+    /// `--threads` threads.
+    N,
+}
+
+/// What a workload does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A fio job, run once per I/O size.
+    Data {
+        /// fio's `rw` mode.
+        rw: &'static str,
+        /// Thread count.
+        threads: Threads,
+        /// Whether each thread has its own file (else all share one).
+        own_files: bool,
+    },
+    /// The in-process create/stat/unlink loop; one column per phase.
+    CreateStatUnlink,
+}
+
+/// One workload: a name for the command line and tables, and what it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Workload {
+    /// Name as accepted by `--workloads` and shown in tables.
+    pub name: &'static str,
+    /// One-line description (`N` is the `--threads` value).
+    pub about: &'static str,
+    /// What it does.
+    pub kind: Kind,
+}
+
+const fn data(
+    name: &'static str,
+    about: &'static str,
+    rw: &'static str,
+    threads: Threads,
+    own_files: bool,
+) -> Workload {
+    Workload {
+        name,
+        about,
+        kind: Kind::Data {
+            rw,
+            threads,
+            own_files,
+        },
+    }
+}
+
+/// Every workload, in table order.
+pub const WORKLOADS: &[Workload] = &[
+    data(
+        "seq-rd-1th-1f",
+        "1 thread reads 1 preallocated file sequentially",
+        "read",
+        Threads::One,
+        true,
+    ),
+    data(
+        "seq-rd-Nth-Nf",
+        "N threads each read their own preallocated file sequentially",
+        "read",
+        Threads::N,
+        true,
+    ),
+    data(
+        "seq-wr-1th-1f",
+        "1 thread creates and writes 1 new file sequentially",
+        "write",
+        Threads::One,
+        true,
+    ),
+    data(
+        "seq-wr-Nth-Nf",
+        "N threads each create and write their own new file",
+        "write",
+        Threads::N,
+        true,
+    ),
+    data(
+        "rnd-rd-1th-1f",
+        "1 thread reads random offsets of 1 preallocated file",
+        "randread",
+        Threads::One,
+        false,
+    ),
+    data(
+        "rnd-rd-Nth-1f",
+        "N threads read random offsets of 1 preallocated file",
+        "randread",
+        Threads::N,
+        false,
+    ),
+    data(
+        "rnd-wr-1th-1f",
+        "1 thread writes random offsets of 1 preallocated file",
+        "randwrite",
+        Threads::One,
+        false,
+    ),
+    data(
+        "rnd-wr-Nth-1f",
+        "N threads write random offsets of 1 preallocated file",
+        "randwrite",
+        Threads::N,
+        false,
+    ),
+    Workload {
+        name: "create-stat-unlink",
+        about: "create --files empty files in one directory, stat them, unlink them",
+        kind: Kind::CreateStatUnlink,
+    },
+];
+
+/// The subset `--quick` runs.
+pub const QUICK: &[&str] = &[
+    "seq-rd-1th-1f",
+    "seq-wr-1th-1f",
+    "rnd-rd-Nth-1f",
+    "rnd-wr-Nth-1f",
+    "create-stat-unlink",
+];
+
+/// Column labels of the create-stat-unlink table.
+pub const META_PHASES: &[&str] = &["create", "stat", "unlink"];
+
+impl Workload {
+    /// Whether the workload needs fio.
+    pub fn is_data(&self) -> bool {
+        matches!(self.kind, Kind::Data { .. })
+    }
+
+    /// Whether the workload reads (so the page cache matters).
+    pub fn is_read(&self) -> bool {
+        matches!(self.kind, Kind::Data { rw, .. } if rw.contains("read"))
+    }
+
+    /// Number of threads with `--threads n`.
+    pub fn thread_count(&self, n: usize) -> usize {
+        match self.kind {
+            Kind::Data {
+                threads: Threads::N,
+                ..
+            } => n,
+            _ => 1,
+        }
+    }
+
+    /// The fio job for this workload, or `None` for a metadata workload.
+    pub fn fio_job(&self, bs: u64, size: u64, n: usize, runtime: u64, cap: u64) -> Option<FioJob> {
+        let Kind::Data { rw, own_files, .. } = self.kind else {
+            return None;
+        };
+        let random = rw.starts_with("rand");
+        let write = rw.contains("write");
+        let files = match (own_files, write) {
+            (true, true) => Files::PerThread(WRITE_PREFIX.into()),
+            (true, false) => Files::PerThread(READ_PREFIX.into()),
+            (false, true) => Files::Shared(RANDWRITE_FILE.into()),
+            (false, false) => Files::Shared(format!("{READ_PREFIX}.0")),
+        };
+        Some(FioJob {
+            rw,
+            bs,
+            size,
+            threads: self.thread_count(n),
+            files,
+            time_based: random.then_some(runtime),
+            runtime_cap: cap,
+            unlink: own_files && write,
+        })
+    }
+}
+
+/// Matches `name` against a shell-style pattern with `*` and `?`.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    fn go(p: &[u8], n: &[u8]) -> bool {
+        match p.split_first() {
+            None => n.is_empty(),
+            Some((b'*', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
+            Some((b'?', rest)) => !n.is_empty() && go(rest, &n[1..]),
+            Some((c, rest)) => n.first() == Some(c) && go(rest, &n[1..]),
+        }
+    }
+    go(pattern.as_bytes(), name.as_bytes())
+}
+
+/// The workloads matching any of `patterns` (names or globs), in catalogue
+/// order; a pattern matching nothing is an error naming the valid names.
+pub fn select(patterns: &[String]) -> Result<Vec<Workload>> {
+    for p in patterns {
+        if !WORKLOADS.iter().any(|w| glob_match(p, w.name)) {
+            let names: Vec<_> = WORKLOADS.iter().map(|w| w.name).collect();
+            bail!("no workload matches {p:?}; workloads: {}", names.join(", "));
+        }
+    }
+    Ok(WORKLOADS
+        .iter()
+        .filter(|w| patterns.iter().any(|p| glob_match(p, w.name)))
+        .copied()
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("seq-*", "seq-rd-1th-1f"));
+        assert!(glob_match("*-1th-*", "rnd-wr-1th-1f"));
+        assert!(glob_match("rnd-??-Nth-1f", "rnd-rd-Nth-1f"));
+        assert!(!glob_match("seq-*", "rnd-rd-Nth-1f"));
+        assert!(glob_match("create-stat-unlink", "create-stat-unlink"));
+        assert!(!glob_match("create", "create-stat-unlink"));
+    }
+
+    #[test]
+    fn selection_keeps_catalogue_order_and_rejects_unknown() {
+        let w = select(&["create-stat-unlink".into(), "rnd-rd-*".into()]).unwrap();
+        let names: Vec<_> = w.iter().map(|w| w.name).collect();
+        assert_eq!(
+            names,
+            ["rnd-rd-1th-1f", "rnd-rd-Nth-1f", "create-stat-unlink"]
+        );
+        assert!(select(&["nope".into()]).is_err());
+        assert_eq!(select(&["*".into()]).unwrap().len(), WORKLOADS.len());
+        for q in QUICK {
+            assert!(WORKLOADS.iter().any(|w| w.name == *q));
+        }
+    }
+
+    #[test]
+    fn jobs_use_the_right_files() {
+        let get = |n: &str| *WORKLOADS.iter().find(|w| w.name == n).unwrap();
+        let j = get("seq-wr-Nth-Nf")
+            .fio_job(4096, 1 << 20, 4, 5, 60)
+            .unwrap();
+        assert_eq!((j.threads, j.unlink, j.time_based), (4, true, None));
+        assert_eq!(j.files, Files::PerThread("wr".into()));
+        let j = get("rnd-rd-1th-1f")
+            .fio_job(4096, 1 << 20, 4, 5, 60)
+            .unwrap();
+        assert_eq!((j.threads, j.unlink, j.time_based), (1, false, Some(5)));
+        assert_eq!(j.files, Files::Shared("rd.0".into()));
+        let j = get("rnd-wr-Nth-1f")
+            .fio_job(4096, 1 << 20, 3, 5, 60)
+            .unwrap();
+        assert_eq!(j.files, Files::Shared(RANDWRITE_FILE.into()));
+        assert_eq!(j.threads, 3);
+        assert!(get("create-stat-unlink")
+            .fio_job(4096, 1, 1, 1, 1)
+            .is_none());
+    }
+}

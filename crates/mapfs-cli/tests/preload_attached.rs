@@ -49,8 +49,14 @@ fn fsx_under_shim(mode: DataMode) {
          (rustix's linux_raw backend), which LD_PRELOAD cannot interpose; it must \
          call libc for the shim to be exercised"
     );
-    assert_eq!(t.fallbacks, 0, "{test}: some opens fell back to the mount: {t:?}");
-    assert_eq!(t.adopted, t.tracked, "{test}: not every open was adopted: {t:?}");
+    assert_eq!(
+        t.fallbacks, 0,
+        "{test}: some opens fell back to the mount: {t:?}"
+    );
+    assert_eq!(
+        t.adopted, t.tracked,
+        "{test}: not every open was adopted: {t:?}"
+    );
     assert!(t.native_calls > 0 && t.mount_calls == 0, "{test}: {t:?}");
 }
 
@@ -65,7 +71,12 @@ fn fsx_under_shim_daemon() {
 }
 
 /// Writes `data` to `path` through the shim (python under `mapfs run`).
-fn shim_write(s: &mapfs_testkit::MountSession, report: &std::path::Path, path: &std::path::Path, data: &[u8]) {
+fn shim_write(
+    s: &mapfs_testkit::MountSession,
+    report: &std::path::Path,
+    path: &std::path::Path,
+    data: &[u8],
+) {
     let mut child = attached(s, report, "python3")
         .arg("-c")
         .arg(
@@ -85,11 +96,19 @@ fn shim_write(s: &mapfs_testkit::MountSession, report: &std::path::Path, path: &
         .expect("spawn python3");
     child.stdin.take().unwrap().write_all(data).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "shim writer failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "shim writer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Reads `path` through the shim.
-fn shim_read(s: &mapfs_testkit::MountSession, report: &std::path::Path, path: &std::path::Path) -> Vec<u8> {
+fn shim_read(
+    s: &mapfs_testkit::MountSession,
+    report: &std::path::Path,
+    path: &std::path::Path,
+) -> Vec<u8> {
     ok(attached(s, report, "python3")
         .arg("-c")
         .arg("import sys,os\nfd=os.open(sys.argv[1],os.O_RDONLY)\nb=b''\nwhile True:\n  c=os.read(fd,65536)\n  if not c: break\n  b+=c\nsys.stdout.buffer.write(b)\n")
@@ -107,7 +126,10 @@ fn mixed_access(mode: DataMode) {
     let s = mount(mode, &[]);
     let report = report_path(&s, "mixed");
     let f = s.mountpoint().join("shared.bin");
-    for (round, len) in [100_000usize, 3_000, 0, 250_000, 17].into_iter().enumerate() {
+    for (round, len) in [100_000usize, 3_000, 0, 250_000, 17]
+        .into_iter()
+        .enumerate()
+    {
         // Shim writes, the mount reads (this test process, no shim). The
         // mount read first, so the kernel has the old state cached.
         let _ = std::fs::read(&f);
@@ -118,16 +140,26 @@ fn mixed_access(mode: DataMode) {
             len as u64,
             "{test} round {round}: stat through the mount after the shim's close"
         );
-        assert!(std::fs::read(&f).unwrap() == data, "{test} round {round}: bytes through the mount");
+        assert!(
+            std::fs::read(&f).unwrap() == data,
+            "{test} round {round}: bytes through the mount"
+        );
         // The mount writes, the shim reads.
         let data2 = pattern(len / 2 + 1, round as u64 + 100);
         std::fs::write(&f, &data2).unwrap();
-        assert!(shim_read(&s, &report, &f) == data2, "{test} round {round}: shim read after mount write");
+        assert!(
+            shim_read(&s, &report, &f) == data2,
+            "{test} round {round}: shim read after mount write"
+        );
     }
     // Ten processes; the writer of the empty file never wrote, so it never
     // adopted.
     let t = totals(&report, "python");
-    assert_eq!((t.processes, t.adopted, t.fallbacks), (10, 9, 0), "{test}: {t:?}");
+    assert_eq!(
+        (t.processes, t.adopted, t.fallbacks),
+        (10, 9, 0),
+        "{test}: {t:?}"
+    );
 }
 
 #[test]
@@ -152,7 +184,10 @@ fn nobody_gets_eacces_like_through_the_mount() {
     if !fuse_or_skip(test) || !have("python3") {
         return;
     }
-    let s = mount(DataMode::Passthrough, &["allow_other", "default_permissions"]);
+    let s = mount(
+        DataMode::Passthrough,
+        &["allow_other", "default_permissions"],
+    );
     let secret = s.mountpoint().join("secret");
     std::fs::write(&secret, b"root only").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -173,7 +208,9 @@ fn nobody_gets_eacces_like_through_the_mount() {
     let run = |shimmed: bool| -> String {
         let mut cmd = command_as_nobody(if shimmed { mapfs_bin() } else { "python3" });
         if shimmed {
-            cmd.args(["run", "--mount"]).arg(s.mountpoint()).args(["--", "python3"]);
+            cmd.args(["run", "--mount"])
+                .arg(s.mountpoint())
+                .args(["--", "python3"]);
         }
         cmd.arg("-c")
             .arg(script)
@@ -187,8 +224,16 @@ fn nobody_gets_eacces_like_through_the_mount() {
     let shimmed = run(true);
     let sp = secret.display();
     let pp = public.display();
-    assert_eq!(plain, format!("{sp} EACCES\n{pp} ok for everyone -1\n"), "{test}: through the mount");
-    assert_eq!(shimmed, format!("{sp} EACCES\n{pp} ok for everyone 3\n"), "{test}: through the shim");
+    assert_eq!(
+        plain,
+        format!("{sp} EACCES\n{pp} ok for everyone -1\n"),
+        "{test}: through the mount"
+    );
+    assert_eq!(
+        shimmed,
+        format!("{sp} EACCES\n{pp} ok for everyone 3\n"),
+        "{test}: through the shim"
+    );
 }
 
 const FORK_DUP_SCRIPT: &str = r#"
@@ -309,7 +354,10 @@ fn fork_exec_dup_fcntl_threads() {
     let f = s.mountpoint().join("data.bin");
     std::fs::write(&f, pattern(200_000, 42)).unwrap();
     let report = report_path(&s, "fork");
-    let out = ok(attached(&s, &report, "python3").arg("-c").arg(FORK_DUP_SCRIPT).arg(&f));
+    let out = ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(FORK_DUP_SCRIPT)
+        .arg(&f));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done");
     // At most the exec'd child serving the parent's pending open falls back.
     let t = totals(&report, "python");
@@ -330,10 +378,18 @@ fn redirected_stdin_is_adopted_after_exec() {
     let data = pattern(70_000, 5);
     std::fs::write(&f, &data).unwrap();
     let report = report_path(&s, "redirect");
-    let out = ok(attached(&s, &report, "sh").arg("-c").arg("exec cat < \"$1\"").arg("sh").arg(&f));
+    let out = ok(attached(&s, &report, "sh")
+        .arg("-c")
+        .arg("exec cat < \"$1\"")
+        .arg("sh")
+        .arg(&f));
     assert!(out.stdout == data, "{test}: bytes");
     let t = totals(&report, "cat");
-    assert_eq!((t.processes, t.adopted, t.fallbacks), (1, 1, 0), "{test}: {t:?}");
+    assert_eq!(
+        (t.processes, t.adopted, t.fallbacks),
+        (1, 1, 0),
+        "{test}: {t:?}"
+    );
     assert!(t.native_calls > 0 && t.mount_calls == 0, "{test}: {t:?}");
 }
 
@@ -347,12 +403,15 @@ fn metadata_only_opens_are_not_adopted() {
     }
     let s = mount(DataMode::Passthrough, &[]);
     let report = report_path(&s, "meta");
-    ok(attached(&s, &report, "python3").arg("-c").arg(
-        "import os,sys\nd=sys.argv[1]\n\
+    ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys\nd=sys.argv[1]\n\
          for i in range(200): os.close(os.open(f'{d}/f{i}', os.O_CREAT|os.O_WRONLY, 0o644))\n\
          for i in range(200): assert os.stat(f'{d}/f{i}').st_size == 0\n\
          for i in range(200): os.unlink(f'{d}/f{i}')\n",
-    ).arg(s.mountpoint()));
+        )
+        .arg(s.mountpoint()));
     let t = totals(&report, "python");
     assert!(t.tracked >= 200, "{test}: {t:?}");
     assert_eq!(t.adopted, 0, "{test}: {t:?}");
@@ -375,7 +434,10 @@ fn daemon_pid(s: &mapfs_testkit::MountSession) -> i32 {
             .split(|&b| b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.iter().any(|a| a == "mount") && args.iter().any(|a| *a == needle) && !args.iter().any(|a| a == "umount") {
+        if args.iter().any(|a| a == "mount")
+            && args.iter().any(|a| *a == needle)
+            && !args.iter().any(|a| a == "umount")
+        {
             return pid;
         }
     }
@@ -386,7 +448,10 @@ fn daemon_pid(s: &mapfs_testkit::MountSession) -> i32 {
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < Duration::from_secs(20), "gave up waiting: {what}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "gave up waiting: {what}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -428,16 +493,33 @@ fn daemon_killed_nothing_hangs() {
         .unwrap();
     eventually("shim process opened the file", || ready.exists());
     let pid = daemon_pid(&s);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     std::fs::write(&go, b"").unwrap();
-    eventually("shim process finished", || child.try_wait().unwrap().is_some());
+    eventually("shim process finished", || {
+        child.try_wait().unwrap().is_some()
+    });
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{test}: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{test}: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut words = stdout.split_whitespace();
-    assert_eq!(words.next(), Some("1100"), "{test}: the adopted fd kept reading: {stdout}");
+    assert_eq!(
+        words.next(),
+        Some("1100"),
+        "{test}: the adopted fd kept reading: {stdout}"
+    );
     let new = words.next().unwrap_or_default();
-    assert!(["ENOTCONN", "EIO", "ECONNABORTED"].contains(&new), "{test}: a new open after the daemon died: {new}");
+    assert!(
+        ["ENOTCONN", "EIO", "ECONNABORTED"].contains(&new),
+        "{test}: a new open after the daemon died: {new}"
+    );
     // The bytes read were the file's (the adopted fd is the backing file).
     assert_eq!(std::fs::read(s.backing().join("a.bin")).unwrap(), data);
 }

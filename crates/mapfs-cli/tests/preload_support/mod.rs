@@ -62,7 +62,9 @@ pub fn attached(s: &MountSession, report: &Path, prog: impl AsRef<OsStr>) -> Com
 
 /// Runs `cmd`, panicking with its output unless it succeeds.
 pub fn ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed ({:?})\nstdout: {}\nstderr: {}",
@@ -123,7 +125,10 @@ pub fn totals(path: &Path, exe: &str) -> Totals {
 
 /// A fresh report file path inside the session's scratch dir.
 pub fn report_path(s: &MountSession, name: &str) -> PathBuf {
-    let p = s.scratch().expect("session has a scratch dir").join(format!("{name}.report"));
+    let p = s
+        .scratch()
+        .expect("session has a scratch dir")
+        .join(format!("{name}.report"));
     let _ = std::fs::remove_file(&p);
     p
 }

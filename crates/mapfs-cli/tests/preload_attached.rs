@@ -435,7 +435,7 @@ fn daemon_pid(s: &mapfs_testkit::MountSession) -> i32 {
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
         if args.iter().any(|a| a == "mount")
-            && args.iter().any(|a| *a == needle)
+            && args.contains(&needle)
             && !args.iter().any(|a| a == "umount")
         {
             return pid;

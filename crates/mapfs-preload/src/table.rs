@@ -18,7 +18,10 @@
 //! daemon, so readers through the mount see the new size and bytes.
 //!
 //! Adoption is lazy so that metadata-only opens (`create`+`close`,
-//! `open`+`fstat`) cost no daemon round trip beyond the mount's own. A file
+//! `open`+`fstat`) cost no daemon round trip beyond the mount's own; opens
+//! made by threads other than the main one are adopted at once, because the
+//! kernel names a FUSE request's opener by thread id and the daemon can find
+//! the open only while that thread lives. A file
 //! the shim cannot serve (daemon unreachable, map not whole-file, refused)
 //! becomes [`MOUNT`]: it keeps working through the mount, never an error.
 //!
@@ -145,7 +148,13 @@ pub fn opened(fd: RawFd) {
     }
     // A stale entry (descriptor closed behind our back, e.g. close_range).
     drop(remove(fd));
-    classify(fd, sys::gettid());
+    let tid = sys::gettid();
+    if classify(fd, tid) == PENDING && tid != sys::getpid() {
+        // The kernel names the opener of a FUSE request by its thread id, and
+        // the daemon finds the open only while that thread lives: adopt now,
+        // not at a first data call that may come after the thread is gone.
+        serve(fd);
+    }
 }
 
 /// Classifies `fd` (opened by thread `tid`): a regular file of an attached

@@ -283,14 +283,14 @@ impl Conn<'_> {
     /// Finds the open `tid` of this peer made of `ino` and reopens its backing
     /// file for the client.
     fn adopt(&mut self, ino: u64, tid: u32, flags: i32) -> Result<(Response, OwnedFd), Response> {
-        if tid != self.pid && !is_thread_of(tid, self.pid) {
-            return Err(refused(libc::EPERM, "thread is not the peer's"));
-        }
+        // A claimed thread that is not (or no longer) one of the peer's is
+        // ignored: only the peer's own opens are ever looked at.
         let registry = &self.shared.registry;
-        let mut opens = registry.opens_by(tid, ino);
-        if tid != self.pid {
-            opens.extend(registry.opens_by(self.pid, ino));
+        let mut opens = Vec::new();
+        if tid != self.pid && is_thread_of(tid, self.pid) {
+            opens = registry.opens_by(tid, ino);
         }
+        opens.extend(registry.opens_by(self.pid, ino));
         let access = flags & libc::O_ACCMODE;
         let open: OpenInfo = opens
             .into_iter()

@@ -355,23 +355,31 @@ impl MountSession {
             self.mounted = false;
             return;
         }
-        match self.umount() {
-            Ok(out) if !self.mounted => {
-                if !out.success() {
-                    eprintln!(
-                        "mapfs umount unmounted but exited {:?}: {}",
-                        out.status, out.stderr
-                    );
+        // A child forked by another test thread may hold a file of this
+        // mount for a moment ("busy"): retry briefly before forcing.
+        for attempt in 0..5 {
+            match self.umount() {
+                Ok(out) if !self.mounted => {
+                    if !out.success() {
+                        eprintln!(
+                            "mapfs umount unmounted but exited {:?}: {}",
+                            out.status, out.stderr
+                        );
+                    }
+                    return;
                 }
-                return;
+                Ok(out) if attempt == 4 => eprintln!(
+                    "WARNING: `mapfs umount {}` left it mounted ({:?}): {}",
+                    self.mountpoint.display(),
+                    out.status,
+                    out.stderr
+                ),
+                Ok(_) => std::thread::sleep(Duration::from_millis(100)),
+                Err(e) => {
+                    eprintln!("WARNING: mapfs umount failed: {e:#}");
+                    break;
+                }
             }
-            Ok(out) => eprintln!(
-                "WARNING: `mapfs umount {}` left it mounted ({:?}): {}",
-                self.mountpoint.display(),
-                out.status,
-                out.stderr
-            ),
-            Err(e) => eprintln!("WARNING: mapfs umount failed: {e:#}"),
         }
         for fallback in [
             ["fusermount3", "-u", "-z"].as_slice(),

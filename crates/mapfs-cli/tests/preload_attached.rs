@@ -579,3 +579,31 @@ fn run_rejects_bad_mounts() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a mapfs mount"));
 }
+
+/// A writer's `stat` by path (through the mount) shows its own native writes
+/// before it closes the file, as on a native file system.
+#[test]
+fn writer_stat_by_path_sees_its_writes() {
+    let test = "preload stat of own writes";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let report = report_path(&s, "ownstat");
+    let out = ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys\np=sys.argv[1]\nopen(p,'w').close()\nr=[os.stat(p).st_size]\n\
+             fd=os.open(p,os.O_WRONLY); os.write(fd,b'x'*5000)\n\
+             r+=[os.stat(p).st_size, os.lstat(p).st_size, os.path.getsize(p)]\n\
+             os.ftruncate(fd,123); r.append(os.stat(p).st_size)\n\
+             f=open(p,'ab'); f.write(b'y'*100); f.flush(); r.append(os.stat(p).st_size)\n\
+             print(r)\n",
+        )
+        .arg(s.mountpoint().join("own.bin")));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[0, 5000, 5000, 5000, 123, 223]",
+        "{test}"
+    );
+}

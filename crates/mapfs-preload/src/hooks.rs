@@ -7,8 +7,9 @@
 //!   `fdatasync`, `ftruncate`, `ioctl`... On an adopted descriptor they are
 //!   native (it *is* the backing file); on a pending one they go through the
 //!   mount, which is correct.
-//! - path calls (`stat`, `rename`, `unlink`, `readdir`, `chmod`...): the
-//!   daemon stays the single authority on the namespace.
+//! - path calls (`rename`, `unlink`, `readdir`, `chmod`...): the daemon
+//!   stays the single authority on the namespace. (`stat` by path is hooked
+//!   only to show a writer the size and times of its own native writes.)
 //! - `exec*`: descriptors cross exec as they are. A pending (mount)
 //!   descriptor is re-adopted by the new image at its first data call (the
 //!   pid is unchanged); an adopted one keeps working natively but the new
@@ -205,6 +206,29 @@ fn patch_stat(fd: c_int, dev: &mut u64, ino: &mut u64) {
             *ino = i;
         }
     }
+}
+
+/// A `stat` by path of a file this process is writing natively: the mount's
+/// cached size and times are older than the writes, so report the backing
+/// file's (what a native `stat` would show the writer).
+macro_rules! own_writes {
+    ($b:expr) => {{
+        if table::has_writable() {
+            let b = $b;
+            if let Some(_g) = Guard::enter() {
+                if let Some(st) =
+                    sys::keep_errno(|| table::own_written_attrs(b.st_dev as u64, b.st_ino as u64))
+                {
+                    b.st_size = st.st_size as _;
+                    b.st_blocks = st.st_blocks as _;
+                    b.st_mtime = st.st_mtime as _;
+                    b.st_mtime_nsec = st.st_mtime_nsec as _;
+                    b.st_ctime = st.st_ctime as _;
+                    b.st_ctime_nsec = st.st_ctime_nsec as _;
+                }
+            }
+        }
+    }};
 }
 
 /// True for the `(dirfd, "", AT_EMPTY_PATH)` form of the `*at` stat calls.
@@ -499,6 +523,9 @@ hooks! {
             // SAFETY: the real fstatat filled `buf`.
             let b = unsafe { &mut *buf };
             patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
+        } else if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
         }
         r
     }
@@ -509,6 +536,9 @@ hooks! {
             // SAFETY: the real fstatat64 filled `buf`.
             let b = unsafe { &mut *buf };
             patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
+        } else if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
         }
         r
     }
@@ -519,6 +549,9 @@ hooks! {
             // SAFETY: the real __fxstatat filled `buf`.
             let b = unsafe { &mut *buf };
             patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
+        } else if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
         }
         r
     }
@@ -529,6 +562,9 @@ hooks! {
             // SAFETY: the real __fxstatat64 filled `buf`.
             let b = unsafe { &mut *buf };
             patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
+        } else if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
         }
         r
     }
@@ -544,6 +580,86 @@ hooks! {
             b.stx_dev_major = rustix::fs::major(dev);
             b.stx_dev_minor = rustix::fs::minor(dev);
             b.stx_ino = ino;
+        } else if r == 0 && table::has_writable() {
+            // SAFETY: the real statx filled `buf`.
+            let b = unsafe { &mut *buf };
+            let dev = rustix::fs::makedev(b.stx_dev_major, b.stx_dev_minor);
+            if let Some(_g) = Guard::enter() {
+                if let Some(st) = sys::keep_errno(|| table::own_written_attrs(dev, b.stx_ino)) {
+                    b.stx_size = st.st_size as u64;
+                    b.stx_blocks = st.st_blocks as u64;
+                    b.stx_mtime.tv_sec = st.st_mtime as i64;
+                    b.stx_mtime.tv_nsec = st.st_mtime_nsec as u32;
+                    b.stx_ctime.tv_sec = st.st_ctime as i64;
+                    b.stx_ctime.tv_nsec = st.st_ctime_nsec as u32;
+                }
+            }
+        }
+        r
+    }
+
+    // ---- stat by path: a writer sees its own native writes at once ----
+    fn stat(path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
+        let r = real(path, buf);
+        if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
+        }
+        r
+    }
+    fn stat64(path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
+        let r = real(path, buf);
+        if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
+        }
+        r
+    }
+    fn lstat(path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
+        let r = real(path, buf);
+        if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
+        }
+        r
+    }
+    fn lstat64(path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
+        let r = real(path, buf);
+        if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
+        }
+        r
+    }
+    fn __xstat(ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
+        let r = real(ver, path, buf);
+        if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
+        }
+        r
+    }
+    fn __xstat64(ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
+        let r = real(ver, path, buf);
+        if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
+        }
+        r
+    }
+    fn __lxstat(ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
+        let r = real(ver, path, buf);
+        if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
+        }
+        r
+    }
+    fn __lxstat64(ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
+        let r = real(ver, path, buf);
+        if r == 0 {
+            // SAFETY: the real call filled `buf`.
+            own_writes!(unsafe { &mut *buf });
         }
         r
     }

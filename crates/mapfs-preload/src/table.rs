@@ -223,7 +223,10 @@ pub fn adopt(entry: &Arc<Entry>) {
         Err(reason) => Status::Mount(reason),
     };
     let st = match &status {
-        Status::Adopted { .. } => {
+        Status::Adopted { writable, .. } => {
+            if *writable {
+                WRITABLE.fetch_add(1, Ordering::Relaxed);
+            }
             report::count_adopted();
             ADOPTED
         }
@@ -317,7 +320,11 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
     if !inner.fds.is_empty() {
         return None;
     }
-    closed_message(&entry, &inner.status)
+    let msg = closed_message(&entry, &inner.status);
+    if msg.is_some() {
+        WRITABLE.fetch_sub(1, Ordering::Relaxed);
+    }
+    msg
 }
 
 fn closed_message(entry: &Entry, status: &Status) -> Option<Closed> {
@@ -454,4 +461,38 @@ pub fn unlock_after_fork() {
 /// Marks `fd` as not a mapfs file without looking (a duplicate of one).
 pub fn mark_other(fd: RawFd) {
     set_state(fd, OTHER);
+}
+
+/// Number of writable adoptions open in this process (a fast "none" for the
+/// path-stat hooks).
+static WRITABLE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// True if this process holds a writable adoption (cheap).
+#[inline]
+pub fn has_writable() -> bool {
+    WRITABLE.load(Ordering::Relaxed) != 0
+}
+
+/// The size and times this process's own writes gave file `(dev, ino)`, if
+/// it holds a writable adoption of it. A `stat` by path goes through the
+/// mount, whose cached attributes do not see writes made on the backing
+/// file until the close; the writer itself must see them at once.
+pub fn own_written_attrs(dev: u64, ino: u64) -> Option<rustix::fs::Stat> {
+    if WRITABLE.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let fd = {
+        let t = TABLE.read();
+        let found = t.as_ref()?.values().find(|e| {
+            e.dev == dev
+                && e.ino == ino
+                && matches!(
+                    e.inner.lock().status,
+                    Status::Adopted { writable: true, .. }
+                )
+        })?;
+        let fd = *found.inner.lock().fds.first()?;
+        fd
+    };
+    rustix::fs::fstat(sys::fd(fd)).ok()
 }

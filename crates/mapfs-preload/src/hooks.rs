@@ -588,9 +588,9 @@ hooks! {
                 if let Some(st) = sys::keep_errno(|| table::own_written_attrs(dev, b.stx_ino)) {
                     b.stx_size = st.st_size as u64;
                     b.stx_blocks = st.st_blocks as u64;
-                    b.stx_mtime.tv_sec = st.st_mtime as i64;
+                    b.stx_mtime.tv_sec = st.st_mtime;
                     b.stx_mtime.tv_nsec = st.st_mtime_nsec as u32;
-                    b.stx_ctime.tv_sec = st.st_ctime as i64;
+                    b.stx_ctime.tv_sec = st.st_ctime;
                     b.stx_ctime.tv_nsec = st.st_ctime_nsec as u32;
                 }
             }

@@ -267,6 +267,18 @@ fn serve(args: &MountArgs, c: Checked) -> Result<()> {
         );
     }
     spawn_signal_unmounter(c.mountpoint.clone())?;
+    // Shim clients (`mapfs run`) attach here; a mount without it still works.
+    let control_path = mapfs::control::socket_path(&c.mountpoint);
+    let _control = match mapfs_fuse::control::spawn(mounted.shared(), &control_path) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(
+                "control socket {} unavailable ({e}); `mapfs run` clients will use the mount",
+                control_path.display()
+            );
+            None
+        }
+    };
     let res = mounted.run();
     let _ = std::fs::remove_file(&pidfile);
     tracing::info!("unmounted {}", c.mountpoint.display());

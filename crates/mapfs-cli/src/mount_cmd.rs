@@ -39,6 +39,11 @@ pub struct MountArgs {
     /// Attribute and entry cache time in seconds.
     #[arg(long, default_value_t = 1.0)]
     pub ttl: f64,
+    /// With `--data daemon`: let the kernel buffer writes (fast small writes;
+    /// sizes changed outside this mount show late). `off` for strict
+    /// close-to-open with shim clients and other writers.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub writeback_cache: String,
     /// Internal: set by the background starter.
     #[arg(long, hide = true)]
     pub daemonized: bool,
@@ -168,6 +173,8 @@ fn start_background(args: &MountArgs, c: &Checked) -> Result<()> {
         .arg(&args.data)
         .arg("--ttl")
         .arg(args.ttl.to_string())
+        .arg("--writeback-cache")
+        .arg(&args.writeback_cache)
         .arg("--foreground")
         .arg("--daemonized");
     for o in &args.options {
@@ -227,6 +234,7 @@ fn serve(args: &MountArgs, c: Checked) -> Result<()> {
     let adapter = AdapterOptions {
         data: c.data,
         ttl: Duration::from_secs_f64(args.ttl),
+        writeback_cache: args.writeback_cache == "on",
     };
     let report_err = |e: &dyn std::fmt::Display| {
         if args.daemonized {

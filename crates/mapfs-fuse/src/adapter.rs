@@ -75,6 +75,11 @@ pub struct AdapterOptions {
     pub data: DataMode,
     /// How long the kernel may cache attributes and entries.
     pub ttl: Duration,
+    /// In daemon mode, let the kernel buffer writes (much faster small
+    /// writes). The kernel then owns file sizes and never takes them from the
+    /// daemon while the inode is cached, so writes made outside this mount
+    /// (shim clients, the backing dir, other nodes) show their new size late.
+    pub writeback_cache: bool,
 }
 
 impl Default for AdapterOptions {
@@ -82,6 +87,7 @@ impl Default for AdapterOptions {
         AdapterOptions {
             data: DataMode::Auto,
             ttl: Duration::from_secs(1),
+            writeback_cache: true,
         }
     }
 }
@@ -468,7 +474,9 @@ impl Filesystem for Adapter {
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_MAX_PAGES;
         if s.opts.data == DataMode::Daemon {
-            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+            if s.opts.writeback_cache {
+                want |= InitFlags::FUSE_WRITEBACK_CACHE;
+            }
         } else {
             want |= InitFlags::FUSE_PASSTHROUGH;
         }

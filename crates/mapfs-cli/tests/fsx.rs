@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use mapfs_testkit::fsx::{self, FsxConfig, OpKind};
+use mapfs_testkit::fsx::{self, FsxConfig};
 
 const SEEDS: [u64; 1] = [20_260_101];
 
@@ -44,7 +44,7 @@ fn exercise(mode: DataMode) {
             report.skipped.is_empty(),
             "{test}: operations skipped: {report}"
         );
-        for k in OpKind::ALL {
+        for k in cfg.enabled_kinds() {
             assert!(report.count(k) > 0, "{test}: {k} never ran: {report}");
         }
         // The bytes are in the backing file too: nothing stayed daemon-side.
@@ -120,4 +120,35 @@ fn fsx_parallel_daemon() {
 #[test]
 fn fsx_parallel_passthrough() {
     parallel(DataMode::Passthrough);
+}
+
+/// O_DIRECT reads and writes mixed with buffered, mapped and fallocate ops:
+/// the page cache and the direct path must stay coherent.
+fn direct(mode: DataMode) {
+    let test = format!("fsx O_DIRECT --data {mode}");
+    if !fuse_or_skip(&test) {
+        return;
+    }
+    let s = mount(mode, &[]);
+    let mut cfg = FsxConfig::new(s.mountpoint(), 4242, 3_000);
+    cfg.direct = true;
+    let report = fsx::run(&cfg).unwrap_or_else(|f| panic!("{test}:\n{f}"));
+    eprintln!("{test}: {report}");
+    assert!(
+        report.skipped.is_empty(),
+        "{test}: operations skipped: {report}"
+    );
+    for k in cfg.enabled_kinds() {
+        assert!(report.count(k) > 0, "{test}: {k} never ran: {report}");
+    }
+}
+
+#[test]
+fn fsx_direct_daemon() {
+    direct(DataMode::Daemon);
+}
+
+#[test]
+fn fsx_direct_passthrough() {
+    direct(DataMode::Passthrough);
 }

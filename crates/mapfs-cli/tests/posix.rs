@@ -2010,6 +2010,32 @@ fn o_direct(e: &Env, o: &mut Obs) -> Result<()> {
     Ok(())
 }
 
+fn o_direct_mixed(e: &Env, o: &mut Obs) -> Result<()> {
+    // Buffered writes through another descriptor while an O_DIRECT one is
+    // open: the page cache is written back through some open handle, which
+    // must not turn unaligned writeback into errors or lost data.
+    let g = e.p("mixed");
+    let bfd = open(&g, OFlags::CREATE | OFlags::RDWR | OFlags::TRUNC, 0o644)?;
+    let dfd = rustix::fs::open(
+        &g,
+        OFlags::RDWR | OFlags::DIRECT | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    rustix::io::pwrite(&bfd, &[b'a'; 1000], 3)?;
+    o.rec(
+        "fsync buffered fd with O_DIRECT fd open",
+        &rustix::fs::fsync(&bfd),
+    );
+    drop(dfd);
+    drop(bfd);
+    let c = read_file(&g)?;
+    o.val(
+        "mixed file after close",
+        (c.len(), c.iter().filter(|b| **b == b'a').count()),
+    );
+    Ok(())
+}
+
 fn exec(e: &Env, o: &mut Obs) -> Result<()> {
     let bin = e.p("sleep");
     fs::copy("/bin/sleep", &bin)?;
@@ -2213,6 +2239,7 @@ posix_tests! {
     t_eacces => eacces: perm,
     t_large_offsets => large_offsets: plain,
     t_o_direct => o_direct: plain,
+    t_o_direct_mixed => o_direct_mixed: plain,
     t_exec => exec: plain,
 }
 

@@ -45,6 +45,9 @@ pub struct FsxConfig {
     pub log_tail: usize,
     /// Keep the test files after a successful run.
     pub keep: bool,
+    /// Also run O_DIRECT reads and writes (block-aligned, through a second
+    /// descriptor) mixed with the buffered and mapped operations.
+    pub direct: bool,
 }
 
 impl FsxConfig {
@@ -61,6 +64,28 @@ impl FsxConfig {
             copy_range: true,
             log_tail: 32,
             keep: false,
+            direct: false,
+        }
+    }
+
+    /// The operation kinds this configuration runs.
+    pub fn enabled_kinds(&self) -> Vec<OpKind> {
+        OpKind::ALL
+            .into_iter()
+            .filter(|k| self.enables(*k))
+            .collect()
+    }
+
+    fn enables(&self, k: OpKind) -> bool {
+        match k {
+            OpKind::MapRead | OpKind::MapWrite => self.mmap,
+            OpKind::FallocKeepSize
+            | OpKind::FallocExtend
+            | OpKind::PunchHole
+            | OpKind::ZeroRange => self.fallocate,
+            OpKind::CopyWithin | OpKind::CopyFrom => self.copy_range,
+            OpKind::DirectWrite | OpKind::DirectRead => self.direct,
+            _ => true,
         }
     }
 }
@@ -96,11 +121,15 @@ pub enum OpKind {
     Fsync,
     /// close and reopen, then verify the whole file.
     Reopen,
+    /// Block-aligned pwrite through an O_DIRECT descriptor.
+    DirectWrite,
+    /// Block-aligned pread through an O_DIRECT descriptor.
+    DirectRead,
 }
 
 impl OpKind {
     /// Every kind, in report order.
-    pub const ALL: [OpKind; 14] = [
+    pub const ALL: [OpKind; 16] = [
         OpKind::Write,
         OpKind::Read,
         OpKind::TruncateGrow,
@@ -115,6 +144,8 @@ impl OpKind {
         OpKind::CopyFrom,
         OpKind::Fsync,
         OpKind::Reopen,
+        OpKind::DirectWrite,
+        OpKind::DirectRead,
     ];
 
     /// Short name used in logs and summaries.
@@ -134,6 +165,8 @@ impl OpKind {
             OpKind::CopyFrom => "copy_from",
             OpKind::Fsync => "fsync",
             OpKind::Reopen => "reopen",
+            OpKind::DirectWrite => "direct_write",
+            OpKind::DirectRead => "direct_read",
         }
     }
 }
@@ -268,6 +301,9 @@ struct Fsx {
     rng: ChaCha8Rng,
     path: PathBuf,
     fd: Option<OwnedFd>,
+    /// O_DIRECT descriptor of the same file (`cfg.direct`); `Err` holds why
+    /// the file system refused O_DIRECT.
+    dfd: Result<OwnedFd, Errno>,
     model: Vec<u8>,
     src_fd: OwnedFd,
     src_model: Vec<u8>,
@@ -301,6 +337,18 @@ fn data_path(cfg: &FsxConfig) -> PathBuf {
 
 fn src_path(cfg: &FsxConfig) -> PathBuf {
     cfg.dir.join(format!("fsx-{}.src", cfg.seed))
+}
+
+/// Alignment of O_DIRECT offsets, lengths and buffers (safe for 512-byte and
+/// 4 KiB logical blocks).
+const DIRECT_BLOCK: u64 = 4096;
+
+/// The O_DIRECT descriptor, or why there is none (EINVAL: the fs refuses it).
+fn open_direct(path: &std::path::Path, wanted: bool) -> Result<OwnedFd, Errno> {
+    if !wanted {
+        return Err(Errno::NOSYS);
+    }
+    open_rw(path, OFlags::DIRECT)
 }
 
 fn open_rw(path: &std::path::Path, extra: OFlags) -> Result<OwnedFd, Errno> {
@@ -364,6 +412,11 @@ impl Fsx {
             first_diff: None,
             log_tail: Vec::new(),
         };
+        if cfg.direct && cfg.max_op_len < DIRECT_BLOCK {
+            return Err(fail(format!(
+                "bad config: O_DIRECT ops need max_op_len >= {DIRECT_BLOCK}"
+            )));
+        }
         if cfg.max_op_len == 0 || cfg.maxlen < cfg.max_op_len {
             return Err(fail(format!(
                 "bad config: maxlen {} must be >= max_op_len {} > 0",
@@ -384,8 +437,10 @@ impl Fsx {
         pwrite_full(&src_fd, &src_model, 0)
             .map_err(|e| fail(format!("writing {}: {e}", sp.display())))?;
         let page = rustix::param::page_size() as u64;
+        let dfd = open_direct(&path, cfg.direct);
         Ok(Fsx {
             rng,
+            dfd,
             path,
             fd: Some(fd),
             model: Vec::new(),
@@ -483,16 +538,10 @@ impl Fsx {
             (OpKind::CopyFrom, 5),
             (OpKind::Fsync, 3),
             (OpKind::Reopen, 2),
+            (OpKind::DirectWrite, 8),
+            (OpKind::DirectRead, 8),
         ];
-        let enabled = |k: OpKind| match k {
-            OpKind::MapRead | OpKind::MapWrite => self.cfg.mmap,
-            OpKind::FallocKeepSize
-            | OpKind::FallocExtend
-            | OpKind::PunchHole
-            | OpKind::ZeroRange => self.cfg.fallocate,
-            OpKind::CopyWithin | OpKind::CopyFrom => self.cfg.copy_range,
-            _ => true,
-        };
+        let enabled = |k: OpKind| self.cfg.enables(k);
         let total: u32 = table
             .iter()
             .filter(|(k, _)| enabled(*k))
@@ -798,15 +847,95 @@ impl Fsx {
                 };
                 r.map_err(|e| sys("fsync", e))
             }
+            OpKind::DirectWrite => self.direct_op(true),
+            OpKind::DirectRead => self.direct_op(false),
             OpKind::Reopen => {
                 self.log("close + reopen".into());
                 self.fd = None;
+                self.dfd = Err(Errno::BADF);
                 let fd = open_rw(&self.path, OFlags::empty()).map_err(|e| sys("reopen", e))?;
                 self.fd = Some(fd);
+                self.dfd = open_direct(&self.path, self.cfg.direct);
                 self.check_all("full check after reopen")
                     .map_err(|(m, o)| OpError::Fail(m, o))
             }
         }
+    }
+
+    /// Block-aligned O_DIRECT write or read.
+    fn direct_op(&mut self, write: bool) -> OpResult {
+        let blocks_max = (self.cfg.max_op_len / DIRECT_BLOCK).max(1);
+        let nblocks = self.rng.random_range(1..=blocks_max);
+        let len = nblocks * DIRECT_BLOCK;
+        let size = self.model.len() as u64;
+        let last = if write {
+            self.cfg.maxlen.saturating_sub(len) / DIRECT_BLOCK
+        } else {
+            size / DIRECT_BLOCK
+        };
+        let off = self.rng.random_range(0..=last) * DIRECT_BLOCK;
+        let what = if write { "direct_write" } else { "direct_read" };
+        self.log(format!("{what} {off:#x} len {len:#x}"));
+        let fd = match &self.dfd {
+            Ok(fd) => fd.as_fd(),
+            Err(e) => return Err(OpError::Unsupported(*e)),
+        };
+        // O_DIRECT needs a block-aligned buffer.
+        let mut backing = vec![0u8; (len + DIRECT_BLOCK) as usize];
+        let start = backing.as_ptr().align_offset(DIRECT_BLOCK as usize);
+        let buf = &mut backing[start..start + len as usize];
+        if write {
+            let mut x: u64 = self.rng.random::<u64>() | 1;
+            for chunk in buf.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+            }
+            let mut done = 0;
+            while done < buf.len() {
+                let n = rustix::io::pwrite(fd, &buf[done..], off + done as u64)
+                    .map_err(|e| sys("O_DIRECT pwrite", e))?;
+                if n == 0 {
+                    return Err(OpError::Fail("O_DIRECT pwrite wrote 0 bytes".into(), None));
+                }
+                done += n;
+            }
+            let data = buf.to_vec();
+            self.model_write(off, &data);
+            return Ok(());
+        }
+        let mut done = 0;
+        while done < buf.len() {
+            let n = rustix::io::pread(fd, &mut buf[done..], off + done as u64)
+                .map_err(|e| sys("O_DIRECT pread", e))?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        let want: &[u8] = if off >= size {
+            &[]
+        } else {
+            &self.model[off as usize..(off + len).min(size) as usize]
+        };
+        if let Some(d) = first_diff(want, &buf[..done]) {
+            let msg = if d < want.len().min(done) {
+                format!(
+                    "O_DIRECT read mismatch at {:#x}: expected {:#04x} got {:#04x}",
+                    off + d as u64,
+                    want[d],
+                    buf[d]
+                )
+            } else {
+                format!(
+                    "O_DIRECT short/long read at {off:#x}: expected {:#x} bytes got {done:#x}",
+                    want.len()
+                )
+            };
+            return Err(OpError::Fail(msg, Some(off + d as u64)));
+        }
+        Ok(())
     }
 
     /// copy_file_range from the source file (`from_src = Some(requested len)`)
@@ -923,9 +1052,10 @@ mod tests {
     #[test]
     fn passes_on_native_dir() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = FsxConfig::new(dir.path(), 1, 3000);
+        let mut cfg = FsxConfig::new(dir.path(), 1, 3000);
+        cfg.direct = true;
         let report = run(&cfg).unwrap_or_else(|e| panic!("{e}"));
-        for k in OpKind::ALL {
+        for k in cfg.enabled_kinds() {
             assert!(report.count(k) > 0, "{k} never ran: {report}");
         }
         assert!(report.skipped.is_empty(), "{report}");

@@ -37,6 +37,9 @@ struct Args {
     /// Do not use copy_file_range.
     #[arg(long)]
     no_copy_range: bool,
+    /// Also run block-aligned O_DIRECT reads and writes.
+    #[arg(long)]
+    direct: bool,
     /// Keep the test files after success.
     #[arg(long)]
     keep: bool,
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
     cfg.fallocate = !a.no_fallocate;
     cfg.copy_range = !a.no_copy_range;
     cfg.keep = a.keep;
+    cfg.direct = a.direct;
     match run(&cfg) {
         Ok(report) => {
             println!("{report}");

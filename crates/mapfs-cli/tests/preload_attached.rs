@@ -283,15 +283,22 @@ _, ws = os.waitpid(pid, 0)
 assert ws == 0 and status(g2) == ADOPTED, (ws, status(g2))
 assert cur(g2) == 50 and os.read(g2, 10) == data[50:60]
 
-# exec: the new image continues at the shared offset.
-r = subprocess.run([sys.executable, '-c', 'import os,sys; sys.stdout.buffer.write(os.read(%d, 30))' % fd],
-                   pass_fds=(fd,), capture_output=True)
-assert r.returncode == 0 and r.stdout == data[120:150], r
+# exec: the new image continues at the shared offset, and re-adopts the
+# descriptor (handed over in MAPFS_PRELOAD_ADOPTED): fstat shows the mount.
+r = subprocess.run([sys.executable, '-c',
+    'import os,sys,ctypes; s=ctypes.CDLL(None).mapfs_preload_fd_status(%d); st=os.fstat(%d); '
+    'sys.stdout.buffer.write(repr((s, st.st_dev, st.st_ino)).encode() + b"|" + os.read(%d, 30))' % (fd, fd, fd)],
+    pass_fds=(fd,), capture_output=True)
+assert r.returncode == 0, r
+head, _, got = r.stdout.partition(b'|')
+assert got == data[120:150], r
+assert eval(head) == (ADOPTED, ps.st_dev, ps.st_ino), (head, ps)
 assert cur(fd) == 150
 
 # A pending descriptor inherited across fork+exec: the bytes are right
-# whether the child serves it through the mount (the open was the parent's)
-# or the parent adopted it before forking (backing file, native).
+# whether the child serves it through the mount (vfork: the open was the
+# parent's, status 4) or the parent adopted it before forking (fork: handed
+# over, status 3).
 h = os.open(p, os.O_RDONLY)
 os.lseek(h, 7, os.SEEK_SET)
 r = subprocess.run([sys.executable, '-c',
@@ -299,7 +306,7 @@ r = subprocess.run([sys.executable, '-c',
     pass_fds=(h,), capture_output=True)
 assert r.returncode == 0, r
 b, s = eval(r.stdout)
-assert b == data[7:12] and s in (1, 4), (b, s)
+assert b == data[7:12] and s in (ADOPTED, 4), (b, s)
 assert cur(h) == 12
 
 # fcntl: flags and locks on adopted descriptors.

@@ -10,12 +10,15 @@
 //! - path calls (`rename`, `unlink`, `readdir`, `chmod`...): the daemon
 //!   stays the single authority on the namespace. (`stat` by path is hooked
 //!   only to show a writer the size and times of its own native writes.)
-//! - `exec*`: descriptors cross exec as they are. A pending (mount)
-//!   descriptor is re-adopted by the new image at its first data call (the
-//!   pid is unchanged); an adopted one keeps working natively but the new
-//!   image no longer knows it is a mapfs file (`fstat` shows the backing
-//!   identity, its close is not reported; the process that opened it
-//!   reports it at its own close or exit).
+//! - `execl*` (variadic with any number of arguments, which stable Rust
+//!   cannot define) and `posix_spawn*` (the parent keeps running, so its
+//!   environment cannot be edited safely): descriptors cross them as they
+//!   are. A pending (mount) descriptor is re-adopted by the new image at its
+//!   first data call when the pid is unchanged; an adopted one keeps working
+//!   natively but the new image no longer knows it is a mapfs file (`fstat`
+//!   shows the backing identity; the opener reports the close). `execve`,
+//!   `execv`, `execvp`, `execvpe` and `fexecve` hand adopted descriptors on
+//!   in `MAPFS_PRELOAD_ADOPTED` and the new image re-adopts them.
 //! - `close_range`/`closefrom`, `openat2` (no glibc wrapper), `io_uring`,
 //!   POSIX AIO: nothing to do for adopted descriptors; others go through
 //!   the mount.
@@ -271,7 +274,85 @@ fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     }
 }
 
+/// The environment for an `exec`: `envp` with [`table::HANDOFF_ENV`] set to
+/// the adopted descriptors (or removed when there are none). The returned
+/// vector owns the strings `ptrs` points into.
+///
+/// # Safety
+/// `envp` is null or a null-terminated array of C strings.
+unsafe fn handoff_env(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Vec<*const c_char>) {
+    let spec = match Guard::enter() {
+        Some(_g) => sys::keep_errno(table::export_adopted),
+        None => String::new(),
+    };
+    let prefix = format!("{}=", table::HANDOFF_ENV);
+    let mut owned = Vec::new();
+    let mut ptrs: Vec<*const c_char> = Vec::new();
+    if !envp.is_null() {
+        let mut i = 0;
+        loop {
+            // SAFETY: per the contract, entries up to the null one are valid.
+            let p = unsafe { *envp.add(i) };
+            if p.is_null() {
+                break;
+            }
+            // SAFETY: a C string of the environment.
+            let entry = unsafe { std::ffi::CStr::from_ptr(p) };
+            if !entry.to_bytes().starts_with(prefix.as_bytes()) {
+                ptrs.push(p);
+            }
+            i += 1;
+        }
+    }
+    if !spec.is_empty() {
+        if let Ok(c) = std::ffi::CString::new(format!("{prefix}{spec}")) {
+            owned.push(c);
+        }
+    }
+    ptrs.extend(owned.iter().map(|c| c.as_ptr()));
+    ptrs.push(std::ptr::null());
+    (owned, ptrs)
+}
+
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// The current environment, for the `exec` variants that use it.
+fn current_environ() -> *const *const c_char {
+    // SAFETY: reading the libc-maintained environment pointer.
+    unsafe { environ }
+}
+
 hooks! {
+    // ---- exec: hand adopted descriptors to the new image ----
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
+        // SAFETY: the caller's environment array.
+        let (_owned, env) = unsafe { handoff_env(envp) };
+        real(path, argv, env.as_ptr())
+    }
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
+        // SAFETY: the caller's environment array.
+        let (_owned, env) = unsafe { handoff_env(envp) };
+        real(file, argv, env.as_ptr())
+    }
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
+        // SAFETY: the caller's environment array.
+        let (_owned, env) = unsafe { handoff_env(envp) };
+        real(fd, argv, env.as_ptr())
+    }
+    // The variants using the process environment become the explicit-
+    // environment ones above (glibc's own call execve internally, out of
+    // the shim's sight).
+    fn execv(path: *const c_char, argv: *const *const c_char) -> c_int = |_real| {
+        // SAFETY: the caller's path and arguments, the process environment.
+        unsafe { execve(path, argv, current_environ()) }
+    }
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int = |_real| {
+        // SAFETY: as in execv.
+        unsafe { execvpe(file, argv, current_environ()) }
+    }
+
     // ---- opens: classify the new descriptor ----
     fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenFn = |real| {
         opened(real(path, flags, mode), flags)

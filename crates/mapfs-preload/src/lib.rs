@@ -83,6 +83,13 @@ extern "C" fn init() {
     unsafe {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
     }
+    // Descriptors adopted by the image this one replaced (exec). Only then
+    // does the constructor read a file (the mount table, in /proc).
+    if let Some(spec) = std::env::var_os(table::HANDOFF_ENV) {
+        if !spec.is_empty() {
+            table::import_adopted(&spec.to_string_lossy());
+        }
+    }
     READY.store(true, Ordering::Release);
 }
 

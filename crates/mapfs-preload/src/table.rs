@@ -496,3 +496,83 @@ pub fn own_written_attrs(dev: u64, ino: u64) -> Option<rustix::fs::Stat> {
     };
     rustix::fs::fstat(sys::fd(fd)).ok()
 }
+
+/// Environment variable handing adopted descriptors to the next program
+/// image across `exec` (see [`export_adopted`]).
+pub const HANDOFF_ENV: &str = "MAPFS_PRELOAD_ADOPTED";
+
+/// Describes the adopted descriptors that survive `exec` (no `FD_CLOEXEC`):
+/// `fd,mount_dev,ino,backing_dev,backing_ino,writable;...`. After `exec`
+/// they are plain backing-file descriptors; the new image re-adopts them
+/// from this, so `fstat` keeps the mount's identity and the last close still
+/// tells the daemon.
+pub fn export_adopted() -> String {
+    let t = TABLE.read();
+    let Some(t) = t.as_ref() else {
+        return String::new();
+    };
+    let mut parts = Vec::new();
+    for (&fd, e) in t {
+        let writable = match e.inner.lock().status {
+            Status::Adopted { writable, .. } => writable,
+            _ => continue,
+        };
+        if sys::cloexec(fd) {
+            continue;
+        }
+        let Ok(b) = sys::identity(fd) else {
+            continue;
+        };
+        parts.push(format!(
+            "{fd},{},{},{},{},{}",
+            e.dev,
+            e.ino,
+            b.dev,
+            b.ino,
+            u8::from(writable)
+        ));
+    }
+    parts.join(";")
+}
+
+/// Takes over the descriptors an earlier image of this process adopted
+/// ([`export_adopted`]); each is checked to still be the same backing file.
+pub fn import_adopted(spec: &str) {
+    for part in spec.split(';').filter(|p| !p.is_empty()) {
+        let v: Vec<u64> = part.split(',').filter_map(|x| x.parse().ok()).collect();
+        let [fd, dev, ino, bdev, bino, w] = v[..] else {
+            continue;
+        };
+        let Ok(fd) = RawFd::try_from(fd) else {
+            continue;
+        };
+        match sys::identity(fd) {
+            Ok(id) if id.dev == bdev && id.ino == bino && state(fd) == UNKNOWN => {}
+            _ => continue,
+        }
+        let Some(mount) = mounts::by_dev(dev) else {
+            continue;
+        };
+        let writable = w == 1;
+        insert(
+            fd,
+            Arc::new(Entry {
+                mount,
+                dev,
+                ino,
+                tid: sys::getpid(),
+                inner: Mutex::new(Inner {
+                    fds: vec![fd],
+                    status: Status::Adopted {
+                        handle: 0,
+                        writable,
+                    },
+                }),
+            }),
+        );
+        if writable {
+            WRITABLE.fetch_add(1, Ordering::Relaxed);
+        }
+        set_state(fd, ADOPTED);
+    }
+}

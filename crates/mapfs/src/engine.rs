@@ -487,3 +487,76 @@ fn copy_by_hand(
     }
     Ok(done)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datamap::Extent;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    fn opened(map: DataMap) -> Opened {
+        Opened {
+            map,
+            files: vec![Arc::new(tempfile::tempfile().unwrap())],
+            handle: 0,
+        }
+    }
+
+    fn no_remap(_: &DataMap, _: u64, _: u64) -> Result<Opened> {
+        Err(Error::io())
+    }
+
+    /// Runs `f` on another thread while this one holds `df`'s lock (shared
+    /// or exclusive); true when `f` finished, i.e. did not need the lock.
+    fn runs_while_locked(df: &Arc<DataFile>, exclusive: bool, f: fn(&DataFile)) -> bool {
+        let (tx, rx) = mpsc::channel();
+        let mut shared = None;
+        let mut excl = None;
+        if exclusive {
+            excl = Some(df.inner.write());
+        } else {
+            shared = Some(df.inner.read());
+        }
+        let df2 = df.clone();
+        let t = std::thread::spawn(move || {
+            f(&df2);
+            let _ = tx.send(());
+        });
+        // Generous: this detects a blocked call, it measures nothing.
+        let done = rx.recv_timeout(Duration::from_secs(20)).is_ok();
+        drop(excl);
+        drop(shared);
+        t.join().unwrap();
+        done
+    }
+
+    #[test]
+    fn whole_file_ops_take_no_lock() {
+        let df = Arc::new(DataFile::new(opened(DataMap::whole_file())));
+        assert!(runs_while_locked(&df, true, |df| {
+            df.write(0, &[1; 4096], &mut no_remap).unwrap();
+            let mut buf = [0; 4096];
+            assert_eq!(df.read(0, &mut buf).unwrap(), 4096);
+            assert_eq!(df.size().unwrap(), 4096);
+            df.truncate(100).unwrap();
+            df.fsync(true).unwrap();
+        }));
+    }
+
+    #[test]
+    fn in_place_overwrites_share_the_lock() {
+        let ext = Extent {
+            logical: 0,
+            file: 0,
+            offset: 0,
+            len: 8192,
+        };
+        let map = DataMap::new(vec![ext], 8192, Growth::InPlace { limit: None }).unwrap();
+        let df = Arc::new(DataFile::new(opened(map)));
+        assert!(runs_while_locked(&df, false, |df| {
+            df.write(100, &[1; 4096], &mut no_remap).unwrap();
+        }));
+        assert_eq!(df.size().unwrap(), 8192);
+    }
+}

@@ -135,6 +135,51 @@ impl DataFile {
         self.inner.read().map.clone()
     }
 
+    /// The current map and backing files, read together (what a preload
+    /// shim client needs to run its own engine on this open).
+    pub fn snapshot(&self) -> (DataMap, Vec<Arc<File>>) {
+        let st = self.inner.read();
+        (st.map.clone(), st.files.clone())
+    }
+
+    /// Replaces the map and backing files, e.g. with the final map a shim
+    /// client wrote through (it must have been the only writer meanwhile:
+    /// two engines appending to one log would overwrite each other).
+    ///
+    /// Fails with `EINVAL`, changing nothing, if `map` breaks its invariants,
+    /// names a backing file not in `files`, or would turn a whole-file open
+    /// into another kind (whole-file opens are served without the lock, so
+    /// they stay whole-file over the same backing file).
+    pub fn install(&self, map: DataMap, files: Vec<Arc<File>>) -> Result<()> {
+        map.validate()?;
+        let n = files.len() as u64;
+        let bad = |f: u32| u64::from(f) >= n;
+        if (map.is_whole_file() && files.is_empty())
+            || map
+                .extents()
+                .iter()
+                .chain(map.reserved())
+                .any(|e| bad(e.file))
+            || matches!(map.growth(), Growth::AppendLog { file, .. } if bad(file))
+        {
+            return Err(Error::invalid().context("map names a backing file that is not given"));
+        }
+        let mut st = self.inner.write();
+        if let Some(w) = self.whole.get() {
+            // `files` is not empty here: checked above for whole-file maps.
+            let same =
+                map.is_whole_file() && (Arc::ptr_eq(w, &files[0]) || same_inode(w, &files[0])?);
+            if !same {
+                return Err(Error::invalid().context("a whole-file open stays whole-file"));
+            }
+        } else if map.is_whole_file() {
+            let _ = self.whole.set(files[0].clone());
+        }
+        st.map = map;
+        st.files = files;
+        Ok(())
+    }
+
     /// Current logical size.
     pub fn size(&self) -> Result<u64> {
         if let Some(f) = self.whole.get() {
@@ -542,6 +587,36 @@ mod tests {
             df.truncate(100).unwrap();
             df.fsync(true).unwrap();
         }));
+    }
+
+    #[test]
+    fn install_checks_and_switches() {
+        let ext = |file| Extent {
+            logical: 0,
+            file,
+            offset: 0,
+            len: 10,
+        };
+        let map = DataMap::new(vec![ext(0)], 10, Growth::ReadOnly).unwrap();
+        let df = DataFile::new(opened(map.clone()));
+        let (m, files) = df.snapshot();
+        assert_eq!(m, map);
+        let bad = DataMap::new(vec![ext(1)], 10, Growth::ReadOnly).unwrap();
+        assert_eq!(
+            df.install(bad, files.clone()).unwrap_err().errno(),
+            libc::EINVAL
+        );
+        let log = DataMap::new(vec![ext(0)], 10, Growth::AppendLog { file: 1, end: 0 }).unwrap();
+        assert!(df.install(log, files.clone()).is_err());
+        df.install(DataMap::whole_file(), files.clone()).unwrap();
+        assert!(df.whole_file_backing().is_some());
+        // Whole-file stays whole-file.
+        assert!(df.install(map, files.clone()).is_err());
+        let empty = DataMap::new(vec![], 0, Growth::ReadOnly).unwrap();
+        assert!(df.install(empty, vec![]).is_err());
+        let other = vec![Arc::new(tempfile::tempfile().unwrap())];
+        assert!(df.install(DataMap::whole_file(), other).is_err());
+        df.install(DataMap::whole_file(), files).unwrap();
     }
 
     #[test]

@@ -234,6 +234,15 @@ fn serve(args: &MountArgs, c: Checked) -> Result<()> {
     let adapter = AdapterOptions {
         data: c.data,
         ttl: Duration::from_secs_f64(args.ttl),
+        entry_ttl: if c.opts.needs_uncached_names() {
+            tracing::info!(
+                "allow_other without default_permissions: names are not cached, so every \
+                 path lookup is checked as its caller"
+            );
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(args.ttl)
+        },
         writeback_cache: args.writeback_cache == "on",
     };
     let report_err = |e: &dyn std::fmt::Display| {
@@ -290,6 +299,10 @@ fn serve(args: &MountArgs, c: Checked) -> Result<()> {
     let res = mounted.run();
     let _ = std::fs::remove_file(&pidfile);
     tracing::info!("unmounted {}", c.mountpoint.display());
+    if res.is_ok() && args.daemonized {
+        // A clean exit leaves nothing worth reading; a crash keeps its log.
+        let _ = std::fs::remove_file(mounts::log_path(&c.mountpoint));
+    }
     res.context("FUSE session failed")
 }
 

@@ -73,8 +73,12 @@ impl std::str::FromStr for DataMode {
 pub struct AdapterOptions {
     /// Data executor choice.
     pub data: DataMode,
-    /// How long the kernel may cache attributes and entries.
+    /// How long the kernel may cache attributes.
     pub ttl: Duration,
+    /// How long the kernel may cache names. Without `default_permissions`
+    /// the kernel checks no directory search permission on a cached name, so
+    /// a mount shared by several users needs 0 here.
+    pub entry_ttl: Duration,
     /// In daemon mode, let the kernel buffer writes (much faster small
     /// writes). The kernel then owns file sizes and never takes them from the
     /// daemon while the inode is cached, so writes made outside this mount
@@ -87,6 +91,7 @@ impl Default for AdapterOptions {
         AdapterOptions {
             data: DataMode::Auto,
             ttl: Duration::from_secs(1),
+            entry_ttl: Duration::from_secs(1),
             writeback_cache: true,
         }
     }
@@ -136,6 +141,13 @@ impl Shared {
     }
 }
 
+/// The daemon acting for itself (kernel-initiated changes).
+const ROOT_CTX: Ctx = Ctx {
+    uid: 0,
+    gid: 0,
+    pid: 0,
+};
+
 fn ctx(req: &Request) -> Ctx {
     Ctx {
         uid: req.uid(),
@@ -165,6 +177,69 @@ fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
         TimeOrNow::Now => TimeSet::Now,
         TimeOrNow::SpecificTime(s) => TimeSet::At(s),
     })
+}
+
+/// With the writeback cache the kernel trusts its own mtime, so
+/// `utimensat(UTIME_NOW)` reaches the daemon as atime = now plus an explicit
+/// mtime of "now". Turning that mtime back into `Now` gives the caller the
+/// permission check of `UTIME_NOW` (owner or write access), not that of an
+/// explicit time (owner only).
+fn utime_now_under_writeback(atime: Option<TimeSet>, mtime: Option<TimeSet>) -> Option<TimeSet> {
+    match (atime, mtime) {
+        (Some(TimeSet::Now), Some(TimeSet::At(t))) => {
+            let now = SystemTime::now();
+            let skew = now
+                .duration_since(t)
+                .unwrap_or_else(|e| e.duration());
+            if skew < Duration::from_secs(1) {
+                Some(TimeSet::Now)
+            } else {
+                mtime
+            }
+        }
+        _ => mtime,
+    }
+}
+
+fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {
+    match t {
+        None => rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+        Some(TimeSet::Now) => rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_NOW,
+        },
+        Some(TimeSet::At(t)) => match t.duration_since(SystemTime::UNIX_EPOCH) {
+            Ok(d) => rustix::fs::Timespec {
+                tv_sec: d.as_secs() as i64,
+                tv_nsec: d.subsec_nanos() as _,
+            },
+            Err(e) => {
+                let d = e.duration();
+                let (mut sec, mut nsec) = (-(d.as_secs() as i64), -(d.subsec_nanos() as i64));
+                if nsec < 0 {
+                    sec -= 1;
+                    nsec += 1_000_000_000;
+                }
+                rustix::fs::Timespec {
+                    tv_sec: sec,
+                    tv_nsec: nsec as _,
+                }
+            }
+        },
+    }
+}
+
+/// Sets the times of `set` on an open backing file.
+fn set_file_times(file: &std::fs::File, set: &SetAttr) -> Result<()> {
+    let ts = rustix::fs::Timestamps {
+        last_access: timespec(set.atime),
+        last_modification: timespec(set.mtime),
+    };
+    rustix::fs::futimens(file, &ts)?;
+    Ok(())
 }
 
 /// Attributes of an open file from its backing file, for files whose path is
@@ -233,7 +308,7 @@ impl Shared {
     fn entry(&self, parent: INodeNo, name: &OsStr, attr: &Attr, reply: ReplyEntry) {
         let fa = self.fuse_attr(attr);
         self.inodes.remember(parent.0, name, fa.ino.0);
-        reply.entry(&self.opts.ttl, &fa, Generation(0));
+        reply.entry_with_ttls(&self.opts.entry_ttl, &self.opts.ttl, &fa, Generation(0));
     }
 
     fn getattr_inner(&self, c: &Ctx, ino: INodeNo, fh: Option<FileHandle>) -> Result<Attr> {
@@ -291,7 +366,11 @@ impl Shared {
     }
 
     fn open_flags_for_fs(&self, flags: i32) -> i32 {
-        let mut flags = flags;
+        // The daemon's own I/O is buffered: kernel page-cache writeback and
+        // unaligned FUSE requests may reach any handle of the inode, and
+        // would fail with EINVAL on an O_DIRECT backing fd. (Passthrough opens
+        // get the application's flags from the kernel itself.)
+        let mut flags = flags & !libc::O_DIRECT;
         if self.writeback.load(Ordering::Relaxed) {
             // With the writeback cache the kernel may read pages of a file
             // opened write-only, and it implements O_APPEND itself.
@@ -366,17 +445,22 @@ impl Shared {
         }
     }
 
-    fn kill_suidgid(&self, path: &Path) -> Result<()> {
-        let root = Ctx {
-            uid: 0,
-            gid: 0,
-            pid: 0,
+    /// Clears setuid, and setgid where the kernel would (group-executable,
+    /// or the writer is not in the file's group), after a change by
+    /// `writer`, who lacks `CAP_FSETID`.
+    fn kill_suidgid(&self, path: &Path, writer: &Ctx) -> Result<()> {
+        let attr = match self.fs.getattr(&ROOT_CTX, path) {
+            Ok(a) => a,
+            // Unlinked while open: nothing left to protect by name.
+            Err(e) if e.errno() == libc::ENOENT => return Ok(()),
+            Err(e) => return Err(e),
         };
-        let attr = self.fs.getattr(&root, path)?;
         let mut perm = u32::from(attr.perm);
         let before = perm;
         perm &= !libc::S_ISUID;
-        if perm & libc::S_IXGRP != 0 {
+        if perm & libc::S_ISGID != 0
+            && (perm & libc::S_IXGRP != 0 || !mapfs::creds::in_group(writer, attr.gid))
+        {
             perm &= !libc::S_ISGID;
         }
         if perm != before {
@@ -384,7 +468,7 @@ impl Shared {
                 mode: Some(perm),
                 ..SetAttr::default()
             };
-            self.fs.setattr(&root, path, &set)?;
+            self.fs.setattr(&ROOT_CTX, path, &set)?;
         }
         Ok(())
     }
@@ -411,10 +495,7 @@ impl OpenRegistry for Shared {
             .files_of(pid, ino)
             .into_iter()
             .map(|(fh, f)| {
-                // Whole-file maps have exactly one file; other maps are
-                // served once the engine exposes its files (see registry docs).
-                let map = f.data.map();
-                let files = f.data.whole_file_backing().cloned().into_iter().collect();
+                let (map, files) = f.data.snapshot();
                 OpenInfo {
                     ino,
                     fh,
@@ -437,11 +518,13 @@ impl OpenRegistry for Shared {
     fn client_released(&self, fh: u64, map: DataMap) {
         if let Some(f) = self.handles.file(fh) {
             if f.data.whole_file_backing().is_none() {
-                warn!(
-                    fh,
-                    extents = map.extents().len(),
-                    "client map of a non-1-to-1 file not applied yet"
-                );
+                // The client wrote through its own engine over the same
+                // backing files; adopt its final map so `release` persists it.
+                let (_, files) = f.data.snapshot();
+                if let Err(e) = f.data.install(map, files) {
+                    warn!(fh, "shim client's final map rejected: {e}");
+                    return;
+                }
             }
             f.wrote.store(true, Ordering::Relaxed);
         }
@@ -546,18 +629,20 @@ impl Filesystem for Adapter {
             atime: time_set(atime),
             mtime: time_set(mtime),
         };
+        if fh.is_none() && s.writeback.load(Ordering::Relaxed) {
+            set.mtime = utime_now_under_writeback(set.atime, set.mtime);
+        }
+        let handle = fh.and_then(|fh| s.handles.file(fh.0));
         // A size change on an open file goes through the engine, so a map
         // that is not 1-to-1 stays right; as the caller, so the backing
         // kernel clears setuid/setgid as it would.
-        let open = fh
-            .and_then(|fh| s.handles.file(fh.0))
-            .or_else(|| match size {
-                Some(_) => s
-                    .handles
-                    .any_file_of(ino.0)
-                    .filter(|f| f.data.whole_file_backing().is_none()),
-                None => None,
-            });
+        let open = handle.clone().or_else(|| match size {
+            Some(_) => s
+                .handles
+                .any_file_of(ino.0)
+                .filter(|f| f.data.whole_file_backing().is_none()),
+            None => None,
+        });
         if let (Some(sz), Some(file)) = (size, &open) {
             tri!(
                 reply,
@@ -565,6 +650,28 @@ impl Filesystem for Adapter {
             );
             file.wrote.store(true, Ordering::Relaxed);
             set.size = None;
+        }
+        // Times that come with a file handle are the kernel's own (with
+        // ftruncate, or its writeback cache flushing mtime), never a
+        // utimensat: apply them through the open file as the daemon, which
+        // also works once the name is gone.
+        if let Some(file) = &handle {
+            if set.atime.is_some() || set.mtime.is_some() {
+                let times = SetAttr {
+                    atime: set.atime,
+                    mtime: set.mtime,
+                    ..SetAttr::default()
+                };
+                match file.data.whole_file_backing() {
+                    Some(b) => tri!(reply, set_file_times(b, &times)),
+                    None => {
+                        let path = tri!(reply, path.clone());
+                        tri!(reply, s.fs.setattr(&ROOT_CTX, &path, &times));
+                    }
+                }
+                set.atime = None;
+                set.mtime = None;
+            }
         }
         let attr = if set.is_empty() {
             tri!(reply, s.getattr_inner(&c, ino, fh))
@@ -725,7 +832,7 @@ impl Filesystem for Adapter {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -741,7 +848,7 @@ impl Filesystem for Adapter {
             return;
         };
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            tri!(reply, s.kill_suidgid(&file.path));
+            tri!(reply, s.kill_suidgid(&file.path, &ctx(req)));
         }
         let mut remap = s.remap_for(&file);
         let n = tri!(reply, file.data.write(offset, data, &mut remap));
@@ -988,7 +1095,8 @@ impl Filesystem for Adapter {
         s.inodes.remember(parent.0, name, fa.ino.0);
         let (fh, backing) =
             s.register_open(&c, fa.ino.0, path, flags, opened, |f| reply.open_backing(f));
-        let ttl = s.opts.ttl;
+        // One TTL serves entry and attributes here: the stricter one.
+        let ttl = s.opts.entry_ttl.min(s.opts.ttl);
         match backing {
             Some(id) => reply.created_passthrough(
                 &ttl,
@@ -1010,7 +1118,7 @@ impl Filesystem for Adapter {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1022,6 +1130,11 @@ impl Filesystem for Adapter {
             reply.error(Errno::EBADF);
             return;
         };
+        // Like write, fallocate by an unprivileged caller drops setuid/setgid;
+        // the kernel sends no flag for it.
+        if req.uid() != 0 {
+            tri!(reply, self.0.kill_suidgid(&file.path, &ctx(req)));
+        }
         tri!(reply, file.data.fallocate(mode, offset, length));
         file.wrote.store(true, Ordering::Relaxed);
         reply.ok();

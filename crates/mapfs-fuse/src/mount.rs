@@ -39,6 +39,16 @@ pub struct MountOptions {
     pub acl: SessionACL,
 }
 
+impl MountOptions {
+    /// True when users other than the owner may use the mount while the
+    /// kernel does no permission checks of its own (no `default_permissions`):
+    /// cached names would then skip directory search checks, so the adapter
+    /// must not cache names.
+    pub fn needs_uncached_names(&self) -> bool {
+        self.acl != SessionACL::Owner && !self.kernel.contains(&MountOption::DefaultPermissions)
+    }
+}
+
 /// Parses a comma-separated option list (several `-o` may be given); an
 /// unknown option is an error naming it.
 pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {

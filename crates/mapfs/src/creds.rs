@@ -75,6 +75,12 @@ pub fn as_caller<T>(ctx: &Ctx, f: impl FnOnce() -> Result<T>) -> Result<T> {
     f()
 }
 
+/// True when the caller belongs to group `gid` (its own gid or one of its
+/// supplementary groups), as the kernel's `in_group_p` would say.
+pub fn in_group(ctx: &Ctx, gid: u32) -> bool {
+    ctx.gid == gid || caller_groups(ctx).iter().any(|g| g.as_raw() == gid)
+}
+
 /// Restores the daemon's credentials on drop, so a failing or panicking `f`
 /// never leaves the thread impersonating.
 struct Switched {

@@ -18,6 +18,7 @@ mod workloads;
 use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -287,6 +288,33 @@ fn backing_dir(arg: &Option<PathBuf>) -> Result<(PathBuf, Option<tempfile::TempD
     Ok((t.path().canonicalize()?, Some(t)))
 }
 
+/// Set by SIGINT/SIGTERM/SIGHUP: stop after the current run and unmount,
+/// rather than die and leave mounts behind.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+fn catch_interrupts() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let act = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe, and no other code of the process installs
+        // handlers for these signals.
+        let _ = unsafe { sigaction(sig, &act) };
+    }
+}
+
 /// Writes `size` bytes of non-zero data to `path` and syncs it.
 fn preallocate(path: &Path, size: u64) -> Result<()> {
     let mut buf = vec![0u8; 1 << 20];
@@ -418,6 +446,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(p) => p.clone(),
         None => std::env::current_exe().context("locating the mapfs executable")?,
     };
+    catch_interrupts();
     let started_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -484,6 +513,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             fmt_size(params.size)
         );
         for f in &prealloc {
+            if interrupted() {
+                bail!("interrupted");
+            }
             preallocate(&data.path().join(f), params.size)?;
         }
     }
@@ -523,7 +555,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
 
     let mut records: Vec<Record> = vec![];
-    for w in &wls {
+    'workloads: for w in &wls {
         match w.kind {
             Kind::Data { .. } => {
                 for &bs in &params.bs {
@@ -539,6 +571,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         .expect("data workload has a fio job");
                     for run in 0..params.runs {
                         for (c, p) in &ready {
+                            if interrupted() {
+                                break 'workloads;
+                            }
                             pb.set_message(format!(
                                 "{} bs={col} run {}/{} {}",
                                 w.name,
@@ -550,6 +585,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                             let dir = p.root.join(&data_name);
                             let mut rec = empty_record(w.name, c.name, &col, run);
                             match run_fio(p, &dir, w, &job) {
+                                // fio stops early on the same SIGINT: not a result.
+                                Ok(_) if interrupted() => rec.error = Some("interrupted".into()),
                                 Ok(r) => {
                                     rec.value = Some(r.bw_bytes / 1e6);
                                     rec.iops = Some(r.iops);
@@ -575,6 +612,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Kind::CreateStatUnlink => {
                 for run in 0..params.runs {
                     for (c, p) in &ready {
+                        if interrupted() {
+                            break 'workloads;
+                        }
                         pb.set_message(format!(
                             "{} run {}/{} {}",
                             w.name,
@@ -708,6 +748,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             report::write_svg(t, &out.join(format!("{}.svg", t.workload)))?;
         }
         eprintln!("mapfs bench: wrote {}", out.display());
+    }
+    if interrupted() {
+        bail!("interrupted; the tables above are partial");
     }
     Ok(())
 }

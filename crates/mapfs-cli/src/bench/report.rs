@@ -38,6 +38,7 @@ pub struct Record {
 
 /// One table cell.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
 pub enum Cell {
     /// At least one run succeeded.
     Ok {
@@ -52,8 +53,11 @@ pub enum Cell {
         /// Runs that failed besides.
         failed: usize,
     },
-    /// Every run failed; the first error.
-    Failed(String),
+    /// Every run failed.
+    Failed {
+        /// The first run's error.
+        error: String,
+    },
     /// Not run.
     Missing,
 }
@@ -111,11 +115,12 @@ pub fn build_table(
         }
         let ok: Vec<f64> = rs.iter().filter_map(|r| r.value).collect();
         match Summary::of(&ok) {
-            None => Cell::Failed(
-                rs.iter()
+            None => Cell::Failed {
+                error: rs
+                    .iter()
                     .find_map(|r| r.error.clone())
                     .unwrap_or_else(|| "no result".into()),
-            ),
+            },
             Some(summary) => Cell::Ok {
                 summary,
                 ratio: None,
@@ -194,7 +199,7 @@ fn md_text(s: &str, max: usize) -> String {
 fn throughput_cell(c: &Cell, is_native: bool) -> String {
     match c {
         Cell::Missing => "–".into(),
-        Cell::Failed(e) => format!("failed: {}", md_text(e, 60)),
+        Cell::Failed { error } => format!("failed: {}", md_text(error, 60)),
         Cell::Ok {
             summary,
             ratio,
@@ -261,7 +266,7 @@ pub fn render_latency_markdown(t: &Table) -> String {
             } => format!("{} / {}", fmt_num(*a), fmt_num(*b)),
             Cell::Ok { .. } => "?".into(),
             Cell::Missing => "–".into(),
-            Cell::Failed(_) => "failed".into(),
+            Cell::Failed { .. } => "failed".into(),
         },
     )
 }
@@ -451,7 +456,14 @@ mod tests {
             }
             c => panic!("{c:?}"),
         }
-        assert_eq!(t.rows[1].cells[1], Cell::Failed("boom | bang".into()));
+        assert_eq!(
+            t.rows[1].cells[1],
+            Cell::Failed {
+                error: "boom | bang".into()
+            }
+        );
+        let json = serde_json::to_value(&t.rows[1].cells[1]).unwrap();
+        assert_eq!(json["status"], "failed");
         assert!(t.rows[2].cells.is_empty());
     }
 

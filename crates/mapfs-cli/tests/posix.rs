@@ -2181,10 +2181,34 @@ macro_rules! posix_tests {
         fn daemon() {
             super::compare(stringify!($check), super::$check, super::DataMode::Daemon, false)
         }
+        posix_tests!(@strict $check);
+    };
+    (@strict $check:ident) => {
+        #[test]
+        fn daemon_nowb() {
+            super::compare(
+                stringify!($check),
+                super::$check,
+                super::DataMode::DaemonNoWriteback,
+                false,
+            )
+        }
         #[test]
         fn passthrough() {
             super::compare(stringify!($check), super::$check, super::DataMode::Passthrough, false)
         }
+    };
+    // Checks the kernel's writeback cache cannot pass (it owns dirty pages
+    // and file sizes): run without it, and say so for the default daemon mode.
+    (@variants $check:ident writeback_limit) => {
+        #[test]
+        #[ignore = "daemon mode's writeback cache: SEEK_DATA does not see dirty pages and \
+                    writes past the backing file system's size limit fail only at writeback \
+                    (README, Consistency); checked by daemon_nowb"]
+        fn daemon() {
+            super::compare(stringify!($check), super::$check, super::DataMode::Daemon, false)
+        }
+        posix_tests!(@strict $check);
     };
     (@variants $check:ident perm) => {
         posix_tests!(@variants $check plain);
@@ -2237,7 +2261,7 @@ posix_tests! {
     t_path_max => path_max: plain,
     t_exdev => exdev: plain,
     t_eacces => eacces: perm,
-    t_large_offsets => large_offsets: plain,
+    t_large_offsets => large_offsets: writeback_limit,
     t_o_direct => o_direct: plain,
     t_o_direct_mixed => o_direct_mixed: plain,
     t_exec => exec: plain,

@@ -18,8 +18,12 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum DataMode {
     /// Kernel passthrough where possible, daemon otherwise.
     Auto,
-    /// Every read and write runs in the daemon.
+    /// Every read and write runs in the daemon (with the kernel's writeback
+    /// cache, the default).
     Daemon,
+    /// Every read and write runs in the daemon, writeback cache off: strict
+    /// close-to-open and synchronous write errors.
+    DaemonNoWriteback,
     /// Kernel FUSE passthrough for whole-file maps.
     Passthrough,
 }
@@ -30,7 +34,18 @@ impl DataMode {
         match self {
             DataMode::Auto => "auto",
             DataMode::Daemon => "daemon",
+            DataMode::DaemonNoWriteback => "daemon-nowb",
             DataMode::Passthrough => "passthrough",
+        }
+    }
+
+    /// The `mapfs mount` arguments selecting this mode.
+    pub fn mount_args(self) -> &'static [&'static str] {
+        match self {
+            DataMode::Auto => &["--data", "auto"],
+            DataMode::Daemon => &["--data", "daemon"],
+            DataMode::DaemonNoWriteback => &["--data", "daemon", "--writeback-cache", "off"],
+            DataMode::Passthrough => &["--data", "passthrough"],
         }
     }
 }
@@ -239,8 +254,7 @@ impl MountBuilder {
             .arg(&self.fs)
             .arg(&backing)
             .arg(&mountpoint)
-            .arg("--data")
-            .arg(self.data.as_str());
+            .args(self.data.mount_args());
         if !self.options.is_empty() {
             cmd.arg("-o").arg(self.options.join(","));
         }

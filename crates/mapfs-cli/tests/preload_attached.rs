@@ -61,11 +61,15 @@ fn fsx_under_shim(mode: DataMode) {
 }
 
 #[test]
+#[ignore = "mapfs-fsx makes raw system calls (rustix linux_raw) that LD_PRELOAD cannot see; \
+            preload_fsx.rs runs a libc exerciser meanwhile; un-ignore once mapfs-fsx calls libc"]
 fn fsx_under_shim_passthrough() {
     fsx_under_shim(DataMode::Passthrough);
 }
 
 #[test]
+#[ignore = "mapfs-fsx makes raw system calls (rustix linux_raw) that LD_PRELOAD cannot see; \
+            preload_fsx.rs runs a libc exerciser meanwhile; un-ignore once mapfs-fsx calls libc"]
 fn fsx_under_shim_daemon() {
     fsx_under_shim(DataMode::Daemon);
 }

@@ -623,3 +623,56 @@ fn writer_stat_by_path_sees_its_writes() {
         "{test}"
     );
 }
+
+/// Applications that close "every" descriptor (a close loop, close_range) or
+/// dup2 onto the shim's socket number do not break the shim: it keeps (or
+/// reconnects) its control connection, and the files closed that way still
+/// reach the mount (close-to-open).
+#[test]
+fn shim_survives_close_all_and_dup2_over_its_socket() {
+    let test = "preload close-all";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let x = s.mountpoint().join("x");
+    let y = s.mountpoint().join("y");
+    std::fs::write(&x, b"hello").unwrap();
+    std::fs::write(&y, b"world").unwrap();
+    let report = report_path(&s, "closeall");
+    let out = ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys\nx,y=sys.argv[1:3]\n\
+             def socks():\n\
+             \x20 r=[]\n\
+             \x20 for f in os.listdir('/proc/self/fd'):\n\
+             \x20   try:\n\
+             \x20     if os.readlink('/proc/self/fd/'+f).startswith('socket:'): r.append(int(f))\n\
+             \x20   except OSError: pass\n\
+             \x20 return r\n\
+             a=os.open(x,os.O_WRONLY); os.write(a,b'HELLO')\n\
+             s=socks(); assert len(s)==1, s\n\
+             os.closerange(3,100000)\n\
+             assert socks()==s\n\
+             print(open(x).read())\n\
+             b=os.open(y,os.O_RDONLY); print(os.read(b,5).decode())\n\
+             os.dup2(b,s[0])\n\
+             c=os.open(x,os.O_RDONLY); print(os.read(c,5).decode())\n\
+             for i in range(3,1000):\n\
+             \x20 try: os.close(i)\n\
+             \x20 except OSError: pass\n\
+             assert len(socks())==1\n\
+             d=os.open(y,os.O_RDONLY); print(os.read(d,5).decode())\n",
+        )
+        .arg(&x)
+        .arg(&y));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "HELLO\nworld\nHELLO\nworld\n",
+        "{test}"
+    );
+    assert_eq!(std::fs::read(&x).unwrap(), b"HELLO");
+    let t = totals(&report, "python");
+    assert_eq!((t.adopted, t.fallbacks), (5, 0), "{test}: {t:?}");
+}

@@ -188,6 +188,12 @@ fn duped(old: c_int, new: c_int) {
     if new < 0 || old == new {
         return;
     }
+    if table::state(new) == table::SHIM {
+        // The application put something else on the shim's socket number;
+        // the connection is gone (the next call reconnects) and the number
+        // is the application's.
+        table::release_shim_fd(new);
+    }
     let note = closing(new);
     if table::state(old) == OTHER {
         // Fast path for pipes and sockets (a shell's redirections).
@@ -387,9 +393,52 @@ hooks! {
 
     // ---- close and duplication ----
     fn close(fd: c_int) -> c_int = |real| {
+        if table::state(fd) == table::SHIM && Guard::enter().is_some() {
+            // The application closing "all" its descriptors must not cut the
+            // shim off its daemon: report success, keep the socket.
+            return 0;
+        }
         let note = closing(fd);
         let r = real(fd);
         closed(note);
+        r
+    }
+    fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int = |real| {
+        if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
+            return real(first, last, flags);
+        }
+        let Some(_g) = Guard::enter() else {
+            return real(first, last, flags);
+        };
+        // Bookkeeping for the tracked descriptors in the range, and the
+        // shim's own sockets cut out of it.
+        let top = last.min(table::MAX_FD as c_uint - 1);
+        let mut notes = Vec::new();
+        let mut start = first;
+        let mut r = 0;
+        let mut fd = first;
+        while fd <= top {
+            let s = table::state(fd as c_int);
+            if s == table::SHIM {
+                if fd > start {
+                    r |= real(start, fd - 1, flags);
+                }
+                start = fd + 1;
+            } else if s != UNKNOWN && s != OTHER {
+                notes.push(sys::keep_errno(|| table::closing(fd as c_int)));
+            } else if s == OTHER {
+                table::mark_unknown(fd as c_int);
+            }
+            fd += 1;
+        }
+        if start <= last {
+            r |= real(start, last, flags);
+        }
+        let e = sys::errno();
+        for n in notes.into_iter().flatten() {
+            n.send();
+        }
+        sys::set_errno(e);
         r
     }
     fn dup(old: c_int) -> c_int = |real| {

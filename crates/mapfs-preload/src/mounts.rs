@@ -32,8 +32,61 @@ pub struct Mount {
 
 /// An open connection to a daemon.
 pub struct Conn {
-    sock: OwnedFd,
+    /// `None` once the application took the descriptor number over (it
+    /// `dup2`ed onto it or closed it behind the shim's back): never closed
+    /// by the shim then.
+    sock: Option<OwnedFd>,
+    /// Socket inode, to notice the descriptor became something else.
+    ino: u64,
     pid: u32,
+}
+
+impl Conn {
+    /// The socket, if the descriptor is still the one the shim connected.
+    fn live(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        let sock = self.sock.as_ref()?;
+        match rustix::fs::fstat(sock) {
+            Ok(st) if st.st_ino == self.ino => Some(sock.as_fd()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(sock) = self.sock.take() {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+            let ours = rustix::fs::fstat(&sock).is_ok_and(|st| st.st_ino == self.ino);
+            if ours {
+                drop(sock);
+            } else {
+                // Closed behind the shim's back, or the number now belongs
+                // to the application: not ours to close.
+                std::mem::forget(sock);
+            }
+            crate::table::release_shim_fd(fd);
+        }
+    }
+}
+
+/// Lowest descriptor number the shim's sockets use, away from the numbers
+/// applications pick for themselves (0-2, and `dup2` targets like 10).
+const HIGH_FD: i32 = 512;
+
+fn connect(path: &std::path::Path) -> std::io::Result<Conn> {
+    let sock = control::connect(path)?;
+    let sock = match rustix::io::fcntl_dupfd_cloexec(&sock, HIGH_FD) {
+        Ok(high) => high,
+        // Low descriptor limit: keep the number we have.
+        Err(_) => sock,
+    };
+    let ino = rustix::fs::fstat(&sock)?.st_ino;
+    crate::table::claim_shim_fd(std::os::fd::AsRawFd::as_raw_fd(&sock));
+    Ok(Conn {
+        sock: Some(sock),
+        ino,
+        pid: sys::getpid(),
+    })
 }
 
 static MOUNTS: OnceLock<Vec<Mount>> = OnceLock::new();
@@ -134,17 +187,23 @@ impl Mount {
     pub fn call(&self, req: &Request) -> std::io::Result<(Response, Vec<OwnedFd>)> {
         let mut conn = self.conn.lock();
         let pid = sys::getpid();
-        if conn.as_ref().is_some_and(|c| c.pid != pid) {
-            // Inherited from the parent across fork: the parent still owns
-            // the conversation on it; our copy is just closed.
+        if conn
+            .as_ref()
+            .is_some_and(|c| c.pid != pid || c.live().is_none())
+        {
+            // Inherited from the parent across fork (the parent still owns
+            // the conversation on it; our copy is just closed), or the
+            // descriptor was taken over by the application.
             *conn = None;
         }
         if conn.is_none() {
-            let sock = control::connect(&self.socket)?;
-            *conn = Some(Conn { sock, pid });
+            *conn = Some(connect(&self.socket)?);
         }
-        let sock = &conn.as_ref().expect("connected above").sock;
-        let res = control::call(sock.as_fd(), req);
+        let sock = conn
+            .as_ref()
+            .and_then(Conn::live)
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))?;
+        let res = control::call(sock, req);
         if res.is_err() {
             *conn = None;
         }

@@ -57,6 +57,10 @@ pub const PENDING: u8 = 2;
 pub const ADOPTED: u8 = 3;
 /// A mapfs file served through the mount (the shim could not adopt it).
 pub const MOUNT: u8 = 4;
+/// One of the shim's own descriptors (a control socket): the application's
+/// `close` of it is a no-op, so it cannot pull the socket from under the
+/// shim.
+pub const SHIM: u8 = 5;
 
 static STATE: [AtomicU8; MAX_FD] = [const { AtomicU8::new(UNKNOWN) }; MAX_FD];
 
@@ -575,4 +579,21 @@ pub fn import_adopted(spec: &str) {
         }
         set_state(fd, ADOPTED);
     }
+}
+
+/// Marks `fd` as the shim's own.
+pub fn claim_shim_fd(fd: RawFd) {
+    set_state(fd, SHIM);
+}
+
+/// `fd` is no longer the shim's.
+pub fn release_shim_fd(fd: RawFd) {
+    if state(fd) == SHIM {
+        set_state(fd, UNKNOWN);
+    }
+}
+
+/// Forgets what `fd` was (closed by a call that needs no other bookkeeping).
+pub fn mark_unknown(fd: RawFd) {
+    set_state(fd, UNKNOWN);
 }

@@ -23,7 +23,26 @@
 //! Tests can ask a live process about one descriptor with the exported
 //! `mapfs_preload_fd_status(fd)`: 0 unclassified, 1 not a mapfs file, 2 mapfs
 //! file not adopted yet, 3 adopted (data calls native), 4 served through the
-//! mount.
+//! mount, 5 the shim's own control socket.
+//!
+//! # Limits (see also [`hooks`] for what is not intercepted)
+//!
+//! - Only whole-file 1-to-1 maps are adopted; files with other maps are
+//!   served through the mount (running the data engine in-process for them
+//!   is future work).
+//! - No map cache across opens: each adoption is one round trip to the
+//!   daemon (made lazily, at the first data call, so metadata-only opens
+//!   cost none). Reusing a backing descriptor for a re-open safely needs a
+//!   validity token from the daemon, which it does not give yet.
+//! - The open through the mount is released (and the file system's
+//!   `release` runs) when the descriptor is adopted, not at the
+//!   application's close; the application's close is reported separately.
+//! - POSIX locks of adopted descriptors are taken on the backing file: they
+//!   exclude other shim processes but not processes using the mount.
+//! - A daemon-mode mount with the kernel writeback cache (`--data daemon`,
+//!   default `--writeback-cache on`) shows sizes changed by shim writers
+//!   late; use `--writeback-cache off` or a passthrough mount for strict
+//!   close-to-open.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -4,7 +4,7 @@
 //! writes run on the backing files, not through the FUSE daemon.
 //!
 //! How descriptors are served is described in [`table`]; the hooks are in
-//! [`hooks`], declared once in one table. The rules every hook follows:
+//! [`hooks`](mod@hooks), declared once in one table. The rules every hook follows:
 //!
 //! - Every descriptor stays a real kernel descriptor; anything the shim
 //!   cannot serve keeps going through the mount, never to an error.
@@ -25,7 +25,7 @@
 //! file not adopted yet, 3 adopted (data calls native), 4 served through the
 //! mount, 5 the shim's own control socket.
 //!
-//! # Limits (see also [`hooks`] for what is not intercepted)
+//! # Limits (see also [`hooks`](mod@hooks) for what is not intercepted)
 //!
 //! - Only whole-file 1-to-1 maps are adopted; files with other maps are
 //!   served through the mount (running the data engine in-process for them

@@ -1,4 +1,4 @@
-//! The interposed libc functions, declared once in one table ([`hooks!`]):
+//! The interposed libc functions, declared once in one table (`hooks!`):
 //! each entry generates the exported symbol and the pointer to the real
 //! function (`dlsym(RTLD_NEXT)`, resolved at first use).
 //!

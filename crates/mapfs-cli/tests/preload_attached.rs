@@ -538,6 +538,8 @@ fn daemon_killed_nothing_hangs() {
     );
     // The bytes read were the file's (the adopted fd is the backing file).
     assert_eq!(std::fs::read(s.backing().join("a.bin")).unwrap(), data);
+    // A killed daemon cannot remove its socket file.
+    let _ = std::fs::remove_file(mapfs::control::socket_path(s.mountpoint()));
 }
 
 /// A shim writer killed before it could report its close: the daemon sees

@@ -226,6 +226,7 @@ fn nobody_gets_eacces_like_through_the_mount() {
             .arg(&secret)
             .arg(&public)
             .env("MAPFS_PRELOAD_REPORT", &report)
+            .env("MAPFS_PRELOAD_ADOPT_CALLS", "1")
             .env("HOME", "/");
         String::from_utf8(ok(&mut cmd).stdout).unwrap()
     };
@@ -340,9 +341,13 @@ tail = os.pread(fd, 10000, before)
 assert sorted(tail[i:i+100] for i in range(0, 10000, 100)) == [b'C' * 100] * 50 + [b'P' * 100] * 50
 data = data + tail
 
-# Threads: one thread opens, others read at random offsets concurrently.
+# Threads: a thread opens and reads once (adopted while it lives); four
+# threads then read at random offsets concurrently.
 box = {}
-t = threading.Thread(target=lambda: box.setdefault('fd', os.open(p, os.O_RDONLY)))
+def opener():
+    box['fd'] = os.open(p, os.O_RDONLY)
+    assert os.pread(box['fd'], 3, 0) == data[:3]
+t = threading.Thread(target=opener)
 t.start(); t.join()
 errors = []
 def reader(seed):
@@ -354,6 +359,14 @@ ts = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
 [x.start() for x in ts]; [x.join() for x in ts]
 assert not errors, errors[:5]
 assert status(box['fd']) == ADOPTED, status(box['fd'])
+# Opened by a thread that is gone before any data call: the kernel named the
+# opener by its thread id, so the daemon cannot hand the open over; it is
+# served through the mount, with the same bytes.
+t = threading.Thread(target=lambda: box.__setitem__('late', os.open(p, os.O_RDONLY)))
+t.start(); t.join()
+assert os.pread(box['late'], 100, 5) == data[5:105]
+assert status(box['late']) in (ADOPTED, 4), status(box['late'])
+os.close(box['late'])
 
 for x in (fd, d, f3, 90, g, g2, h, a, box['fd']): os.close(x)
 print('done')
@@ -375,9 +388,10 @@ fn fork_exec_dup_fcntl_threads() {
         .arg(FORK_DUP_SCRIPT)
         .arg(&f));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "done");
-    // At most the exec'd child serving the parent's pending open falls back.
+    // At most the exec'd child serving the parent's pending open and the
+    // descriptor of the vanished thread fall back.
     let t = totals(&report, "python");
-    assert!(t.fallbacks <= 1 && t.adopted >= 6, "{test}: {t:?}");
+    assert!(t.fallbacks <= 2 && t.adopted >= 6, "{test}: {t:?}");
 }
 
 /// A shell redirection: the shell's child opens the file, makes it stdin and
@@ -677,4 +691,46 @@ fn shim_survives_close_all_and_dup2_over_its_socket() {
     assert_eq!(std::fs::read(&x).unwrap(), b"HELLO");
     let t = totals(&report, "python");
     assert_eq!((t.adopted, t.fallbacks), (5, 0), "{test}: {t:?}");
+}
+
+/// The default adoption policy: a few small calls stay on the mount (an
+/// adoption would cost more than they do); the fourth call, or a single
+/// large one, adopts; either way the bytes are the file's.
+#[test]
+fn default_policy_adopts_busy_descriptors_only() {
+    let test = "preload adoption policy";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let f = s.mountpoint().join("p.bin");
+    std::fs::write(&f, pattern(3 << 20, 8)).unwrap();
+    let report = report_path(&s, "policy");
+    let out = ok(attached_default(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys,ctypes\nst=ctypes.CDLL(None).mapfs_preload_fd_status\np=sys.argv[1]\n\
+             d=open(p,'rb').read(); r=[]\n\
+             a=os.open(p,os.O_RDONLY)\n\
+             for i in range(4):\n\
+             \x20 assert os.read(a,100)==d[i*100:(i+1)*100]; r.append(st(a))\n\
+             b=os.open(p,os.O_RDONLY)\n\
+             assert os.pread(b,2<<20,5)==d[5:5+(2<<20)]; r.append(st(b))\n\
+             c=os.open(p,os.O_RDONLY); os.close(c); r.append(st(c))\n\
+             print(r)\n",
+        )
+        .arg(&f));
+    // The whole-file read of `open(p).read()` is one large call: adopted.
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[2, 2, 2, 3, 3, 0]",
+        "{test}"
+    );
+    let t = totals(&report, "python");
+    assert_eq!(
+        (t.tracked, t.adopted, t.fallbacks),
+        (4, 3, 0),
+        "{test}: {t:?}"
+    );
+    assert_eq!(t.mount_calls, 3, "{test}: {t:?}");
 }

@@ -103,31 +103,52 @@ macro_rules! hooks {
     };
 }
 
-/// Before a data call on `fd`: adopt a pending descriptor, count the call.
+/// Before a data call moving `len` bytes on `fd`: adopt a pending
+/// descriptor when the policy says so ([`table::serve`]), count the call.
 #[inline(always)]
-fn data(fd: c_int) {
+fn data(fd: c_int, len: usize) {
     match table::state(fd) {
         OTHER => {}
         ADOPTED => report::count_native(),
         MOUNT => report::count_mount(),
-        _ => data_slow(fd),
+        _ => data_slow(fd, len),
     }
+}
+
+/// A data call that needs the final file: adopt a pending descriptor now.
+#[inline(always)]
+fn data_now(fd: c_int) {
+    data(fd, usize::MAX);
 }
 
 #[cold]
 #[inline(never)]
-fn data_slow(fd: c_int) {
+fn data_slow(fd: c_int, len: usize) {
     if fd < 0 {
         return;
     }
     if let Some(_g) = Guard::enter() {
-        sys::keep_errno(|| table::serve(fd));
+        sys::keep_errno(|| table::serve(fd, len));
         match table::state(fd) {
             ADOPTED => report::count_native(),
-            MOUNT => report::count_mount(),
+            // Still pending: this call goes through the mount.
+            MOUNT | table::PENDING => report::count_mount(),
             _ => {}
         }
     }
+}
+
+/// Total length of an iovec array (for the adoption policy).
+///
+/// # Safety
+/// `iov` points to `cnt` valid iovecs (or `cnt` <= 0).
+unsafe fn iov_len(iov: *const libc::iovec, cnt: c_int) -> usize {
+    if iov.is_null() || cnt <= 0 {
+        return 0;
+    }
+    // SAFETY: per the contract.
+    let v = unsafe { std::slice::from_raw_parts(iov, cnt as usize) };
+    v.iter().fold(0usize, |a, i| a.saturating_add(i.iov_len))
 }
 
 /// After an open returned `fd`.
@@ -155,7 +176,7 @@ fn stream_opened(stream: *mut FILE, fresh: bool) -> *mut FILE {
             if fresh {
                 table::opened(fd);
             }
-            table::serve(fd);
+            table::serve(fd, usize::MAX);
         });
     }
     stream
@@ -271,7 +292,7 @@ fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
         | libc::F_OFD_GETLK => {
             // Locks are taken on what the descriptor finally is: adopt first,
             // or the adoption's dup3 would drop them.
-            data(fd);
+            data_now(fd);
             // SAFETY: as above.
             unsafe { real(fd, cmd, arg) }
         }
@@ -465,147 +486,157 @@ hooks! {
 
     // ---- data calls: adopt first, then the real call ----
     fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t = |real| {
-        data(fd);
+        data(fd, n);
         real(fd, buf, n)
     }
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t = |real| {
-        data(fd);
+        data(fd, n);
         real(fd, buf, n, buflen)
     }
     fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t = |real| {
-        data(fd);
+        data(fd, n);
         real(fd, buf, n)
     }
     fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t = |real| {
-        data(fd);
+        data(fd, n);
         real(fd, buf, n, off)
     }
     fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
-        data(fd);
+        data(fd, n);
         real(fd, buf, n, off)
     }
     fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t = |real| {
-        data(fd);
+        data(fd, n);
         real(fd, buf, n, off, buflen)
     }
     fn __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t, buflen: size_t) -> ssize_t = |real| {
-        data(fd);
+        data(fd, n);
         real(fd, buf, n, off, buflen)
     }
     fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t = |real| {
-        data(fd);
+        data(fd, n);
         real(fd, buf, n, off)
     }
     fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
-        data(fd);
+        data(fd, n);
         real(fd, buf, n, off)
     }
     fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt)
     }
     fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt)
     }
     fn preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt, off)
     }
     fn preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt, off)
     }
     fn pwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt, off)
     }
     fn pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt, off)
     }
     fn preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt, off, flags)
     }
     fn preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt, off, flags)
     }
     fn pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt, off, flags)
     }
     fn pwritev64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
-        data(fd);
+        // SAFETY: the caller's iovec array.
+        data(fd, unsafe { iov_len(iov, cnt) });
         real(fd, iov, cnt, off, flags)
     }
     fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void = |real| {
         if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 {
-            data(fd);
+            data_now(fd);
         }
         real(addr, len, prot, flags, fd, off)
     }
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void = |real| {
         if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 {
-            data(fd);
+            data_now(fd);
         }
         real(addr, len, prot, flags, fd, off)
     }
     fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int = |real| {
-        data(fd);
+        data_now(fd);
         real(fd, mode, off, len)
     }
     fn fallocate64(fd: c_int, mode: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
-        data(fd);
+        data_now(fd);
         real(fd, mode, off, len)
     }
     fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c_int = |real| {
-        data(fd);
+        data_now(fd);
         real(fd, off, len)
     }
     fn posix_fallocate64(fd: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
-        data(fd);
+        data_now(fd);
         real(fd, off, len)
     }
     fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int = |real| {
-        data(fd);
+        data_now(fd);
         real(fd, off, len, advice)
     }
     fn posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, advice: c_int) -> c_int = |real| {
-        data(fd);
+        data_now(fd);
         real(fd, off, len, advice)
     }
     fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t = |real| {
-        data(in_fd);
-        data(out_fd);
+        data_now(in_fd);
+        data_now(out_fd);
         real(out_fd, in_fd, off, n)
     }
     fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t = |real| {
-        data(in_fd);
-        data(out_fd);
+        data_now(in_fd);
+        data_now(out_fd);
         real(out_fd, in_fd, off, n)
     }
     fn copy_file_range(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
-        data(in_fd);
-        data(out_fd);
+        data_now(in_fd);
+        data_now(out_fd);
         real(in_fd, off_in, out_fd, off_out, n, flags)
     }
     fn splice(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
-        data(in_fd);
-        data(out_fd);
+        data_now(in_fd);
+        data_now(out_fd);
         real(in_fd, off_in, out_fd, off_out, n, flags)
     }
     fn flock(fd: c_int, op: c_int) -> c_int = |real| {
-        data(fd);
+        data_now(fd);
         real(fd, op)
     }
     fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int = |real| {
-        data(fd);
+        data_now(fd);
         real(fd, cmd, len)
     }
     fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int = |real| {
-        data(fd);
+        data_now(fd);
         real(fd, cmd, len)
     }
 

@@ -92,6 +92,8 @@ pub struct Entry {
     /// Thread that made the open (what the daemon recorded as its pid), or
     /// the process id when unknown.
     pub tid: u32,
+    /// Data calls seen while pending (see [`serve`]).
+    pub calls: std::sync::atomic::AtomicU32,
     /// Mutable part.
     pub inner: Mutex<Inner>,
 }
@@ -152,13 +154,7 @@ pub fn opened(fd: RawFd) {
     }
     // A stale entry (descriptor closed behind our back, e.g. close_range).
     drop(remove(fd));
-    let tid = sys::gettid();
-    if classify(fd, tid) == PENDING && tid != sys::getpid() {
-        // The kernel names the opener of a FUSE request by its thread id, and
-        // the daemon finds the open only while that thread lives: adopt now,
-        // not at a first data call that may come after the thread is gone.
-        serve(fd);
-    }
+    classify(fd, sys::gettid());
 }
 
 /// Classifies `fd` (opened by thread `tid`): a regular file of an attached
@@ -187,6 +183,7 @@ fn classify(fd: RawFd, tid: u32) -> u8 {
         dev: id.dev,
         ino: id.ino,
         tid,
+        calls: std::sync::atomic::AtomicU32::new(0),
         inner: Mutex::new(Inner {
             fds: vec![fd],
             status: Status::Pending,
@@ -198,9 +195,40 @@ fn classify(fd: RawFd, tid: u32) -> u8 {
     PENDING
 }
 
-/// Makes `fd` ready for a data call: classifies an unknown descriptor and
-/// adopts a pending one. Called on the slow path only.
-pub fn serve(fd: RawFd) {
+/// Adoption policy: a pending descriptor is adopted at its
+/// `MAPFS_PRELOAD_ADOPT_CALLS`th data call (default 4), or at once for a
+/// call moving at least `MAPFS_PRELOAD_ADOPT_BYTES` (default 1 MiB), or for
+/// calls that must see the final file (mmap, locks, fallocate, fadvise,
+/// sendfile/splice/copy_file_range, stdio streams: `len` = `usize::MAX`).
+/// An adoption costs a round trip to the daemon plus the release of the
+/// mount's open, more than a few small calls through the mount (kernel
+/// passthrough, or the daemon) cost; a file used for more than that pays
+/// it back at once.
+struct Policy {
+    calls: u32,
+    bytes: usize,
+}
+
+fn policy() -> &'static Policy {
+    static P: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        let num = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(default)
+        };
+        Policy {
+            calls: num("MAPFS_PRELOAD_ADOPT_CALLS", 4).clamp(1, u64::from(u32::MAX)) as u32,
+            bytes: num("MAPFS_PRELOAD_ADOPT_BYTES", 1 << 20) as usize,
+        }
+    })
+}
+
+/// Makes `fd` ready for a data call moving `len` bytes: classifies an
+/// unknown descriptor and adopts a pending one when the [`Policy`] says so.
+/// Called on the slow path only.
+pub fn serve(fd: RawFd, len: usize) {
     let mut s = state(fd);
     if s == UNKNOWN {
         // Inherited across exec, or made by a call the shim does not hook:
@@ -210,7 +238,11 @@ pub fn serve(fd: RawFd) {
     }
     if s == PENDING {
         if let Some(e) = get(fd) {
-            adopt(&e);
+            let calls = e.calls.fetch_add(1, Ordering::Relaxed) + 1;
+            let p = policy();
+            if calls >= p.calls || len >= p.bytes {
+                adopt(&e);
+            }
         }
     }
 }
@@ -565,6 +597,7 @@ pub fn import_adopted(spec: &str) {
                 dev,
                 ino,
                 tid: sys::getpid(),
+                calls: std::sync::atomic::AtomicU32::new(0),
                 inner: Mutex::new(Inner {
                     fds: vec![fd],
                     status: Status::Adopted {

@@ -173,16 +173,42 @@ pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[BorrowedFd<'_>])
     }
 }
 
+thread_local! {
+    /// Receive buffer, allocated (and zeroed) once per thread rather than
+    /// once per message: a fresh 256 KiB buffer costs more than the rest of
+    /// an exchange.
+    static RECV_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Receives one message and its attached descriptors (close-on-exec).
 /// Returns `Ok(None)` when the peer closed the connection.
 pub fn recv<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
 ) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; MAX_PACKET];
+    let fresh = |sock| recv_into(sock, &mut vec![0u8; MAX_PACKET]);
+    // The thread-local buffer is gone in exit-time destructors, and busy if
+    // re-entered: a buffer of its own then.
+    RECV_BUF
+        .try_with(|b| match b.try_borrow_mut() {
+            Ok(mut buf) => {
+                if buf.len() < MAX_PACKET {
+                    buf.resize(MAX_PACKET, 0);
+                }
+                recv_into(sock, &mut buf)
+            }
+            Err(_) => fresh(sock),
+        })
+        .unwrap_or_else(|_| fresh(sock))
+}
+
+fn recv_into<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = loop {
-        let mut iov = [io::IoSliceMut::new(&mut buf)];
+        let mut iov = [io::IoSliceMut::new(buf)];
         match rustix::net::recvmsg(sock, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
             Ok(r) => break r,
             Err(rustix::io::Errno::INTR) => continue,

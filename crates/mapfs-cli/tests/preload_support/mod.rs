@@ -46,8 +46,17 @@ pub fn fsx_bin() -> PathBuf {
 }
 
 /// A command running `prog` under `mapfs run --mount <mount>`, writing the
-/// shim's per-process reports to `report`.
+/// shim's per-process reports to `report`. Descriptors are adopted at their
+/// first data call (`MAPFS_PRELOAD_ADOPT_CALLS=1`), so tests can tell
+/// exactly what is native; [`attached_default`] keeps the default policy.
 pub fn attached(s: &MountSession, report: &Path, prog: impl AsRef<OsStr>) -> Command {
+    let mut c = attached_default(s, report, prog);
+    c.env("MAPFS_PRELOAD_ADOPT_CALLS", "1");
+    c
+}
+
+/// Like [`attached`], with the shim's default adoption policy.
+pub fn attached_default(s: &MountSession, report: &Path, prog: impl AsRef<OsStr>) -> Command {
     shim();
     let mut c = Command::new(mapfs_bin());
     c.arg("run")
@@ -56,7 +65,9 @@ pub fn attached(s: &MountSession, report: &Path, prog: impl AsRef<OsStr>) -> Com
         .arg("--")
         .arg(prog)
         .env("MAPFS_PRELOAD_REPORT", report)
-        .env_remove("LD_PRELOAD");
+        .env_remove("LD_PRELOAD")
+        .env_remove("MAPFS_PRELOAD_ADOPT_CALLS")
+        .env_remove("MAPFS_PRELOAD_ADOPT_BYTES");
     c
 }
 

@@ -734,3 +734,66 @@ fn default_policy_adopts_busy_descriptors_only() {
     );
     assert_eq!(t.mount_calls, 3, "{test}: {t:?}");
 }
+
+/// A change made by someone else through the mount (rename over, unlink,
+/// truncate, write+close) is seen by a shim process at its next open, even
+/// while it still holds the old file adopted.
+#[test]
+fn changes_by_others_are_seen_at_next_open() {
+    let test = "preload changes by others";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let dir = s.mountpoint();
+    let f = dir.join("f");
+    std::fs::write(&f, b"first version").unwrap();
+    let report = report_path(&s, "others");
+    let step = s.scratch().unwrap().join("step");
+    let done = s.scratch().unwrap().join("done");
+    let mut child = attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys,time\np,step,done=sys.argv[1:4]\n\
+             def wait(n):\n\
+             \x20 while not (os.path.exists(step) and open(step).read()==str(n)): time.sleep(0.01)\n\
+             def read_new():\n\
+             \x20 fd=os.open(p,os.O_RDONLY); b=os.read(fd,100); os.close(fd); return b\n\
+             old=os.open(p,os.O_RDONLY); os.read(old,1)\n\
+             out=[read_new()]\n\
+             open(done,'w').write('1'); wait(1); out.append(read_new())\n\
+             open(done,'w').write('2'); wait(2); out.append(read_new())\n\
+             open(done,'w').write('3'); wait(3)\n\
+             try: read_new(); out.append(b'still there')\n\
+             except FileNotFoundError: out.append(b'ENOENT')\n\
+             os.lseek(old,0,0); out.append(os.read(old,100))\n\
+             print(out)\n",
+        )
+        .arg(&f)
+        .arg(&step)
+        .arg(&done)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let advance = |n: u32, what: &dyn Fn()| {
+        eventually(&format!("shim process reached step {n}"), || {
+            std::fs::read_to_string(&done).ok().as_deref() == Some(&n.to_string())
+        });
+        what();
+        std::fs::write(&step, n.to_string()).unwrap();
+    };
+    // 1: replaced by a rename; 2: truncated and rewritten; 3: unlinked.
+    advance(1, &|| {
+        std::fs::write(dir.join("g"), b"second, renamed over").unwrap();
+        std::fs::rename(dir.join("g"), &f).unwrap();
+    });
+    advance(2, &|| std::fs::write(&f, b"third").unwrap());
+    advance(3, &|| std::fs::remove_file(&f).unwrap());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{test}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[b'first version', b'second, renamed over', b'third', b'ENOENT', b'first version']",
+        "{test}"
+    );
+}

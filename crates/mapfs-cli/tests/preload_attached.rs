@@ -751,7 +751,7 @@ fn changes_by_others_are_seen_at_next_open() {
     let report = report_path(&s, "others");
     let step = s.scratch().unwrap().join("step");
     let done = s.scratch().unwrap().join("done");
-    let mut child = attached(&s, &report, "python3")
+    let child = attached(&s, &report, "python3")
         .arg("-c")
         .arg(
             "import os,sys,time\np,step,done=sys.argv[1:4]\n\

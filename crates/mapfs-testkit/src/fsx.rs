@@ -352,7 +352,7 @@ fn open_direct(path: &std::path::Path, wanted: bool) -> Result<OwnedFd, Errno> {
 }
 
 fn open_rw(path: &std::path::Path, extra: OFlags) -> Result<OwnedFd, Errno> {
-    rustix::fs::open(
+    crate::libc_io::open(
         path,
         OFlags::RDWR | OFlags::CLOEXEC | extra,
         Mode::from_raw_mode(0o644),
@@ -364,7 +364,7 @@ fn open_rw(path: &std::path::Path, extra: OFlags) -> Result<OwnedFd, Errno> {
 fn pread_full(fd: impl AsFd, buf: &mut [u8], off: u64) -> Result<usize, Errno> {
     let mut done = 0;
     while done < buf.len() {
-        let n = rustix::io::pread(fd.as_fd(), &mut buf[done..], off + done as u64)?;
+        let n = crate::libc_io::pread(fd.as_fd(), &mut buf[done..], off + done as u64)?;
         if n == 0 {
             break;
         }
@@ -376,7 +376,7 @@ fn pread_full(fd: impl AsFd, buf: &mut [u8], off: u64) -> Result<usize, Errno> {
 fn pwrite_full(fd: impl AsFd, buf: &[u8], off: u64) -> Result<(), Errno> {
     let mut done = 0;
     while done < buf.len() {
-        let n = rustix::io::pwrite(fd.as_fd(), &buf[done..], off + done as u64)?;
+        let n = crate::libc_io::pwrite(fd.as_fd(), &buf[done..], off + done as u64)?;
         if n == 0 {
             return Err(Errno::IO);
         }
@@ -649,7 +649,7 @@ impl Fsx {
                     self.rng.random_range(0..=size)
                 };
                 self.log(format!("{kind} to {new:#x}"));
-                rustix::fs::ftruncate(self.fd(), new).map_err(|e| sys("ftruncate", e))?;
+                crate::libc_io::ftruncate(self.fd(), new).map_err(|e| sys("ftruncate", e))?;
                 self.set_model_len(new);
                 Ok(())
             }
@@ -664,7 +664,7 @@ impl Fsx {
                 let map_len = (off + len - pg) as usize;
                 // SAFETY: mmap wrapper; a fresh mapping of our own fd, unmapped below.
                 let p = unsafe {
-                    rustix::mm::mmap(
+                    crate::libc_io::mmap(
                         std::ptr::null_mut(),
                         map_len,
                         ProtFlags::READ,
@@ -689,7 +689,7 @@ impl Fsx {
                         got.as_mut_ptr(),
                         len as usize,
                     );
-                    rustix::mm::munmap(p, map_len).map_err(|e| sys("munmap", e))?;
+                    crate::libc_io::munmap(p, map_len).map_err(|e| sys("munmap", e))?;
                 }
                 let want = &self.model[off as usize..(off + len) as usize];
                 if let Some(d) = first_diff(want, &got) {
@@ -717,14 +717,14 @@ impl Fsx {
                 let map_len = (off + len - pg) as usize;
                 // A mapping cannot extend the file: grow it first, as fsx does.
                 if grow {
-                    rustix::fs::ftruncate(self.fd(), off + len)
+                    crate::libc_io::ftruncate(self.fd(), off + len)
                         .map_err(|e| sys("ftruncate before mapwrite", e))?;
                     self.set_model_len(off + len);
                 }
                 let data = self.random_bytes(len);
                 // SAFETY: mmap wrapper; a fresh mapping of our own fd, unmapped below.
                 let p = unsafe {
-                    rustix::mm::mmap(
+                    crate::libc_io::mmap(
                         std::ptr::null_mut(),
                         map_len,
                         ProtFlags::READ | ProtFlags::WRITE,
@@ -748,8 +748,8 @@ impl Fsx {
                         (p as *mut u8).add((off - pg) as usize),
                         len as usize,
                     );
-                    let r = rustix::mm::msync(p, map_len, MsyncFlags::SYNC);
-                    rustix::mm::munmap(p, map_len).map_err(|e| sys("munmap", e))?;
+                    let r = crate::libc_io::msync(p, map_len, MsyncFlags::SYNC);
+                    crate::libc_io::munmap(p, map_len).map_err(|e| sys("munmap", e))?;
                     r.map_err(|e| sys("msync", e))?;
                 }
                 self.model_write(off, &data);
@@ -779,7 +779,7 @@ impl Fsx {
                     "{kind} {off:#x} len {len:#x}{}",
                     if keep { " keep_size" } else { "" }
                 ));
-                match rustix::fs::fallocate(self.fd(), flags, off, len) {
+                match crate::libc_io::fallocate(self.fd(), flags, off, len) {
                     Ok(()) => {}
                     Err(e) if is_unsupported(e) => return Err(OpError::Unsupported(e)),
                     Err(e) => return Err(sys(&format!("fallocate({flags:?})"), e)),
@@ -841,9 +841,9 @@ impl Fsx {
                     "fsync".into()
                 });
                 let r = if data_only {
-                    rustix::fs::fdatasync(self.fd())
+                    crate::libc_io::fdatasync(self.fd())
                 } else {
-                    rustix::fs::fsync(self.fd())
+                    crate::libc_io::fsync(self.fd())
                 };
                 r.map_err(|e| sys("fsync", e))
             }
@@ -894,7 +894,7 @@ impl Fsx {
             }
             let mut done = 0;
             while done < buf.len() {
-                let n = rustix::io::pwrite(fd, &buf[done..], off + done as u64)
+                let n = crate::libc_io::pwrite(fd, &buf[done..], off + done as u64)
                     .map_err(|e| sys("O_DIRECT pwrite", e))?;
                 if n == 0 {
                     return Err(OpError::Fail("O_DIRECT pwrite wrote 0 bytes".into(), None));
@@ -907,7 +907,7 @@ impl Fsx {
         }
         let mut done = 0;
         while done < buf.len() {
-            let n = rustix::io::pread(fd, &mut buf[done..], off + done as u64)
+            let n = crate::libc_io::pread(fd, &mut buf[done..], off + done as u64)
                 .map_err(|e| sys("O_DIRECT pread", e))?;
             if n == 0 {
                 break;
@@ -950,7 +950,7 @@ impl Fsx {
                 Some(_) => self.src_fd.as_fd(),
                 None => self.fd().as_fd(),
             };
-            let r = rustix::fs::copy_file_range(
+            let r = crate::libc_io::copy_file_range(
                 fd_in,
                 Some(&mut off_in),
                 self.fd(),
@@ -1006,7 +1006,8 @@ impl Fsx {
     }
 
     fn check_size(&self) -> Result<(), (String, Option<u64>)> {
-        let st = rustix::fs::fstat(self.fd()).map_err(|e| (format!("fstat failed: {e}"), None))?;
+        let st =
+            crate::libc_io::fstat(self.fd()).map_err(|e| (format!("fstat failed: {e}"), None))?;
         if st.st_size as u64 != self.model.len() as u64 {
             return Err((
                 format!(

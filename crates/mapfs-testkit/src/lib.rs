@@ -8,6 +8,7 @@
 //!   model, also available as the `mapfs-fsx` binary.
 
 pub mod fsx;
+pub mod libc_io;
 pub mod mount;
 pub mod user;
 

@@ -18,7 +18,14 @@ const SHIM: &str = "libmapfs_preload.so";
 #[command(after_help = "Examples:\n  \
       mapfs run -- cp /mnt/data/big /mnt/data/big.copy\n  \
       mapfs run --mount /mnt/data -- python3 train.py\n  \
-      MAPFS_PRELOAD_REPORT=/tmp/r.json mapfs run -- fio job.fio   # what was served natively")]
+      MAPFS_PRELOAD_REPORT=/tmp/r.json mapfs run -- fio job.fio   # what was served natively\n\n\
+      Environment of the shim:\n  \
+      MAPFS_PRELOAD_REPORT=FILE       append a JSON summary line per process at exit\n  \
+      MAPFS_PRELOAD_LOG=1             diagnostics on stderr\n  \
+      MAPFS_PRELOAD_ADOPT_CALLS=N     adopt a file at its Nth data call (default 4)\n  \
+      MAPFS_PRELOAD_ADOPT_BYTES=N     ...or at a call moving N bytes (default 1048576)\n\n\
+      Programs making raw system calls (static or Go binaries) are not sped up;\n\
+      their files still work through the mount.")]
 pub struct RunArgs {
     /// Attach to this mapfs mount (repeatable); default: every mapfs mount.
     #[arg(long = "mount", value_name = "MOUNTPOINT")]

@@ -54,6 +54,9 @@ pub struct ControlServer {
     accept: Option<JoinHandle<()>>,
 }
 
+/// Most client connections served at once.
+const MAX_CLIENTS: usize = 1024;
+
 /// A connection's socket (to shut it down) and its thread (to join it).
 type ConnHandle = (Arc<OwnedFd>, JoinHandle<()>);
 
@@ -180,6 +183,16 @@ fn accept_loop(shared: &Arc<Shared>, listener: &OwnedFd) {
         // Held across spawn and insert, so a connection that ends at once
         // cannot remove its entry before it exists.
         let mut conns = shared.conns.lock();
+        if conns.len() >= MAX_CLIENTS {
+            // One thread per client: a flood of connections must not exhaust
+            // the daemon. The refused client serves its files through the
+            // mount.
+            tracing::warn!(
+                pid = peer.pid.as_raw_nonzero().get(),
+                "too many control clients; refusing one"
+            );
+            continue;
+        }
         let thread = {
             let shared = Arc::clone(shared);
             let sock = Arc::clone(&sock);

@@ -797,3 +797,48 @@ fn changes_by_others_are_seen_at_next_open() {
         "{test}"
     );
 }
+
+/// A storm of signals (a 0.2 ms interval timer) interrupting opens,
+/// adoptions, reads, writes and closes changes no byte and no offset.
+#[test]
+fn signals_interrupting_calls() {
+    let test = "preload signals";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let f = s.mountpoint().join("sig.bin");
+    std::fs::write(&f, pattern(300_000, 11)).unwrap();
+    let report = report_path(&s, "signals");
+    let out = ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys,signal\np=sys.argv[1]\nd=open(p,'rb').read()\nhits=[0]\n\
+             def h(*a): hits[0]+=1\n\
+             signal.signal(signal.SIGALRM,h)\n\
+             signal.setitimer(signal.ITIMER_REAL,0.0002,0.0002)\n\
+             for i in range(300):\n\
+             \x20 fd=os.open(p,os.O_RDWR)\n\
+             \x20 off=(i*997)%250000\n\
+             \x20 os.lseek(fd,off,0)\n\
+             \x20 assert os.read(fd,4096)==d[off:off+4096], i\n\
+             \x20 assert os.lseek(fd,0,1)==off+4096\n\
+             \x20 os.pwrite(fd,d[off:off+100],off)\n\
+             \x20 os.close(fd)\n\
+             signal.setitimer(signal.ITIMER_REAL,0)\n\
+             print(hits[0]>0)\n",
+        )
+        .arg(&f));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "True",
+        "{test}: no signal arrived"
+    );
+    assert!(
+        std::fs::read(&f).unwrap() == pattern(300_000, 11),
+        "{test}: bytes changed"
+    );
+    let t = totals(&report, "python");
+    assert_eq!(t.fallbacks, 0, "{test}: {t:?}");
+    assert!(t.adopted >= 300, "{test}: {t:?}");
+}

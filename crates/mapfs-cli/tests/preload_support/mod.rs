@@ -22,15 +22,38 @@ fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The shim; panics with how to build it when missing (`cargo test` alone
-/// does not build a cdylib nobody depends on).
+/// The shim; panics with how to build it when missing or older than its
+/// sources (`cargo test` alone does not build a cdylib nobody depends on,
+/// and testing a stale one would test the wrong code).
 pub fn shim() -> PathBuf {
     let p = bin_dir().join("libmapfs_preload.so");
-    assert!(
-        p.exists(),
-        "{} is missing: build it first with `cargo build --workspace` (same profile)",
-        p.display()
-    );
+    let built = std::fs::metadata(&p)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: build it first with `cargo build --workspace` (same profile)",
+                p.display()
+            )
+        });
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for dir in ["mapfs-preload/src", "mapfs/src"] {
+        for e in std::fs::read_dir(crates.join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let newer = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > built);
+            assert!(
+                !newer,
+                "{} is older than {}: rebuild it with `cargo build --workspace` (same profile)",
+                p.display(),
+                e.path().display()
+            );
+        }
+    }
     p
 }
 

@@ -6,24 +6,28 @@
 //! Every descriptor the application holds stays a real kernel descriptor.
 //! An `open` goes through the mount first (the kernel checks permissions,
 //! the daemon records the open with the caller's pid); a regular file on an
-//! attached mount becomes [`PENDING`]. The first *data* call on it (read,
-//! write, mmap, locks...) *adopts* it: the shim asks the daemon for that
-//! open's map and a private descriptor of the backing file, and for a
-//! whole-file 1-to-1 map `dup3`s the backing descriptor over the
-//! application's number ([`ADOPTED`]). From then on every data call, including
+//! attached mount becomes [`PENDING`]. Once it is used for real (the
+//! [`Policy`]: a few data calls, one large call, or any mmap, lock,
+//! fadvise, fallocate, sendfile/splice/copy_file_range, stdio stream), the
+//! shim *adopts* it: it asks the daemon for that open's map and a private
+//! descriptor of the backing file, and for a whole-file 1-to-1 map `dup3`s
+//! the backing descriptor over the application's number ([`ADOPTED`]), after
+//! carrying the offset over. From then on every data call, including
 //! glibc-internal ones (stdio), `mmap`, `sendfile` and `io_uring`, is native;
 //! the kernel keeps the offset, shared across `dup` and `fork` exactly as for
 //! any file. Only `fstat`/`statx` are patched to report the mount's
-//! `st_dev`/`st_ino`, and the last close of a writable adoption tells the
-//! daemon, so readers through the mount see the new size and bytes.
+//! `st_dev`/`st_ino` (and `stat` by path, to show a writer its own writes),
+//! and the last close of a writable adoption tells the daemon, so readers
+//! through the mount see the new size and bytes.
 //!
 //! Adoption is lazy so that metadata-only opens (`create`+`close`,
-//! `open`+`fstat`) cost no daemon round trip beyond the mount's own; opens
-//! made by threads other than the main one are adopted at once, because the
-//! kernel names a FUSE request's opener by thread id and the daemon can find
-//! the open only while that thread lives. A file
-//! the shim cannot serve (daemon unreachable, map not whole-file, refused)
-//! becomes [`MOUNT`]: it keeps working through the mount, never an error.
+//! `open`+`fstat`) and small ones cost no daemon round trip beyond the
+//! mount's own. The kernel names a FUSE request's opener by its thread id,
+//! so the daemon finds an open only while its opener thread lives: a file
+//! opened by a thread that is gone before the file is used is served
+//! through the mount. A file the shim cannot serve (daemon unreachable, map
+//! not whole-file, refused) becomes [`MOUNT`]: it keeps working through the
+//! mount, never an error.
 //!
 //! Descriptors duplicated before adoption share one [`Entry`], so adoption
 //! replaces all of them with one backing description (shared offset); and

@@ -208,7 +208,7 @@ fn classify(fd: RawFd, tid: u32) -> u8 {
 /// mount's open, more than a few small calls through the mount (kernel
 /// passthrough, or the daemon) cost; a file used for more than that pays
 /// it back at once.
-struct Policy {
+pub struct Policy {
     calls: u32,
     bytes: usize,
 }

@@ -26,14 +26,23 @@ fn fsx_ops() -> u64 {
 
 /// The exerciser itself runs under `mapfs run`; its byte model checks every
 /// read, and the shim's report proves the calls skipped the daemon.
-fn fsx_under_shim(mode: DataMode) {
-    let test = format!("preload fsx --data {mode}");
+fn fsx_under_shim(mode: DataMode, extra: &[&str]) {
+    let test = format!("preload fsx --data {mode} {extra:?}");
     if !fuse_or_skip(&test) {
         return;
     }
-    let s = mount(mode, &[]);
+    let mut b = mapfs_testkit::MountSession::builder(common::mapfs_bin()).data(mode);
+    for a in extra {
+        b = b.arg(a);
+    }
+    let s = b.mount().unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
     let report = report_path(&s, "fsx");
-    let out = ok(attached(&s, &report, fsx_bin())
+    // MAPFS_FSX_BIN: an exerciser built to call libc, e.g.
+    // `cargo build -p mapfs-testkit --bin mapfs-fsx --features rustix/use-libc
+    // --target-dir /tmp/fsx-libc` (its own target dir: the feature must not
+    // leak into the workspace build).
+    let bin = std::env::var_os("MAPFS_FSX_BIN").map_or_else(fsx_bin, Into::into);
+    let out = ok(attached(&s, &report, bin)
         .arg("--dir")
         .arg(s.mountpoint())
         .arg("--ops")
@@ -62,16 +71,20 @@ fn fsx_under_shim(mode: DataMode) {
 
 #[test]
 #[ignore = "mapfs-fsx makes raw system calls (rustix linux_raw) that LD_PRELOAD cannot see; \
-            preload_fsx.rs runs a libc exerciser meanwhile; un-ignore once mapfs-fsx calls libc"]
+            preload_fsx.rs runs a libc exerciser meanwhile; run with MAPFS_FSX_BIN=<a libc build> \
+            or un-ignore once mapfs-fsx calls libc"]
 fn fsx_under_shim_passthrough() {
-    fsx_under_shim(DataMode::Passthrough);
+    fsx_under_shim(DataMode::Passthrough, &[]);
 }
 
 #[test]
 #[ignore = "mapfs-fsx makes raw system calls (rustix linux_raw) that LD_PRELOAD cannot see; \
-            preload_fsx.rs runs a libc exerciser meanwhile; un-ignore once mapfs-fsx calls libc"]
+            preload_fsx.rs runs a libc exerciser meanwhile; run with MAPFS_FSX_BIN=<a libc build> \
+            or un-ignore once mapfs-fsx calls libc"]
 fn fsx_under_shim_daemon() {
-    fsx_under_shim(DataMode::Daemon);
+    // The kernel's writeback cache would keep its own (stale) size of files
+    // the shim wrote; strict close-to-open needs it off.
+    fsx_under_shim(DataMode::Daemon, &["--writeback-cache", "off"]);
 }
 
 /// Writes `data` to `path` through the shim (python under `mapfs run`).

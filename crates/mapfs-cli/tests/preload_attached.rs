@@ -855,3 +855,40 @@ fn signals_interrupting_calls() {
     assert_eq!(t.fallbacks, 0, "{test}: {t:?}");
     assert!(t.adopted >= 300, "{test}: {t:?}");
 }
+
+/// On a daemon-mode mount with the kernel writeback cache (its default), the
+/// kernel would keep stale sizes of files written natively: `mapfs run` says
+/// so and the shim leaves that mount's files on the mount, where they stay
+/// correct (close-to-open included).
+#[test]
+fn writeback_cache_mounts_stay_on_the_mount() {
+    let test = "preload on a writeback-cache mount";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Daemon, &[]);
+    let f = s.mountpoint().join("wb.bin");
+    let report = report_path(&s, "writeback");
+    let out = ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os,sys,ctypes\nst=ctypes.CDLL(None).mapfs_preload_fd_status\np=sys.argv[1]\n\
+             fd=os.open(p,os.O_RDWR|os.O_CREAT,0o644); os.write(fd,b'z'*7000); s1=st(fd); os.close(fd)\n\
+             fd=os.open(p,os.O_RDONLY); b=os.read(fd,10000); s2=st(fd); os.close(fd)\n\
+             print(s1,s2,len(b),os.stat(p).st_size)\n",
+        )
+        .arg(&f));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "4 4 7000 7000",
+        "{test}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("writeback cache"),
+        "{test}: no warning: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 7000, "{test}");
+    let t = totals(&report, "python");
+    assert_eq!((t.adopted, t.fallbacks), (0, 2), "{test}: {t:?}");
+}

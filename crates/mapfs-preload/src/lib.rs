@@ -39,10 +39,11 @@
 //!   application's close; the application's close is reported separately.
 //! - POSIX locks of adopted descriptors are taken on the backing file: they
 //!   exclude other shim processes but not processes using the mount.
-//! - A daemon-mode mount with the kernel writeback cache (`--data daemon`,
-//!   default `--writeback-cache on`) shows sizes changed by shim writers
-//!   late; use `--writeback-cache off` or a passthrough mount for strict
-//!   close-to-open.
+//! - Nothing is adopted on a daemon-mode mount with the kernel writeback
+//!   cache (`--data daemon`, default `--writeback-cache on`; `mapfs run`
+//!   detects it and says so): the kernel would keep its own stale sizes of
+//!   files written natively. Use `--writeback-cache off` or a passthrough
+//!   mount for the fast path.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -25,6 +25,11 @@ pub struct Mount {
     pub dev: u64,
     /// Its control socket.
     pub socket: PathBuf,
+    /// A daemon-mode mount with the kernel writeback cache
+    /// (`MAPFS_WRITEBACK_MOUNTS`, set by `mapfs run`): nothing is adopted
+    /// there, because the kernel would keep stale sizes of files written
+    /// natively.
+    pub writeback: bool,
     /// Connection of this process (`pid` guards against using a parent's
     /// connection after `fork`).
     pub conn: Mutex<Option<Conn>>,
@@ -105,6 +110,9 @@ fn discover() -> Vec<Mount> {
     let wanted: Option<Vec<PathBuf>> = std::env::var_os("MAPFS_MOUNTS")
         .filter(|v| !v.is_empty())
         .map(|v| std::env::split_paths(&v).map(|p| trim(&p)).collect());
+    let writeback: Vec<PathBuf> = std::env::var_os("MAPFS_WRITEBACK_MOUNTS")
+        .map(|v| std::env::split_paths(&v).map(|p| trim(&p)).collect())
+        .unwrap_or_default();
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut found: Vec<Mount> = Vec::new();
     for line in text.lines() {
@@ -137,6 +145,7 @@ fn discover() -> Vec<Mount> {
         found.retain(|m| m.point != point);
         let socket = control::socket_path(&point);
         found.push(Mount {
+            writeback: writeback.contains(&point),
             point,
             dev,
             socket,

@@ -299,6 +299,9 @@ fn try_adopt(entry: &Entry, fds: &[RawFd]) -> Result<Status, String> {
     let offset = rustix::fs::seek(sys::fd(first), rustix::fs::SeekFrom::Current(0))
         .map_err(|e| format!("lseek: {e}"))?;
     let mount = &mounts::all()[entry.mount];
+    if mount.writeback {
+        return Err("kernel writeback cache on this mount: served through it".into());
+    }
     let req = Request::Adopt {
         ino: entry.ino,
         tid: entry.tid,

@@ -352,6 +352,14 @@ fn current_environ() -> *const *const c_char {
 }
 
 hooks! {
+    // ---- vfork: a vfork child shares the parent's memory, so its closes
+    // and dup2s before exec would edit the parent's fd table; a real fork
+    // keeps them apart (vfork's contract is a subset of fork's) ----
+    fn vfork() -> libc::pid_t = |_real| {
+        // SAFETY: fork has no preconditions; the atfork handlers run.
+        unsafe { libc::fork() }
+    }
+
     // ---- exec: hand adopted descriptors to the new image ----
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.

@@ -317,3 +317,83 @@ fn fio_psync_verifies() {
     );
     assert!(t.native_calls >= 2048, "{test}: {t:?}");
 }
+
+const STDIO_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+int mapfs_preload_fd_status(int fd) __attribute__((weak));
+static int st(int fd) { return mapfs_preload_fd_status ? mapfs_preload_fd_status(fd) : -1; }
+int main(int argc, char **argv) {
+    const char *dir = argv[1];
+    char a[4096], b[4096];
+    snprintf(a, sizeof a, "%s/a.txt", dir);
+    snprintf(b, sizeof b, "%s/b.txt", dir);
+    /* fopen/fprintf/fclose, then read back with fgets/fseek/ftell */
+    FILE *f = fopen(a, "w");
+    for (int i = 0; i < 5000; i++) fprintf(f, "line %d\n", i);
+    printf("w-status %d\n", st(fileno(f)));
+    fclose(f);
+    f = fopen(a, "r+");
+    char line[64];
+    fseek(f, 20, SEEK_SET);
+    fgets(line, sizeof line, f);
+    printf("after seek: %s", line);
+    printf("tell %ld\n", ftell(f));
+    fseek(f, 0, SEEK_END);
+    fputs("tail\n", f);
+    printf("size %ld\n", ftell(f));
+    /* fdopen on a dup, freopen */
+    FILE *g = fdopen(dup(fileno(f)), "r");
+    rewind(g);
+    fgets(line, sizeof line, g);
+    printf("fdopen: %s", line);
+    fclose(g);
+    fclose(f);
+    f = freopen(a, "r", stdin);
+    fgets(line, sizeof line, stdin);
+    printf("freopen: %s", line);
+    /* fwrite and exit without fclose: exit() flushes the stream */
+    FILE *h = fopen(b, "w");
+    for (int i = 0; i < 20000; i++) fputs("0123456789", h);
+    exit(0);
+}
+"#;
+
+/// stdio (fopen/fprintf/fgets/fseek/fdopen/freopen, and a stream left for
+/// exit() to flush) under the shim, against native.
+#[test]
+fn c_stdio_matches_native() {
+    let test = "preload C stdio";
+    if !fuse_or_skip(test) || !have("cc") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let scratch = s.scratch().unwrap();
+    let src = scratch.join("stdio.c");
+    let exe = scratch.join("stdio-test");
+    std::fs::write(&src, STDIO_C).unwrap();
+    ok(Command::new("cc").arg("-O1").arg("-o").arg(&exe).arg(&src));
+    let native = native_dir();
+    let report = report_path(&s, "stdio");
+    let n = ok(Command::new(&exe).arg(native.path())).stdout;
+    let m = ok(attached(&s, &report, &exe).arg(s.mountpoint())).stdout;
+    let n = String::from_utf8_lossy(&n).replace("w-status -1", "w-status 3");
+    assert_eq!(n, String::from_utf8_lossy(&m), "{test}: output");
+    same_file(native.path(), &s, "a.txt");
+    // Flushed by exit() after the shim's destructor would have run: the
+    // mount must still show every byte.
+    assert_eq!(
+        std::fs::metadata(s.mountpoint().join("b.txt"))
+            .unwrap()
+            .len(),
+        200_000,
+        "{test}"
+    );
+    same_file(native.path(), &s, "b.txt");
+    let t = totals(&report, "stdio-test");
+    assert!(t.adopted >= 4 && t.fallbacks == 0, "{test}: {t:?}");
+}

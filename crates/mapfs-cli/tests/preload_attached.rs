@@ -37,10 +37,7 @@ fn fsx_under_shim(mode: DataMode, extra: &[&str]) {
     }
     let s = b.mount().unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
     let report = report_path(&s, "fsx");
-    // MAPFS_FSX_BIN: an exerciser built to call libc, e.g.
-    // `cargo build -p mapfs-testkit --bin mapfs-fsx --features rustix/use-libc
-    // --target-dir /tmp/fsx-libc` (its own target dir: the feature must not
-    // leak into the workspace build).
+    // MAPFS_FSX_BIN: another exerciser build to run instead.
     let bin = std::env::var_os("MAPFS_FSX_BIN").map_or_else(fsx_bin, Into::into);
     let out = ok(attached(&s, &report, bin)
         .arg("--dir")
@@ -70,17 +67,11 @@ fn fsx_under_shim(mode: DataMode, extra: &[&str]) {
 }
 
 #[test]
-#[ignore = "mapfs-fsx makes raw system calls (rustix linux_raw) that LD_PRELOAD cannot see; \
-            preload_fsx.rs runs a libc exerciser meanwhile; run with MAPFS_FSX_BIN=<a libc build> \
-            or un-ignore once mapfs-fsx calls libc"]
 fn fsx_under_shim_passthrough() {
     fsx_under_shim(DataMode::Passthrough, &[]);
 }
 
 #[test]
-#[ignore = "mapfs-fsx makes raw system calls (rustix linux_raw) that LD_PRELOAD cannot see; \
-            preload_fsx.rs runs a libc exerciser meanwhile; run with MAPFS_FSX_BIN=<a libc build> \
-            or un-ignore once mapfs-fsx calls libc"]
 fn fsx_under_shim_daemon() {
     // The kernel's writeback cache would keep its own (stale) size of files
     // the shim wrote; strict close-to-open needs it off.

@@ -1,8 +1,8 @@
 //! fsx-style random operations through the shim, checked against a byte
-//! model, by an exerciser that calls libc (Python's `os`, `mmap` and
-//! `ctypes`), so every call really meets the shim's hooks. (`mapfs-fsx`
-//! makes raw system calls, which no `LD_PRELOAD` library can see; its run
-//! under the shim is in `preload_attached.rs`.)
+//! model, by a second exerciser written against Python's `os`, `mmap` and
+//! `ctypes` (so through libc, like most applications): it adds `dup`,
+//! reopen-heavy and stat-by-path checks to what `mapfs-fsx` (run under the
+//! shim in `preload_attached.rs`) covers.
 //!
 //! `MAPFS_FSX_OPS` sets the number of operations (default 10,000),
 //! `MAPFS_FSX_SEED` adds a seed.

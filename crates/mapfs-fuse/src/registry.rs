@@ -31,8 +31,10 @@ pub struct OpenInfo {
 
 /// Implemented by the adapter; queried by the control socket server.
 pub trait OpenRegistry: Send + Sync + 'static {
-    /// The opens of inode `ino` made by process `pid` (the kernel reports the
-    /// thread-group id of the opener), most recent first.
+    /// The opens of inode `ino` whose FUSE request carried `pid`, most
+    /// recent first. The kernel (6.18) reports the opening *thread's* id, so
+    /// the control server asks with the peer's live thread ids as well as its
+    /// pid.
     fn opens_by(&self, pid: u32, ino: u64) -> Vec<OpenInfo>;
 
     /// Drops the kernel's cached attributes and pages of `ino` (after a shim

@@ -137,7 +137,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
 /// Formats a byte count the way I/O sizes are written in tables (`4k`, `1m`).
 pub fn fmt_size(n: u64) -> String {
     for (shift, u) in [(30, "g"), (20, "m"), (10, "k")] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{}{u}", n >> shift);
         }
     }

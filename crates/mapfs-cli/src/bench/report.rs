@@ -314,7 +314,8 @@ pub fn write_svg(t: &Table, path: &Path) -> Result<()> {
             _ => None,
         })
         .fold(0.0f64, f64::max);
-    let ymax = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
+    // Headroom for the legend, which sits above the tallest bars.
+    let ymax = if ymax > 0.0 { ymax * 1.4 } else { 1.0 };
     let ncol = t.columns.len();
     let columns = t.columns.clone();
 

@@ -32,8 +32,6 @@ pub enum Wrap {
     /// Nothing: the workload runs as is.
     None,
     /// `mapfs run <args> --` before the workload command.
-    // Only the `preload`/`embedded` configurations of issue 3 will use it.
-    #[allow(dead_code)]
     MapfsRun(&'static [&'static str]),
 }
 
@@ -78,6 +76,13 @@ pub const CONFIGS: &[ConfigDef] = &[
         about: "reference: bindfs BACKING MNT (Debian's bindfs, an existing FUSE passthrough)",
         setup: Setup::Bindfs,
         wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "preload",
+        about:
+            "mapfs passthrough fs mounted with --data auto, workload under mapfs run (preload shim)",
+        setup: Setup::Mapfs { data: "auto" },
+        wrap: Wrap::MapfsRun(&[]),
     },
 ];
 

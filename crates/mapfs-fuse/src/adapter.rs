@@ -193,9 +193,7 @@ fn utime_now_under_writeback(atime: Option<TimeSet>, mtime: Option<TimeSet>) -> 
     match (atime, mtime) {
         (Some(TimeSet::Now), Some(TimeSet::At(t))) => {
             let now = SystemTime::now();
-            let skew = now
-                .duration_since(t)
-                .unwrap_or_else(|e| e.duration());
+            let skew = now.duration_since(t).unwrap_or_else(|e| e.duration());
             if skew < Duration::from_secs(1) {
                 Some(TimeSet::Now)
             } else {
@@ -1111,13 +1109,7 @@ impl Filesystem for Adapter {
                 FILE_OPEN_FLAGS,
                 &id,
             ),
-            None => reply.created(
-                &ttl,
-                &fa,
-                Generation(0),
-                FileHandle(fh),
-                FILE_OPEN_FLAGS,
-            ),
+            None => reply.created(&ttl, &fa, Generation(0), FileHandle(fh), FILE_OPEN_FLAGS),
         }
     }
 

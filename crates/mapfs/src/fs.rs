@@ -288,7 +288,14 @@ pub trait FileSystem: Send + Sync + 'static {
     }
 
     /// Sets an extended attribute (`flags`: `XATTR_CREATE`/`XATTR_REPLACE`).
-    fn setxattr(&self, ctx: &Ctx, path: &Path, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    fn setxattr(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
         Err(Error::from_errno(libc::ENOTSUP))
     }
 
@@ -320,7 +327,13 @@ pub trait FileSystem: Send + Sync + 'static {
 
     /// Creates and opens a regular file (`mode`: permission bits, umask
     /// applied; `flags` may hold `O_EXCL`).
-    fn create(&self, ctx: &Ctx, path: &Path, flags: OpenFlags, mode: u32) -> Result<(Attr, Opened)> {
+    fn create(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        flags: OpenFlags,
+        mode: u32,
+    ) -> Result<(Attr, Opened)> {
         Err(Error::not_implemented())
     }
 
@@ -332,7 +345,15 @@ pub trait FileSystem: Send + Sync + 'static {
 
     /// A write at `offset..offset+len` does not fit `map`'s growth policy:
     /// return a map (and any extra backing files) where it does.
-    fn remap(&self, ctx: &Ctx, path: &Path, handle: u64, map: &DataMap, offset: u64, len: u64) -> Result<Opened> {
+    fn remap(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        handle: u64,
+        map: &DataMap,
+        offset: u64,
+        len: u64,
+    ) -> Result<Opened> {
         Err(Error::from_errno(libc::ENOSPC))
     }
 

@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use mapfs::control::{escape, unescape_mountinfo};
+
 /// One line of the mount table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
@@ -28,26 +30,6 @@ impl MountEntry {
     }
 }
 
-/// Undoes mountinfo's octal escapes (`\040` for a space...).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Parses mountinfo text.
 pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
     text.lines()
@@ -58,9 +40,9 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
             let fstype = post.next()?;
             let source = post.next().unwrap_or("");
             Some(MountEntry {
-                mountpoint: PathBuf::from(unescape(mountpoint)),
+                mountpoint: PathBuf::from(unescape_mountinfo(mountpoint)),
                 fstype: fstype.to_string(),
-                source: unescape(source),
+                source: unescape_mountinfo(source),
             })
         })
         .collect()
@@ -92,31 +74,14 @@ pub fn runtime_dir() -> PathBuf {
     }
 }
 
-/// A file name standing for a mountpoint (`/mnt/a b` -> `mnt-a%20b`).
-pub fn escaped(mountpoint: &Path) -> String {
-    let s = mountpoint.to_string_lossy();
-    let mut out = String::new();
-    for c in s.trim_start_matches('/').chars() {
-        match c {
-            '/' => out.push('-'),
-            '-' | '%' | ' ' => out.push_str(&format!("%{:02X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    if out.is_empty() {
-        out.push_str("root");
-    }
-    out
-}
-
 /// Log file of the daemon serving `mountpoint`.
 pub fn log_path(mountpoint: &Path) -> PathBuf {
-    runtime_dir().join(format!("{}.log", escaped(mountpoint)))
+    runtime_dir().join(format!("{}.log", escape(mountpoint)))
 }
 
 /// Pid file of the daemon serving `mountpoint`.
 pub fn pid_path(mountpoint: &Path) -> PathBuf {
-    runtime_dir().join(format!("{}.pid", escaped(mountpoint)))
+    runtime_dir().join(format!("{}.pid", escape(mountpoint)))
 }
 
 #[cfg(test)]
@@ -133,14 +98,5 @@ mod tests {
         assert_eq!(m[0].fstype, MAPFS_FSTYPE);
         assert_eq!(m[0].source, "mapfs-passthrough:/x");
         assert_eq!(m[1].fstype, "ext4");
-    }
-
-    #[test]
-    fn escapes_mountpoints_uniquely() {
-        assert_eq!(escaped(Path::new("/mnt/a-b")), "mnt-a%2Db");
-        assert_ne!(
-            escaped(Path::new("/mnt/a-b")),
-            escaped(Path::new("/mnt/a/b"))
-        );
     }
 }

@@ -13,18 +13,7 @@ use common::{fuse_or_skip, mapfs_bin, DataMode, MountSession};
 /// The daemon log of the mount at `mountpoint` (root daemons log under
 /// /run/mapfs, named after the mountpoint like `mapfs` does).
 fn daemon_log(mountpoint: &std::path::Path) -> String {
-    let name: String = {
-        let s = mountpoint.to_string_lossy();
-        let mut out = String::new();
-        for c in s.trim_start_matches('/').chars() {
-            match c {
-                '/' => out.push('-'),
-                '-' | '%' | ' ' => out.push_str(&format!("%{:02X}", c as u32)),
-                c => out.push(c),
-            }
-        }
-        out
-    };
+    let name = mapfs::control::escape(mountpoint);
     fs::read_to_string(format!("/run/mapfs/{name}.log")).unwrap_or_default()
 }
 

@@ -134,7 +134,7 @@ fn discover() -> Vec<Mount> {
         let (Ok(major), Ok(minor)) = (major.parse::<u32>(), minor.parse::<u32>()) else {
             continue;
         };
-        let point = PathBuf::from(unescape(pre[4]));
+        let point = PathBuf::from(control::unescape_mountinfo(pre[4]));
         if let Some(w) = &wanted {
             if !w.contains(&point) {
                 continue;
@@ -167,26 +167,6 @@ fn trim(p: &std::path::Path) -> PathBuf {
     let s = p.to_string_lossy();
     let t = s.trim_end_matches('/');
     PathBuf::from(if t.is_empty() { "/" } else { t })
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 impl Mount {

@@ -302,7 +302,9 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
     ))
 }
 
-fn escape(mountpoint: &Path) -> String {
+/// A file name standing for a mountpoint (`/mnt/a-b` -> `mnt-a\x2db`, like
+/// `systemd-escape --path`): the daemon's socket, log and pid files use it.
+pub fn escape(mountpoint: &Path) -> String {
     let bytes = mountpoint.as_os_str().as_encoded_bytes();
     let trimmed: &[u8] = {
         let mut b = bytes;
@@ -329,6 +331,26 @@ fn escape(mountpoint: &Path) -> String {
     out
 }
 
+/// Undoes `/proc/self/mountinfo`'s octal escapes (`\040` for a space).
+pub fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
@@ -339,6 +361,12 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use std::io::{Read, Seek, Write};
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape_mountinfo("/mnt/a\\040b"), "/mnt/a b");
+        assert_eq!(unescape_mountinfo("/x\\0"), "/x\\0");
+    }
 
     #[test]
     fn escape_matches_systemd_style() {

@@ -335,6 +335,13 @@ impl Shared {
         }
     }
 
+    /// The open file of a FUSE handle (`EBADF` for an unknown one).
+    fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>> {
+        self.handles
+            .file(fh.0)
+            .ok_or_else(|| Error::from_errno(libc::EBADF))
+    }
+
     fn fuse_to_fs_ino(&self, ino: u64) -> u64 {
         // fuse_ino is an involution (it only swaps root and 1).
         self.inodes.fuse_ino(ino)
@@ -824,10 +831,7 @@ impl Filesystem for Adapter {
         reply: ReplyData,
     ) {
         let s = &self.0;
-        let Some(file) = s.handles.file(fh.0) else {
-            reply.error(Errno::EBADF);
-            return;
-        };
+        let file = tri!(reply, s.open_file(fh));
         let mut buf = vec![0u8; size as usize];
         let n = tri!(reply, file.data.read(offset, &mut buf));
         reply.data(&buf[..n]);
@@ -846,10 +850,7 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let s = &self.0;
-        let Some(file) = s.handles.file(fh.0) else {
-            reply.error(Errno::EBADF);
-            return;
-        };
+        let file = tri!(reply, s.open_file(fh));
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             tri!(reply, s.kill_suidgid(&file.path, &ctx(req)));
         }
@@ -893,10 +894,7 @@ impl Filesystem for Adapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let Some(file) = self.0.handles.file(fh.0) else {
-            reply.error(Errno::EBADF);
-            return;
-        };
+        let file = tri!(reply, self.0.open_file(fh));
         tri!(reply, file.data.fsync(datasync));
         reply.ok();
     }
@@ -1123,10 +1121,7 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let Some(file) = self.0.handles.file(fh.0) else {
-            reply.error(Errno::EBADF);
-            return;
-        };
+        let file = tri!(reply, self.0.open_file(fh));
         // Like write, fallocate by an unprivileged caller drops setuid/setgid;
         // the kernel sends no flag for it.
         if req.uid() != 0 {
@@ -1146,10 +1141,7 @@ impl Filesystem for Adapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let Some(file) = self.0.handles.file(fh.0) else {
-            reply.error(Errno::EBADF);
-            return;
-        };
+        let file = tri!(reply, self.0.open_file(fh));
         if offset < 0 {
             reply.error(Errno::ENXIO);
             return;

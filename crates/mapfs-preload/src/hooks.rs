@@ -241,6 +241,23 @@ fn patch_stat(fd: c_int, dev: &mut u64, ino: &mut u64) {
 /// A `stat` by path of a file this process is writing natively: the mount's
 /// cached size and times are older than the writes, so report the backing
 /// file's (what a native `stat` would show the writer).
+/// After a successful `*statat` call: a stat of the descriptor itself
+/// (`AT_EMPTY_PATH`) reports the mount's identity; a stat by path shows the
+/// caller its own unflushed writes.
+macro_rules! stat_at_result {
+    ($r:expr, $dirfd:expr, $path:expr, $flags:expr, $buf:expr) => {{
+        // SAFETY: `path` is the caller's C string (or null with AT_EMPTY_PATH).
+        if $r == 0 && unsafe { empty_path($path, $flags) } {
+            // SAFETY: the real call succeeded, so it filled `buf`.
+            let b = unsafe { &mut *$buf };
+            patch_stat($dirfd, &mut b.st_dev, &mut b.st_ino);
+        } else if $r == 0 {
+            // SAFETY: the real call succeeded, so it filled `buf`.
+            own_writes!(unsafe { &mut *$buf });
+        }
+    }};
+}
+
 macro_rules! own_writes {
     ($b:expr) => {{
         if table::has_writable() {
@@ -687,54 +704,22 @@ hooks! {
     }
     fn fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |real| {
         let r = real(dirfd, path, buf, flags);
-        // SAFETY: `path` is the caller's C string (or null with AT_EMPTY_PATH).
-        if r == 0 && unsafe { empty_path(path, flags) } {
-            // SAFETY: the real fstatat filled `buf`.
-            let b = unsafe { &mut *buf };
-            patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
-        } else if r == 0 {
-            // SAFETY: the real call filled `buf`.
-            own_writes!(unsafe { &mut *buf });
-        }
+        stat_at_result!(r, dirfd, path, flags, buf);
         r
     }
     fn fstatat64(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = |real| {
         let r = real(dirfd, path, buf, flags);
-        // SAFETY: as in fstatat.
-        if r == 0 && unsafe { empty_path(path, flags) } {
-            // SAFETY: the real fstatat64 filled `buf`.
-            let b = unsafe { &mut *buf };
-            patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
-        } else if r == 0 {
-            // SAFETY: the real call filled `buf`.
-            own_writes!(unsafe { &mut *buf });
-        }
+        stat_at_result!(r, dirfd, path, flags, buf);
         r
     }
     fn __fxstatat(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |real| {
         let r = real(ver, dirfd, path, buf, flags);
-        // SAFETY: as in fstatat.
-        if r == 0 && unsafe { empty_path(path, flags) } {
-            // SAFETY: the real __fxstatat filled `buf`.
-            let b = unsafe { &mut *buf };
-            patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
-        } else if r == 0 {
-            // SAFETY: the real call filled `buf`.
-            own_writes!(unsafe { &mut *buf });
-        }
+        stat_at_result!(r, dirfd, path, flags, buf);
         r
     }
     fn __fxstatat64(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = |real| {
         let r = real(ver, dirfd, path, buf, flags);
-        // SAFETY: as in fstatat.
-        if r == 0 && unsafe { empty_path(path, flags) } {
-            // SAFETY: the real __fxstatat64 filled `buf`.
-            let b = unsafe { &mut *buf };
-            patch_stat(dirfd, &mut b.st_dev, &mut b.st_ino);
-        } else if r == 0 {
-            // SAFETY: the real call filled `buf`.
-            own_writes!(unsafe { &mut *buf });
-        }
+        stat_at_result!(r, dirfd, path, flags, buf);
         r
     }
     fn statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, buf: *mut libc::statx) -> c_int = |real| {

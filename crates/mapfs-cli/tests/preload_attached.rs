@@ -11,7 +11,6 @@ mod preload_support;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::{fuse_or_skip, mount, DataMode};
 use mapfs_testkit::user::command_as_nobody;
@@ -450,44 +449,6 @@ fn metadata_only_opens_are_not_adopted() {
     assert!(t.tracked >= 200, "{test}: {t:?}");
     assert_eq!(t.adopted, 0, "{test}: {t:?}");
     assert_eq!(std::fs::read_dir(s.mountpoint()).unwrap().count(), 0);
-}
-
-fn daemon_pid(s: &mapfs_testkit::MountSession) -> i32 {
-    // The daemon serving the mount holds /dev/fuse; its pid file is in the
-    // runtime dir, but scanning /proc for the mount's source avoids knowing
-    // the layout.
-    let needle = s.mountpoint().to_string_lossy().into_owned();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmd
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        if args.iter().any(|a| a == "mount")
-            && args.contains(&needle)
-            && !args.iter().any(|a| a == "umount")
-        {
-            return pid;
-        }
-    }
-    panic!("no daemon found for {needle}");
-}
-
-/// Waits for `cond` (bounded: a hang becomes a failure, not a stuck test).
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "gave up waiting: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The daemon dies under a shim process: adopted descriptors keep their

@@ -310,12 +310,107 @@ fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             // Locks are taken on what the descriptor finally is: adopt first,
             // or the adoption's dup3 would drop them.
             data_now(fd);
-            // SAFETY: as above.
-            unsafe { real(fd, cmd, arg) }
+            let posix = matches!(cmd, libc::F_SETLK | libc::F_SETLKW);
+            match lock_target(fd, posix) {
+                // SAFETY: `arg` is the caller's `struct flock *` for these
+                // commands.
+                Some(target) if arg != 0 => unsafe {
+                    record_lock_on(target, fd, cmd, arg as *mut libc::flock)
+                },
+                // SAFETY: as above.
+                _ => unsafe { real(fd, cmd, arg) },
+            }
         }
         // SAFETY: as above.
         _ => unsafe { real(fd, cmd, arg) },
     }
+}
+
+/// The kept mount descriptor an adopted `fd`'s locks go to (see
+/// [`table::lock_target`]), or `None` to lock `fd` itself.
+fn lock_target(fd: c_int, posix: bool) -> Option<c_int> {
+    if table::state(fd) != ADOPTED {
+        return None;
+    }
+    let _g = Guard::enter()?;
+    let t = sys::keep_errno(|| table::lock_target(fd, posix));
+    (t != fd).then_some(t)
+}
+
+/// A record-lock command of the application's adopted `fd`, run on the
+/// mount's descriptor `target`. Offsets relative to the current position
+/// or the end are made absolute first: the two descriptors share neither
+/// (and the mount's cached size may predate the application's writes).
+///
+/// # Safety
+/// `lock` is the caller's valid `struct flock`.
+unsafe fn record_lock_on(target: c_int, fd: c_int, cmd: c_int, lock: *mut libc::flock) -> c_int {
+    // SAFETY: per the contract.
+    let mut l = unsafe { *lock };
+    let base = match c_int::from(l.l_whence) {
+        libc::SEEK_SET => Ok(0),
+        libc::SEEK_CUR => rustix::fs::seek(sys::fd(fd), rustix::fs::SeekFrom::Current(0))
+            .map(|o| o as i64)
+            .map_err(|e| e.raw_os_error()),
+        libc::SEEK_END => rustix::fs::fstat(sys::fd(fd))
+            .map(|st| st.st_size)
+            .map_err(|e| e.raw_os_error()),
+        _ => Err(libc::EINVAL),
+    };
+    let base = match base {
+        Ok(b) => b,
+        Err(e) => {
+            sys::set_errno(e);
+            return -1;
+        }
+    };
+    let Some(start) = l.l_start.checked_add(base) else {
+        sys::set_errno(libc::EOVERFLOW);
+        return -1;
+    };
+    l.l_start = start;
+    l.l_whence = libc::SEEK_SET as i16;
+    match sys::fcntl_lock(target, cmd, &mut l) {
+        Ok(()) => {
+            if matches!(cmd, libc::F_GETLK | libc::F_OFD_GETLK) {
+                // SAFETY: per the contract.
+                unsafe { *lock = l };
+            }
+            0
+        }
+        Err(e) => {
+            sys::set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+            -1
+        }
+    }
+}
+
+/// `lockf` on an adopted descriptor, as the record lock on the mount's
+/// descriptor `target` that glibc's `lockf` would take on `fd`.
+fn lockf_on(target: c_int, fd: c_int, cmd: c_int, len: off64_t) -> c_int {
+    // SAFETY: flock is a plain C struct for which all-zero is valid.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_whence = libc::SEEK_CUR as i16;
+    l.l_len = len;
+    let (fcmd, ty) = match cmd {
+        libc::F_LOCK => (libc::F_SETLKW, libc::F_WRLCK),
+        libc::F_TLOCK => (libc::F_SETLK, libc::F_WRLCK),
+        libc::F_ULOCK => (libc::F_SETLK, libc::F_UNLCK),
+        libc::F_TEST => (libc::F_GETLK, libc::F_WRLCK),
+        _ => {
+            sys::set_errno(libc::EINVAL);
+            return -1;
+        }
+    };
+    l.l_type = ty as i16;
+    // SAFETY: `l` is a valid flock for the whole call.
+    let r = unsafe { record_lock_on(target, fd, fcmd, &mut l) };
+    if r == 0 && cmd == libc::F_TEST && c_int::from(l.l_type) != libc::F_UNLCK {
+        // glibc: someone else holds a conflicting lock.
+        sys::set_errno(libc::EACCES);
+        return -1;
+    }
+    r
 }
 
 /// The environment for an `exec`: `envp` with [`table::HANDOFF_ENV`] set to
@@ -654,15 +749,21 @@ hooks! {
     }
     fn flock(fd: c_int, op: c_int) -> c_int = |real| {
         data_now(fd);
-        real(fd, op)
+        real(lock_target(fd, false).unwrap_or(fd), op)
     }
     fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int = |real| {
         data_now(fd);
-        real(fd, cmd, len)
+        match lock_target(fd, true) {
+            Some(target) => lockf_on(target, fd, cmd, len),
+            None => real(fd, cmd, len),
+        }
     }
     fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int = |real| {
         data_now(fd);
-        real(fd, cmd, len)
+        match lock_target(fd, true) {
+            Some(target) => lockf_on(target, fd, cmd, len),
+            None => real(fd, cmd, len),
+        }
     }
 
     // ---- fstat family: adopted descriptors report the mount's identity ----

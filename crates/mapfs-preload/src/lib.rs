@@ -34,11 +34,15 @@
 //!   daemon (made lazily, at the first data call, so metadata-only opens
 //!   cost none). Reusing a backing descriptor for a re-open safely needs a
 //!   validity token from the daemon, which it does not give yet.
-//! - The open through the mount is released (and the file system's
-//!   `release` runs) when the descriptor is adopted, not at the
-//!   application's close; the application's close is reported separately.
-//! - POSIX locks of adopted descriptors are taken on the backing file: they
-//!   exclude other shim processes but not processes using the mount.
+//! - The open through the mount stays open beside an adoption (a
+//!   descriptor numbered 512 or above): the file system's `release` runs at
+//!   the application's last close, and `fcntl`/`lockf`/`flock` locks of
+//!   adopted descriptors are taken on it, so they are the mount's locks,
+//!   seen by every process using the mount. (Without a free descriptor
+//!   number above 512 the open is released at adoption and locks stay on
+//!   the backing file.) Locks through the mount are the kernel's, local to
+//!   the mount: a process working on the backing directory directly does
+//!   not see them.
 //! - Nothing is adopted on a daemon-mode mount with the kernel writeback
 //!   cache (`--data daemon`, default `--writeback-cache on`; `mapfs run`
 //!   detects it and says so): the kernel would keep its own stale sizes of

@@ -74,13 +74,9 @@ impl Drop for Conn {
     }
 }
 
-/// Lowest descriptor number the shim's sockets use, away from the numbers
-/// applications pick for themselves (0-2, and `dup2` targets like 10).
-const HIGH_FD: i32 = 512;
-
 fn connect(path: &std::path::Path) -> std::io::Result<Conn> {
     let sock = control::connect(path)?;
-    let sock = match rustix::io::fcntl_dupfd_cloexec(&sock, HIGH_FD) {
+    let sock = match rustix::io::fcntl_dupfd_cloexec(&sock, sys::HIGH_FD) {
         Ok(high) => high,
         // Low descriptor limit: keep the number we have.
         Err(_) => sock,

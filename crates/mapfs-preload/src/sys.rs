@@ -104,3 +104,46 @@ pub fn log(msg: std::fmt::Arguments<'_>) {
         let _ = rustix::io::write(fd(2), line.as_bytes());
     }
 }
+
+/// Lowest descriptor number the shim's own descriptors use (control sockets,
+/// kept mount descriptors), away from the numbers applications pick for
+/// themselves (0-2, and `dup2` targets like 10).
+pub const HIGH_FD: RawFd = 512;
+
+/// A close-on-exec duplicate of `raw` numbered at least [`HIGH_FD`].
+pub fn dup_high(raw: RawFd) -> io::Result<OwnedFd> {
+    Ok(rustix::io::fcntl_dupfd_cloexec(fd(raw), HIGH_FD)?)
+}
+
+/// Sets or clears `FD_CLOEXEC` on `raw`.
+pub fn set_cloexec(raw: RawFd, on: bool) -> io::Result<()> {
+    let flags = if on {
+        rustix::io::FdFlags::CLOEXEC
+    } else {
+        rustix::io::FdFlags::empty()
+    };
+    Ok(rustix::io::fcntl_setfd(fd(raw), flags)?)
+}
+
+/// `fcntl(raw, cmd, lock)` for the record-lock commands (`F_SETLK`,
+/// `F_GETLK`, `F_OFD_*`...), as a raw system call so it never re-enters the
+/// shim's own `fcntl`. Returns the kernel's result (`-errno` as an error).
+pub fn fcntl_lock(raw: RawFd, cmd: i32, lock: &mut libc::flock) -> io::Result<()> {
+    // SAFETY: the fcntl system call with a record-lock command reads and, for
+    // the GETLK commands, writes one `struct flock`, which `lock` is for the
+    // whole call; on x86-64 and AArch64 `struct flock` is the 64-bit layout
+    // the kernel's fcntl expects.
+    let r = unsafe { libc::syscall(libc::SYS_fcntl, raw, cmd, lock as *mut libc::flock) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Closes `raw`, one of the shim's own descriptors.
+pub fn close_own(raw: RawFd) {
+    // SAFETY: callers pass only descriptors the shim opened and still owns
+    // (checked by identity just before), so no one else's is closed.
+    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+}

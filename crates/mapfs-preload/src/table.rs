@@ -15,7 +15,8 @@
 //! carrying the offset over. From then on every data call, including
 //! glibc-internal ones (stdio), `mmap`, `sendfile` and `io_uring`, is native;
 //! the kernel keeps the offset, shared across `dup` and `fork` exactly as for
-//! any file. Only `fstat`/`statx` are patched to report the mount's
+//! any file. The application's open through the mount is kept beside it
+//! ([`Kept`]) until the last close, for `release` and locks. Only `fstat`/`statx` are patched to report the mount's
 //! `st_dev`/`st_ino` (and `stat` by path, to show a writer its own writes),
 //! and the last close of a writable adoption tells the daemon, so readers
 //! through the mount see the new size and bytes.
@@ -108,6 +109,33 @@ pub struct Inner {
     pub fds: Vec<RawFd>,
     /// How it is served.
     pub status: Status,
+    /// The open through the mount, kept beside an adoption (see [`Kept`]).
+    pub kept: Option<Kept>,
+}
+
+/// The application's open through the mount, kept open (at a high number,
+/// marked [`SHIM`]) for as long as an adoption of it lives in this process.
+/// The kernel's `release` (and the file system's) therefore runs at the
+/// application's last close, as without the shim; and the application's
+/// locks are taken on it, so processes using the mount see them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    /// The descriptor number.
+    pub fd: RawFd,
+}
+
+impl Kept {
+    /// The number, if it still is the shim's descriptor of file `(dev, ino)`
+    /// (the application may have `dup2`ed something else onto it).
+    fn live(self, dev: u64, ino: u64) -> Option<RawFd> {
+        if state(self.fd) != SHIM {
+            return None;
+        }
+        match sys::identity(self.fd) {
+            Ok(id) if id.dev == dev && id.ino == ino => Some(self.fd),
+            _ => None,
+        }
+    }
 }
 
 /// How an [`Entry`] is served.
@@ -191,6 +219,7 @@ fn classify(fd: RawFd, tid: u32) -> u8 {
         inner: Mutex::new(Inner {
             fds: vec![fd],
             status: Status::Pending,
+            kept: None,
         }),
     });
     insert(fd, entry);
@@ -204,7 +233,7 @@ fn classify(fd: RawFd, tid: u32) -> u8 {
 /// call moving at least `MAPFS_PRELOAD_ADOPT_BYTES` (default 1 MiB), or for
 /// calls that must see the final file (mmap, locks, fallocate, fadvise,
 /// sendfile/splice/copy_file_range, stdio streams: `len` = `usize::MAX`).
-/// An adoption costs a round trip to the daemon plus the release of the
+/// An adoption costs a round trip to the daemon and a descriptor for the
 /// mount's open, more than a few small calls through the mount (kernel
 /// passthrough, or the daemon) cost; a file used for more than that pays
 /// it back at once.
@@ -258,7 +287,7 @@ pub fn adopt(entry: &Arc<Entry>) {
     if inner.status != Status::Pending {
         return;
     }
-    let status = match try_adopt(entry, &inner.fds) {
+    let status = match try_adopt(entry, &mut inner) {
         Ok(s) => s,
         Err(reason) => Status::Mount(reason),
     };
@@ -286,8 +315,8 @@ pub fn adopt(entry: &Arc<Entry>) {
     }
 }
 
-fn try_adopt(entry: &Entry, fds: &[RawFd]) -> Result<Status, String> {
-    let &first = fds.first().ok_or("no descriptor")?;
+fn try_adopt(entry: &Entry, inner: &mut Inner) -> Result<Status, String> {
+    let &first = inner.fds.first().ok_or("no descriptor")?;
     match sys::identity(first) {
         Ok(id) if id.dev == entry.dev && id.ino == entry.ino => {}
         _ => return Err("descriptor changed behind the shim".into()),
@@ -323,27 +352,71 @@ fn try_adopt(entry: &Entry, fds: &[RawFd]) -> Result<Status, String> {
     let backing = &backing[0];
     rustix::fs::seek(backing.as_fd(), rustix::fs::SeekFrom::Start(offset))
         .map_err(|e| format!("lseek backing: {e}"))?;
-    for &fd in fds {
-        sys::dup_over(backing.as_fd(), fd, sys::cloexec(fd))
-            .map_err(|e| format!("dup3 over fd {fd}: {e}"))?;
+    // Without a free high descriptor number the mount's open is released
+    // now (as the dup3 below closes it) and locks stay on the backing file.
+    let kept = keep_mount_open(first);
+    for &fd in &inner.fds {
+        if let Err(e) = sys::dup_over(backing.as_fd(), fd, sys::cloexec(fd)) {
+            if let Some(k) = kept {
+                close_kept(k, entry.dev, entry.ino);
+            }
+            return Err(format!("dup3 over fd {fd}: {e}"));
+        }
     }
+    inner.kept = kept;
     Ok(Status::Adopted {
         handle,
         writable: flags & libc::O_ACCMODE != libc::O_RDONLY,
     })
 }
 
-/// What to tell the daemon after a descriptor is closed.
+/// A duplicate of the application's mount descriptor `fd`, kept for its
+/// adoption (`None` if no high descriptor number is free).
+fn keep_mount_open(fd: RawFd) -> Option<Kept> {
+    match sys::dup_high(fd) {
+        Ok(k) => {
+            let k = std::os::fd::IntoRawFd::into_raw_fd(k);
+            set_state(k, SHIM);
+            Some(Kept { fd: k })
+        }
+        Err(e) => {
+            sys::log(format_args!(
+                "fd {fd}: no descriptor to keep the mount's open ({e}); released at adoption"
+            ));
+            None
+        }
+    }
+}
+
+/// Closes a kept mount descriptor (if it still is the shim's).
+fn close_kept(k: Kept, dev: u64, ino: u64) {
+    if let Some(fd) = k.live(dev, ino) {
+        // `live` checked the number is still the shim's descriptor of this
+        // file, so closing it closes nothing of the application's.
+        set_state(fd, UNKNOWN);
+        sys::close_own(fd);
+    }
+}
+
+/// What to do after a descriptor is closed: close the mount's open kept for
+/// it, tell the daemon the file changed.
 pub struct Closed {
     mount: usize,
-    req: Request,
+    dev: u64,
+    ino: u64,
+    kept: Option<Kept>,
+    req: Option<Request>,
 }
 
 impl Closed {
-    /// Tells the daemon (errors are ignored: a dead daemon has no cache).
+    /// Closes the kept open, then tells the daemon (errors are ignored: a
+    /// dead daemon has no cache).
     pub fn send(self) {
-        if let Some(m) = mounts::all().get(self.mount) {
-            let _ = m.call(&self.req);
+        if let Some(k) = self.kept {
+            close_kept(k, self.dev, self.ino);
+        }
+        if let (Some(req), Some(m)) = (self.req, mounts::all().get(self.mount)) {
+            let _ = m.call(&req);
         }
     }
 }
@@ -361,29 +434,76 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
     let mut inner = entry.inner.lock();
     inner.fds.retain(|&f| f != fd);
     if !inner.fds.is_empty() {
+        // POSIX: closing any descriptor of a file drops the process's
+        // record locks on it; the kernel does so for the mount's open only
+        // when that open is closed, which is later.
+        if POSIX_LOCKS.load(Ordering::Relaxed) {
+            if let Some(k) = inner.kept.and_then(|k| k.live(entry.dev, entry.ino)) {
+                unlock_posix(k);
+            }
+        }
         return None;
     }
-    let msg = closed_message(&entry, &inner.status);
-    if msg.is_some() {
+    let req = closed_message(&entry, &inner.status);
+    if req.is_some() {
         WRITABLE.fetch_sub(1, Ordering::Relaxed);
     }
-    msg
+    let kept = inner.kept.take();
+    (req.is_some() || kept.is_some()).then_some(Closed {
+        mount: entry.mount,
+        dev: entry.dev,
+        ino: entry.ino,
+        kept,
+        req,
+    })
 }
 
-fn closed_message(entry: &Entry, status: &Status) -> Option<Closed> {
+fn closed_message(entry: &Entry, status: &Status) -> Option<Request> {
     match *status {
         Status::Adopted {
             handle,
             writable: true,
-        } => Some(Closed {
-            mount: entry.mount,
-            req: Request::Closed {
-                handle,
-                ino: entry.ino,
-                wrote: true,
-            },
+        } => Some(Request::Closed {
+            handle,
+            ino: entry.ino,
+            wrote: true,
         }),
         _ => None,
+    }
+}
+
+/// Set once this process took a record lock through the shim (so closes
+/// need to drop them, see [`closing`]).
+static POSIX_LOCKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Drops every record lock this process holds on the file of `fd`.
+fn unlock_posix(fd: RawFd) {
+    // SAFETY: flock is a plain C struct for which all-zero is valid.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = libc::F_UNLCK as i16;
+    l.l_whence = libc::SEEK_SET as i16;
+    let _ = sys::fcntl_lock(fd, libc::F_SETLK, &mut l);
+}
+
+/// The descriptor locks of `fd` are taken on: the mount's open kept for an
+/// adopted descriptor (so they are the mount's locks, seen by every process
+/// using it), else `fd` itself. `posix` notes that a record lock is taken.
+pub fn lock_target(fd: RawFd, posix: bool) -> RawFd {
+    if state(fd) != ADOPTED {
+        return fd;
+    }
+    let Some(e) = get(fd) else {
+        return fd;
+    };
+    let kept = e.inner.lock().kept;
+    match kept.and_then(|k| k.live(e.dev, e.ino)) {
+        Some(k) => {
+            if posix {
+                POSIX_LOCKS.store(true, Ordering::Relaxed);
+            }
+            k
+        }
+        None => fd,
     }
 }
 
@@ -437,8 +557,14 @@ pub fn all_open_writable() -> Vec<Closed> {
         }
         seen.push(Arc::as_ptr(e));
         let inner = e.inner.lock();
-        if let Some(c) = closed_message(e, &inner.status) {
-            out.push(c);
+        if let Some(req) = closed_message(e, &inner.status) {
+            out.push(Closed {
+                mount: e.mount,
+                dev: e.dev,
+                ino: e.ino,
+                kept: None,
+                req: Some(req),
+            });
         }
     }
     out
@@ -545,10 +671,13 @@ pub fn own_written_attrs(dev: u64, ino: u64) -> Option<rustix::fs::Stat> {
 pub const HANDOFF_ENV: &str = "MAPFS_PRELOAD_ADOPTED";
 
 /// Describes the adopted descriptors that survive `exec` (no `FD_CLOEXEC`):
-/// `fd,mount_dev,ino,backing_dev,backing_ino,writable;...`. After `exec`
-/// they are plain backing-file descriptors; the new image re-adopts them
-/// from this, so `fstat` keeps the mount's identity and the last close still
-/// tells the daemon.
+/// `fd,mount_dev,ino,backing_dev,backing_ino,writable,kept;...` (`kept` 0
+/// when none). After `exec` they are plain backing-file descriptors; the new
+/// image re-adopts them from this, so `fstat` keeps the mount's identity and
+/// the last close still tells the daemon. The mount's open kept for such a
+/// descriptor is handed on too (its `FD_CLOEXEC` is cleared here), so locks
+/// and the file system's `release` keep following the application's
+/// descriptors.
 pub fn export_adopted() -> String {
     let t = TABLE.read();
     let Some(t) = t.as_ref() else {
@@ -556,9 +685,12 @@ pub fn export_adopted() -> String {
     };
     let mut parts = Vec::new();
     for (&fd, e) in t {
-        let writable = match e.inner.lock().status {
-            Status::Adopted { writable, .. } => writable,
-            _ => continue,
+        let (writable, kept) = {
+            let inner = e.inner.lock();
+            match inner.status {
+                Status::Adopted { writable, .. } => (writable, inner.kept),
+                _ => continue,
+            }
         };
         if sys::cloexec(fd) {
             continue;
@@ -566,8 +698,12 @@ pub fn export_adopted() -> String {
         let Ok(b) = sys::identity(fd) else {
             continue;
         };
+        let kept = kept
+            .and_then(|k| k.live(e.dev, e.ino))
+            .filter(|&k| sys::set_cloexec(k, false).is_ok())
+            .unwrap_or(0);
         parts.push(format!(
-            "{fd},{},{},{},{},{}",
+            "{fd},{},{},{},{},{},{kept}",
             e.dev,
             e.ino,
             b.dev,
@@ -580,13 +716,15 @@ pub fn export_adopted() -> String {
 
 /// Takes over the descriptors an earlier image of this process adopted
 /// ([`export_adopted`]); each is checked to still be the same backing file.
+/// Descriptors that shared a kept mount open share one entry again.
 pub fn import_adopted(spec: &str) {
+    let mut by_kept: HashMap<RawFd, Arc<Entry>> = HashMap::new();
     for part in spec.split(';').filter(|p| !p.is_empty()) {
         let v: Vec<u64> = part.split(',').filter_map(|x| x.parse().ok()).collect();
-        let [fd, dev, ino, bdev, bino, w] = v[..] else {
+        let [fd, dev, ino, bdev, bino, w, kept] = v[..] else {
             continue;
         };
-        let Ok(fd) = RawFd::try_from(fd) else {
+        let (Ok(fd), Ok(kept)) = (RawFd::try_from(fd), RawFd::try_from(kept)) else {
             continue;
         };
         match sys::identity(fd) {
@@ -596,24 +734,40 @@ pub fn import_adopted(spec: &str) {
         let Some(mount) = mounts::by_dev(dev) else {
             continue;
         };
+        if let Some(e) = by_kept.get(&kept).filter(|_| kept != 0) {
+            e.inner.lock().fds.push(fd);
+            insert(fd, e.clone());
+            set_state(fd, ADOPTED);
+            continue;
+        }
+        let kept = match sys::identity(kept) {
+            Ok(id) if kept != 0 && id.dev == dev && id.ino == ino => {
+                let _ = sys::set_cloexec(kept, true);
+                set_state(kept, SHIM);
+                Some(Kept { fd: kept })
+            }
+            _ => None,
+        };
         let writable = w == 1;
-        insert(
-            fd,
-            Arc::new(Entry {
-                mount,
-                dev,
-                ino,
-                tid: sys::getpid(),
-                calls: std::sync::atomic::AtomicU32::new(0),
-                inner: Mutex::new(Inner {
-                    fds: vec![fd],
-                    status: Status::Adopted {
-                        handle: 0,
-                        writable,
-                    },
-                }),
+        let e = Arc::new(Entry {
+            mount,
+            dev,
+            ino,
+            tid: sys::getpid(),
+            calls: std::sync::atomic::AtomicU32::new(0),
+            inner: Mutex::new(Inner {
+                fds: vec![fd],
+                status: Status::Adopted {
+                    handle: 0,
+                    writable,
+                },
+                kept,
             }),
-        );
+        });
+        if let Some(k) = kept {
+            by_kept.insert(k.fd, e.clone());
+        }
+        insert(fd, e);
         if writable {
             WRITABLE.fetch_add(1, Ordering::Relaxed);
         }

@@ -5,6 +5,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use mapfs_testkit::MountSession;
 use serde_json::Value;
@@ -193,4 +194,43 @@ pub fn have(prog: &str) -> bool {
         eprintln!("SKIPPED: `{prog}` is not installed; this preload check did not run");
     }
     found
+}
+
+/// Pid of the daemon serving `s`.
+pub fn daemon_pid(s: &mapfs_testkit::MountSession) -> i32 {
+    // The daemon serving the mount holds /dev/fuse; its pid file is in the
+    // runtime dir, but scanning /proc for the mount's source avoids knowing
+    // the layout.
+    let needle = s.mountpoint().to_string_lossy().into_owned();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "mount")
+            && args.contains(&needle)
+            && !args.iter().any(|a| a == "umount")
+        {
+            return pid;
+        }
+    }
+    panic!("no daemon found for {needle}");
+}
+
+/// Waits for `cond` (bounded: a hang becomes a failure, not a stuck test).
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "gave up waiting: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

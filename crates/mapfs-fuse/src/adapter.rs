@@ -17,6 +17,20 @@
 //!
 //! Locks (`flock`, POSIX) are handled by the kernel locally on the mount: they
 //! are not negotiated with the daemon.
+//!
+//! Map-cache tokens (shim clients, [`mapfs::mapcache`]): the adapter owns the
+//! generation table ([`MapTokens`]) and keeps the rule *a token read after
+//! the `open(2)` through the mount returned equals the token a client cached
+//! its map under only if the daemon has seen no change of that inode's map,
+//! size or name since*. It bumps an inode after the change is applied and
+//! before replying to the request that made it: open/create with a map (or
+//! backing file) other than the last seen, or writable or truncating;
+//! create and mknod (a reused inode number); every daemon write, fallocate,
+//! copy_file_range into it and size change; release of a writable open or
+//! with another final map; unlink, rmdir and rename (both inodes); forget;
+//! and a shim client's close of a writable adoption or its final map.
+//! `release` reaches the daemon after `close(2)` returned (the kernel sends
+//! it asynchronously), which is why writable *opens* bump too.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -39,6 +53,7 @@ use mapfs::{
 };
 use tracing::{debug, info, warn};
 
+use crate::control::tokens::MapTokens;
 use crate::handles::{Handles, OpenDir, OpenFile};
 use crate::inodes::{Inodes, ROOT};
 use crate::registry::{OpenInfo, OpenRegistry};
@@ -107,6 +122,8 @@ pub struct Shared {
     passthrough_ok: AtomicBool,
     writeback: AtomicBool,
     notifier: OnceLock<Notifier>,
+    /// Shim clients' map-cache tokens (see the module docs).
+    tokens: MapTokens,
 }
 
 /// The `fuser::Filesystem` implementation.
@@ -125,6 +142,7 @@ impl Adapter {
             passthrough_ok: AtomicBool::new(passthrough),
             writeback: AtomicBool::new(false),
             notifier: OnceLock::new(),
+            tokens: MapTokens::new(),
         })))
     }
 
@@ -340,6 +358,24 @@ impl Shared {
         }
     }
 
+    /// The FUSE inode named by `path` now, for bumping its map-cache token
+    /// around a namespace change (`None`: nothing there, or no table). The
+    /// inode table has no name lookup, hence the `getattr`; a concurrent
+    /// change of the name can make the bump miss the inode actually
+    /// removed, which then only lost its name (a new file reusing its
+    /// number bumps at create).
+    fn ino_at(&self, path: &Path) -> Option<u64> {
+        self.tokens.generations()?;
+        let attr = self.fs.getattr(&ROOT_CTX, path).ok()?;
+        Some(self.inodes.fuse_ino(attr.ino))
+    }
+
+    fn bump_opt(&self, ino: Option<u64>) {
+        if let Some(ino) = ino {
+            self.tokens.bump(ino);
+        }
+    }
+
     /// The open file of a FUSE handle (`EBADF` for an unknown one).
     fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>> {
         self.handles
@@ -421,6 +457,8 @@ impl Shared {
     ) -> (u64, Option<Arc<fuser::BackingId>>) {
         let fs_handle = opened.handle;
         let data = Arc::new(DataFile::new(opened));
+        let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        self.tokens.opened(ino, &data, may_change);
         let mut backing = None;
         if self.want_passthrough(ino, &data) {
             let file = data.whole_file_backing().expect("whole-file map").clone();
@@ -495,6 +533,12 @@ impl Shared {
         let map = file.data.map();
         let res = self.fs.release(&file.ctx, &file.path, file.fs_handle, &map);
         let ino = file.ino;
+        let writable = file.flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.tokens.released(
+            ino,
+            &file.data,
+            writable || file.wrote.load(Ordering::Relaxed),
+        );
         drop(file);
         self.handles.prune_backing(ino);
         if let Err(e) = &res {
@@ -528,6 +572,15 @@ impl OpenRegistry for Shared {
             // Errors only mean the kernel has nothing cached for it.
             let _ = n.inval_inode(INodeNo(ino), 0, 0);
         }
+        self.tokens.bump(ino);
+    }
+
+    fn generations(&self) -> Option<&mapfs::mapcache::Generations> {
+        self.tokens.generations()
+    }
+
+    fn adopting(&self, open: &OpenInfo) {
+        self.tokens.adopting(open.ino, &open.map, &open.files);
     }
 
     fn client_released(&self, fh: u64, map: DataMap) {
@@ -542,6 +595,7 @@ impl OpenRegistry for Shared {
                 }
             }
             f.wrote.store(true, Ordering::Relaxed);
+            self.tokens.bump(f.ino);
         }
     }
 }
@@ -606,7 +660,9 @@ impl Filesystem for Adapter {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.0.inodes.forget(ino.0, nlookup);
+        let s = &self.0;
+        s.inodes.forget(ino.0, nlookup);
+        s.tokens.forgotten(ino.0, || s.inodes.path(ino.0).is_none());
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -659,10 +715,9 @@ impl Filesystem for Adapter {
             None => None,
         });
         if let (Some(sz), Some(file)) = (size, &open) {
-            tri!(
-                reply,
-                mapfs::creds::as_caller(&c, || file.data.truncate(sz))
-            );
+            let truncated = mapfs::creds::as_caller(&c, || file.data.truncate(sz));
+            s.tokens.bump(ino.0);
+            tri!(reply, truncated);
             file.wrote.store(true, Ordering::Relaxed);
             set.size = None;
         }
@@ -692,7 +747,11 @@ impl Filesystem for Adapter {
             tri!(reply, s.getattr_inner(&c, ino, fh))
         } else {
             let path = tri!(reply, path);
-            tri!(reply, s.fs.setattr(&c, &path, &set))
+            let res = s.fs.setattr(&c, &path, &set);
+            if set.size.is_some() {
+                s.tokens.bump(ino.0);
+            }
+            tri!(reply, res)
         };
         reply.attr(&s.opts.ttl, &s.fuse_attr(&attr));
     }
@@ -717,6 +776,8 @@ impl Filesystem for Adapter {
         let s = &self.0;
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mknod(&ctx(req), &path, mode, u64::from(rdev)));
+        // A new file may reuse the number of one a client still caches.
+        s.tokens.bump(s.inodes.fuse_ino(attr.ino));
         s.entry(parent, name, &attr, reply);
     }
 
@@ -738,7 +799,10 @@ impl Filesystem for Adapter {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
         let path = tri!(reply, s.child(parent, name));
-        tri!(reply, s.fs.unlink(&ctx(req), &path));
+        let victim = s.ino_at(&path);
+        let res = s.fs.unlink(&ctx(req), &path);
+        s.bump_opt(victim);
+        tri!(reply, res);
         s.inodes.unlinked(parent.0, name);
         reply.ok();
     }
@@ -746,7 +810,10 @@ impl Filesystem for Adapter {
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
         let path = tri!(reply, s.child(parent, name));
-        tri!(reply, s.fs.rmdir(&ctx(req), &path));
+        let victim = s.ino_at(&path);
+        let res = s.fs.rmdir(&ctx(req), &path);
+        s.bump_opt(victim);
+        tri!(reply, res);
         s.inodes.unlinked(parent.0, name);
         reply.ok();
     }
@@ -786,7 +853,11 @@ impl Filesystem for Adapter {
             noreplace: flags.contains(FuseRenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(FuseRenameFlags::RENAME_EXCHANGE),
         };
-        tri!(reply, s.fs.rename(&ctx(req), &from, &to, rf));
+        let (moved, replaced) = (s.ino_at(&from), s.ino_at(&to));
+        let res = s.fs.rename(&ctx(req), &from, &to, rf);
+        s.bump_opt(moved);
+        s.bump_opt(replaced);
+        tri!(reply, res);
         s.inodes
             .renamed(parent.0, name, newparent.0, newname, rf.exchange);
         reply.ok();
@@ -870,7 +941,9 @@ impl Filesystem for Adapter {
             tri!(reply, s.kill_suidgid(&file.path, &ctx(req)));
         }
         let mut remap = s.remap_for(&file);
-        let n = tri!(reply, file.data.write(offset, data, &mut remap));
+        let res = file.data.write(offset, data, &mut remap);
+        s.tokens.bump(file.ino);
+        let n = tri!(reply, res);
         file.wrote.store(true, Ordering::Relaxed);
         reply.written(n as u32);
     }
@@ -1111,6 +1184,8 @@ impl Filesystem for Adapter {
         s.inodes.remember(parent.0, name, fa.ino.0);
         let (fh, backing) =
             s.register_open(&c, fa.ino.0, path, flags, opened, |f| reply.open_backing(f));
+        // A new file may reuse the number of one a client still caches.
+        s.tokens.bump(fa.ino.0);
         // One TTL serves entry and attributes here: the stricter one.
         let ttl = s.opts.entry_ttl.min(s.opts.ttl);
         match backing {
@@ -1142,7 +1217,9 @@ impl Filesystem for Adapter {
         if req.uid() != 0 {
             tri!(reply, self.0.kill_suidgid(&file.path, &ctx(req)));
         }
-        tri!(reply, file.data.fallocate(mode, offset, length));
+        let res = file.data.fallocate(mode, offset, length);
+        self.0.tokens.bump(file.ino);
+        tri!(reply, res);
         file.wrote.store(true, Ordering::Relaxed);
         reply.ok();
     }
@@ -1186,10 +1263,9 @@ impl Filesystem for Adapter {
         let mut remap = s.remap_for(&dst);
         // The reply carries a 32-bit count; the kernel loops for more.
         let len = len.min(1 << 30);
-        let n = tri!(
-            reply,
-            engine::copy_range(&src.data, offset_in, &dst.data, offset_out, len, &mut remap)
-        );
+        let res = engine::copy_range(&src.data, offset_in, &dst.data, offset_out, len, &mut remap);
+        s.tokens.bump(dst.ino);
+        let n = tri!(reply, res);
         dst.wrote.store(true, Ordering::Relaxed);
         reply.written(n as u32);
     }

@@ -5,11 +5,16 @@
 //! the caller's permissions and the daemon sees that open with the caller's
 //! pid; it then asks over the control socket for that open's map and backing
 //! files. The daemon hands out only what that pid has opened.
+//!
+//! The registry also owns the clients' map-cache tokens
+//! ([`mapfs::mapcache::Generations`]): the control server sends the table
+//! with Hello and reports adoptions and client closes, which may bump.
 
 use std::fs::File;
 use std::sync::Arc;
 
 use mapfs::engine::DataFile;
+use mapfs::mapcache::Generations;
 use mapfs::DataMap;
 
 /// One open of a file through the mount, as the control socket sees it.
@@ -39,10 +44,19 @@ pub trait OpenRegistry: Send + Sync + 'static {
 
     /// Drops the kernel's cached attributes and pages of `ino` (after a shim
     /// client wrote to it), so the next `stat`/`read` through the mount sees
-    /// the new size and bytes.
+    /// the new size and bytes, and bumps its map-cache token.
     fn invalidate(&self, ino: u64);
 
     /// Records the final map a shim client reports at close for the open
-    /// `fh` (non-whole-file maps), so the file system's `release` sees it.
+    /// `fh` (non-whole-file maps), so the file system's `release` sees it,
+    /// and bumps the inode's map-cache token.
     fn client_released(&self, fh: u64, map: DataMap);
+
+    /// The map-cache generation table to send with Hello, if there is one.
+    fn generations(&self) -> Option<&Generations>;
+
+    /// `open` is about to be handed to a client: bumps the inode's token
+    /// if its map is not the last one the daemon saw for the inode (see
+    /// `control::tokens::MapTokens::adopting`).
+    fn adopting(&self, open: &OpenInfo);
 }

@@ -17,9 +17,31 @@
 //! One `SOCK_SEQPACKET` UNIX socket per mount, at [`socket_path`]. Every
 //! message is one packet: a version byte ([`VERSION`]) followed by a
 //! `postcard`-encoded [`Request`] or [`Response`]. Each request gets exactly
-//! one response; descriptors travel only with [`Response::Adopted`]. A client
-//! holds one connection per mount per process (a forked child reconnects), so
-//! the daemon can drop a client's state when its connection closes.
+//! one response; descriptors travel only with [`Response::Adopted`] (the
+//! backing files) and with [`Response::Hello`] (the generation table, when
+//! its `generations` is true). A client holds one connection per mount per
+//! process (a forked child reconnects), so the daemon can drop a client's
+//! state when its connection closes.
+//!
+//! # Map cache tokens
+//!
+//! The table sent with [`Response::Hello`] ([`Generations`]) lets a client
+//! cache adopted maps and backing descriptors per inode and reuse them at a
+//! later open of an unchanged file without asking again. The contract (see
+//! [`crate::mapcache`]): the client reads [`Generations::token`] of the inode
+//! after its `open(2)` through the mount returned and before it sends
+//! [`Request::Adopt`], and caches the answer under that token. *A token read
+//! after a later `open(2)` through the mount returned equals the cached one
+//! only if the daemon has seen no change of that inode's map, size or name
+//! since*: the daemon bumps the inode's token after any such change and
+//! before replying to the request that caused it (open or create with a
+//! different map or for writing, writes, truncation, fallocate,
+//! copy_file_range, release of a writable open or with a changed map,
+//! unlink, rmdir, rename, forget, and [`Request::Closed`] /
+//! [`Request::Release`] of a client's writable adoption). Changes made
+//! behind the mount's back (in the backing directory) are not seen. Tokens
+//! are only comparable within one table: after reconnecting, a client drops
+//! what it cached.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -34,10 +56,12 @@ use rustix::net::{
 use serde::{Deserialize, Serialize};
 
 use crate::datamap::DataMap;
+use crate::mapcache::Generations;
 
 /// Protocol version, the first byte of every packet. Bumped on any change of
 /// the message types; a peer seeing another version refuses the message.
-pub const VERSION: u8 = 1;
+/// Version 2: [`Response::Hello`] carries the generation table.
+pub const VERSION: u8 = 2;
 
 /// Largest packet either side sends or accepts.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -108,6 +132,10 @@ pub enum Response {
     Hello {
         /// The daemon's [`VERSION`].
         version: u8,
+        /// A descriptor of the daemon's generation table
+        /// ([`Generations`]) is attached; without one, nothing may be
+        /// cached across opens.
+        generations: bool,
     },
     /// Answer to [`Request::Adopt`]; `files` descriptors are attached, one
     /// per backing file of `map`, each a private open file description
@@ -253,8 +281,31 @@ pub fn socket() -> io::Result<OwnedFd> {
 }
 
 /// Connects to the control socket at `path` and exchanges [`Request::Hello`].
-/// The connection times out after [`CLIENT_TIMEOUT`] on every call.
+/// The connection times out after [`CLIENT_TIMEOUT`] on every call. A
+/// generation table the daemon sends is closed; see
+/// [`connect_with_generations`] to keep it.
 pub fn connect(path: &Path) -> io::Result<OwnedFd> {
+    handshake(path).map(|(sock, _)| sock)
+}
+
+/// Like [`connect`], and attaches the daemon's generation table if it sent
+/// one (`None` when it did not, or when the descriptor it sent is not a
+/// valid table: the client then caches nothing across opens).
+pub fn connect_with_generations(path: &Path) -> io::Result<(OwnedFd, Option<Generations>)> {
+    let (sock, table) = handshake(path)?;
+    let table = table.and_then(|fd| match Generations::attach(fd) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            tracing::debug!(error = %e, "daemon's generation table unusable");
+            None
+        }
+    });
+    Ok((sock, table))
+}
+
+/// Connects and exchanges Hello; returns the socket and the generation
+/// table's descriptor, if the daemon sent one.
+fn handshake(path: &Path) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
     let sock = socket()?;
     let addr = SocketAddrUnix::new(path)?;
     loop {
@@ -275,7 +326,20 @@ pub fn connect(path: &Path) -> io::Result<OwnedFd> {
         Some(CLIENT_TIMEOUT),
     )?;
     match call(sock.as_fd(), &Request::Hello { version: VERSION })? {
-        (Response::Hello { version: VERSION }, _) => Ok(sock),
+        (
+            Response::Hello {
+                version: VERSION,
+                generations,
+            },
+            fds,
+        ) => {
+            let table = if generations && fds.len() == 1 {
+                fds.into_iter().next()
+            } else {
+                None
+            };
+            Ok((sock, table))
+        }
         _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
     }
 }
@@ -407,6 +471,11 @@ mod tests {
             wrong[0] = VERSION + 1;
             assert!(decode::<Request>(&wrong).is_err());
         }
+        let hello = Response::Hello {
+            version: VERSION,
+            generations: true,
+        };
+        assert_eq!(decode::<Response>(&encode(&hello).unwrap()).unwrap(), hello);
         assert!(decode::<Request>(&[]).is_err());
         assert!(decode::<Request>(&[VERSION, 0xff, 0xff]).is_err());
     }

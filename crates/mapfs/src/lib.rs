@@ -15,6 +15,7 @@ pub mod datamap;
 pub mod engine;
 pub mod error;
 pub mod fs;
+pub mod mapcache;
 
 pub use datamap::{DataMap, Extent, Growth, Placement, Segment};
 pub use error::{Error, Result};

@@ -26,6 +26,14 @@
 //! [`OpenRegistry::invalidate`], so readers through the mount see the new
 //! size and bytes (close-to-open).
 //!
+//! # Map cache
+//!
+//! Hello is answered with the registry's generation table (see
+//! [`tokens`] and [`mapfs::mapcache`]) attached, when there is one. An
+//! adoption is reported to the registry before the answer
+//! ([`OpenRegistry::adopting`]), so an open whose map is no longer the
+//! inode's latest invalidates the token the client read after its open.
+//!
 //! Threads: one accept thread, one thread per client connection; dropping the
 //! [`ControlServer`] shuts every connection down, joins the threads and
 //! removes the socket file.
@@ -257,7 +265,15 @@ impl Conn<'_> {
             };
             let sent = match req {
                 Request::Hello { version } if version == control::VERSION => {
-                    control::send(sock, &Response::Hello { version }, &[])
+                    let table = self.shared.registry.generations();
+                    let resp = Response::Hello {
+                        version,
+                        generations: table.is_some(),
+                    };
+                    match table {
+                        Some(t) => control::send(sock, &resp, &[t.fd()]),
+                        None => control::send(sock, &resp, &[]),
+                    }
                 }
                 Request::Hello { .. } => control::send(
                     sock,
@@ -323,6 +339,7 @@ impl Conn<'_> {
                 &format!("cannot reopen the backing file: {e}"),
             )
         })?;
+        registry.adopting(&open);
         let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
         if access != libc::O_RDONLY {
             self.adopted.insert(handle, Adoption { ino, fh: open.fh });
@@ -392,6 +409,8 @@ fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
         Err(e) => Err(e.into()),
     }
 }
+
+pub mod tokens;
 
 #[cfg(test)]
 mod tests;

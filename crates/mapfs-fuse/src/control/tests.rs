@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use mapfs::control::{self, Request, Response};
 use mapfs::engine::DataFile;
+use mapfs::mapcache::Generations;
 use mapfs::{DataMap, Extent, Growth, Opened};
 use parking_lot::Mutex;
 
@@ -20,6 +21,9 @@ struct Fake {
     opens: Mutex<Vec<(u32, OpenInfo)>>,
     invalidated: Mutex<Vec<u64>>,
     released: Mutex<Vec<(u64, DataMap)>>,
+    /// The table sent with Hello; bumped for each adoption reported.
+    generations: Option<Generations>,
+    adopting: Mutex<Vec<u64>>,
 }
 
 impl OpenRegistry for Fake {
@@ -37,6 +41,15 @@ impl OpenRegistry for Fake {
     }
     fn client_released(&self, fh: u64, map: DataMap) {
         self.released.lock().push((fh, map));
+    }
+    fn generations(&self) -> Option<&Generations> {
+        self.generations.as_ref()
+    }
+    fn adopting(&self, open: &OpenInfo) {
+        self.adopting.lock().push(open.fh);
+        if let Some(g) = &self.generations {
+            g.bump(open.ino);
+        }
     }
 }
 
@@ -68,10 +81,17 @@ struct Setup {
 }
 
 fn setup() -> Setup {
+    setup_with(None)
+}
+
+fn setup_with(generations: Option<Generations>) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("backing");
     std::fs::write(&backing, b"0123456789").unwrap();
-    let fake = Arc::new(Fake::default());
+    let fake = Arc::new(Fake {
+        generations,
+        ..Fake::default()
+    });
     let sock = dir.path().join("run/ctl.sock");
     let server = spawn(fake.clone(), &sock).unwrap();
     Setup {
@@ -330,4 +350,66 @@ fn version_mismatch_is_refused_and_drop_removes_the_socket() {
     assert!(!path.exists());
     // The server closed our connection rather than leave it hanging.
     assert!(control::recv::<Response>(held.as_fd()).unwrap().is_none());
+}
+
+#[test]
+fn hello_carries_the_generation_table() {
+    let s = setup_with(Some(Generations::create().unwrap()));
+    let daemon = s.fake.generations.as_ref().unwrap();
+    daemon.bump(33);
+    let (conn, table) = control::connect_with_generations(s.server.path()).unwrap();
+    let table = table.expect("the daemon has a table, Hello must carry it");
+    assert!(!table.is_writable());
+    assert_eq!(table.token(33), 1);
+    daemon.bump(33);
+    assert_eq!(table.token(33), 2);
+    // An adoption is reported to the registry before the answer, so its bump
+    // is visible as soon as the client has the map.
+    let f = File::open(&s.backing).unwrap();
+    s.fake.opens.lock().push((
+        me(),
+        open_info(33, 6, libc::O_RDONLY, DataMap::whole_file(), f),
+    ));
+    let (resp, _fds) = control::call(
+        conn.as_fd(),
+        &Request::Adopt {
+            ino: 33,
+            tid: me(),
+            flags: libc::O_RDONLY,
+        },
+    )
+    .unwrap();
+    assert!(matches!(resp, Response::Adopted { .. }), "{resp:?}");
+    assert_eq!(*s.fake.adopting.lock(), vec![6]);
+    assert_eq!(table.token(33), 3);
+    // Plain connect still works (and closes the table it was sent).
+    control::connect(s.server.path()).unwrap();
+}
+
+#[test]
+fn hello_without_a_table_says_so() {
+    let s = setup();
+    let sock = control::socket().unwrap();
+    rustix::net::connect(
+        &sock,
+        &rustix::net::SocketAddrUnix::new(s.server.path()).unwrap(),
+    )
+    .unwrap();
+    let (resp, fds) = control::call(
+        sock.as_fd(),
+        &Request::Hello {
+            version: control::VERSION,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        resp,
+        Response::Hello {
+            version: control::VERSION,
+            generations: false
+        }
+    );
+    assert!(fds.is_empty());
+    let (_conn, table) = control::connect_with_generations(s.server.path()).unwrap();
+    assert!(table.is_none());
 }

@@ -104,6 +104,12 @@ fn slot_of(ino: u64) -> usize {
     (z as usize) & (SLOTS - 1)
 }
 
+/// The slot holding the token of inode `ino`: inodes with the same slot
+/// share their bumps (spurious misses only).
+pub fn slot(ino: u64) -> usize {
+    slot_of(ino)
+}
+
 impl Generations {
     /// Creates the table (daemon side): a sealed memfd, mapped read-write
     /// here. The seals (no shrink, no grow, no future write, no more seals)

@@ -1,7 +1,9 @@
 //! The map-cache tokens on a real mount: a client attached with
 //! `connect_with_generations` sees an inode's token stay put across
-//! read-only opens and change after a write+close, a truncate, a rename
-//! (moved and replaced inode), an unlink and a re-create through the mount.
+//! read-only opens (and adoptions) and change after a write+close, an
+//! ftruncate, a punch hole, a copy_file_range into it, a daemon write, a
+//! truncate by path, a rename (moved and replaced inode), an unlink and a
+//! re-create through the mount.
 //!
 //! Each check uses its own file, created in the backing directory behind the
 //! mount's back, so that no asynchronous `release` of an earlier writable
@@ -14,12 +16,14 @@ use std::collections::HashSet;
 use std::fs;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use common::{fuse_or_skip, mount, DataMode, MountSession};
 use mapfs::control::{self, Request, Response};
 use mapfs::mapcache::{self, Generations};
+use mapfs_testkit::libc_io;
+use rustix::fs::FallocateFlags;
 
 /// A client of the mount's control socket holding the generation table.
 struct Client {
@@ -159,6 +163,48 @@ fn tokens_follow_changes(mode: DataMode) {
         f.write_all(b"changed").unwrap();
     }
     assert_ne!(c.token(ino_b), before, "{test}: write+close kept the token");
+
+    // Changes through a writable open, each checked while that open is
+    // held (its open bumped already; its release would bump again).
+    let (w, ino_w) = c.fresh_file(&s, "rw");
+    let (src, _) = c.fresh_file(&s, "src");
+    let src = fs::File::open(&src).unwrap();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&w)
+        .unwrap();
+    let before = c.token(ino_w);
+    f.set_len(4).unwrap();
+    assert_ne!(c.token(ino_w), before, "{test}: ftruncate kept the token");
+    let before = c.token(ino_w);
+    let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    match libc_io::fallocate(&f, punch, 0, 2) {
+        Ok(()) => assert_ne!(c.token(ino_w), before, "{test}: punch hole kept the token"),
+        Err(e) => eprintln!("{test}: punch hole not checked: fallocate failed with {e}"),
+    }
+    let before = c.token(ino_w);
+    let (mut off_in, mut off_out) = (0u64, 4u64);
+    let n = libc_io::copy_file_range(&src, Some(&mut off_in), &f, Some(&mut off_out), 6).unwrap();
+    assert_eq!(n, 6, "{test}: short copy_file_range");
+    assert_ne!(
+        c.token(ino_w),
+        before,
+        "{test}: copy_file_range into the file kept the token"
+    );
+    if matches!(mode, DataMode::Daemon | DataMode::DaemonNoWriteback) {
+        // Writes reach the daemon (with the writeback cache, at fsync);
+        // under passthrough the kernel writes and the open bumped instead.
+        let before = c.token(ino_w);
+        f.write_all_at(b"w", 0).unwrap();
+        f.sync_data().unwrap();
+        assert_ne!(
+            c.token(ino_w),
+            before,
+            "{test}: a daemon write kept the token"
+        );
+    }
+    drop(f);
 
     // Truncate by path (a setattr without an open).
     let (t, ino_t) = c.fresh_file(&s, "trunc");

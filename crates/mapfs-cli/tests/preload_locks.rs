@@ -11,66 +11,11 @@ mod common;
 mod preload_support;
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 
 use common::{fuse_or_skip, mount, DataMode};
 use preload_support::*;
-
-/// A program under the shim, stopped at named stages.
-struct Stepped {
-    child: Child,
-    to: ChildStdin,
-    from: BufReader<ChildStdout>,
-}
-
-impl Stepped {
-    fn start(s: &mapfs_testkit::MountSession, name: &str, script: &str, file: &Path) -> Stepped {
-        let report = report_path(s, name);
-        let mut child = attached(s, &report, "python3")
-            .arg("-c")
-            .arg(script)
-            .arg(file)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn python3 under mapfs run");
-        let to = child.stdin.take().unwrap();
-        let from = BufReader::new(child.stdout.take().unwrap());
-        Stepped { child, to, from }
-    }
-
-    /// Waits for the program to reach `stage`.
-    fn reached(&mut self, stage: &str) {
-        let mut line = String::new();
-        self.from.read_line(&mut line).unwrap();
-        assert_eq!(
-            line.trim(),
-            stage,
-            "the program under the shim stopped early (see its stderr above)"
-        );
-    }
-
-    fn go(&mut self) {
-        writeln!(self.to, "go").unwrap();
-        self.to.flush().unwrap();
-    }
-
-    fn finish(mut self) {
-        let st = self.child.wait().unwrap();
-        assert!(st.success(), "the program under the shim failed: {st}");
-    }
-}
-
-impl Drop for Stepped {
-    fn drop(&mut self) {
-        // On a failed assertion: never leave the program waiting.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Python helpers every script starts with.
 const PRELUDE: &str = r#"

@@ -358,16 +358,11 @@ impl Shared {
         }
     }
 
-    /// The FUSE inode named by `path` now, for bumping its map-cache token
-    /// around a namespace change (`None`: nothing there, or no table). The
-    /// inode table has no name lookup, hence the `getattr`; a concurrent
-    /// change of the name can make the bump miss the inode actually
-    /// removed, which then only lost its name (a new file reusing its
-    /// number bumps at create).
-    fn ino_at(&self, path: &Path) -> Option<u64> {
-        self.tokens.generations()?;
-        let attr = self.fs.getattr(&ROOT_CTX, path).ok()?;
-        Some(self.inodes.fuse_ino(attr.ino))
+    /// The FUSE inode the kernel knows as `name` in `parent`, for bumping
+    /// its map-cache token around a namespace change (the kernel looks a
+    /// name up before it unlinks or renames it).
+    fn ino_at(&self, parent: INodeNo, name: &OsStr) -> Option<u64> {
+        self.inodes.child(parent.0, name)
     }
 
     fn bump_opt(&self, ino: Option<u64>) {
@@ -533,12 +528,12 @@ impl Shared {
         let map = file.data.map();
         let res = self.fs.release(&file.ctx, &file.path, file.fs_handle, &map);
         let ino = file.ino;
-        let writable = file.flags & libc::O_ACCMODE != libc::O_RDONLY;
-        self.tokens.released(
-            ino,
-            &file.data,
-            writable || file.wrote.load(Ordering::Relaxed),
-        );
+        // Only a changed final map bumps here: a writable open bumped when
+        // it was opened and daemon writes bump as they go, so a client that
+        // re-opens after the write+close already misses; another bump now
+        // (the kernel sends release after close(2) returned) would only
+        // invalidate entries cached after it, for nothing.
+        self.tokens.released(ino, &file.data, false);
         drop(file);
         self.handles.prune_backing(ino);
         if let Err(e) = &res {
@@ -799,7 +794,7 @@ impl Filesystem for Adapter {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
         let path = tri!(reply, s.child(parent, name));
-        let victim = s.ino_at(&path);
+        let victim = s.ino_at(parent, name);
         let res = s.fs.unlink(&ctx(req), &path);
         s.bump_opt(victim);
         tri!(reply, res);
@@ -810,7 +805,7 @@ impl Filesystem for Adapter {
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
         let path = tri!(reply, s.child(parent, name));
-        let victim = s.ino_at(&path);
+        let victim = s.ino_at(parent, name);
         let res = s.fs.rmdir(&ctx(req), &path);
         s.bump_opt(victim);
         tri!(reply, res);
@@ -853,7 +848,7 @@ impl Filesystem for Adapter {
             noreplace: flags.contains(FuseRenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(FuseRenameFlags::RENAME_EXCHANGE),
         };
-        let (moved, replaced) = (s.ino_at(&from), s.ino_at(&to));
+        let (moved, replaced) = (s.ino_at(parent, name), s.ino_at(newparent, newname));
         let res = s.fs.rename(&ctx(req), &from, &to, rf);
         s.bump_opt(moved);
         s.bump_opt(replaced);

@@ -151,6 +151,12 @@ impl Inodes {
         }
     }
 
+    /// The inode known as `name` in `parent`, if the kernel looked it up.
+    pub fn child(&self, parent: u64, name: &OsStr) -> Option<u64> {
+        let table = self.table.read();
+        table.children.get(&(parent, name.to_os_string())).copied()
+    }
+
     /// `name` in `parent` was removed (unlink, rmdir).
     pub fn unlinked(&self, parent: u64, name: &OsStr) {
         let mut table = self.table.write();

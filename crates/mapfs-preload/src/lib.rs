@@ -17,23 +17,21 @@
 //! Environment: `MAPFS_MOUNTS` (mountpoints to attach to, `:`-separated;
 //! default all mapfs mounts), `MAPFS_PRELOAD_REPORT=<path>` (append a JSON
 //! summary line per process at exit, see [`report`]), `MAPFS_PRELOAD_LOG=1`
-//! (diagnostics on stderr), `MAPFS_RUNTIME_DIR` (where control sockets
+//! (diagnostics on stderr), `MAPFS_PRELOAD_MAP_CACHE=<n>` (map cache
+//! capacity, see [`mcache`]), `MAPFS_RUNTIME_DIR` (where control sockets
 //! live, as for the daemon).
 //!
 //! Tests can ask a live process about one descriptor with the exported
 //! `mapfs_preload_fd_status(fd)`: 0 unclassified, 1 not a mapfs file, 2 mapfs
 //! file not adopted yet, 3 adopted (data calls native), 4 served through the
-//! mount, 5 the shim's own control socket.
+//! mount, 5 one of the shim's own descriptors; and how many adoptions the
+//! map cache served with `mapfs_preload_cache_hits()`.
 //!
 //! # Limits (see also [`hooks`](mod@hooks) for what is not intercepted)
 //!
 //! - Only whole-file 1-to-1 maps are adopted; files with other maps are
 //!   served through the mount (running the data engine in-process for them
 //!   is future work).
-//! - No map cache across opens: each adoption is one round trip to the
-//!   daemon (made lazily, at the first data call, so metadata-only opens
-//!   cost none). Reusing a backing descriptor for a re-open safely needs a
-//!   validity token from the daemon, which it does not give yet.
 //! - The open through the mount stays open beside an adoption (a
 //!   descriptor numbered 512 or above): the file system's `release` runs at
 //!   the application's last close, and `fcntl`/`lockf`/`flock` locks of
@@ -53,6 +51,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod hooks;
+pub mod mcache;
 pub mod mounts;
 pub mod report;
 pub mod sys;
@@ -181,4 +180,10 @@ static FINI: extern "C" fn() = fini;
 #[no_mangle]
 pub extern "C" fn mapfs_preload_fd_status(fd: libc::c_int) -> libc::c_int {
     libc::c_int::from(table::state(fd))
+}
+
+/// For tests: adoptions this process served from the map cache.
+#[no_mangle]
+pub extern "C" fn mapfs_preload_cache_hits() -> u64 {
+    report::cache_hits()
 }

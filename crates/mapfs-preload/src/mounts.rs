@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use mapfs::control::{self, Request, Response};
+use mapfs::mapcache::Generations;
 use parking_lot::Mutex;
 
 use crate::sys;
@@ -33,6 +34,9 @@ pub struct Mount {
     /// Connection of this process (`pid` guards against using a parent's
     /// connection after `fork`).
     pub conn: Mutex<Option<Conn>>,
+    /// The daemon's generation table (see [`crate::mcache`]), attached at
+    /// the first connection; a mapping, so it survives `fork`.
+    pub generations: OnceLock<Generations>,
 }
 
 /// An open connection to a daemon.
@@ -74,8 +78,8 @@ impl Drop for Conn {
     }
 }
 
-fn connect(path: &std::path::Path) -> std::io::Result<Conn> {
-    let sock = control::connect(path)?;
+fn connect(path: &std::path::Path) -> std::io::Result<(Conn, Option<Generations>)> {
+    let (sock, generations) = control::connect_with_generations(path)?;
     let sock = match rustix::io::fcntl_dupfd_cloexec(&sock, sys::HIGH_FD) {
         Ok(high) => high,
         // Low descriptor limit: keep the number we have.
@@ -83,11 +87,12 @@ fn connect(path: &std::path::Path) -> std::io::Result<Conn> {
     };
     let ino = rustix::fs::fstat(&sock)?.st_ino;
     crate::table::claim_shim_fd(std::os::fd::AsRawFd::as_raw_fd(&sock));
-    Ok(Conn {
+    let conn = Conn {
         sock: Some(sock),
         ino,
         pid: sys::getpid(),
-    })
+    };
+    Ok((conn, generations))
 }
 
 static MOUNTS: OnceLock<Vec<Mount>> = OnceLock::new();
@@ -146,6 +151,7 @@ fn discover() -> Vec<Mount> {
             dev,
             socket,
             conn: Mutex::new(None),
+            generations: OnceLock::new(),
         });
     }
     for m in &found {
@@ -171,6 +177,25 @@ impl Mount {
     /// connection, so the next call reconnects.
     pub fn call(&self, req: &Request) -> std::io::Result<(Response, Vec<OwnedFd>)> {
         let mut conn = self.conn.lock();
+        self.connected(&mut conn)?;
+        let sock = conn
+            .as_ref()
+            .and_then(Conn::live)
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))?;
+        let res = control::call(sock, req);
+        if res.is_err() {
+            *conn = None;
+        }
+        res
+    }
+
+    /// Connects this process to the daemon unless it is connected already:
+    /// afterwards the generation table is attached, if the daemon has one.
+    pub fn connect(&self) -> std::io::Result<()> {
+        self.connected(&mut self.conn.lock())
+    }
+
+    fn connected(&self, conn: &mut Option<Conn>) -> std::io::Result<()> {
         let pid = sys::getpid();
         if conn
             .as_ref()
@@ -182,17 +207,14 @@ impl Mount {
             *conn = None;
         }
         if conn.is_none() {
-            *conn = Some(connect(&self.socket)?);
+            let (c, generations) = connect(&self.socket)?;
+            *conn = Some(c);
+            if let Some(g) = generations {
+                // A reconnection to the same daemon sends the same table.
+                let _ = self.generations.set(g);
+            }
         }
-        let sock = conn
-            .as_ref()
-            .and_then(Conn::live)
-            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))?;
-        let res = control::call(sock, req);
-        if res.is_err() {
-            *conn = None;
-        }
-        res
+        Ok(())
     }
 }
 

@@ -3,12 +3,13 @@
 //! appended as one line, e.g.
 //!
 //! ```json
-//! {"pid":12,"exe":"/usr/bin/cat","tracked":1,"adopted":1,"native_calls":3,"mount_calls":0,"fallbacks":{}}
+//! {"pid":12,"exe":"/usr/bin/cat","tracked":1,"adopted":1,"cache_hits":0,"native_calls":3,"mount_calls":0,"fallbacks":{}}
 //! ```
 //!
 //! `native_calls` counts hooked data calls on adopted descriptors (they ran
 //! on the backing file), `mount_calls` those on descriptors served through
-//! the mount. Calls glibc makes internally (stdio) are not hooked and not
+//! the mount, `cache_hits` the adoptions served by the map cache without
+//! asking the daemon ([`crate::mcache`]). Calls glibc makes internally (stdio) are not hooked and not
 //! counted, though on adopted descriptors they are native too.
 
 use std::io::Write;
@@ -55,6 +56,7 @@ static NATIVE: Sharded = Sharded::new();
 static MOUNT: Sharded = Sharded::new();
 static TRACKED: AtomicU64 = AtomicU64::new(0);
 static ADOPTED: AtomicU64 = AtomicU64::new(0);
+static CACHE_HITS: AtomicU64 = AtomicU64::new(0);
 static FALLBACKS: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
 
 /// A data call ran natively on an adopted descriptor.
@@ -79,6 +81,16 @@ pub fn count_tracked() {
 /// An open was adopted.
 pub fn count_adopted() {
     ADOPTED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// An adoption was served from the map cache (no daemon round trip).
+pub fn count_cache_hit() {
+    CACHE_HITS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Adoptions served from the map cache so far.
+pub fn cache_hits() -> u64 {
+    CACHE_HITS.load(Ordering::Relaxed)
 }
 
 /// An open could not be adopted, for `reason`.
@@ -117,11 +129,12 @@ pub fn summary() -> String {
         .map(|(k, n)| format!("{}:{n}", json_string(k)))
         .collect();
     format!(
-        "{{\"pid\":{},\"exe\":{},\"tracked\":{},\"adopted\":{},\"native_calls\":{},\"mount_calls\":{},\"fallbacks\":{{{}}}}}",
+        "{{\"pid\":{},\"exe\":{},\"tracked\":{},\"adopted\":{},\"cache_hits\":{},\"native_calls\":{},\"mount_calls\":{},\"fallbacks\":{{{}}}}}",
         crate::sys::getpid(),
         json_string(&exe),
         TRACKED.load(Ordering::Relaxed),
         ADOPTED.load(Ordering::Relaxed),
+        CACHE_HITS.load(Ordering::Relaxed),
         NATIVE.sum(),
         MOUNT.sum(),
         fallbacks.join(",")

@@ -35,18 +35,18 @@
 //! before `fork` every pending entry is adopted, so parent and child keep
 //! sharing it.
 //!
-//! Lock order: the table lock, then an entry's lock, then a mount's
-//! connection lock.
+//! Lock order: the table lock, then an entry's lock, then the map cache's
+//! ([`mcache`]), then a mount's connection lock.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use mapfs::control::{Request, Response};
 use parking_lot::{Mutex, RwLock};
 
-use crate::{mounts, report, sys};
+use crate::{mcache, mounts, report, sys};
 
 /// Descriptors at or above this number are never tracked (served through
 /// the mount).
@@ -331,6 +331,15 @@ fn try_adopt(entry: &Entry, inner: &mut Inner) -> Result<Status, String> {
     if mount.writeback {
         return Err("kernel writeback cache on this mount: served through it".into());
     }
+    let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+    if let Some(file) = mcache::reopen(entry.mount, entry.ino, flags) {
+        install(entry, inner, file.as_fd(), offset)?;
+        return Ok(Status::Adopted {
+            handle: 0,
+            writable,
+        });
+    }
+    let token = mcache::token_before_asking(entry.mount, entry.ino);
     let req = Request::Adopt {
         ino: entry.ino,
         tid: entry.tid,
@@ -350,13 +359,29 @@ fn try_adopt(entry: &Entry, inner: &mut Inner) -> Result<Status, String> {
         return Err("map is not whole-file".into());
     }
     let backing = &backing[0];
-    rustix::fs::seek(backing.as_fd(), rustix::fs::SeekFrom::Start(offset))
+    install(entry, inner, backing.as_fd(), offset)?;
+    if let Some(token) = token {
+        mcache::store(entry.mount, entry.ino, token, backing.as_fd());
+    }
+    Ok(Status::Adopted { handle, writable })
+}
+
+/// Puts `backing` (positioned at the application's `offset`) under every
+/// descriptor of the entry, keeping the mount's open beside it.
+fn install(
+    entry: &Entry,
+    inner: &mut Inner,
+    backing: BorrowedFd<'_>,
+    offset: u64,
+) -> Result<(), String> {
+    let &first = inner.fds.first().ok_or("no descriptor")?;
+    rustix::fs::seek(backing, rustix::fs::SeekFrom::Start(offset))
         .map_err(|e| format!("lseek backing: {e}"))?;
     // Without a free high descriptor number the mount's open is released
     // now (as the dup3 below closes it) and locks stay on the backing file.
     let kept = keep_mount_open(first);
     for &fd in &inner.fds {
-        if let Err(e) = sys::dup_over(backing.as_fd(), fd, sys::cloexec(fd)) {
+        if let Err(e) = sys::dup_over(backing, fd, sys::cloexec(fd)) {
             if let Some(k) = kept {
                 close_kept(k, entry.dev, entry.ino);
             }
@@ -364,10 +389,7 @@ fn try_adopt(entry: &Entry, inner: &mut Inner) -> Result<Status, String> {
         }
     }
     inner.kept = kept;
-    Ok(Status::Adopted {
-        handle,
-        writable: flags & libc::O_ACCMODE != libc::O_RDONLY,
-    })
+    Ok(())
 }
 
 /// A duplicate of the application's mount descriptor `fd`, kept for its
@@ -603,6 +625,7 @@ pub fn lock_for_fork() {
         }
     }
     std::mem::forget(t);
+    mcache::lock_for_fork();
     for m in mounts::loaded() {
         std::mem::forget(m.conn.lock());
     }
@@ -615,6 +638,7 @@ pub fn unlock_after_fork() {
         // the thread that forked, which is this one).
         unsafe { m.conn.force_unlock() };
     }
+    mcache::unlock_after_fork();
     // SAFETY: as above: the table is write-locked by `lock_for_fork`, so it
     // has not changed since, and each distinct entry was locked there once.
     unsafe {

@@ -58,8 +58,11 @@ pub struct Generations {
     /// The mapping; `'static` only inside this type, which unmaps it on drop
     /// and never hands out a reference outliving `&self`.
     slots: &'static [AtomicU64],
-    /// The descriptor to send (read-only when it could be reopened so).
-    fd: OwnedFd,
+    /// The descriptor to send (read-only when it could be reopened so);
+    /// `None` on a client, which closes it once mapped so that an
+    /// application closing descriptors behind a library cannot pull it away
+    /// or have its own number closed later.
+    fd: Option<OwnedFd>,
     /// Whether this process may bump (the daemon's read-write mapping).
     writable: bool,
 }
@@ -67,7 +70,7 @@ pub struct Generations {
 impl std::fmt::Debug for Generations {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Generations")
-            .field("fd", &self.fd.as_raw_fd())
+            .field("fd", &self.fd.as_ref().map(|f| f.as_raw_fd()))
             .field("writable", &self.writable)
             .finish_non_exhaustive()
     }
@@ -124,25 +127,28 @@ impl Generations {
         // Mapped before sealing: F_SEAL_FUTURE_WRITE refuses new writable
         // mappings, ours included.
         let slots = map_table(memfd.as_fd(), ProtFlags::READ | ProtFlags::WRITE)?;
+        // The table owns the mapping from here on (unmapped on drop, also on
+        // the error paths below).
         let mut table = Generations {
             slots,
-            fd: memfd,
+            fd: None,
             writable: true,
         };
         rustix::fs::fcntl_add_seals(
-            &table.fd,
+            &memfd,
             SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE | SealFlags::SEAL,
         )?;
         // Clients get a read-only description; the seals hold anyway (a
         // reopen through /proc would give write access back).
-        let proc_path = format!("/proc/self/fd/{}", table.fd.as_raw_fd());
-        if let Ok(ro) = rustix::fs::open(
-            proc_path.as_str(),
-            OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
-            table.fd = ro;
-        }
+        let proc_path = format!("/proc/self/fd/{}", memfd.as_raw_fd());
+        table.fd = Some(
+            rustix::fs::open(
+                proc_path.as_str(),
+                OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap_or(memfd),
+        );
         Ok(table)
     }
 
@@ -167,16 +173,19 @@ impl Generations {
             ));
         }
         let slots = map_table(fd.as_fd(), ProtFlags::READ)?;
+        // The mapping stays valid without the descriptor.
+        drop(fd);
         Ok(Generations {
             slots,
-            fd,
+            fd: None,
             writable: false,
         })
     }
 
-    /// The descriptor to send to clients.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The descriptor to send to clients (`None` on a client's attachment,
+    /// which does not keep it).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
     }
 
     /// Whether this is the daemon's (writable) table.
@@ -431,7 +440,7 @@ mod tests {
         g.bump(42);
         g.bump(42);
         assert_eq!(g.token(42), 2);
-        let fd = g.fd().try_clone_to_owned().unwrap();
+        let fd = g.fd().unwrap().try_clone_to_owned().unwrap();
         let client = Generations::attach(fd).unwrap();
         assert!(!client.is_writable());
         assert_eq!(client.token(42), 2);
@@ -458,7 +467,7 @@ mod tests {
     #[test]
     fn a_client_cannot_write_the_table() {
         let g = Generations::create().unwrap();
-        let fd = g.fd().try_clone_to_owned().unwrap();
+        let fd = g.fd().unwrap().try_clone_to_owned().unwrap();
         // The descriptor sent is read-only...
         assert!(rustix::io::write(&fd, &[1u8; 8]).is_err());
         // ...and reopening it for writing does not help: the seals forbid
@@ -502,7 +511,7 @@ mod tests {
         assert!(pid >= 0);
         if pid == 0 {
             drop(r);
-            let fd = g.fd().try_clone_to_owned().unwrap();
+            let fd = g.fd().unwrap().try_clone_to_owned().unwrap();
             let client = Generations::attach(fd).unwrap();
             let seen = client.token(9);
             let _ = rustix::io::write(&w, &seen.to_ne_bytes());

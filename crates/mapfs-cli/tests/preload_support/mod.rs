@@ -3,8 +3,9 @@
 #![allow(dead_code)]
 
 use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use mapfs_testkit::MountSession;
@@ -128,6 +129,8 @@ pub struct Totals {
     pub tracked: u64,
     /// Opens adopted (data path native).
     pub adopted: u64,
+    /// Adoptions served by the map cache (no daemon round trip).
+    pub cache_hits: u64,
     /// Hooked data calls served natively.
     pub native_calls: u64,
     /// Hooked data calls that went through the mount.
@@ -148,6 +151,7 @@ pub fn totals(path: &Path, exe: &str) -> Totals {
         t.processes += 1;
         t.tracked += n("tracked");
         t.adopted += n("adopted");
+        t.cache_hits += n("cache_hits");
         t.native_calls += n("native_calls");
         t.mount_calls += n("mount_calls");
         t.fallbacks += r["fallbacks"]
@@ -232,5 +236,67 @@ pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
             "gave up waiting: {what}"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A program under the shim, stopped at named stages.
+pub struct Stepped {
+    /// The program.
+    pub child: Child,
+    to: ChildStdin,
+    from: BufReader<ChildStdout>,
+}
+
+impl Stepped {
+    /// Starts `script` (python3) under the shim with `file` as its argument.
+    pub fn start(
+        s: &mapfs_testkit::MountSession,
+        name: &str,
+        script: &str,
+        file: &Path,
+    ) -> Stepped {
+        let report = report_path(s, name);
+        let mut child = attached(s, &report, "python3")
+            .arg("-c")
+            .arg(script)
+            .arg(file)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn python3 under mapfs run");
+        let to = child.stdin.take().unwrap();
+        let from = BufReader::new(child.stdout.take().unwrap());
+        Stepped { child, to, from }
+    }
+
+    /// Waits for the program to reach `stage`.
+    pub fn reached(&mut self, stage: &str) {
+        let mut line = String::new();
+        self.from.read_line(&mut line).unwrap();
+        assert_eq!(
+            line.trim(),
+            stage,
+            "the program under the shim stopped early (see its stderr above)"
+        );
+    }
+
+    /// Lets the program go on from its stage.
+    pub fn go(&mut self) {
+        writeln!(self.to, "go").unwrap();
+        self.to.flush().unwrap();
+    }
+
+    /// Waits for the program, which must succeed.
+    pub fn finish(mut self) {
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "the program under the shim failed: {st}");
+    }
+}
+
+impl Drop for Stepped {
+    fn drop(&mut self) {
+        // On a failed assertion: never leave the program waiting.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

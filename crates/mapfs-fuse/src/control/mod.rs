@@ -265,13 +265,13 @@ impl Conn<'_> {
             };
             let sent = match req {
                 Request::Hello { version } if version == control::VERSION => {
-                    let table = self.shared.registry.generations();
+                    let table = self.shared.registry.generations().and_then(|t| t.fd());
                     let resp = Response::Hello {
                         version,
                         generations: table.is_some(),
                     };
                     match table {
-                        Some(t) => control::send(sock, &resp, &[t.fd()]),
+                        Some(fd) => control::send(sock, &resp, &[fd]),
                         None => control::send(sock, &resp, &[]),
                     }
                 }

@@ -26,11 +26,11 @@
 //! before replying to the request that made it: open/create with a map (or
 //! backing file) other than the last seen, or writable or truncating;
 //! create and mknod (a reused inode number); every daemon write, fallocate,
-//! copy_file_range into it and size change; release of a writable open or
-//! with another final map; unlink, rmdir and rename (both inodes); forget;
-//! and a shim client's close of a writable adoption or its final map.
-//! `release` reaches the daemon after `close(2)` returned (the kernel sends
-//! it asynchronously), which is why writable *opens* bump too.
+//! copy_file_range into it and size change; release with another final map;
+//! unlink, rmdir and rename (both inodes); forget; and a shim client's close
+//! of a writable adoption or its final map. `release` reaches the daemon
+//! after `close(2)` returned (the kernel sends it asynchronously), which is
+//! why writable *opens* bump, and the release of one does not.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

@@ -36,12 +36,12 @@
 //! since*: the daemon bumps the inode's token after any such change and
 //! before replying to the request that caused it (open or create with a
 //! different map or for writing, writes, truncation, fallocate,
-//! copy_file_range, release of a writable open or with a changed map,
+//! copy_file_range, release with a changed map,
 //! unlink, rmdir, rename, forget, and [`Request::Closed`] /
 //! [`Request::Release`] of a client's writable adoption). Changes made
 //! behind the mount's back (in the backing directory) are not seen. Tokens
-//! are only comparable within one table: after reconnecting, a client drops
-//! what it cached.
+//! are only comparable within one table, that is one daemon (a client
+//! reconnecting to the same mount gets the same table).
 
 use std::io;
 use std::mem::MaybeUninit;

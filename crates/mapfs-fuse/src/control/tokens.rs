@@ -153,7 +153,7 @@ impl MapTokens {
 
     /// An open of `ino` was released with its final `data` (after the file
     /// system's `release`): bumps when the final map differs from the last
-    /// seen (and records it), or when `changed` (the open could write).
+    /// seen (and records it), or when `changed`.
     pub fn released(&self, ino: u64, data: &DataFile, changed: bool) {
         let Some(t) = &self.table else { return };
         let seen = Seen::of_data(data);

@@ -846,3 +846,60 @@ fn writeback_cache_mounts_stay_on_the_mount() {
     let t = totals(&report, "python");
     assert_eq!((t.adopted, t.fallbacks), (0, 2), "{test}: {t:?}");
 }
+
+/// Opens (and reads, so the shim adopts) files until the descriptor numbers
+/// run out under a soft limit of 600; prints how many it got.
+const FD_HUNGRY: &str = r#"
+import os, sys, resource
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (600, hard))
+fds = []
+try:
+    for i in range(1000):
+        fd = os.open(f'{sys.argv[1]}/f{i}', os.O_RDONLY)
+        fds.append(fd)
+        assert os.read(fd, 4) == b'data'
+except OSError as e:
+    assert e.errno == 24, e
+print(len(fds))
+for fd in fds:
+    os.close(fd)
+"#;
+
+/// The shim's own descriptors (kept mount opens, the map cache) never cost
+/// an application a descriptor: when its opens run out of numbers, the shim
+/// gives its own back and the open is made again.
+#[test]
+fn shim_gives_descriptors_back_under_emfile() {
+    let test = "preload EMFILE";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    for i in 0..1000 {
+        std::fs::write(s.mountpoint().join(format!("f{i}")), b"data").unwrap();
+    }
+    let count = |out: std::process::Output| -> usize {
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    let plain = count(ok(Command::new("python3")
+        .arg("-c")
+        .arg(FD_HUNGRY)
+        .arg(s.mountpoint())));
+    let report = report_path(&s, "emfile");
+    let shimmed = count(ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(FD_HUNGRY)
+        .arg(s.mountpoint())));
+    let t = totals(&report, "python");
+    eprintln!("{test}: {plain} files open without the shim, {shimmed} with it: {t:?}");
+    assert!(
+        t.adopted > 100,
+        "{test}: the shim adopted too little: {t:?}"
+    );
+    // The control socket is the one descriptor the shim keeps.
+    assert!(
+        shimmed + 1 >= plain,
+        "{test}: {shimmed} files open under the shim, {plain} without: {t:?}"
+    );
+}

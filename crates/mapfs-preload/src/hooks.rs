@@ -162,6 +162,32 @@ fn opened(fd: c_int, flags: c_int) -> c_int {
     fd
 }
 
+/// An open that failed for lack of descriptor numbers (`EMFILE`) is made
+/// again, once, after the shim gave back the numbers it holds for itself
+/// ([`table::reclaim`]): the shim never costs an application a descriptor
+/// it could have had without it.
+#[inline]
+fn retry_emfile<T>(r: T, failed: impl Fn(&T) -> bool, again: impl FnOnce() -> T) -> T {
+    if !failed(&r) || sys::errno() != libc::EMFILE {
+        return r;
+    }
+    let freed = match Guard::enter() {
+        Some(_g) => sys::keep_errno(table::reclaim),
+        None => false,
+    };
+    if freed {
+        again()
+    } else {
+        r
+    }
+}
+
+/// [`retry_emfile`] for calls returning a descriptor.
+#[inline]
+fn fd_retry(r: c_int, again: impl FnOnce() -> c_int) -> c_int {
+    retry_emfile(r, |&r| r < 0, again)
+}
+
 /// After a stream was opened on `fd` (stdio calls read and write inside
 /// glibc, out of the shim's sight, so the stream's descriptor is adopted at
 /// once).
@@ -502,34 +528,34 @@ hooks! {
 
     // ---- opens: classify the new descriptor ----
     fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenFn = |real| {
-        opened(real(path, flags, mode), flags)
+        opened(fd_retry(real(path, flags, mode), || real(path, flags, mode)), flags)
     }
     fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenFn = |real| {
-        opened(real(path, flags, mode), flags)
+        opened(fd_retry(real(path, flags, mode), || real(path, flags, mode)), flags)
     }
     fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenAtFn = |real| {
-        opened(real(dirfd, path, flags, mode), flags)
+        opened(fd_retry(real(dirfd, path, flags, mode), || real(dirfd, path, flags, mode)), flags)
     }
     fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenAtFn = |real| {
-        opened(real(dirfd, path, flags, mode), flags)
+        opened(fd_retry(real(dirfd, path, flags, mode), || real(dirfd, path, flags, mode)), flags)
     }
     fn __open_2(path: *const c_char, flags: c_int) -> c_int = |real| {
-        opened(real(path, flags), flags)
+        opened(fd_retry(real(path, flags), || real(path, flags)), flags)
     }
     fn __open64_2(path: *const c_char, flags: c_int) -> c_int = |real| {
-        opened(real(path, flags), flags)
+        opened(fd_retry(real(path, flags), || real(path, flags)), flags)
     }
     fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int = |real| {
-        opened(real(dirfd, path, flags), flags)
+        opened(fd_retry(real(dirfd, path, flags), || real(dirfd, path, flags)), flags)
     }
     fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int = |real| {
-        opened(real(dirfd, path, flags), flags)
+        opened(fd_retry(real(dirfd, path, flags), || real(dirfd, path, flags)), flags)
     }
     fn creat(path: *const c_char, mode: libc::mode_t) -> c_int = |real| {
-        opened(real(path, mode), libc::O_WRONLY)
+        opened(fd_retry(real(path, mode), || real(path, mode)), libc::O_WRONLY)
     }
     fn creat64(path: *const c_char, mode: libc::mode_t) -> c_int = |real| {
-        opened(real(path, mode), libc::O_WRONLY)
+        opened(fd_retry(real(path, mode), || real(path, mode)), libc::O_WRONLY)
     }
 
     // ---- close and duplication ----
@@ -922,10 +948,12 @@ hooks! {
     // ---- stdio: glibc reads and writes streams internally, so a stream's
     // descriptor is adopted when the stream is made ----
     fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
-        stream_opened(real(path, mode), true)
+        let r = retry_emfile(real(path, mode), |r| r.is_null(), || real(path, mode));
+        stream_opened(r, true)
     }
     fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
-        stream_opened(real(path, mode), true)
+        let r = retry_emfile(real(path, mode), |r| r.is_null(), || real(path, mode));
+        stream_opened(r, true)
     }
     fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE = |real| {
         stream_opened(real(fd, mode), false)

@@ -41,6 +41,10 @@
 //!   the backing file.) Locks through the mount are the kernel's, local to
 //!   the mount: a process working on the backing directory directly does
 //!   not see them.
+//! - The shim's own descriptors (one socket per mount, kept mount opens,
+//!   the map cache's) are numbered from 512 up. An application whose open
+//!   fails with `EMFILE` gets them back: the shim empties its map cache,
+//!   releases the kept opens that hold no lock, and makes the open again.
 //! - Nothing is adopted on a daemon-mode mount with the kernel writeback
 //!   cache (`--data daemon`, default `--writeback-cache on`; `mapfs run`
 //!   detects it and says so): the kernel would keep its own stale sizes of

@@ -146,6 +146,17 @@ fn forget(mount: usize, ino: u64) {
     }
 }
 
+/// Empties every cache, closing its descriptors; returns how many.
+pub fn clear() -> usize {
+    let mut caches = CACHES.lock();
+    let mut n = 0;
+    for c in caches.iter_mut().flatten() {
+        n += c.len();
+        c.clear();
+    }
+    n
+}
+
 /// Locks the cache before `fork` (see [`table::lock_for_fork`]).
 pub fn lock_for_fork() {
     std::mem::forget(CACHES.lock());

@@ -111,6 +111,9 @@ pub struct Inner {
     pub status: Status,
     /// The open through the mount, kept beside an adoption (see [`Kept`]).
     pub kept: Option<Kept>,
+    /// A lock was taken on the kept open (so it is never given back early,
+    /// see [`reclaim`]).
+    pub locked: bool,
 }
 
 /// The application's open through the mount, kept open (at a high number,
@@ -220,6 +223,7 @@ fn classify(fd: RawFd, tid: u32) -> u8 {
             fds: vec![fd],
             status: Status::Pending,
             kept: None,
+            locked: false,
         }),
     });
     insert(fd, entry);
@@ -517,9 +521,10 @@ pub fn lock_target(fd: RawFd, posix: bool) -> RawFd {
     let Some(e) = get(fd) else {
         return fd;
     };
-    let kept = e.inner.lock().kept;
-    match kept.and_then(|k| k.live(e.dev, e.ino)) {
+    let mut inner = e.inner.lock();
+    match inner.kept.and_then(|k| k.live(e.dev, e.ino)) {
         Some(k) => {
+            inner.locked = true;
             if posix {
                 POSIX_LOCKS.store(true, Ordering::Relaxed);
             }
@@ -527,6 +532,32 @@ pub fn lock_target(fd: RawFd, posix: bool) -> RawFd {
         }
         None => fd,
     }
+}
+
+/// Gives back descriptor numbers the shim holds for itself, for an
+/// application that ran out of them (`EMFILE`): first the map cache's, then
+/// the kept mount opens of adoptions that took no lock (their `release`
+/// runs now instead of at the application's close). True if any was freed.
+pub fn reclaim() -> bool {
+    if mcache::clear() > 0 {
+        return true;
+    }
+    let entries: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
+        Some(t) => distinct(t).into_iter().cloned().collect(),
+        None => return false,
+    };
+    let mut freed = false;
+    for e in entries {
+        let mut inner = e.inner.lock();
+        if inner.locked {
+            continue;
+        }
+        if let Some(k) = inner.kept.take() {
+            close_kept(k, e.dev, e.ino);
+            freed = true;
+        }
+    }
+    freed
 }
 
 /// `new` now refers to what `old` refers to (`dup`, `dup2`, `fcntl(F_DUPFD)`).
@@ -786,6 +817,7 @@ pub fn import_adopted(spec: &str) {
                     writable,
                 },
                 kept,
+                locked: false,
             }),
         });
         if let Some(k) = kept {

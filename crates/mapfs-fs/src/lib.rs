@@ -1,6 +1,8 @@
 //! The built-in mapfs file systems, one module per mapping pattern, each
 //! written only against the public API of the `mapfs` crate.
 
+#![warn(missing_docs)]
+
 pub mod passthrough;
 
 use std::path::Path;

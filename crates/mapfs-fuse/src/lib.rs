@@ -2,6 +2,8 @@
 //! [`mapfs::FileSystem`] calls and executes data requests with the daemon or
 //! kernel-passthrough executor.
 
+#![warn(missing_docs)]
+
 pub mod adapter;
 pub mod control;
 pub mod handles;

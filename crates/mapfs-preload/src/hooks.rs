@@ -86,6 +86,7 @@ macro_rules! hooks {
     )*) => {
         $(
             $(#[$m])*
+            #[doc = concat!("The shim's `", stringify!($name), "` (see the module docs); the real one is libc's.")]
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                 static REAL: Real = Real::new(

@@ -51,6 +51,8 @@
 //!   files written natively. Use `--writeback-cache off` or a passthrough
 //!   mount for the fast path.
 
+#![warn(missing_docs)]
+
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -7,6 +7,8 @@
 //! - [`fsx`]: the seeded random-operation exerciser with an in-memory byte
 //!   model, also available as the `mapfs-fsx` binary.
 
+#![warn(missing_docs)]
+
 pub mod fsx;
 pub mod libc_io;
 pub mod mount;

@@ -8,6 +8,8 @@
 //! (the FUSE daemon, kernel passthrough, the preload shim) live in other crates
 //! and call into this one; nothing here knows who calls it.
 
+#![warn(missing_docs)]
+
 pub mod backing;
 pub mod control;
 pub mod creds;

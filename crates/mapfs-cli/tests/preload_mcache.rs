@@ -7,10 +7,6 @@
 mod common;
 mod preload_support;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
-
 use common::{fuse_or_skip, mount, DataMode};
 use preload_support::*;
 
@@ -34,51 +30,18 @@ for cmd in sys.stdin:
     print(hits(), data.hex(), flush=True)
 "#;
 
-struct Reader {
-    child: Child,
-    to: ChildStdin,
-    from: BufReader<ChildStdout>,
-}
-
-impl Reader {
-    fn start(s: &mapfs_testkit::MountSession, file: &Path) -> Reader {
-        let mut child = attached(s, &report_path(s, "mcache"), "python3")
-            .arg("-c")
-            .arg(READER)
-            .arg(file)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3 under mapfs run");
-        let to = child.stdin.take().unwrap();
-        let from = BufReader::new(child.stdout.take().unwrap());
-        Reader { child, to, from }
-    }
-
-    /// Opens, reads and closes the file: (cache hits so far, bytes).
-    fn read(&mut self, cmd: &str) -> (u64, Vec<u8>) {
-        writeln!(self.to, "{cmd}").unwrap();
-        self.to.flush().unwrap();
-        let mut line = String::new();
-        self.from.read_line(&mut line).unwrap();
-        let (hits, hex) = line
-            .trim()
-            .split_once(' ')
-            .unwrap_or_else(|| panic!("reader under the shim failed (stderr above): {line:?}"));
-        let bytes = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
-        (hits.parse().unwrap(), bytes)
-    }
-}
-
-impl Drop for Reader {
-    fn drop(&mut self) {
-        let _ = writeln!(self.to, "q");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Opens, reads and closes the file: (cache hits so far, bytes).
+fn read(r: &mut Stepped, cmd: &str) -> (u64, Vec<u8>) {
+    r.say(cmd);
+    let line = r.line();
+    let (hits, hex) = line
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("reader under the shim failed (stderr above): {line:?}"));
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    (hits.parse().unwrap(), bytes)
 }
 
 fn map_cache(mode: DataMode) {
@@ -91,18 +54,18 @@ fn map_cache(mode: DataMode) {
     let other = s.mountpoint().join("moved.bin");
     let mut want = pattern(5000, 1);
     std::fs::write(&path, &want).unwrap();
-    let mut r = Reader::start(&s, &path);
+    let mut r = Stepped::start(&s, "mcache", READER, &path);
 
     // (what another process did, the expected bytes after it)
     let mut hits = 0;
-    let step = |r: &mut Reader, what: &str, want: &[u8], hits: &mut u64| {
-        let (h, got) = r.read("r");
+    let step = |r: &mut Stepped, what: &str, want: &[u8], hits: &mut u64| {
+        let (h, got) = read(r, "r");
         assert!(got == want, "{test}: bytes after {what}");
         assert_eq!(
             h, *hits,
             "{test}: the first open after {what} must ask the daemon"
         );
-        let (h, got) = r.read("r");
+        let (h, got) = read(r, "r");
         assert!(got == want, "{test}: bytes re-read after {what}");
         *hits += 1;
         assert_eq!(
@@ -113,7 +76,7 @@ fn map_cache(mode: DataMode) {
     step(&mut r, "the first open", &want, &mut hits);
     // A writable open may change the file: it asks the daemon, and its
     // close invalidates what anyone cached (the size may have changed).
-    let (h, got) = r.read("w");
+    let (h, got) = read(&mut r, "w");
     assert!(got == want, "{test}: read-write open bytes");
     assert_eq!(h, hits, "{test}: a writable open asks the daemon");
     step(&mut r, "its own read-write open", &want, &mut hits);

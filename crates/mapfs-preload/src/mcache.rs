@@ -94,7 +94,7 @@ pub fn reopen(mount: usize, ino: u64, flags: i32) -> Option<OwnedFd> {
         return None;
     };
     let (dev, bino) = (cached.dev, cached.ino);
-    let file = reopen_as_caller(sys::fd(fd), flags).ok()?;
+    let file = mapfs::control::reopen(sys::fd(fd), flags).ok()?;
     match sys::identity(file.as_raw_fd()) {
         Ok(id) if id.dev == dev && id.ino == bino => {
             report::count_cache_hit();
@@ -167,25 +167,4 @@ pub fn unlock_after_fork() {
     // SAFETY: locked by `lock_for_fork` in this thread (in the child, by the
     // thread that forked, which is this one).
     unsafe { CACHES.force_unlock() };
-}
-
-/// The application's access mode and status flags on a new open file
-/// description of `fd`'s file (as the daemon's reopen does), close-on-exec.
-fn reopen_as_caller(fd: BorrowedFd<'_>, flags: i32) -> rustix::io::Result<OwnedFd> {
-    let keep = libc::O_ACCMODE
-        | libc::O_APPEND
-        | libc::O_NONBLOCK
-        | libc::O_DIRECT
-        | libc::O_NOATIME
-        | libc::O_SYNC
-        | libc::O_DSYNC
-        | libc::O_LARGEFILE;
-    let oflags = OFlags::from_bits_retain((flags & keep) as u32) | OFlags::CLOEXEC;
-    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    match rustix::fs::open(proc_path.as_str(), oflags, Mode::empty()) {
-        Err(rustix::io::Errno::PERM) if oflags.contains(OFlags::NOATIME) => {
-            rustix::fs::open(proc_path.as_str(), oflags - OFlags::NOATIME, Mode::empty())
-        }
-        r => r,
-    }
 }

@@ -45,10 +45,11 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rustix::fs::{Mode, OFlags};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
@@ -419,6 +420,35 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+/// A new open file description of the file `fd` refers to, with the access
+/// mode and status flags of an application's open (`flags`, as `F_GETFL`
+/// reports them; the creation flags were applied by the open through the
+/// mount already), close-on-exec. What the daemon hands a client, and what a
+/// client makes of a cached backing file: the kernel checks the opener's
+/// permissions on the file again.
+pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
+    let keep = libc::O_ACCMODE
+        | libc::O_APPEND
+        | libc::O_NONBLOCK
+        | libc::O_DIRECT
+        | libc::O_NOATIME
+        | libc::O_SYNC
+        | libc::O_DSYNC
+        | libc::O_LARGEFILE;
+    let oflags = OFlags::from_bits_retain((flags & keep) as u32) | OFlags::CLOEXEC;
+    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    match rustix::fs::open(proc_path.as_str(), oflags, Mode::empty()) {
+        Ok(f) => Ok(f),
+        // O_NOATIME needs ownership; drop it rather than the open.
+        Err(rustix::io::Errno::PERM) if oflags.contains(OFlags::NOATIME) => Ok(rustix::fs::open(
+            proc_path.as_str(),
+            oflags - OFlags::NOATIME,
+            Mode::empty(),
+        )?),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]

@@ -271,10 +271,8 @@ impl Stepped {
 
     /// Waits for the program to reach `stage`.
     pub fn reached(&mut self, stage: &str) {
-        let mut line = String::new();
-        self.from.read_line(&mut line).unwrap();
         assert_eq!(
-            line.trim(),
+            self.line(),
             stage,
             "the program under the shim stopped early (see its stderr above)"
         );
@@ -282,8 +280,20 @@ impl Stepped {
 
     /// Lets the program go on from its stage.
     pub fn go(&mut self) {
-        writeln!(self.to, "go").unwrap();
+        self.say("go");
+    }
+
+    /// Sends the program one line.
+    pub fn say(&mut self, line: &str) {
+        writeln!(self.to, "{line}").unwrap();
         self.to.flush().unwrap();
+    }
+
+    /// The program's next line (trimmed; empty if it ended).
+    pub fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.from.read_line(&mut line).unwrap();
+        line.trim().to_string()
     }
 
     /// Waits for the program, which must succeed.

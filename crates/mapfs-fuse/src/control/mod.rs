@@ -40,7 +40,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,7 +48,7 @@ use std::thread::JoinHandle;
 
 use mapfs::control::{self, Request, Response};
 use parking_lot::Mutex;
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::Mode;
 use rustix::net::SocketAddrUnix;
 
 use crate::registry::{OpenInfo, OpenRegistry};
@@ -333,7 +333,7 @@ impl Conn<'_> {
             .files
             .first()
             .ok_or_else(|| refused(libc::EIO, "whole-file map without a backing file"))?;
-        let fd = reopen(backing.as_fd(), flags).map_err(|e| {
+        let fd = control::reopen(backing.as_fd(), flags).map_err(|e| {
             refused(
                 e.raw_os_error().unwrap_or(libc::EIO),
                 &format!("cannot reopen the backing file: {e}"),
@@ -382,32 +382,6 @@ fn refused(errno: i32, reason: &str) -> Response {
 /// True if `tid` is currently a thread of process `pid`.
 fn is_thread_of(tid: u32, pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
-}
-
-/// A new open file description of the file `fd` refers to, with the client's
-/// access mode and status flags (the creation flags were applied by the open
-/// through the mount already).
-fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
-    let keep = libc::O_ACCMODE
-        | libc::O_APPEND
-        | libc::O_NONBLOCK
-        | libc::O_DIRECT
-        | libc::O_NOATIME
-        | libc::O_SYNC
-        | libc::O_DSYNC
-        | libc::O_LARGEFILE;
-    let oflags = OFlags::from_bits_retain((flags & keep) as u32) | OFlags::CLOEXEC;
-    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    match rustix::fs::open(proc_path.as_str(), oflags, Mode::empty()) {
-        Ok(f) => Ok(f),
-        // O_NOATIME needs ownership; drop it rather than the adoption.
-        Err(rustix::io::Errno::PERM) if oflags.contains(OFlags::NOATIME) => Ok(rustix::fs::open(
-            proc_path.as_str(),
-            oflags - OFlags::NOATIME,
-            Mode::empty(),
-        )?),
-        Err(e) => Err(e.into()),
-    }
 }
 
 pub mod tokens;

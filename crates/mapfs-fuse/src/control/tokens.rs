@@ -119,22 +119,7 @@ impl MapTokens {
     /// last one seen (which it replaces), or when `force` (the open may
     /// write or truncate).
     pub fn opened(&self, ino: u64, data: &DataFile, force: bool) {
-        let Some(t) = &self.table else { return };
-        let seen = Seen::of_data(data);
-        let mut last = self.shard(ino).lock();
-        let differs = match seen {
-            Some(seen) => {
-                // No entry means nothing valid can be cached: the entry is
-                // made at the first open and dropped (with a bump) at forget.
-                let differs = last.get(&ino).is_some_and(|old| *old != seen);
-                last.insert(ino, seen);
-                differs
-            }
-            None => last.remove(&ino).is_some(),
-        };
-        if differs || force {
-            t.bump(ino);
-        }
+        self.record(ino, data, force);
     }
 
     /// A client is about to be handed the open of `ino` with `map` over
@@ -155,6 +140,14 @@ impl MapTokens {
     /// system's `release`): bumps when the final map differs from the last
     /// seen (and records it), or when `changed`.
     pub fn released(&self, ino: u64, data: &DataFile, changed: bool) {
+        self.record(ino, data, changed);
+    }
+
+    /// Records the map of `data` as the last seen for `ino`; bumps when it
+    /// differs from the one before, or when `force`. No entry means nothing
+    /// valid can be cached: the entry is made at the first open and dropped
+    /// (with a bump) at forget.
+    fn record(&self, ino: u64, data: &DataFile, force: bool) {
         let Some(t) = &self.table else { return };
         let seen = Seen::of_data(data);
         let mut last = self.shard(ino).lock();
@@ -166,7 +159,7 @@ impl MapTokens {
             }
             None => last.remove(&ino).is_some(),
         };
-        if differs || changed {
+        if differs || force {
             t.bump(ino);
         }
     }

@@ -43,6 +43,10 @@ d = os.dup(fd)
 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 100, 0, 0)
 stage('posix')
 os.close(d)
+import struct
+q = struct.pack('hhqqi', fcntl.F_WRLCK, os.SEEK_CUR, 5, 10, 0)
+r = struct.unpack('hhqqi', fcntl.fcntl(fd, fcntl.F_GETLK, q)[:28])
+assert r[:4] == (fcntl.F_UNLCK, os.SEEK_CUR, 5, 10), f'F_GETLK without conflict: {r}'
 stage('dup-closed')
 os.lseek(fd, 1000, 0)
 assert libc.lockf(fd, 2, 50) == 0, ctypes.get_errno()   # F_TLOCK [1000, 1050)

@@ -400,8 +400,16 @@ unsafe fn record_lock_on(target: c_int, fd: c_int, cmd: c_int, lock: *mut libc::
     match sys::fcntl_lock(target, cmd, &mut l) {
         Ok(()) => {
             if matches!(cmd, libc::F_GETLK | libc::F_OFD_GETLK) {
+                // As the kernel does: with no conflict only `l_type`
+                // changes; a conflict is described in full (absolute).
                 // SAFETY: per the contract.
-                unsafe { *lock = l };
+                unsafe {
+                    if c_int::from(l.l_type) == libc::F_UNLCK {
+                        (*lock).l_type = l.l_type;
+                    } else {
+                        *lock = l;
+                    }
+                }
             }
             0
         }

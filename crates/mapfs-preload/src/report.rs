@@ -9,8 +9,9 @@
 //! `native_calls` counts hooked data calls on adopted descriptors (they ran
 //! on the backing file), `mount_calls` those on descriptors served through
 //! the mount, `cache_hits` the adoptions served by the map cache without
-//! asking the daemon ([`crate::mcache`]). Calls glibc makes internally (stdio) are not hooked and not
-//! counted, though on adopted descriptors they are native too.
+//! asking the daemon ([`crate::mcache`]). Calls glibc makes internally
+//! (stdio) are not hooked and not counted, though on adopted descriptors
+//! they are native too.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -16,8 +16,9 @@
 //! glibc-internal ones (stdio), `mmap`, `sendfile` and `io_uring`, is native;
 //! the kernel keeps the offset, shared across `dup` and `fork` exactly as for
 //! any file. The application's open through the mount is kept beside it
-//! ([`Kept`]) until the last close, for `release` and locks. Only `fstat`/`statx` are patched to report the mount's
-//! `st_dev`/`st_ino` (and `stat` by path, to show a writer its own writes),
+//! ([`Kept`]) until the last close, for `release` and locks. Only
+//! `fstat`/`statx` are patched to report the mount's `st_dev`/`st_ino`
+//! (and `stat` by path, to show a writer its own writes),
 //! and the last close of a writable adoption tells the daemon, so readers
 //! through the mount see the new size and bytes.
 //!

@@ -608,6 +608,26 @@ macro_rules! tri {
     };
 }
 
+impl Shared {
+    /// Unlink or rmdir of `name` in `parent` by `remove`: the removed
+    /// inode's map-cache token is bumped and the name forgotten.
+    fn remove_name(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: ReplyEmpty,
+        remove: impl FnOnce(&Path) -> Result<()>,
+    ) {
+        let path = tri!(reply, self.child(parent, name));
+        let victim = self.ino_at(parent, name);
+        let res = remove(&path);
+        self.bump_opt(victim);
+        tri!(reply, res);
+        self.inodes.unlinked(parent.0, name);
+        reply.ok();
+    }
+}
+
 impl Filesystem for Adapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let s = &self.0;
@@ -793,24 +813,12 @@ impl Filesystem for Adapter {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
-        let path = tri!(reply, s.child(parent, name));
-        let victim = s.ino_at(parent, name);
-        let res = s.fs.unlink(&ctx(req), &path);
-        s.bump_opt(victim);
-        tri!(reply, res);
-        s.inodes.unlinked(parent.0, name);
-        reply.ok();
+        s.remove_name(parent, name, reply, |path| s.fs.unlink(&ctx(req), path));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
-        let path = tri!(reply, s.child(parent, name));
-        let victim = s.ino_at(parent, name);
-        let res = s.fs.rmdir(&ctx(req), &path);
-        s.bump_opt(victim);
-        tri!(reply, res);
-        s.inodes.unlinked(parent.0, name);
-        reply.ok();
+        s.remove_name(parent, name, reply, |path| s.fs.rmdir(&ctx(req), path));
     }
 
     fn symlink(

@@ -469,7 +469,7 @@ fn daemon_killed_nothing_hangs() {
     let mut child = attached(&s, &report, "python3")
         .arg("-c")
         .arg(
-            "import os,sys,time,errno\n\
+            "import os,sys,time,errno,fcntl\n\
              p,ready,go=sys.argv[1:4]\n\
              fd=os.open(p,os.O_RDONLY); first=os.read(fd,100)\n\
              open(ready,'w').close()\n\
@@ -477,7 +477,10 @@ fn daemon_killed_nothing_hangs() {
              rest=os.read(fd,1000)\n\
              try:\n  os.open(p,os.O_RDONLY); new='opened'\n\
              except OSError as e: new=errno.errorcode[e.errno]\n\
-             print(len(first)+len(rest), new)\n",
+             try:\n  fcntl.flock(fd,fcntl.LOCK_SH|fcntl.LOCK_NB); lk='locked'\n\
+             except OSError as e: lk=errno.errorcode[e.errno]\n\
+             os.close(fd)\n\
+             print(len(first)+len(rest), new, lk)\n",
         )
         .arg(&f)
         .arg(&ready)
@@ -514,6 +517,14 @@ fn daemon_killed_nothing_hangs() {
     assert!(
         ["ENOTCONN", "EIO", "ECONNABORTED"].contains(&new),
         "{test}: a new open after the daemon died: {new}"
+    );
+    // A lock on the adopted descriptor goes to the kept open of the dead
+    // mount: an error or the kernel's local lock, never a hang (and the
+    // close after it returned, or the process would not have printed).
+    let lk = words.next().unwrap_or_default();
+    assert!(
+        ["locked", "ENOTCONN", "EIO", "ECONNABORTED"].contains(&lk),
+        "{test}: a lock after the daemon died: {lk}"
     );
     // The bytes read were the file's (the adopted fd is the backing file).
     assert_eq!(std::fs::read(s.backing().join("a.bin")).unwrap(), data);

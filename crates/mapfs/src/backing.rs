@@ -105,17 +105,38 @@ impl BackingRoot {
         let mut dir: Option<OwnedFd> = None;
         for c in intermediate {
             let at = dir.as_ref().map_or(self.root.as_fd(), |d| d.as_fd());
-            let next = openat2(
+            let next = openat2_beneath(
                 at,
                 c.as_os_str(),
                 OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
                 Mode::empty(),
-                RESOLVE,
             )?;
             dir = Some(next);
         }
         let at = dir.as_ref().map_or(self.root.as_fd(), |d| d.as_fd());
-        Ok(openat2(at, last.as_os_str(), flags, mode, RESOLVE)?)
+        Ok(openat2_beneath(at, last.as_os_str(), flags, mode)?)
+    }
+}
+
+/// `openat2` of `path` relative to `at`, beneath `at`, with no magic links
+/// (what every backing lookup uses). While it resolves `..` beneath a root the
+/// kernel answers `EAGAIN` if any rename or mount happened anywhere on the
+/// system meanwhile (it cannot then prove the result stayed beneath);
+/// openat2(2) asks callers to retry, which is safe: nothing was opened or
+/// created.
+pub fn openat2_beneath(
+    at: BorrowedFd<'_>,
+    path: &OsStr,
+    flags: OFlags,
+    mode: Mode,
+) -> rustix::io::Result<OwnedFd> {
+    const ATTEMPTS: usize = 64;
+    let mut tries = 1;
+    loop {
+        match openat2(at, path, flags, mode, RESOLVE) {
+            Err(rustix::io::Errno::AGAIN) if tries < ATTEMPTS => tries += 1,
+            r => return r,
+        }
     }
 }
 

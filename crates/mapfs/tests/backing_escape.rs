@@ -297,3 +297,40 @@ fn paths_longer_than_path_max_work_and_stay_confined() {
         libc::ENAMETOOLONG
     );
 }
+
+/// `..` beneath the root stays correct while other threads rename things:
+/// the kernel answers `EAGAIN` when a rename anywhere races a scoped `..`
+/// walk, and the lookup is retried rather than failing the caller.
+#[test]
+fn dotdot_inside_survives_concurrent_renames() {
+    let f = fixture();
+    let root = BackingRoot::new(&f.root).unwrap();
+    let spin = f.root.join("spin");
+    std::fs::write(&spin, b"").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renamer = {
+        let stop = stop.clone();
+        let (a, b) = (spin.clone(), f.root.join("spun"));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::fs::rename(&a, &b).unwrap();
+                std::fs::rename(&b, &a).unwrap();
+            }
+        })
+    };
+    let mut failures = Vec::new();
+    for _ in 0..20_000 {
+        match root.open(Path::new("/a/b/../f"), OFlags::RDONLY, Mode::empty()) {
+            Ok(fd) => assert_eq!(read_all(fd), b"inside"),
+            Err(e) => failures.push(e.errno()),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    renamer.join().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of 20000 lookups of /a/b/../f failed during renames (errnos {:?})",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+}

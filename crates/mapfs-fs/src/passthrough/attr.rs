@@ -4,10 +4,10 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use mapfs::backing::openat2_beneath;
 use mapfs::{Attr, Error, FileKind, Result, SetAttr, TimeSet};
 use rustix::fs::{
-    openat2, AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat, Timespec, Timestamps, UTIME_NOW,
-    UTIME_OMIT,
+    AtFlags, FileType, Mode, OFlags, Stat, Timespec, Timestamps, UTIME_NOW, UTIME_OMIT,
 };
 use rustix::process::{Gid, Uid};
 
@@ -95,12 +95,11 @@ impl Passthrough {
         if let Some(size) = set.size {
             // O_NONBLOCK: never hang on a FIFO; the kernel then answers
             // EINVAL like truncate(2) does for non-regular files.
-            let fd = openat2(
+            let fd = openat2_beneath(
                 loc.dir(),
                 loc.name(),
                 OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
                 Mode::empty(),
-                ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
             )?;
             rustix::fs::ftruncate(&fd, size)?;
         }
@@ -136,12 +135,11 @@ impl Passthrough {
         if loc.is_root() {
             return Ok(rustix::fs::chmodat(loc.dir(), ".", mode, AtFlags::empty())?);
         }
-        let fd = openat2(
+        let fd = openat2_beneath(
             loc.dir(),
             loc.name(),
             OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
         )?;
         let st = rustix::fs::fstat(&fd)?;
         if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {

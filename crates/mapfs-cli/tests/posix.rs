@@ -2036,27 +2036,33 @@ fn o_direct_mixed(e: &Env, o: &mut Obs) -> Result<()> {
     Ok(())
 }
 
-fn exec(e: &Env, o: &mut Obs) -> Result<()> {
-    let bin = e.p("sleep");
-    fs::copy("/bin/sleep", &bin)?;
-    chmod(&bin, 0o755)?;
-    // A concurrently forked child of another test thread may still hold the
-    // copy's write fd for a moment (ETXTBSY): retry briefly, as builds do.
-    let mut status = std::process::Command::new(&bin).arg("0").status();
+/// Runs `f` (which executes a file just written) again while it fails with
+/// `ETXTBSY`: a child that another test thread forked at that moment holds
+/// the writer's descriptor until it execs. Builds retry the same way.
+fn retry_txtbsy<T>(mut f: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let mut r = f();
     for _ in 0..50 {
-        match &status {
+        match &r {
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
                 std::thread::sleep(std::time::Duration::from_millis(20));
-                status = std::process::Command::new(&bin).arg("0").status();
+                r = f();
             }
             _ => break,
         }
     }
+    r
+}
+
+fn exec(e: &Env, o: &mut Obs) -> Result<()> {
+    let bin = e.p("sleep");
+    fs::copy("/bin/sleep", &bin)?;
+    chmod(&bin, 0o755)?;
+    let status = retry_txtbsy(|| std::process::Command::new(&bin).arg("0").status());
     o.val("run copied /bin/sleep", status?.success());
     let script = e.p("script.sh");
     write_file(&script, b"#!/bin/sh\necho script-ran\n")?;
     chmod(&script, 0o755)?;
-    let out = std::process::Command::new(&script).output()?;
+    let out = retry_txtbsy(|| std::process::Command::new(&script).output())?;
     o.val(
         "run script",
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -221,7 +221,11 @@ fn append_log_writers_and_readers_in_parallel() {
     for (i, chunk) in all.chunks(1000).enumerate() {
         assert!(chunk.iter().all(|&b| b == (i % 4) as u8 + 1), "block {i}");
     }
-    assert_eq!(df.map().extents().len(), 400);
+    // One extent per write, except that a write landing in the log right
+    // after the write of the logically preceding block extends its extent
+    // (threads interleave, so how often that happens varies).
+    let n = df.map().extents().len();
+    assert!((1..=400).contains(&n), "{n} extents for 400 writes");
 }
 
 #[test]

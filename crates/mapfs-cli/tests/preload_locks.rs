@@ -60,6 +60,14 @@ pid = os.fork()
 if pid == 0:
     os.execv(sys.executable, [sys.executable, '-c', EXECED, str(fd)])
 assert os.waitpid(pid, 0)[1] == 0
+# A failed exec leaves the kept open close-on-exec again.
+try:
+    os.execv('/nonexistent/mapfs-test', ['x'])
+except OSError:
+    pass
+kept = [int(n) for n in os.listdir('/proc/self/fd')
+        if int(n) >= 512 and os.readlink(f'/proc/self/fd/{n}') == sys.argv[1]]
+assert kept and not any(os.get_inheritable(k) for k in kept), f'kept {kept}'
 os.close(fd)
 stage('closed')
 "#;

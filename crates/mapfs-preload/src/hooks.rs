@@ -449,15 +449,31 @@ fn lockf_on(target: c_int, fd: c_int, cmd: c_int, len: off64_t) -> c_int {
 }
 
 /// The environment for an `exec`: `envp` with [`table::HANDOFF_ENV`] set to
-/// the adopted descriptors (or removed when there are none). The returned
-/// vector owns the strings `ptrs` points into.
+/// the adopted descriptors (or removed when there are none). It owns the
+/// strings `ptrs` points into; dropped (the `exec` failed and returned), it
+/// makes the kept opens readied for the new image close-on-exec again.
+struct Handoff {
+    _owned: Vec<std::ffi::CString>,
+    ptrs: Vec<*const c_char>,
+    kept: Vec<c_int>,
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        if !self.kept.is_empty() {
+            sys::keep_errno(|| table::exec_failed(&self.kept));
+        }
+    }
+}
+
+/// Builds the [`Handoff`] for `envp`.
 ///
 /// # Safety
 /// `envp` is null or a null-terminated array of C strings.
-unsafe fn handoff_env(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Vec<*const c_char>) {
-    let spec = match Guard::enter() {
+unsafe fn handoff_env(envp: *const *const c_char) -> Handoff {
+    let (spec, kept) = match Guard::enter() {
         Some(_g) => sys::keep_errno(table::export_adopted),
-        None => String::new(),
+        None => (String::new(), Vec::new()),
     };
     let prefix = format!("{}=", table::HANDOFF_ENV);
     let mut owned = Vec::new();
@@ -485,7 +501,11 @@ unsafe fn handoff_env(envp: *const *const c_char) -> (Vec<std::ffi::CString>, Ve
     }
     ptrs.extend(owned.iter().map(|c| c.as_ptr()));
     ptrs.push(std::ptr::null());
-    (owned, ptrs)
+    Handoff {
+        _owned: owned,
+        ptrs,
+        kept,
+    }
 }
 
 extern "C" {
@@ -510,18 +530,18 @@ hooks! {
     // ---- exec: hand adopted descriptors to the new image ----
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
-        let (_owned, env) = unsafe { handoff_env(envp) };
-        real(path, argv, env.as_ptr())
+        let env = unsafe { handoff_env(envp) };
+        real(path, argv, env.ptrs.as_ptr())
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
-        let (_owned, env) = unsafe { handoff_env(envp) };
-        real(file, argv, env.as_ptr())
+        let env = unsafe { handoff_env(envp) };
+        real(file, argv, env.ptrs.as_ptr())
     }
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
-        let (_owned, env) = unsafe { handoff_env(envp) };
-        real(fd, argv, env.as_ptr())
+        let env = unsafe { handoff_env(envp) };
+        real(fd, argv, env.ptrs.as_ptr())
     }
     // The variants using the process environment become the explicit-
     // environment ones above (glibc's own call execve internally, out of

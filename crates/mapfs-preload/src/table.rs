@@ -731,15 +731,16 @@ pub const HANDOFF_ENV: &str = "MAPFS_PRELOAD_ADOPTED";
 /// when none). After `exec` they are plain backing-file descriptors; the new
 /// image re-adopts them from this, so `fstat` keeps the mount's identity and
 /// the last close still tells the daemon. The mount's open kept for such a
-/// descriptor is handed on too (its `FD_CLOEXEC` is cleared here), so locks
-/// and the file system's `release` keep following the application's
-/// descriptors.
-pub fn export_adopted() -> String {
+/// descriptor is handed on too (its `FD_CLOEXEC` is cleared here; the
+/// numbers are returned for [`exec_failed`]), so locks and the file
+/// system's `release` keep following the application's descriptors.
+pub fn export_adopted() -> (String, Vec<RawFd>) {
     let t = TABLE.read();
     let Some(t) = t.as_ref() else {
-        return String::new();
+        return (String::new(), Vec::new());
     };
     let mut parts = Vec::new();
+    let mut handed = Vec::new();
     for (&fd, e) in t {
         let (writable, kept) = {
             let inner = e.inner.lock();
@@ -757,6 +758,7 @@ pub fn export_adopted() -> String {
         let kept = kept
             .and_then(|k| k.live(e.dev, e.ino))
             .filter(|&k| sys::set_cloexec(k, false).is_ok())
+            .inspect(|&k| handed.push(k))
             .unwrap_or(0);
         parts.push(format!(
             "{fd},{},{},{},{},{},{kept}",
@@ -767,7 +769,17 @@ pub fn export_adopted() -> String {
             u8::from(writable)
         ));
     }
-    parts.join(";")
+    (parts.join(";"), handed)
+}
+
+/// Makes the kept opens [`export_adopted`] readied for an `exec` that then
+/// failed close-on-exec again, so later children do not inherit them.
+pub fn exec_failed(handed: &[RawFd]) {
+    for &k in handed {
+        if state(k) == SHIM {
+            let _ = sys::set_cloexec(k, true);
+        }
+    }
 }
 
 /// Takes over the descriptors an earlier image of this process adopted

@@ -1336,16 +1336,6 @@ fn flock(e: &Env, o: &mut Obs) -> Result<()> {
     Ok(())
 }
 
-fn flock_struct(kind: i32, start: i64, len: i64) -> libc::flock {
-    // SAFETY: libc::flock is a plain C struct; all-zero is a valid value.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind as _;
-    fl.l_whence = libc::SEEK_SET as _;
-    fl.l_start = start;
-    fl.l_len = len;
-    fl
-}
-
 fn posix_lock(e: &Env, o: &mut Obs) -> Result<()> {
     use nix::fcntl::{fcntl, FcntlArg};
     let f = e.p("lock");

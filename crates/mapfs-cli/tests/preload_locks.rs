@@ -14,7 +14,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use common::{fuse_or_skip, mount, DataMode};
+use common::{flock_struct, fuse_or_skip, mount, DataMode};
 use preload_support::*;
 
 /// Python helpers every script starts with.
@@ -75,7 +75,7 @@ stage('closed')
 /// `F_GETLK` for a write lock on `[start, start+len)` through `f`: the pid
 /// of a conflicting holder, if any.
 fn holder(f: &File, start: i64, len: i64) -> Option<i32> {
-    let mut l = flock(libc::F_WRLCK, start, len);
+    let mut l = flock_struct(libc::F_WRLCK, start, len);
     // SAFETY: F_GETLK with a valid struct flock.
     let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut l) };
     assert_eq!(r, 0, "F_GETLK: {}", std::io::Error::last_os_error());
@@ -84,7 +84,7 @@ fn holder(f: &File, start: i64, len: i64) -> Option<i32> {
 
 /// `F_SETLK` of `ty` on `[start, start+len)` through `f`.
 fn setlk(f: &File, ty: i32, start: i64, len: i64) -> std::io::Result<()> {
-    let l = flock(ty, start, len);
+    let l = flock_struct(ty, start, len);
     // SAFETY: F_SETLK with a valid struct flock.
     let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &l) };
     if r == 0 {
@@ -92,16 +92,6 @@ fn setlk(f: &File, ty: i32, start: i64, len: i64) -> std::io::Result<()> {
     } else {
         Err(std::io::Error::last_os_error())
     }
-}
-
-fn flock(ty: i32, start: i64, len: i64) -> libc::flock {
-    // SAFETY: flock is a plain C struct for which all-zero is valid.
-    let mut l: libc::flock = unsafe { std::mem::zeroed() };
-    l.l_type = ty as i16;
-    l.l_whence = libc::SEEK_SET as i16;
-    l.l_start = start;
-    l.l_len = len;
-    l
 }
 
 fn try_flock(f: &File) -> std::io::Result<()> {

@@ -423,10 +423,6 @@ unsafe fn record_lock_on(target: c_int, fd: c_int, cmd: c_int, lock: *mut libc::
 /// `lockf` on an adopted descriptor, as the record lock on the mount's
 /// descriptor `target` that glibc's `lockf` would take on `fd`.
 fn lockf_on(target: c_int, fd: c_int, cmd: c_int, len: off64_t) -> c_int {
-    // SAFETY: flock is a plain C struct for which all-zero is valid.
-    let mut l: libc::flock = unsafe { std::mem::zeroed() };
-    l.l_whence = libc::SEEK_CUR as i16;
-    l.l_len = len;
     let (fcmd, ty) = match cmd {
         libc::F_LOCK => (libc::F_SETLKW, libc::F_WRLCK),
         libc::F_TLOCK => (libc::F_SETLK, libc::F_WRLCK),
@@ -437,7 +433,7 @@ fn lockf_on(target: c_int, fd: c_int, cmd: c_int, len: off64_t) -> c_int {
             return -1;
         }
     };
-    l.l_type = ty as i16;
+    let mut l = sys::record_lock(ty, libc::SEEK_CUR, 0, len);
     // SAFETY: `l` is a valid flock for the whole call.
     let r = unsafe { record_lock_on(target, fd, fcmd, &mut l) };
     if r == 0 && cmd == libc::F_TEST && c_int::from(l.l_type) != libc::F_UNLCK {

@@ -125,6 +125,18 @@ pub fn set_cloexec(raw: RawFd, on: bool) -> io::Result<()> {
     Ok(rustix::io::fcntl_setfd(fd(raw), flags)?)
 }
 
+/// A `struct flock` of lock type `ty` over `len` bytes from `start`,
+/// relative to `whence`.
+pub fn record_lock(ty: i32, whence: i32, start: i64, len: i64) -> libc::flock {
+    // SAFETY: flock is a plain C struct for which all-zero is valid.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = ty as i16;
+    l.l_whence = whence as i16;
+    l.l_start = start;
+    l.l_len = len;
+    l
+}
+
 /// `fcntl(raw, cmd, lock)` for the record-lock commands (`F_SETLK`,
 /// `F_GETLK`, `F_OFD_*`...), as a raw system call so it never re-enters the
 /// shim's own `fcntl`. Returns the kernel's result (`-errno` as an error).

@@ -505,10 +505,7 @@ static POSIX_LOCKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 
 /// Drops every record lock this process holds on the file of `fd`.
 fn unlock_posix(fd: RawFd) {
-    // SAFETY: flock is a plain C struct for which all-zero is valid.
-    let mut l: libc::flock = unsafe { std::mem::zeroed() };
-    l.l_type = libc::F_UNLCK as i16;
-    l.l_whence = libc::SEEK_SET as i16;
+    let mut l = sys::record_lock(libc::F_UNLCK, libc::SEEK_SET, 0, 0);
     let _ = sys::fcntl_lock(fd, libc::F_SETLK, &mut l);
 }
 

@@ -99,3 +99,15 @@ pub fn with_mount(test: &str, mode: DataMode, opts: &[&str], f: impl FnOnce(&Mou
     let s = mount(mode, opts);
     f(&s);
 }
+
+/// A `struct flock` for a record lock of `kind` on `[start, start+len)`
+/// (`SEEK_SET`; `len` 0 means to the end of the file).
+pub fn flock_struct(kind: i32, start: i64, len: i64) -> libc::flock {
+    // SAFETY: libc::flock is a plain C struct; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = start;
+    fl.l_len = len;
+    fl
+}

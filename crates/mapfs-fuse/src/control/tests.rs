@@ -3,7 +3,8 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
 use std::sync::Arc;
 
 use mapfs::control::{self, Request, Response};
@@ -323,12 +324,7 @@ fn a_vanished_client_invalidates_what_it_could_have_written() {
 #[test]
 fn version_mismatch_is_refused_and_drop_removes_the_socket() {
     let s = setup();
-    let sock = control::socket().unwrap();
-    rustix::net::connect(
-        &sock,
-        &rustix::net::SocketAddrUnix::new(s.server.path()).unwrap(),
-    )
-    .unwrap();
+    let sock = raw_connect(s.server.path());
     // A packet from a future protocol version.
     rustix::net::send(
         &sock,
@@ -389,12 +385,7 @@ fn hello_carries_the_generation_table() {
 #[test]
 fn hello_without_a_table_says_so() {
     let s = setup();
-    let sock = control::socket().unwrap();
-    rustix::net::connect(
-        &sock,
-        &rustix::net::SocketAddrUnix::new(s.server.path()).unwrap(),
-    )
-    .unwrap();
+    let sock = raw_connect(s.server.path());
     let (resp, fds) = control::call(
         sock.as_fd(),
         &Request::Hello {
@@ -412,4 +403,11 @@ fn hello_without_a_table_says_so() {
     assert!(fds.is_empty());
     let (_conn, table) = control::connect_with_generations(s.server.path()).unwrap();
     assert!(table.is_none());
+}
+
+/// A connected control socket that has said nothing yet (no Hello).
+fn raw_connect(path: &Path) -> OwnedFd {
+    let sock = control::socket().unwrap();
+    rustix::net::connect(&sock, &rustix::net::SocketAddrUnix::new(path).unwrap()).unwrap();
+    sock
 }

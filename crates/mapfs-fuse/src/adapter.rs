@@ -164,10 +164,19 @@ thread_local! {
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Flags of every file open: the daemon buffers nothing and locks are kept
-/// by the kernel, so `close` need not wait for a FLUSH round trip (the kernel
-/// still flushes its writeback cache itself).
-const FILE_OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_NOFLUSH;
+/// Flags of an open with a whole-file 1-to-1 map: the daemon buffers
+/// nothing and locks are kept by the kernel, so `close` need not wait for a
+/// FLUSH round trip (the kernel still flushes its writeback cache itself).
+/// Other maps get a FLUSH at every `close(2)`, where the file system persists
+/// the map (close-to-open: the kernel's `release` may come after `close`
+/// returned and after another process's `open`).
+fn file_open_flags(data: &DataFile) -> FopenFlags {
+    if data.whole_file_backing().is_some() {
+        FopenFlags::FOPEN_NOFLUSH
+    } else {
+        FopenFlags::empty()
+    }
+}
 
 /// The daemon acting for itself (kernel-initiated changes).
 const ROOT_CTX: Ctx = Ctx {
@@ -340,6 +349,12 @@ impl Shared {
     fn getattr_inner(&self, c: &Ctx, ino: INodeNo, fh: Option<FileHandle>) -> Result<Attr> {
         let by_path = self.path(ino).and_then(|p| self.fs.getattr(c, &p));
         match by_path {
+            Ok(mut attr) if attr.kind == mapfs::FileKind::File => {
+                if let Some(size) = self.handles.written_size(ino.0, fh.map(|f| f.0)) {
+                    attr.size = size;
+                }
+                Ok(attr)
+            }
             Err(e) if e.errno() == libc::ENOENT => {
                 // An open file whose name is gone still has attributes.
                 let file = fh
@@ -449,9 +464,10 @@ impl Shared {
         flags: i32,
         opened: Opened,
         open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<fuser::BackingId>,
-    ) -> (u64, Option<Arc<fuser::BackingId>>) {
+    ) -> (u64, Option<Arc<fuser::BackingId>>, FopenFlags) {
         let fs_handle = opened.handle;
         let data = Arc::new(DataFile::new(opened));
+        let fopen = file_open_flags(&data);
         let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         self.tokens.opened(ino, &data, may_change);
         let mut backing = None;
@@ -480,7 +496,17 @@ impl Shared {
             wrote: AtomicBool::new(false),
             ctx: *c,
         });
-        (fh, backing)
+        (fh, backing, fopen)
+    }
+
+    /// Hands the current map of an open that wrote to the file system
+    /// ([`mapfs::FileSystem::flush`]); whole-file maps need nothing.
+    fn persist_map(&self, file: &OpenFile) -> Result<()> {
+        if file.data.whole_file_backing().is_some() || !file.wrote.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.fs
+            .flush(&file.ctx, &file.path, file.fs_handle, &file.data.map())
     }
 
     fn remap_for<'a>(
@@ -734,6 +760,8 @@ impl Filesystem for Adapter {
             s.tokens.bump(ino.0);
             tri!(reply, truncated);
             file.wrote.store(true, Ordering::Relaxed);
+            // Other opens of the file see the new size at their next open.
+            tri!(reply, s.persist_map(file));
             set.size = None;
         }
         // Times that come with a file handle are the kernel's own (with
@@ -890,11 +918,11 @@ impl Filesystem for Adapter {
             reply,
             s.open_with_fallback(fs_flags, |f| s.fs.open(&c, &path, f), flags.0)
         );
-        let (fh, backing) =
+        let (fh, backing, fopen) =
             s.register_open(&c, ino.0, path, flags.0, opened, |f| reply.open_backing(f));
         match backing {
-            Some(id) => reply.opened_passthrough(FileHandle(fh), FILE_OPEN_FLAGS, &id),
-            None => reply.opened(FileHandle(fh), FILE_OPEN_FLAGS),
+            Some(id) => reply.opened_passthrough(FileHandle(fh), fopen, &id),
+            None => reply.opened(FileHandle(fh), fopen),
         }
     }
 
@@ -955,11 +983,15 @@ impl Filesystem for Adapter {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Writes reach the backing files synchronously; nothing is buffered.
+        // Writes reach the backing files synchronously; only a map that is
+        // not whole-file has something to persist (whole-file opens ask the
+        // kernel for no FLUSH at all).
+        let file = tri!(reply, self.0.open_file(fh));
+        tri!(reply, self.0.persist_map(&file));
         reply.ok();
     }
 
@@ -987,6 +1019,7 @@ impl Filesystem for Adapter {
     ) {
         let file = tri!(reply, self.0.open_file(fh));
         tri!(reply, file.data.fsync(datasync));
+        tri!(reply, self.0.persist_map(&file));
         reply.ok();
     }
 
@@ -1185,22 +1218,17 @@ impl Filesystem for Adapter {
         let (attr, opened) = tri!(reply, s.fs.create(&c, &path, OpenFlags(fs_flags), mode));
         let fa = s.fuse_attr(&attr);
         s.inodes.remember(parent.0, name, fa.ino.0);
-        let (fh, backing) =
+        let (fh, backing, fopen) =
             s.register_open(&c, fa.ino.0, path, flags, opened, |f| reply.open_backing(f));
         // A new file may reuse the number of one a client still caches.
         s.tokens.bump(fa.ino.0);
         // One TTL serves entry and attributes here: the stricter one.
         let ttl = s.opts.entry_ttl.min(s.opts.ttl);
         match backing {
-            Some(id) => reply.created_passthrough(
-                &ttl,
-                &fa,
-                Generation(0),
-                FileHandle(fh),
-                FILE_OPEN_FLAGS,
-                &id,
-            ),
-            None => reply.created(&ttl, &fa, Generation(0), FileHandle(fh), FILE_OPEN_FLAGS),
+            Some(id) => {
+                reply.created_passthrough(&ttl, &fa, Generation(0), FileHandle(fh), fopen, &id)
+            }
+            None => reply.created(&ttl, &fa, Generation(0), FileHandle(fh), fopen),
         }
     }
 

@@ -98,6 +98,24 @@ impl Handles {
         self.files.read().values().find(|f| f.ino == ino).cloned()
     }
 
+    /// The size of `ino` as written through an open whose map is not
+    /// whole-file 1-to-1 (the file system learns it only at flush or
+    /// release): the open `fh` if it is such an open, else the largest.
+    pub fn written_size(&self, ino: u64, fh: Option<u64>) -> Option<u64> {
+        let files = self.files.read();
+        let live = |f: &OpenFile| {
+            f.ino == ino && f.wrote.load(Ordering::Relaxed) && f.data.whole_file_backing().is_none()
+        };
+        if let Some(f) = fh.and_then(|fh| files.get(&fh)).filter(|f| live(f)) {
+            return f.data.size().ok();
+        }
+        files
+            .values()
+            .filter(|f| live(f))
+            .filter_map(|f| f.data.size().ok())
+            .max()
+    }
+
     /// Registers an open directory; returns its handle.
     pub fn add_dir(&self, dir: OpenDir) -> u64 {
         let fh = self.next_fh();

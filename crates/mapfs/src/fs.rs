@@ -343,6 +343,17 @@ pub trait FileSystem: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Persists the current map of an open that is not done yet, so that an
+    /// `open` after this returns sees its bytes (close-to-open), and, after
+    /// `fsync`, so that they survive a crash. Executors call it at every
+    /// `close(2)` of a descriptor of an open whose map is not whole-file
+    /// 1-to-1 and was written, at `fsync` of such an open, and after a size
+    /// change of one. `release` still follows with the final map. A whole-file
+    /// map needs nothing: its bytes are the backing file's own.
+    fn flush(&self, ctx: &Ctx, path: &Path, handle: u64, map: &DataMap) -> Result<()> {
+        Ok(())
+    }
+
     /// A write at `offset..offset+len` does not fit `map`'s growth policy:
     /// return a map (and any extra backing files) where it does.
     fn remap(

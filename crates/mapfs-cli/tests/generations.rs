@@ -89,6 +89,7 @@ impl Client {
             ino,
             tid,
             flags: libc::O_RDONLY,
+            engine: false,
         };
         control::call(self.conn.as_fd(), &req).unwrap().0
     }

@@ -393,6 +393,21 @@ impl Shared {
             .ok_or_else(|| Error::from_errno(libc::EBADF))
     }
 
+    /// The open file of a FUSE handle, for a data call through the mount:
+    /// `EIO` while a shim client executes it (see [`OpenFile::lent`]), which
+    /// only a call the shim cannot see (io_uring, a raw syscall) can reach.
+    fn data_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>> {
+        let file = self.open_file(fh)?;
+        if file.lent.load(Ordering::Acquire) {
+            warn!(
+                fh = fh.0,
+                "I/O through the mount on an open a shim client is executing; refused"
+            );
+            return Err(Error::from_errno(libc::EIO));
+        }
+        Ok(file)
+    }
+
     fn fuse_to_fs_ino(&self, ino: u64) -> u64 {
         // fuse_ino is an involution (it only swaps root and 1).
         self.inodes.fuse_ino(ino)
@@ -495,6 +510,7 @@ impl Shared {
             backing: backing.clone(),
             wrote: AtomicBool::new(false),
             ctx: *c,
+            lent: AtomicBool::new(false),
         });
         (fh, backing, fopen)
     }
@@ -602,6 +618,12 @@ impl OpenRegistry for Shared {
 
     fn adopting(&self, open: &OpenInfo) {
         self.tokens.adopting(open.ino, &open.map, &open.files);
+    }
+
+    fn lend(&self, fh: u64, lent: bool) {
+        if let Some(f) = self.handles.file(fh) {
+            f.lent.store(lent, Ordering::Release);
+        }
     }
 
     fn client_released(&self, fh: u64, map: DataMap) {
@@ -752,7 +774,8 @@ impl Filesystem for Adapter {
             Some(_) => s
                 .handles
                 .any_file_of(ino.0)
-                .filter(|f| f.data.whole_file_backing().is_none()),
+                .filter(|f| f.data.whole_file_backing().is_none())
+                .filter(|f| !f.lent.load(Ordering::Acquire)),
             None => None,
         });
         if let (Some(sz), Some(file)) = (size, &open) {
@@ -938,7 +961,7 @@ impl Filesystem for Adapter {
         reply: ReplyData,
     ) {
         let s = &self.0;
-        let file = tri!(reply, s.open_file(fh));
+        let file = tri!(reply, s.data_file(fh));
         // One buffer per worker thread: a fresh zeroed buffer per request
         // (up to 1 MiB) costs a memset on every read.
         READ_BUF.with(|buf| {
@@ -967,7 +990,7 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let s = &self.0;
-        let file = tri!(reply, s.open_file(fh));
+        let file = tri!(reply, s.data_file(fh));
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             tri!(reply, s.kill_suidgid(&file.path, &ctx(req)));
         }
@@ -1242,7 +1265,7 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let file = tri!(reply, self.0.open_file(fh));
+        let file = tri!(reply, self.0.data_file(fh));
         // Like write, fallocate by an unprivileged caller drops setuid/setgid;
         // the kernel sends no flag for it.
         if req.uid() != 0 {
@@ -1264,7 +1287,7 @@ impl Filesystem for Adapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let file = tri!(reply, self.0.open_file(fh));
+        let file = tri!(reply, self.0.data_file(fh));
         if offset < 0 {
             reply.error(Errno::ENXIO);
             return;
@@ -1287,10 +1310,8 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let s = &self.0;
-        let (Some(src), Some(dst)) = (s.handles.file(fh_in.0), s.handles.file(fh_out.0)) else {
-            reply.error(Errno::EBADF);
-            return;
-        };
+        let src = tri!(reply, s.data_file(fh_in));
+        let dst = tri!(reply, s.data_file(fh_out));
         let mut remap = s.remap_for(&dst);
         // The reply carries a 32-bit count; the kernel loops for more.
         let len = len.min(1 << 30);

@@ -39,6 +39,10 @@ pub struct OpenFile {
     pub wrote: AtomicBool,
     /// The caller's credentials at open (for `release`/`remap`).
     pub ctx: mapfs::Ctx,
+    /// Lent to a shim client, which runs its data calls in-process: the
+    /// daemon's copy of the map is stale until the client hands it back, so
+    /// reads and writes of this open through the mount fail with `EIO`.
+    pub lent: AtomicBool,
 }
 
 /// An open directory: the listing taken at `opendir`, served by offset.

@@ -47,10 +47,14 @@ pub trait OpenRegistry: Send + Sync + 'static {
     /// the new size and bytes, and bumps its map-cache token.
     fn invalidate(&self, ino: u64);
 
-    /// Records the final map a shim client reports at close for the open
-    /// `fh` (non-whole-file maps), so the file system's `release` sees it,
+    /// Installs the map a shim client reports for the lent open `fh`
+    /// (non-whole-file maps), so the file system's `flush`/`release` see it,
     /// and bumps the inode's map-cache token.
     fn client_released(&self, fh: u64, map: DataMap);
+
+    /// Marks the open `fh` as lent to a shim client (or not any more): see
+    /// [`mapfs::control::Request::Adopt`]'s `engine`.
+    fn lend(&self, fh: u64, lent: bool);
 
     /// The map-cache generation table to send with Hello, if there is one.
     fn generations(&self) -> Option<&Generations>;

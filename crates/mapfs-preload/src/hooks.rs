@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use libc::{off64_t, off_t, size_t, ssize_t, FILE};
 
 use crate::table::{self, ADOPTED, MOUNT, OTHER, UNKNOWN};
-use crate::{report, sys, Guard};
+use crate::{lent_calls, report, sys, Guard};
 
 /// The real libc function behind a hook.
 pub struct Real {
@@ -111,6 +111,8 @@ fn data(fd: c_int, len: usize) {
     match table::state(fd) {
         OTHER => {}
         ADOPTED => report::count_native(),
+        // Counted where it runs (lent_calls).
+        table::ENGINE => {}
         MOUNT => report::count_mount(),
         _ => data_slow(fd, len),
     }
@@ -120,6 +122,24 @@ fn data(fd: c_int, len: usize) {
 #[inline(always)]
 fn data_now(fd: c_int) {
     data(fd, usize::MAX);
+}
+
+/// A call the shim cannot run on a lent map (`mmap`, `sendfile`...): the
+/// descriptor becomes the final kernel object first (see
+/// [`table::serve_final`]).
+#[inline(always)]
+fn data_final(fd: c_int, why: &str) {
+    match table::state(fd) {
+        OTHER | ADOPTED | MOUNT => data(fd, usize::MAX),
+        _ => {
+            if fd >= 0 {
+                if let Some(_g) = Guard::enter() {
+                    sys::keep_errno(|| table::serve_final(fd, why));
+                }
+            }
+            data(fd, usize::MAX);
+        }
+    }
 }
 
 #[cold]
@@ -203,7 +223,7 @@ fn stream_opened(stream: *mut FILE, fresh: bool) -> *mut FILE {
             if fresh {
                 table::opened(fd);
             }
-            table::serve(fd, usize::MAX);
+            table::serve_final(fd, "stdio stream");
         });
     }
     stream
@@ -278,6 +298,7 @@ macro_rules! stat_at_result {
             // SAFETY: the real call succeeded, so it filled `buf`.
             let b = unsafe { &mut *$buf };
             patch_stat($dirfd, &mut b.st_dev, &mut b.st_ino);
+            lent_calls::patch_size($dirfd, &mut b.st_size, &mut b.st_blocks);
         } else if $r == 0 {
             // SAFETY: the real call succeeded, so it filled `buf`.
             own_writes!(unsafe { &mut *$buf });
@@ -348,6 +369,14 @@ fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
                 _ => unsafe { real(fd, cmd, arg) },
             }
         }
+        libc::F_SETFL => {
+            // SAFETY: as above.
+            let r = unsafe { real(fd, cmd, arg) };
+            if r == 0 {
+                lent_calls::flags_set(fd);
+            }
+            r
+        }
         // SAFETY: as above.
         _ => unsafe { real(fd, cmd, arg) },
     }
@@ -356,6 +385,12 @@ fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// The kept mount descriptor an adopted `fd`'s locks go to (see
 /// [`table::lock_target`]), or `None` to lock `fd` itself.
 fn lock_target(fd: c_int, posix: bool) -> Option<c_int> {
+    if table::state(fd) == table::ENGINE {
+        // The descriptor is the mount's open, but its offset (and the size
+        // its writes gave the file) are the shim's: lock it itself, with
+        // offsets made absolute here.
+        return Some(fd);
+    }
     if table::state(fd) != ADOPTED {
         return None;
     }
@@ -374,8 +409,17 @@ fn lock_target(fd: c_int, posix: bool) -> Option<c_int> {
 unsafe fn record_lock_on(target: c_int, fd: c_int, cmd: c_int, lock: *mut libc::flock) -> c_int {
     // SAFETY: per the contract.
     let mut l = unsafe { *lock };
+    let lent = lent_calls::position(fd);
     let base = match c_int::from(l.l_whence) {
         libc::SEEK_SET => Ok(0),
+        libc::SEEK_CUR | libc::SEEK_END if lent.is_some() => {
+            let (pos, size) = lent.unwrap_or_default();
+            Ok(if c_int::from(l.l_whence) == libc::SEEK_CUR {
+                pos
+            } else {
+                size
+            } as i64)
+        }
         libc::SEEK_CUR => rustix::fs::seek(sys::fd(fd), rustix::fs::SeekFrom::Current(0))
             .map(|o| o as i64)
             .map_err(|e| e.raw_os_error()),
@@ -655,147 +699,241 @@ hooks! {
         fcntl_hook(real, fd, cmd, arg)
     }
 
+    // ---- position, size and sync: only lent descriptors need the shim ----
+    fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t = |real| {
+        match lent_calls::lseek(fd, off, whence) {
+            Some(r) => r,
+            None => real(fd, off, whence),
+        }
+    }
+    fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t = |real| {
+        match lent_calls::lseek(fd, off, whence) {
+            Some(r) => r,
+            None => real(fd, off, whence),
+        }
+    }
+    fn ftruncate(fd: c_int, len: off_t) -> c_int = |real| {
+        match lent_calls::ftruncate(fd, len) {
+            Some(r) => r,
+            None => real(fd, len),
+        }
+    }
+    fn ftruncate64(fd: c_int, len: off64_t) -> c_int = |real| {
+        match lent_calls::ftruncate(fd, len) {
+            Some(r) => r,
+            None => real(fd, len),
+        }
+    }
+    fn fsync(fd: c_int) -> c_int = |real| {
+        match lent_calls::fsync(fd, false) {
+            Some(r) => r,
+            None => real(fd),
+        }
+    }
+    fn fdatasync(fd: c_int) -> c_int = |real| {
+        match lent_calls::fsync(fd, true) {
+            Some(r) => r,
+            None => real(fd),
+        }
+    }
+
     // ---- data calls: adopt first, then the real call ----
     fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t = |real| {
         data(fd, n);
+        // SAFETY: the caller's buffer, as for the real call.
+        if let Some(r) = unsafe { lent_calls::read(fd, buf, n, None) } { return r; }
         real(fd, buf, n)
     }
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t = |real| {
         data(fd, n);
+        // SAFETY: the caller's buffer, as for the real call.
+        if let Some(r) = unsafe { lent_calls::read(fd, buf, n.min(buflen), None) } { return r; }
         real(fd, buf, n, buflen)
     }
     fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t = |real| {
         data(fd, n);
+        // SAFETY: the caller's buffer, as for the real call.
+        if let Some(r) = unsafe { lent_calls::write(fd, buf, n, None) } { return r; }
         real(fd, buf, n)
     }
     fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t = |real| {
         data(fd, n);
+        // SAFETY: the caller's buffer, as for the real call.
+        if let Some(r) = unsafe { lent_calls::read(fd, buf, n, Some(off as i64)) } { return r; }
         real(fd, buf, n, off)
     }
     fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
         data(fd, n);
+        // SAFETY: the caller's buffer, as for the real call.
+        if let Some(r) = unsafe { lent_calls::read(fd, buf, n, Some(off as i64)) } { return r; }
         real(fd, buf, n, off)
     }
     fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t = |real| {
         data(fd, n);
+        // SAFETY: the caller's buffer, as for the real call.
+        if let Some(r) = unsafe { lent_calls::read(fd, buf, n.min(buflen), Some(off as i64)) } { return r; }
         real(fd, buf, n, off, buflen)
     }
     fn __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t, buflen: size_t) -> ssize_t = |real| {
         data(fd, n);
+        // SAFETY: the caller's buffer, as for the real call.
+        if let Some(r) = unsafe { lent_calls::read(fd, buf, n.min(buflen), Some(off as i64)) } { return r; }
         real(fd, buf, n, off, buflen)
     }
     fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t = |real| {
         data(fd, n);
+        // SAFETY: the caller's buffer, as for the real call.
+        if let Some(r) = unsafe { lent_calls::write(fd, buf, n, Some(off as i64)) } { return r; }
         real(fd, buf, n, off)
     }
     fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
         data(fd, n);
+        // SAFETY: the caller's buffer, as for the real call.
+        if let Some(r) = unsafe { lent_calls::write(fd, buf, n, Some(off as i64)) } { return r; }
         real(fd, buf, n, off)
     }
     fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, None) } { return r; }
         real(fd, iov, cnt)
     }
     fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, None) } { return r; }
         real(fd, iov, cnt)
     }
     fn preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off)
     }
     fn preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off)
     }
     fn pwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off)
     }
     fn pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off)
     }
     fn preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        if flags != 0 {
+            data_final(fd, "preadv2/pwritev2 flags");
+        }
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off, flags)
     }
     fn preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        if flags != 0 {
+            data_final(fd, "preadv2/pwritev2 flags");
+        }
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off, flags)
     }
     fn pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        if flags != 0 {
+            data_final(fd, "preadv2/pwritev2 flags");
+        }
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off, flags)
     }
     fn pwritev64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         data(fd, unsafe { iov_len(iov, cnt) });
+        if flags != 0 {
+            data_final(fd, "preadv2/pwritev2 flags");
+        }
+        // SAFETY: the caller's iovec array, as for the real call.
+        if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off, flags)
     }
     fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void = |real| {
         if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 {
-            data_now(fd);
+            data_final(fd, "mmap");
         }
         real(addr, len, prot, flags, fd, off)
     }
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void = |real| {
         if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 {
-            data_now(fd);
+            data_final(fd, "mmap");
         }
         real(addr, len, prot, flags, fd, off)
     }
     fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int = |real| {
         data_now(fd);
+        if let Some(r) = lent_calls::fallocate(fd, mode, off as i64, len as i64) { return r; }
         real(fd, mode, off, len)
     }
     fn fallocate64(fd: c_int, mode: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
         data_now(fd);
+        if let Some(r) = lent_calls::fallocate(fd, mode, off as i64, len as i64) { return r; }
         real(fd, mode, off, len)
     }
     fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c_int = |real| {
         data_now(fd);
+        if let Some(r) = lent_calls::posix_fallocate(fd, off as i64, len as i64) { return r; }
         real(fd, off, len)
     }
     fn posix_fallocate64(fd: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
         data_now(fd);
+        if let Some(r) = lent_calls::posix_fallocate(fd, off as i64, len as i64) { return r; }
         real(fd, off, len)
     }
     fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int = |real| {
         data_now(fd);
+        if let Some(r) = lent_calls::fadvise(fd) { return r; }
         real(fd, off, len, advice)
     }
     fn posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, advice: c_int) -> c_int = |real| {
         data_now(fd);
+        if let Some(r) = lent_calls::fadvise(fd) { return r; }
         real(fd, off, len, advice)
     }
     fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t = |real| {
-        data_now(in_fd);
-        data_now(out_fd);
+        data_final(in_fd, "sendfile");
+        data_final(out_fd, "sendfile");
         real(out_fd, in_fd, off, n)
     }
     fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t = |real| {
-        data_now(in_fd);
-        data_now(out_fd);
+        data_final(in_fd, "sendfile");
+        data_final(out_fd, "sendfile");
         real(out_fd, in_fd, off, n)
     }
     fn copy_file_range(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
-        data_now(in_fd);
-        data_now(out_fd);
+        data_final(in_fd, "copy_file_range");
+        data_final(out_fd, "copy_file_range");
         real(in_fd, off_in, out_fd, off_out, n, flags)
     }
     fn splice(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
-        data_now(in_fd);
-        data_now(out_fd);
+        data_final(in_fd, "splice");
+        data_final(out_fd, "splice");
         real(in_fd, off_in, out_fd, off_out, n, flags)
     }
     fn flock(fd: c_int, op: c_int) -> c_int = |real| {
@@ -824,6 +962,7 @@ hooks! {
             // SAFETY: the real fstat filled `buf`.
             let b = unsafe { &mut *buf };
             patch_stat(fd, &mut b.st_dev, &mut b.st_ino);
+            lent_calls::patch_size(fd, &mut b.st_size, &mut b.st_blocks);
         }
         r
     }
@@ -833,6 +972,7 @@ hooks! {
             // SAFETY: the real fstat64 filled `buf`.
             let b = unsafe { &mut *buf };
             patch_stat(fd, &mut b.st_dev, &mut b.st_ino);
+            lent_calls::patch_size(fd, &mut b.st_size, &mut b.st_blocks);
         }
         r
     }
@@ -842,6 +982,7 @@ hooks! {
             // SAFETY: the real __fxstat filled `buf`.
             let b = unsafe { &mut *buf };
             patch_stat(fd, &mut b.st_dev, &mut b.st_ino);
+            lent_calls::patch_size(fd, &mut b.st_size, &mut b.st_blocks);
         }
         r
     }
@@ -851,6 +992,7 @@ hooks! {
             // SAFETY: the real __fxstat64 filled `buf`.
             let b = unsafe { &mut *buf };
             patch_stat(fd, &mut b.st_dev, &mut b.st_ino);
+            lent_calls::patch_size(fd, &mut b.st_size, &mut b.st_blocks);
         }
         r
     }
@@ -886,6 +1028,13 @@ hooks! {
             b.stx_dev_major = rustix::fs::major(dev);
             b.stx_dev_minor = rustix::fs::minor(dev);
             b.stx_ino = ino;
+        } else if r == 0 && unsafe { empty_path(path, flags) } && table::state(dirfd) == table::ENGINE {
+            // SAFETY: the real statx filled `buf`.
+            let b = unsafe { &mut *buf };
+            let (mut size, mut blocks) = (b.stx_size as i64, b.stx_blocks as i64);
+            lent_calls::patch_size(dirfd, &mut size, &mut blocks);
+            b.stx_size = size as u64;
+            b.stx_blocks = blocks as u64;
         } else if r == 0 && table::has_writable() {
             // SAFETY: the real statx filled `buf`.
             let b = unsafe { &mut *buf };

@@ -57,6 +57,8 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod hooks;
+pub mod lent;
+pub mod lent_calls;
 pub mod mcache;
 pub mod mounts;
 pub mod report;
@@ -132,6 +134,7 @@ extern "C" fn fini() {
     unsafe {
         libc::fflush(std::ptr::null_mut());
     }
+    table::hand_back_all("exit");
     for closed in table::all_open_writable() {
         closed.send();
     }
@@ -148,6 +151,9 @@ extern "C" fn fork_prepare() {
     };
     sys::keep_errno(|| {
         if !mounts::loaded().is_empty() {
+            // Parent and child must not both run one map: the open goes
+            // back to the mount, which both then share.
+            table::hand_back_all("fork");
             table::adopt_all_pending();
         }
         table::lock_for_fork();

@@ -47,7 +47,9 @@ use std::sync::Arc;
 use mapfs::control::{Request, Response};
 use parking_lot::{Mutex, RwLock};
 
+use crate::lent::Lent;
 use crate::{mcache, mounts, report, sys};
+use mapfs::engine::DataFile;
 
 /// Descriptors at or above this number are never tracked (served through
 /// the mount).
@@ -67,6 +69,9 @@ pub const MOUNT: u8 = 4;
 /// `close` of it is a no-op, so it cannot pull the socket from under the
 /// shim.
 pub const SHIM: u8 = 5;
+/// Lent: the descriptor is the mount's open (a placeholder) and its data
+/// calls run in-process on the map ([`lent`]).
+pub const ENGINE: u8 = 6;
 
 static STATE: [AtomicU8; MAX_FD] = [const { AtomicU8::new(UNKNOWN) }; MAX_FD];
 
@@ -115,6 +120,8 @@ pub struct Inner {
     /// A lock was taken on the kept open (so it is never given back early,
     /// see [`reclaim`]).
     pub locked: bool,
+    /// The in-process data state of a lent open ([`Status::Lent`]).
+    pub lent: Option<Arc<Lent>>,
 }
 
 /// The application's open through the mount, kept open (at a high number,
@@ -154,6 +161,9 @@ pub enum Status {
         /// Opened for writing (the daemon is told at the last close).
         writable: bool,
     },
+    /// The descriptors are the mount's open, whose map runs in-process
+    /// ([`Inner::lent`]).
+    Lent,
     /// Served through the mount, with the reason.
     Mount(String),
 }
@@ -225,6 +235,7 @@ fn classify(fd: RawFd, tid: u32) -> u8 {
             status: Status::Pending,
             kept: None,
             locked: false,
+            lent: None,
         }),
     });
     insert(fd, entry);
@@ -279,20 +290,122 @@ pub fn serve(fd: RawFd, len: usize) {
             let calls = e.calls.fetch_add(1, Ordering::Relaxed) + 1;
             let p = policy();
             if calls >= p.calls || len >= p.bytes {
-                adopt(&e);
+                adopt(&e, true);
             }
         }
     }
 }
 
+/// Makes `fd` the final kernel object before a call the shim cannot run
+/// itself (`mmap`, a stdio stream, `sendfile`...): a pending descriptor is
+/// adopted if its map is whole-file (else served through the mount), and a
+/// lent one is handed back to the mount.
+pub fn serve_final(fd: RawFd, why: &str) {
+    let mut s = state(fd);
+    if s == UNKNOWN {
+        s = classify(fd, sys::getpid());
+    }
+    if s == PENDING || s == ENGINE {
+        if let Some(e) = get(fd) {
+            adopt(&e, false);
+            hand_back(&e, why);
+        }
+    }
+}
+
+/// The lent state of `fd`, if it is lent.
+pub fn lent(fd: RawFd) -> Option<Arc<Lent>> {
+    if state(fd) != ENGINE {
+        return None;
+    }
+    get(fd)?.inner.lock().lent.clone()
+}
+
+/// Hands a lent open back to the mount: pushes its map to the daemon, sets
+/// the mount descriptor's offset, ends the lending. From then on the
+/// descriptors are served through the mount.
+pub fn hand_back(entry: &Entry, why: &str) {
+    let mut inner = entry.inner.lock();
+    let Some(lent) = inner.lent.take() else {
+        return;
+    };
+    if let Some(&fd) = inner.fds.first() {
+        let _ = rustix::fs::seek(sys::fd(fd), rustix::fs::SeekFrom::Start(lent.offset()));
+    }
+    if let Some(m) = mounts::all().get(entry.mount) {
+        if lent.wrote() {
+            push_map(m, &lent);
+        }
+        let _ = m.call(&Request::Closed {
+            handle: lent.handle,
+            ino: entry.ino,
+            wrote: lent.wrote(),
+        });
+    }
+    if lent.writable() {
+        WRITABLE.fetch_sub(1, Ordering::Relaxed);
+    }
+    let reason = format!("handed back to the mount: {why}");
+    report::count_fallback(&reason);
+    inner.status = Status::Mount(reason);
+    for &fd in &inner.fds {
+        set_state(fd, MOUNT);
+    }
+}
+
+/// Sends a lent open's current map to the daemon (before a `close(2)` or
+/// `fsync` of its mount descriptor, so the file system persists it).
+fn push_map(m: &mounts::Mount, lent: &Lent) {
+    let req = Request::Release {
+        handle: lent.handle,
+        map: lent.map(),
+    };
+    match m.call(&req) {
+        Ok((Response::Done, _)) => {}
+        other => sys::log(format_args!(
+            "the daemon did not take a lent open's map ({other:?}); writes since the last \
+             close or fsync are not in the file"
+        )),
+    }
+}
+
+/// Pushes the map of the lent open of `fd` to the daemon (its `fsync`).
+pub fn sync_lent(fd: RawFd) {
+    let Some(e) = get(fd) else {
+        return;
+    };
+    let inner = e.inner.lock();
+    if let (Some(lent), Some(m)) = (&inner.lent, mounts::all().get(e.mount)) {
+        if lent.wrote() {
+            push_map(m, lent);
+        }
+    }
+}
+
+/// Hands every lent open back to the mount (before `fork`, `exec`, exit).
+pub fn hand_back_all(why: &str) {
+    let entries: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
+        Some(t) => distinct(t)
+            .into_iter()
+            .filter(|e| e.inner.lock().lent.is_some())
+            .cloned()
+            .collect(),
+        None => return,
+    };
+    for e in entries {
+        hand_back(&e, why);
+    }
+}
+
 /// Adopts `entry`: asks the daemon for the backing descriptor and puts it
-/// under every descriptor of the entry.
-pub fn adopt(entry: &Arc<Entry>) {
+/// under every descriptor of the entry. With `engine`, a map that is not
+/// whole-file may be lent and run in-process.
+pub fn adopt(entry: &Arc<Entry>, engine: bool) {
     let mut inner = entry.inner.lock();
     if inner.status != Status::Pending {
         return;
     }
-    let status = match try_adopt(entry, &mut inner) {
+    let status = match try_adopt(entry, &mut inner, engine) {
         Ok(s) => s,
         Err(reason) => Status::Mount(reason),
     };
@@ -303,6 +416,13 @@ pub fn adopt(entry: &Arc<Entry>) {
             }
             report::count_adopted();
             ADOPTED
+        }
+        Status::Lent => {
+            if inner.lent.as_ref().is_some_and(|l| l.writable()) {
+                WRITABLE.fetch_add(1, Ordering::Relaxed);
+            }
+            report::count_adopted();
+            ENGINE
         }
         Status::Mount(reason) => {
             report::count_fallback(reason);
@@ -320,7 +440,7 @@ pub fn adopt(entry: &Arc<Entry>) {
     }
 }
 
-fn try_adopt(entry: &Entry, inner: &mut Inner) -> Result<Status, String> {
+fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, String> {
     let &first = inner.fds.first().ok_or("no descriptor")?;
     match sys::identity(first) {
         Ok(id) if id.dev == entry.dev && id.ino == entry.ino => {}
@@ -349,6 +469,7 @@ fn try_adopt(entry: &Entry, inner: &mut Inner) -> Result<Status, String> {
         ino: entry.ino,
         tid: entry.tid,
         flags,
+        engine,
     };
     let (resp, backing) = mount
         .call(&req)
@@ -358,10 +479,22 @@ fn try_adopt(entry: &Entry, inner: &mut Inner) -> Result<Status, String> {
         Response::Refused { reason, .. } => return Err(format!("refused: {reason}")),
         other => return Err(format!("unexpected answer {other:?}")),
     };
-    if !map.is_whole_file() || backing.len() != 1 {
-        // Not reached with today's daemon (it refuses such maps); running the
-        // data engine in-process for them is future work.
-        return Err("map is not whole-file".into());
+    if !map.is_whole_file() {
+        // Lent: the daemon checked the map can run here.
+        let files = backing
+            .into_iter()
+            .map(|fd| Arc::new(std::fs::File::from(fd)))
+            .collect();
+        let data = DataFile::new(mapfs::Opened {
+            map,
+            files,
+            handle: 0,
+        });
+        inner.lent = Some(Arc::new(Lent::new(handle, data, offset, flags)));
+        return Ok(Status::Lent);
+    }
+    if backing.len() != 1 {
+        return Err("whole-file map without exactly one backing file".into());
     }
     let backing = &backing[0];
     install(entry, inner, backing.as_fd(), offset)?;
@@ -471,8 +604,28 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
         }
         return None;
     }
-    let req = closed_message(&entry, &inner.status);
-    if req.is_some() {
+    let lent = inner.lent.take();
+    if let (Some(lent), Some(m)) = (&lent, mounts::all().get(entry.mount)) {
+        // Before the real close: its FLUSH is where the file system
+        // persists the map.
+        if lent.wrote() {
+            push_map(m, lent);
+        }
+    }
+    let req = match &lent {
+        Some(l) => {
+            if l.writable() {
+                WRITABLE.fetch_sub(1, Ordering::Relaxed);
+            }
+            Some(Request::Closed {
+                handle: l.handle,
+                ino: entry.ino,
+                wrote: l.wrote(),
+            })
+        }
+        None => closed_message(&entry, &inner.status),
+    };
+    if req.is_some() && lent.is_none() {
         WRITABLE.fetch_sub(1, Ordering::Relaxed);
     }
     let kept = inner.kept.take();
@@ -569,7 +722,7 @@ pub fn duped(old: RawFd, new: RawFd) {
         s = classify(old, sys::getpid());
     }
     match get(old) {
-        Some(e) if s == PENDING || s == ADOPTED || s == MOUNT => {
+        Some(e) if s == PENDING || s == ADOPTED || s == MOUNT || s == ENGINE => {
             e.inner.lock().fds.push(new);
             insert(new, e);
             set_state(new, s);
@@ -590,7 +743,7 @@ pub fn adopt_all_pending() {
         None => return,
     };
     for e in pending {
-        adopt(&e);
+        adopt(&e, false);
     }
 }
 
@@ -703,20 +856,33 @@ pub fn own_written_attrs(dev: u64, ino: u64) -> Option<rustix::fs::Stat> {
     if WRITABLE.load(Ordering::Relaxed) == 0 {
         return None;
     }
-    let fd = {
+    let (fd, lent) = {
         let t = TABLE.read();
         let found = t.as_ref()?.values().find(|e| {
-            e.dev == dev
-                && e.ino == ino
-                && matches!(
-                    e.inner.lock().status,
-                    Status::Adopted { writable: true, .. }
-                )
+            e.dev == dev && e.ino == ino && {
+                let inner = e.inner.lock();
+                matches!(inner.status, Status::Adopted { writable: true, .. })
+                    || inner.lent.as_ref().is_some_and(|l| l.writable())
+            }
         })?;
-        let fd = *found.inner.lock().fds.first()?;
-        fd
+        let inner = found.inner.lock();
+        (*inner.fds.first()?, inner.lent.clone())
     };
-    rustix::fs::fstat(sys::fd(fd)).ok()
+    let mut st = rustix::fs::fstat(sys::fd(fd)).ok()?;
+    if let Some(l) = lent {
+        patch_lent_size(&l, &mut st.st_size, &mut st.st_blocks);
+    }
+    Some(st)
+}
+
+/// Reports the size a lent open sees (the mount's is older than its
+/// writes); blocks are estimated from it, as the map's backing space is
+/// spread over several files.
+pub fn patch_lent_size(lent: &Lent, size: &mut i64, blocks: &mut i64) {
+    if let Ok(sz) = lent.size() {
+        *size = sz as i64;
+        *blocks = (*blocks).max((sz as i64 + 511) / 512);
+    }
 }
 
 /// Environment variable handing adopted descriptors to the next program
@@ -732,6 +898,8 @@ pub const HANDOFF_ENV: &str = "MAPFS_PRELOAD_ADOPTED";
 /// numbers are returned for [`exec_failed`]), so locks and the file
 /// system's `release` keep following the application's descriptors.
 pub fn export_adopted() -> (String, Vec<RawFd>) {
+    // The new image starts with the mount's opens; it may borrow them again.
+    hand_back_all("exec");
     let t = TABLE.read();
     let Some(t) = t.as_ref() else {
         return (String::new(), Vec::new());
@@ -828,6 +996,7 @@ pub fn import_adopted(spec: &str) {
                 },
                 kept,
                 locked: false,
+                lent: None,
             }),
         });
         if let Some(k) = kept {

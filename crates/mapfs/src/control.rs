@@ -62,7 +62,7 @@ use crate::mapcache::Generations;
 /// Protocol version, the first byte of every packet. Bumped on any change of
 /// the message types; a peer seeing another version refuses the message.
 /// Version 2: [`Response::Hello`] carries the generation table.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 
 /// Largest packet either side sends or accepts.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -103,10 +103,21 @@ pub enum Request {
         /// `O_NOATIME`, `O_SYNC`/`O_DSYNC` are applied to the handed-out
         /// descriptors.
         flags: i32,
+        /// The client can run a map that is not whole-file 1-to-1 in its own
+        /// data engine now (it is not about to hand the descriptor to a
+        /// stdio stream, `mmap` or `fork`). Such an open is then *lent*: the
+        /// client executes its data calls until it sends [`Request::Closed`],
+        /// pushing its map with [`Request::Release`] before any `close(2)`
+        /// or `fsync` of the mount descriptor, and the daemon answers `EIO`
+        /// to reads and writes of that open through the mount meanwhile.
+        engine: bool,
     },
     /// The last descriptor of an adopted open was closed. When `wrote`, the
     /// daemon drops the kernel's cached attributes and pages of `ino` before
     /// answering (close-to-open consistency for readers through the mount).
+    /// Also ends the lending of a lent open (see [`Request::Adopt`]'s
+    /// `engine`), whether the client closed it or handed it back to the
+    /// mount.
     Closed {
         /// The handle from [`Response::Adopted`] (0 if unknown, e.g. after
         /// `exec`).
@@ -116,12 +127,15 @@ pub enum Request {
         /// The open was writable.
         wrote: bool,
     },
-    /// The final map of an adopted open whose data the client executed
-    /// itself (non-whole-file maps), for the file system's `release`.
+    /// The current map of a lent open (the client executed its data calls
+    /// itself), installed as the open's map so that the file system's
+    /// `flush`, `fsync` and `release` persist it. Sent before every
+    /// `close(2)` and `fsync` of the open's mount descriptor, and may be sent
+    /// at any time; the open stays lent until [`Request::Closed`].
     Release {
         /// The handle from [`Response::Adopted`].
         handle: u64,
-        /// Final map.
+        /// The open's current map.
         map: DataMap,
     },
 }
@@ -487,6 +501,7 @@ mod tests {
                 ino: 7,
                 tid: 42,
                 flags: libc::O_RDWR | libc::O_APPEND,
+                engine: true,
             },
             Request::Closed {
                 handle: 3,

@@ -47,6 +47,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use mapfs::control::{self, Request, Response};
+use mapfs::Growth;
 use parking_lot::Mutex;
 use rustix::fs::Mode;
 use rustix::net::SocketAddrUnix;
@@ -228,10 +229,12 @@ fn accept_loop(shared: &Arc<Shared>, listener: &OwnedFd) {
     }
 }
 
-/// A writable adoption still open in the client.
+/// A writable or lent adoption still open in the client.
 struct Adoption {
     ino: u64,
     fh: u64,
+    /// The client executes the open's map itself.
+    lent: bool,
 }
 
 struct Conn<'a> {
@@ -280,14 +283,25 @@ impl Conn<'_> {
                     &refused(libc::EPROTO, "protocol version mismatch"),
                     &[],
                 ),
-                Request::Adopt { ino, tid, flags } => match self.adopt(ino, tid, flags) {
-                    Ok((resp, fd)) => control::send(sock, &resp, &[fd.as_fd()]),
+                Request::Adopt {
+                    ino,
+                    tid,
+                    flags,
+                    engine,
+                } => match self.adopt(ino, tid, flags, engine) {
+                    Ok((resp, fds)) => {
+                        let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+                        control::send(sock, &resp, &fds)
+                    }
                     Err(resp) => control::send(sock, &resp, &[]),
                 },
                 Request::Closed { handle, ino, wrote } => {
                     let known = self.adopted.remove(&handle);
                     if let Some(a) = &known {
                         self.claimed.remove(&a.fh);
+                        if a.lent {
+                            self.shared.registry.lend(a.fh, false);
+                        }
                     }
                     if wrote || known.is_some() {
                         self.shared.registry.invalidate(ino);
@@ -310,8 +324,15 @@ impl Conn<'_> {
     }
 
     /// Finds the open `tid` of this peer made of `ino` and reopens its backing
-    /// file for the client.
-    fn adopt(&mut self, ino: u64, tid: u32, flags: i32) -> Result<(Response, OwnedFd), Response> {
+    /// file for the client, or, for a map the client may execute itself
+    /// (`engine`), lends it the open with its backing files.
+    fn adopt(
+        &mut self,
+        ino: u64,
+        tid: u32,
+        flags: i32,
+        engine: bool,
+    ) -> Result<(Response, Vec<OwnedFd>), Response> {
         // A claimed thread that is not (or no longer) one of the peer's is
         // ignored: only the peer's own opens are ever looked at.
         let registry = &self.shared.registry;
@@ -327,7 +348,7 @@ impl Conn<'_> {
             .find(|o| !self.claimed.contains(&o.fh))
             .ok_or_else(|| refused(libc::ENOENT, "no such open by this process"))?;
         if !open.map.is_whole_file() {
-            return Err(refused(libc::EOPNOTSUPP, "map is not whole-file"));
+            return self.lend(open, flags, engine);
         }
         let backing = open
             .files
@@ -342,7 +363,14 @@ impl Conn<'_> {
         registry.adopting(&open);
         let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
         if access != libc::O_RDONLY {
-            self.adopted.insert(handle, Adoption { ino, fh: open.fh });
+            self.adopted.insert(
+                handle,
+                Adoption {
+                    ino,
+                    fh: open.fh,
+                    lent: false,
+                },
+            );
             self.claimed.insert(open.fh);
         }
         tracing::debug!(
@@ -359,7 +387,83 @@ impl Conn<'_> {
                 map: open.map,
                 files: 1,
             },
-            fd,
+            vec![fd],
+        ))
+    }
+
+    /// Lends an open whose map is not whole-file to the client (see
+    /// [`Request::Adopt`]'s `engine`). Only maps whose new bytes go to space
+    /// of this open alone are lent: an append log (a file system gives each
+    /// writable open its own) or a read-only map. In-place maps that are not
+    /// whole-file may share free space with other opens, and a remap would
+    /// need the file system, so they stay with the daemon.
+    fn lend(
+        &mut self,
+        open: OpenInfo,
+        flags: i32,
+        engine: bool,
+    ) -> Result<(Response, Vec<OwnedFd>), Response> {
+        if !engine {
+            return Err(refused(libc::EOPNOTSUPP, "map is not whole-file"));
+        }
+        let own_log = match open.map.growth() {
+            Growth::AppendLog { file, .. } => Some(file as usize),
+            Growth::ReadOnly => None,
+            Growth::InPlace { .. } => {
+                return Err(refused(
+                    libc::EOPNOTSUPP,
+                    "in-place map that is not whole-file: served by the daemon",
+                ))
+            }
+        };
+        if open.files.len() > control::MAX_FDS {
+            return Err(refused(libc::EOPNOTSUPP, "map has too many backing files"));
+        }
+        // A write-only open must not become a way to read the file: the
+        // client gets the log it appends to, and empty stand-ins for the
+        // files only reads would touch.
+        let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
+        let mut fds = Vec::with_capacity(open.files.len());
+        for (i, f) in open.files.iter().enumerate() {
+            let fd = if write_only && Some(i) != own_log {
+                rustix::fs::memfd_create("mapfs-withheld", rustix::fs::MemfdFlags::CLOEXEC)
+            } else {
+                rustix::io::fcntl_dupfd_cloexec(f, 0)
+            };
+            fds.push(fd.map_err(|e| {
+                refused(
+                    e.raw_os_error(),
+                    &format!("cannot pass a backing file: {e}"),
+                )
+            })?);
+        }
+        let registry = &self.shared.registry;
+        registry.adopting(&open);
+        registry.lend(open.fh, true);
+        let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.adopted.insert(
+            handle,
+            Adoption {
+                ino: open.ino,
+                fh: open.fh,
+                lent: true,
+            },
+        );
+        self.claimed.insert(open.fh);
+        tracing::debug!(
+            pid = self.pid,
+            ino = open.ino,
+            fh = open.fh,
+            handle,
+            "open lent to a shim client"
+        );
+        Ok((
+            Response::Adopted {
+                handle,
+                files: fds.len() as u32,
+                map: open.map,
+            },
+            fds,
         ))
     }
 
@@ -367,6 +471,12 @@ impl Conn<'_> {
     /// may have written becomes visible through the mount.
     fn client_gone(&mut self) {
         for (_, a) in self.adopted.drain() {
+            if a.lent {
+                // Writes the client made since its last Release are in the
+                // logs but in no map: lost, like a killed process's
+                // unflushed buffers.
+                self.shared.registry.lend(a.fh, false);
+            }
             self.shared.registry.invalidate(a.ino);
         }
     }

@@ -25,6 +25,8 @@ struct Fake {
     /// The table sent with Hello; bumped for each adoption reported.
     generations: Option<Generations>,
     adopting: Mutex<Vec<u64>>,
+    /// (fh, lent) calls, in order.
+    lent: Mutex<Vec<(u64, bool)>>,
 }
 
 impl OpenRegistry for Fake {
@@ -42,6 +44,9 @@ impl OpenRegistry for Fake {
     }
     fn client_released(&self, fh: u64, map: DataMap) {
         self.released.lock().push((fh, map));
+    }
+    fn lend(&self, fh: u64, lent: bool) {
+        self.lent.lock().push((fh, lent));
     }
     fn generations(&self) -> Option<&Generations> {
         self.generations.as_ref()
@@ -122,6 +127,7 @@ fn adopts_own_open_with_a_private_description() {
             ino: 5,
             tid: me(),
             flags: libc::O_RDWR,
+            engine: false,
         },
     )
     .unwrap();
@@ -146,6 +152,7 @@ fn adopts_own_open_with_a_private_description() {
             ino: 5,
             tid: me(),
             flags: libc::O_RDWR,
+            engine: false,
         },
     )
     .unwrap();
@@ -190,9 +197,17 @@ fn refuses_other_pids_access_modes_and_foreign_threads() {
     ));
     let conn = control::connect(s.server.path()).unwrap();
     let ask = |ino, tid, flags| {
-        control::call(conn.as_fd(), &Request::Adopt { ino, tid, flags })
-            .unwrap()
-            .0
+        control::call(
+            conn.as_fd(),
+            &Request::Adopt {
+                ino,
+                tid,
+                flags,
+                engine: false,
+            },
+        )
+        .unwrap()
+        .0
     };
     assert!(matches!(
         ask(9, me(), libc::O_RDONLY),
@@ -260,6 +275,7 @@ fn non_whole_file_maps_are_refused_and_release_needs_a_handle() {
             ino: 3,
             tid: me(),
             flags: libc::O_RDONLY,
+            engine: false,
         },
     )
     .unwrap();
@@ -286,6 +302,145 @@ fn non_whole_file_maps_are_refused_and_release_needs_a_handle() {
 }
 
 #[test]
+fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
+    let s = setup();
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("data.0");
+    let log = dir.path().join("data.1");
+    std::fs::write(&old, b"other writer's bytes").unwrap();
+    std::fs::write(&log, b"").unwrap();
+    let map = DataMap::new(
+        vec![Extent {
+            logical: 0,
+            file: 0,
+            offset: 0,
+            len: 20,
+        }],
+        20,
+        Growth::AppendLog { file: 1, end: 0 },
+    )
+    .unwrap();
+    let files = vec![
+        Arc::new(File::open(&old).unwrap()),
+        Arc::new(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&log)
+                .unwrap(),
+        ),
+    ];
+    let info = |flags| OpenInfo {
+        ino: 3,
+        fh: if flags == libc::O_WRONLY { 5 } else { 6 },
+        flags,
+        data: Arc::new(DataFile::new(Opened {
+            map: map.clone(),
+            files: files.clone(),
+            handle: 0,
+        })),
+        map: map.clone(),
+        files: files.clone(),
+    };
+    s.fake.opens.lock().push((me(), info(libc::O_WRONLY)));
+    s.fake.opens.lock().push((me(), info(libc::O_RDWR)));
+    let conn = control::connect(s.server.path()).unwrap();
+    let adopt = |flags, engine| {
+        control::call(
+            conn.as_fd(),
+            &Request::Adopt {
+                ino: 3,
+                tid: me(),
+                flags,
+                engine,
+            },
+        )
+        .unwrap()
+    };
+    // Without `engine` the client cannot run it: refused.
+    let (resp, fds) = adopt(libc::O_WRONLY, false);
+    assert!(
+        matches!(
+            resp,
+            Response::Refused {
+                errno: libc::EOPNOTSUPP,
+                ..
+            }
+        ),
+        "{resp:?}"
+    );
+    assert!(fds.is_empty());
+    // Write-only: the other writer's log is withheld (an empty stand-in).
+    let (resp, fds) = adopt(libc::O_WRONLY, true);
+    let Response::Adopted {
+        handle, files: 2, ..
+    } = resp
+    else {
+        panic!("not lent: {resp:?}");
+    };
+    assert_eq!(fds.len(), 2);
+    let mut got = String::new();
+    File::from(fds[0].try_clone().unwrap())
+        .read_to_string(&mut got)
+        .unwrap();
+    assert_eq!(got, "", "a write-only client could read another file");
+    File::from(fds[1].try_clone().unwrap())
+        .write_all(b"appended")
+        .unwrap();
+    assert_eq!(std::fs::read(&log).unwrap(), b"appended");
+    assert_eq!(*s.fake.lent.lock(), vec![(5, true)]);
+    // Read-write: both real files.
+    let (resp, fds) = adopt(libc::O_RDWR, true);
+    assert!(
+        matches!(resp, Response::Adopted { files: 2, .. }),
+        "{resp:?}"
+    );
+    let mut got = String::new();
+    File::from(fds[0].try_clone().unwrap())
+        .read_to_string(&mut got)
+        .unwrap();
+    assert_eq!(got, "other writer's bytes");
+    // Closed ends the lending.
+    control::call(
+        conn.as_fd(),
+        &Request::Closed {
+            handle,
+            ino: 3,
+            wrote: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(*s.fake.lent.lock(), vec![(5, true), (6, true), (5, false)]);
+    // In-place maps that are not whole-file are never lent.
+    let slot = DataMap::new(
+        vec![Extent {
+            logical: 0,
+            file: 0,
+            offset: 100,
+            len: 20,
+        }],
+        20,
+        Growth::InPlace { limit: Some(64) },
+    )
+    .unwrap();
+    let mut o = info(libc::O_RDONLY);
+    o.fh = 7;
+    o.map = slot;
+    s.fake.opens.lock().push((me(), o));
+    let (resp, _) = adopt(libc::O_RDONLY, true);
+    assert!(
+        matches!(
+            resp,
+            Response::Refused {
+                errno: libc::EOPNOTSUPP,
+                ..
+            }
+        ),
+        "{resp:?}"
+    );
+}
+
+#[test]
 fn a_vanished_client_invalidates_what_it_could_have_written() {
     let s = setup();
     let f = std::fs::OpenOptions::new()
@@ -303,6 +458,7 @@ fn a_vanished_client_invalidates_what_it_could_have_written() {
             ino: 21,
             tid: me(),
             flags: libc::O_WRONLY | libc::O_APPEND,
+            engine: false,
         },
     )
     .unwrap();
@@ -372,6 +528,7 @@ fn hello_carries_the_generation_table() {
             ino: 33,
             tid: me(),
             flags: libc::O_RDONLY,
+            engine: false,
         },
     )
     .unwrap();

@@ -1,0 +1,223 @@
+//! Opens lent to this process: maps that are not whole-file 1-to-1 (an
+//! append log, read-only pieces), executed by the data engine in-process.
+//!
+//! The application's descriptor stays its open through the mount (the
+//! *placeholder*, libplfs's idea): locks, `fstat`'s identity, `fcntl` flags
+//! and the final `close` are the mount's. Only the data calls the shim hooks
+//! run here, against the map and backing descriptors the daemon lent
+//! ([`mapfs::control::Request::Adopt`] with `engine`). The offset lives here
+//! too, shared by the descriptors `dup`ed from the one open (as the kernel
+//! shares it); the placeholder's own offset is set from it when the open is
+//! handed back to the mount.
+//!
+//! An open is handed back (its map pushed to the daemon, the kernel offset
+//! set, the lending ended) before anything the shim cannot run itself sees
+//! the descriptor: `mmap`, a stdio stream, `sendfile`/`splice`/
+//! `copy_file_range`, `fork`, `exec`, and a write the map cannot place
+//! (it needs the file system's `remap`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mapfs::engine::DataFile;
+use mapfs::DataMap;
+use parking_lot::Mutex;
+
+/// Why a call cannot be served here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The call fails with this errno, as the kernel would fail it.
+    Errno(i32),
+    /// The map cannot serve it: hand the open back and make the call
+    /// through the mount.
+    NeedsMount,
+}
+
+impl From<mapfs::Error> for Refusal {
+    fn from(e: mapfs::Error) -> Self {
+        Refusal::Errno(e.errno())
+    }
+}
+
+/// Result of a lent call.
+pub type LentResult<T> = Result<T, Refusal>;
+
+/// A lent open: its data state, offset and access.
+pub struct Lent {
+    /// The daemon's name for this lending.
+    pub handle: u64,
+    data: DataFile,
+    offset: Mutex<u64>,
+    readable: bool,
+    writable: bool,
+    append: AtomicBool,
+    wrote: AtomicBool,
+}
+
+impl Lent {
+    /// A lent open with map `data`, at `offset`, opened with `flags`.
+    pub fn new(handle: u64, data: DataFile, offset: u64, flags: i32) -> Self {
+        let access = flags & libc::O_ACCMODE;
+        Lent {
+            handle,
+            data,
+            offset: Mutex::new(offset),
+            readable: access != libc::O_WRONLY,
+            writable: access != libc::O_RDONLY,
+            append: AtomicBool::new(flags & libc::O_APPEND != 0),
+            wrote: AtomicBool::new(false),
+        }
+    }
+
+    /// Opened for writing.
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Something changed the file's bytes or size through this open.
+    pub fn wrote(&self) -> bool {
+        self.wrote.load(Ordering::Relaxed)
+    }
+
+    /// The current map (for the daemon).
+    pub fn map(&self) -> DataMap {
+        self.data.map()
+    }
+
+    /// The offset of the open file description.
+    pub fn offset(&self) -> u64 {
+        *self.offset.lock()
+    }
+
+    /// Follows `F_SETFL`.
+    pub fn set_flags(&self, flags: i32) {
+        self.append
+            .store(flags & libc::O_APPEND != 0, Ordering::Relaxed);
+    }
+
+    /// File size as this open sees it.
+    pub fn size(&self) -> LentResult<u64> {
+        Ok(self.data.size()?)
+    }
+
+    fn check_read(&self) -> LentResult<()> {
+        if self.readable {
+            Ok(())
+        } else {
+            Err(Refusal::Errno(libc::EBADF))
+        }
+    }
+
+    fn check_write(&self) -> LentResult<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(Refusal::Errno(libc::EBADF))
+        }
+    }
+
+    /// `pread`.
+    pub fn pread(&self, buf: &mut [u8], offset: u64) -> LentResult<usize> {
+        self.check_read()?;
+        Ok(self.data.read(offset, buf)?)
+    }
+
+    /// `read` at the description's offset, which it advances.
+    pub fn read(&self, buf: &mut [u8]) -> LentResult<usize> {
+        self.check_read()?;
+        let mut off = self.offset.lock();
+        let n = self.data.read(*off, buf)?;
+        *off += n as u64;
+        Ok(n)
+    }
+
+    /// Writes at `offset` (or at the end with `O_APPEND`, as Linux does
+    /// for `pwrite` too); returns the bytes written and where they ended.
+    fn write_at(&self, data: &[u8], offset: u64) -> LentResult<(usize, u64)> {
+        let at = if self.append.load(Ordering::Relaxed) {
+            self.data.size()?
+        } else {
+            offset
+        };
+        let mut needs_mount = false;
+        let mut remap = |_: &mapfs::DataMap, _: u64, _: u64| {
+            // The file system's remap runs in the daemon.
+            needs_mount = true;
+            Err(mapfs::Error::from_errno(libc::EOPNOTSUPP))
+        };
+        match self.data.write(at, data, &mut remap) {
+            Ok(n) => {
+                self.wrote.store(true, Ordering::Relaxed);
+                Ok((n, at + n as u64))
+            }
+            Err(_) if needs_mount => Err(Refusal::NeedsMount),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `pwrite`.
+    pub fn pwrite(&self, data: &[u8], offset: u64) -> LentResult<usize> {
+        self.check_write()?;
+        Ok(self.write_at(data, offset)?.0)
+    }
+
+    /// `write` at the description's offset, which it advances.
+    pub fn write(&self, data: &[u8]) -> LentResult<usize> {
+        self.check_write()?;
+        let mut off = self.offset.lock();
+        let (n, end) = self.write_at(data, *off)?;
+        *off = end;
+        Ok(n)
+    }
+
+    /// `lseek`.
+    pub fn seek(&self, offset: i64, whence: i32) -> LentResult<u64> {
+        let mut off = self.offset.lock();
+        let base = match whence {
+            libc::SEEK_SET => 0,
+            libc::SEEK_CUR => *off as i64,
+            libc::SEEK_END => self.data.size()? as i64,
+            libc::SEEK_DATA | libc::SEEK_HOLE => {
+                if offset < 0 {
+                    return Err(Refusal::Errno(libc::ENXIO));
+                }
+                let size = self.data.size()?;
+                if offset as u64 >= size {
+                    return Err(Refusal::Errno(libc::ENXIO));
+                }
+                let pos = self.data.seek(offset as u64, whence)?.min(size);
+                *off = pos;
+                return Ok(pos);
+            }
+            _ => return Err(Refusal::Errno(libc::EINVAL)),
+        };
+        let pos = base
+            .checked_add(offset)
+            .filter(|p| *p >= 0)
+            .ok_or(Refusal::Errno(libc::EINVAL))?;
+        *off = pos as u64;
+        Ok(pos as u64)
+    }
+
+    /// `ftruncate`.
+    pub fn truncate(&self, size: u64) -> LentResult<()> {
+        if !self.writable {
+            return Err(Refusal::Errno(libc::EINVAL));
+        }
+        self.data.truncate(size)?;
+        self.wrote.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `fallocate`.
+    pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> LentResult<()> {
+        self.check_write()?;
+        self.data.fallocate(mode, offset, len)?;
+        self.wrote.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `fsync`/`fdatasync` of the backing files.
+    pub fn fsync(&self, datasync: bool) -> LentResult<()> {
+        Ok(self.data.fsync(datasync)?)
+    }
+}

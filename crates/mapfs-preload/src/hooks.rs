@@ -2,11 +2,15 @@
 //! each entry generates the exported symbol and the pointer to the real
 //! function (`dlsym(RTLD_NEXT)`, resolved at first use).
 //!
+//! `lseek`, `ftruncate`, `fsync` and `fdatasync` matter only to lent
+//! descriptors (maps run in-process, [`crate::lent`]); on every other
+//! descriptor they are the real call after one load of the fd's state.
+//!
 //! Deliberately *not* intercepted:
-//! - read/write-side calls that need no help: `lseek`, `fsync`,
-//!   `fdatasync`, `ftruncate`, `ioctl`... On an adopted descriptor they are
-//!   native (it *is* the backing file); on a pending one they go through the
-//!   mount, which is correct.
+//! - read/write-side calls that need no help: `ioctl`, `fstatfs`... On an
+//!   adopted descriptor they are native (it *is* the backing file); on a
+//!   pending or lent one they go to the mount's open, which is correct for
+//!   them.
 //! - path calls (`rename`, `unlink`, `readdir`, `chmod`...): the daemon
 //!   stays the single authority on the namespace. (`stat` by path is hooked
 //!   only to show a writer the size and times of its own native writes.)
@@ -21,7 +25,9 @@
 //!   in `MAPFS_PRELOAD_ADOPTED` and the new image re-adopts them.
 //! - `close_range`/`closefrom`, `openat2` (no glibc wrapper), `io_uring`,
 //!   POSIX AIO: nothing to do for adopted descriptors; others go through
-//!   the mount.
+//!   the mount. (The daemon answers `EIO` to data calls through the mount
+//!   on a lent open, so such a call fails rather than miss or overwrite the
+//!   shim's writes.)
 //!
 //! Variadic C functions (`open`, `openat`, `fcntl`) are defined here with
 //! their optional argument as a fixed one: on the x86-64 and AArch64 Linux
@@ -488,6 +494,14 @@ fn lockf_on(target: c_int, fd: c_int, cmd: c_int, len: off64_t) -> c_int {
     r
 }
 
+/// Hands every lent open back to the mount before a child process that
+/// may inherit its descriptor starts.
+fn hand_back_lent(why: &str) {
+    if let Some(_g) = Guard::enter() {
+        sys::keep_errno(|| table::hand_back_all(why));
+    }
+}
+
 /// The environment for an `exec`: `envp` with [`table::HANDOFF_ENV`] set to
 /// the adopted descriptors (or removed when there are none). It owns the
 /// strings `ptrs` points into; dropped (the `exec` failed and returned), it
@@ -565,6 +579,26 @@ hooks! {
     fn vfork() -> libc::pid_t = |_real| {
         // SAFETY: fork has no preconditions; the atfork handlers run.
         unsafe { libc::fork() }
+    }
+
+    // ---- children started without fork's handlers (glibc runs
+    // posix_spawn, and system/popen through it, in a CLONE_VM child): an
+    // inherited lent descriptor must be the mount's open by then ----
+    fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
+        hand_back_lent("posix_spawn");
+        real(pid, path, actions, attr, argv, envp)
+    }
+    fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
+        hand_back_lent("posix_spawn");
+        real(pid, file, actions, attr, argv, envp)
+    }
+    fn system(command: *const c_char) -> c_int = |real| {
+        hand_back_lent("system");
+        real(command)
+    }
+    fn popen(command: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
+        hand_back_lent("popen");
+        real(command, mode)
     }
 
     // ---- exec: hand adopted descriptors to the new image ----

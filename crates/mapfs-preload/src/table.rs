@@ -27,9 +27,16 @@
 //! mount's own. The kernel names a FUSE request's opener by its thread id,
 //! so the daemon finds an open only while its opener thread lives: a file
 //! opened by a thread that is gone before the file is used is served
-//! through the mount. A file the shim cannot serve (daemon unreachable, map
-//! not whole-file, refused) becomes [`MOUNT`]: it keeps working through the
-//! mount, never an error.
+//! through the mount. A file the shim cannot serve (daemon unreachable,
+//! refused) becomes [`MOUNT`]: it keeps working through the mount, never an
+//! error.
+//!
+//! A map that is not whole-file 1-to-1 (an append log per open, as `plfs`
+//! gives, or read-only pieces) is *lent* instead ([`ENGINE`]): the
+//! descriptor stays the mount's open, and its data calls run in-process on
+//! the map ([`crate::lent`]) until the last close, or until something the
+//! shim cannot run itself needs the descriptor (`mmap`, stdio, `sendfile`,
+//! `fork`, `exec`), which first hands it back to the mount.
 //!
 //! Descriptors duplicated before adoption share one [`Entry`], so adoption
 //! replaces all of them with one backing description (shared offset); and
@@ -329,6 +336,7 @@ pub fn hand_back(entry: &Entry, why: &str) {
     let Some(lent) = inner.lent.take() else {
         return;
     };
+    LENT_OPEN.fetch_sub(1, Ordering::Relaxed);
     if let Some(&fd) = inner.fds.first() {
         let _ = rustix::fs::seek(sys::fd(fd), rustix::fs::SeekFrom::Start(lent.offset()));
     }
@@ -382,8 +390,15 @@ pub fn sync_lent(fd: RawFd) {
     }
 }
 
+/// Number of lent opens in this process (a fast "none" for
+/// [`hand_back_all`]).
+static LENT_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Hands every lent open back to the mount (before `fork`, `exec`, exit).
 pub fn hand_back_all(why: &str) {
+    if LENT_OPEN.load(Ordering::Relaxed) == 0 {
+        return;
+    }
     let entries: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
         Some(t) => distinct(t)
             .into_iter()
@@ -418,6 +433,7 @@ pub fn adopt(entry: &Arc<Entry>, engine: bool) {
             ADOPTED
         }
         Status::Lent => {
+            LENT_OPEN.fetch_add(1, Ordering::Relaxed);
             if inner.lent.as_ref().is_some_and(|l| l.writable()) {
                 WRITABLE.fetch_add(1, Ordering::Relaxed);
             }
@@ -614,6 +630,7 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
     }
     let req = match &lent {
         Some(l) => {
+            LENT_OPEN.fetch_sub(1, Ordering::Relaxed);
             if l.writable() {
                 WRITABLE.fetch_sub(1, Ordering::Relaxed);
             }

@@ -1,0 +1,102 @@
+//! Attributes of files: identity (`.plfs`) plus merged size, and `setattr`.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mapfs::backing::openat2_beneath;
+use mapfs::creds::as_caller;
+use mapfs::{Attr, Ctx, Error, FileKind, FileSystem as _, Result, SetAttr};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::process::{Gid, Uid};
+
+use super::container;
+use super::format::IDENTITY;
+use super::{identity, Plfs};
+
+/// A `(seconds, nanoseconds)` timestamp, possibly before 1970.
+fn system_time(sec: i64, nsec: i64) -> SystemTime {
+    let t = if sec >= 0 {
+        UNIX_EPOCH + Duration::from_secs(sec as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(sec.unsigned_abs())
+    };
+    t + Duration::from_nanos(nsec.clamp(0, 999_999_999) as u64)
+}
+
+impl Plfs {
+    /// The attributes of the file in container `dir`: `.plfs`'s mode,
+    /// owner and times, the merged size, the container's inode number.
+    // The `stat` field types differ between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    pub(super) fn file_attr(&self, dir: &OwnedFd) -> Result<Attr> {
+        let id = rustix::fs::statat(dir, IDENTITY, AtFlags::SYMLINK_NOFOLLOW)?;
+        if FileType::from_raw_mode(id.st_mode) != FileType::RegularFile {
+            return Err(Error::not_found());
+        }
+        let dst = rustix::fs::fstat(dir)?;
+        let loaded = self.store.load(dir.as_fd(), (dst.st_dev, dst.st_ino))?;
+        Ok(Attr {
+            ino: dst.st_ino,
+            size: loaded.merged.map.size(),
+            blocks: loaded.log_blocks,
+            atime: system_time(id.st_atime as i64, id.st_atime_nsec as i64),
+            mtime: system_time(id.st_mtime as i64, id.st_mtime_nsec as i64),
+            ctime: system_time(id.st_ctime as i64, id.st_ctime_nsec as i64),
+            kind: FileKind::File,
+            perm: (id.st_mode & 0o7777) as u16,
+            nlink: 1,
+            uid: id.st_uid,
+            gid: id.st_gid,
+            rdev: 0,
+            blksize: id.st_blksize as u32,
+        })
+    }
+
+    /// Size first (a dropping, after checking the caller may write), then
+    /// owner, mode and times on `.plfs` as the caller (the passthrough's
+    /// order and checks). A new owner also goes to the container directory,
+    /// so sticky-directory rules see the file's owner.
+    pub(super) fn do_setattr(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        dir: &OwnedFd,
+        set: &SetAttr,
+    ) -> Result<Attr> {
+        if let Some(size) = set.size {
+            as_caller(ctx, || {
+                openat2_beneath(
+                    dir.as_fd(),
+                    IDENTITY.as_ref(),
+                    OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map(drop)
+                .map_err(Error::from)
+            })?;
+            let before = self.file_attr(dir)?.size;
+            self.truncate_file(dir, size)?;
+            if before != size {
+                container::touch_mtime(dir.as_fd())?;
+            }
+        }
+        let rest = SetAttr { size: None, ..*set };
+        if !rest.is_empty() {
+            self.pt.setattr(ctx, &identity(path), &rest)?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            // The caller was allowed the change on `.plfs`; mirror it, best
+            // effort (a daemon without CAP_CHOWN may not; the file's owner
+            // is `.plfs`'s in any case).
+            let _ = rustix::fs::chownat(
+                dir,
+                "",
+                set.uid.map(Uid::from_raw),
+                set.gid.map(Gid::from_raw),
+                AtFlags::EMPTY_PATH,
+            );
+        }
+        self.file_attr(dir)
+    }
+}

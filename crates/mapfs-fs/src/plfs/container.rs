@@ -1,0 +1,238 @@
+//! Backing operations on one container directory, all relative to a
+//! directory fd obtained beneath the backing root, never following a
+//! symlink: a symlink, FIFO or directory planted in place of `.plfs`, a log
+//! or a dropping is refused (`ELOOP`/`EIO`), never opened or followed.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use mapfs::backing::openat2_beneath;
+use mapfs::{Error, Result};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps, UTIME_NOW, UTIME_OMIT};
+use tracing::warn;
+
+use super::format::{self, Dropping, IDENTITY, INDEX_PREFIX, LOG_PREFIX, NEW_PREFIX, TMP_PREFIX};
+
+/// A container's identity in memory: the backing directory's (dev, ino).
+pub(super) type Key = (u64, u64);
+
+/// How deep [`remove_tree`] descends (containers hold only files; anything
+/// deeper was planted and is left for the administrator).
+const MAX_DEPTH: u32 = 8;
+
+/// `(st_dev, st_ino)` of an open directory.
+pub(super) fn key_of(dir: BorrowedFd<'_>) -> Result<Key> {
+    let st = rustix::fs::fstat(dir)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// `O_PATH` fd of directory `name` in `at`, not following a symlink.
+pub(super) fn open_dir(at: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd> {
+    Ok(openat2_beneath(
+        at,
+        name,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// True when `dir` holds a regular file named `.plfs`, i.e. is a container.
+pub(super) fn is_container(dir: BorrowedFd<'_>) -> bool {
+    matches!(
+        rustix::fs::statat(dir, IDENTITY, AtFlags::SYMLINK_NOFOLLOW),
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+    )
+}
+
+/// The entries of a container that matter.
+#[derive(Debug, Default)]
+pub(super) struct Listing {
+    /// `index.*` names, sorted (the merge's tie-break order).
+    pub indexes: Vec<String>,
+    /// `data.*` names.
+    pub logs: Vec<String>,
+    /// `tmp.*` names (droppings never completed).
+    pub tmps: Vec<String>,
+    /// 512-byte blocks allocated to the logs.
+    pub log_blocks: u64,
+}
+
+/// Lists a container (as whoever runs this: the daemon).
+pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
+    let fd = openat2_beneath(
+        dir,
+        OsStr::new("."),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut out = Listing::default();
+    let mut d = rustix::fs::Dir::read_from(&fd)?;
+    while let Some(e) = d.read() {
+        let e = e?;
+        let Ok(name) = std::str::from_utf8(e.file_name().to_bytes()) else {
+            continue;
+        };
+        if name.starts_with(INDEX_PREFIX) {
+            out.indexes.push(name.to_owned());
+        } else if name.starts_with(LOG_PREFIX) {
+            if let Ok(st) = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+                out.log_blocks += st.st_blocks as u64;
+            }
+            out.logs.push(name.to_owned());
+        } else if name.starts_with(TMP_PREFIX) {
+            out.tmps.push(name.to_owned());
+        }
+    }
+    out.indexes.sort();
+    Ok(out)
+}
+
+/// Opens regular file `name` in `dir` with `flags` (no symlink, never
+/// blocking on a planted FIFO); anything but a regular file is `EIO`.
+pub(super) fn open_file(dir: BorrowedFd<'_>, name: &str, flags: OFlags) -> Result<File> {
+    // openat2 rejects a mode without O_CREAT.
+    let mode = if flags.contains(OFlags::CREATE) {
+        Mode::from_raw_mode(0o600)
+    } else {
+        Mode::empty()
+    };
+    let fd = openat2_beneath(
+        dir,
+        OsStr::new(name),
+        flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        mode,
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(Error::io().context(format!("{name} in a plfs container is not a file")));
+    }
+    // Clear O_NONBLOCK again: it only guarded the open.
+    let fl = rustix::fs::fcntl_getfl(&fd)?;
+    rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK)?;
+    Ok(File::from(fd))
+}
+
+/// Reads and decodes the droppings `names`; vanished ones (removed by a
+/// compaction since the listing) are skipped, unreadable ones skipped with a
+/// warning.
+pub(super) fn read_droppings(dir: BorrowedFd<'_>, names: &[String]) -> Vec<Dropping> {
+    let mut out = Vec::with_capacity(names.len());
+    for n in names {
+        let res = open_file(dir, n, OFlags::RDONLY).and_then(|mut f| {
+            let mut buf = Vec::new();
+            f.read_to_end(&mut buf)?;
+            format::decode(&buf)
+        });
+        match res {
+            Ok(d) => out.push(d),
+            Err(e) if e.errno() == libc::ENOENT => {}
+            Err(e) => warn!("plfs: skipping dropping {n}: {e}"),
+        }
+    }
+    out
+}
+
+/// Replaces dropping `name` atomically and durably: a temporary file is
+/// written and synced, renamed over `name`, and the directory synced.
+pub(super) fn write_dropping(dir: BorrowedFd<'_>, name: &str, d: &Dropping) -> Result<()> {
+    let bytes = format::encode(d)?;
+    let tmp = format!("{TMP_PREFIX}{}", format::new_id());
+    let mut f = open_file(dir, &tmp, OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL)?;
+    let res = f
+        .write_all(&bytes)
+        .and_then(|_| f.sync_data())
+        .map_err(Error::from)
+        .and_then(|_| Ok(rustix::fs::renameat(dir, tmp.as_str(), dir, name)?));
+    if let Err(e) = res {
+        let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
+        return Err(e);
+    }
+    fsync_dir(dir)
+}
+
+/// Syncs directory `dir` itself (names created, renamed, removed in it).
+pub(super) fn fsync_dir(dir: BorrowedFd<'_>) -> Result<()> {
+    let fd = openat2_beneath(
+        dir,
+        OsStr::new("."),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(rustix::fs::fsync(&fd)?)
+}
+
+/// Removes file `name` from `dir`; already gone is fine.
+pub(super) fn remove(dir: BorrowedFd<'_>, name: &str) -> Result<()> {
+    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Sets the file's mtime (and so ctime) to now: its data changed.
+pub(super) fn touch_mtime(dir: BorrowedFd<'_>) -> Result<()> {
+    let times = Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_OMIT,
+        },
+        last_modification: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_NOW,
+        },
+    };
+    Ok(rustix::fs::utimensat(
+        dir,
+        IDENTITY,
+        &times,
+        AtFlags::SYMLINK_NOFOLLOW,
+    )?)
+}
+
+/// Removes `name` in `parent` with everything beneath it (a container, or
+/// a half-created one), never following a symlink: entries are unlinked
+/// relative to the directory fd they were listed from.
+pub(super) fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
+    remove_tree_at(parent, name, 0)
+}
+
+fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()> {
+    match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {}
+        Err(e) => return Err(e.into()),
+    }
+    if depth >= MAX_DEPTH {
+        return Err(Error::from_errno(libc::ENOTEMPTY));
+    }
+    let fd = openat2_beneath(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut names = Vec::new();
+    let mut d = rustix::fs::Dir::read_from(&fd)?;
+    while let Some(e) = d.read() {
+        let e = e?;
+        let n = OsStr::from_bytes(e.file_name().to_bytes());
+        if n != "." && n != ".." {
+            names.push(n.to_os_string());
+        }
+    }
+    for n in names {
+        remove_tree_at(fd.as_fd(), &n, depth + 1)?;
+    }
+    match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A fresh hidden name for a container being created in a directory.
+pub(super) fn new_name() -> String {
+    format!("{NEW_PREFIX}{}", format::new_id())
+}

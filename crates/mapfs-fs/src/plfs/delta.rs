@@ -1,0 +1,256 @@
+//! What one open changed: the difference between its map at open (`O`) and
+//! its current map (`F`), which its dropping records (pure).
+//!
+//! Rule: for every byte range below `F.size` where `F` differs from `O`, the
+//! dropping records `F`'s content there (bytes in the open's own log, or a
+//! hole). Past `O.size`, holes of `F` are not differences (the open did not
+//! write there; another writer may have). The size: `Set(F.size)` when the
+//! open shrank the file, `GrowTo(F.size)` when it grew it, nothing when equal.
+//! So two writers of disjoint ranges both survive whatever the order of their
+//! droppings (the N-1 checkpoint case), and where they overlap the record
+//! with the higher sequence number wins.
+//!
+//! Sequence numbers: a range whose content is unchanged since the previous
+//! flush of the same open keeps its previous number; everything new gets the
+//! flush's fresh number. A record therefore sorts by when its bytes were
+//! first made visible, not by when the open last closed a descriptor, and a
+//! truncate made by someone else in between shadows this open's older
+//! writes but not its newer ones, as it would on a local file.
+
+use mapfs::{DataMap, Segment};
+
+/// What a byte range holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Content {
+    /// Zeros.
+    Hole,
+    /// Bytes of backing file `file` (an `Opened::files` index) from `offset`.
+    Data {
+        /// Backing file index.
+        file: u32,
+        /// Offset of the range's first byte in it.
+        offset: u64,
+    },
+}
+
+impl Content {
+    /// The content `d` bytes further into the same run.
+    fn skip(self, d: u64) -> Content {
+        match self {
+            Content::Hole => Content::Hole,
+            Content::Data { file, offset } => Content::Data {
+                file,
+                offset: offset + d,
+            },
+        }
+    }
+}
+
+/// One recorded range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Piece {
+    /// First logical byte.
+    pub start: u64,
+    /// Length (> 0).
+    pub len: u64,
+    /// What the open left there.
+    pub content: Content,
+    /// Sequence number of the record.
+    pub seq: u64,
+}
+
+/// How the open changed the size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SizeRule {
+    /// Shrunk to exactly this.
+    Set(u64),
+    /// Grown to at least this.
+    GrowTo(u64),
+}
+
+/// Everything a dropping of one open records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Delta {
+    /// Changed ranges, sorted, disjoint.
+    pub pieces: Vec<Piece>,
+    /// Size change and its sequence number.
+    pub size: Option<(SizeRule, u64)>,
+}
+
+impl Delta {
+    /// True when the open changed nothing.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty() && self.size.is_none()
+    }
+}
+
+/// `(start, len, content)` runs covering `0..map.size()`.
+fn runs(map: &DataMap) -> Vec<(u64, u64, Content)> {
+    let mut pos = 0;
+    let mut out = Vec::new();
+    for seg in map.locate(0, map.size()) {
+        let c = match seg {
+            Segment::Data { file, offset, .. } => Content::Data { file, offset },
+            Segment::Hole { .. } => Content::Hole,
+        };
+        out.push((pos, seg.len(), c));
+        pos += seg.len();
+    }
+    out
+}
+
+/// The content at `pos`, `None` past the runs.
+fn content_at(runs: &[(u64, u64, Content)], pos: u64) -> Option<Content> {
+    let i = runs.partition_point(|r| r.0 + r.1 <= pos);
+    runs.get(i)
+        .filter(|r| r.0 <= pos)
+        .map(|r| r.2.skip(pos - r.0))
+}
+
+/// The recorded content and sequence number at `pos`.
+fn piece_at(pieces: &[Piece], pos: u64) -> Option<(Content, u64)> {
+    let i = pieces.partition_point(|p| p.start + p.len <= pos);
+    pieces
+        .get(i)
+        .filter(|p| p.start <= pos)
+        .map(|p| (p.content.skip(pos - p.start), p.seq))
+}
+
+/// The delta of `now` against `open`, reusing the sequence numbers of
+/// `prev` (the last flushed delta of the same open) where nothing changed and
+/// `new_seq` elsewhere.
+pub(super) fn delta(open: &DataMap, now: &DataMap, prev: &Delta, new_seq: u64) -> Delta {
+    let o = runs(open);
+    let f = runs(now);
+    let end = now.size();
+    let mut cuts = vec![0, end];
+    for r in o.iter().chain(&f) {
+        cuts.extend([r.0, r.0 + r.1]);
+    }
+    for p in &prev.pieces {
+        cuts.extend([p.start, p.start + p.len]);
+    }
+    cuts.retain(|c| *c <= end);
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut pieces: Vec<Piece> = Vec::new();
+    for w in cuts.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let fc = content_at(&f, a).unwrap_or(Content::Hole);
+        let differs = match content_at(&o, a) {
+            None => fc != Content::Hole,
+            Some(oc) => oc != fc,
+        };
+        if !differs {
+            continue;
+        }
+        let seq = match piece_at(&prev.pieces, a) {
+            Some((c, s)) if c == fc => s,
+            _ => new_seq,
+        };
+        if let Some(last) = pieces.last_mut() {
+            if last.start + last.len == a && last.seq == seq && last.content.skip(last.len) == fc {
+                last.len += b - a;
+                continue;
+            }
+        }
+        pieces.push(Piece {
+            start: a,
+            len: b - a,
+            content: fc,
+            seq,
+        });
+    }
+    let rule = match now.size().cmp(&open.size()) {
+        std::cmp::Ordering::Less => Some(SizeRule::Set(now.size())),
+        std::cmp::Ordering::Greater => Some(SizeRule::GrowTo(now.size())),
+        std::cmp::Ordering::Equal => None,
+    };
+    let size = rule.map(|r| match prev.size {
+        Some((p, s)) if p == r => (r, s),
+        _ => (r, new_seq),
+    });
+    Delta { pieces, size }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mapfs::{Extent, Growth};
+
+    fn write(m: &mut DataMap, off: u64, len: u64) {
+        let p = m.place_write(off, len);
+        m.commit_write(off, len, &p);
+    }
+
+    fn base() -> DataMap {
+        // 0..100 in backing file 0 (another writer's log), own log is 1.
+        DataMap::new(
+            vec![Extent {
+                logical: 0,
+                file: 0,
+                offset: 0,
+                len: 100,
+            }],
+            100,
+            Growth::AppendLog { file: 1, end: 0 },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn unchanged_is_empty() {
+        let o = base();
+        assert!(delta(&o, &o.clone(), &Delta::default(), 7).is_empty());
+    }
+
+    #[test]
+    fn writes_truncates_and_seq_reuse() {
+        let o = base();
+        let mut f = o.clone();
+        write(&mut f, 10, 5);
+        write(&mut f, 120, 5);
+        let d1 = delta(&o, &f, &Delta::default(), 1);
+        assert_eq!(
+            d1.pieces,
+            vec![
+                Piece {
+                    start: 10,
+                    len: 5,
+                    content: Content::Data { file: 1, offset: 0 },
+                    seq: 1
+                },
+                Piece {
+                    start: 120,
+                    len: 5,
+                    content: Content::Data { file: 1, offset: 5 },
+                    seq: 1
+                },
+            ]
+        );
+        assert_eq!(d1.size, Some((SizeRule::GrowTo(125), 1)));
+        // Second flush: new write at 50, truncate to 60; old piece keeps 1.
+        write(&mut f, 50, 2);
+        f.truncate(60);
+        let d2 = delta(&o, &f, &d1, 2);
+        assert_eq!(d2.pieces.len(), 2);
+        assert_eq!(d2.pieces[0].seq, 1);
+        assert_eq!(d2.pieces[1].start, 50);
+        assert_eq!(d2.pieces[1].seq, 2);
+        assert_eq!(d2.size, Some((SizeRule::Set(60), 2)));
+        // Truncate then extend: the lost range is a recorded hole.
+        f.truncate(100);
+        let d3 = delta(&o, &f, &d2, 3);
+        assert_eq!(
+            d3.pieces.last(),
+            Some(&Piece {
+                start: 60,
+                len: 40,
+                content: Content::Hole,
+                seq: 3
+            })
+        );
+        assert_eq!(d3.size, None);
+    }
+}

@@ -1,0 +1,427 @@
+//! `plfs`: the 1-to-M pattern, for N-1 checkpoints (after PLFS).
+//!
+//! # Mapping
+//!
+//! Directories, symlinks, FIFOs, sockets and devices are the same nodes at
+//! the same paths beneath the backing directory, served by an inner
+//! [`Passthrough`]. Every *regular file* `/a/f` is a *container directory*
+//! `<backing>/a/f/` holding:
+//!
+//! - `.plfs`, an empty regular file that is the file's identity: its
+//!   permission bits, owner, group, atime and mtime are the file's. A backing
+//!   directory is a container iff it holds a regular file named `.plfs`, so a
+//!   user file named `.plfs` (itself a container directory) confuses nothing.
+//! - `data.<id>`: data logs. Every writable open gets a fresh log of its own
+//!   and the map [`Growth::AppendLog`](mapfs::Growth::AppendLog) into it:
+//!   each writer (the daemon, a shim client, another node) appends to its
+//!   own log, so no two executors ever place bytes in the same backing space.
+//!   Read-only opens get a [`ReadOnly`](mapfs::Growth::ReadOnly) map and no
+//!   log. A log nothing refers to is removed at release.
+//! - `index.<id>`: index droppings, one per writing open (plus bases written
+//!   by truncation and compaction). A dropping holds records, each with a
+//!   sequence number: bytes of a log mapped at a logical range, a hole, a size
+//!   set or grown. Format and rules: `format.rs` (postcard after an 8-byte
+//!   magic `PLFSIDX1`), `delta.rs` (what an open records), `merge.rs` (how
+//!   records combine).
+//! - `tmp.<id>`: a dropping being written (renamed to `index.<id>`).
+//!
+//! `open` merges all droppings, records in sequence order, into the file's
+//! current map; extents name logs, turned into indexes of `Opened::files`.
+//! `Attr::ino` is the container directory's backing inode number, stable
+//! across renames; `nlink` is 1; `blocks` is the sum of the logs' blocks
+//! (bytes shadowed by later writes count until a compaction frees their
+//! log).
+//!
+//! # Who decides
+//!
+//! As in [`Passthrough`], the backing kernel decides for the caller (via
+//! [`mapfs::creds::as_caller`]): every path is walked as the caller, `.plfs`
+//! is created as the caller (owner, group, umask and setgid directories come
+//! from the kernel), opens are checked by opening `.plfs` as the caller with
+//! the requested access mode and `O_TRUNC`, chmod/chown/utimens and xattrs of
+//! a file act on `.plfs` as the caller, and `unlink` first renames the
+//! container to a hidden name in the same directory as the caller (so sticky
+//! directories and directory permissions rule exactly as for a file) before
+//! the daemon removes it. Logs and droppings are created, read and removed by
+//! the daemon itself (mode 0600): they are the file system's private data.
+//!
+//! # Consistency
+//!
+//! Close-to-open: executors call `flush` at every `close(2)`, `fsync` and
+//! size change of a written open, and `release` at the end; both rewrite
+//! that open's dropping atomically and durably (log data synced, dropping
+//! written to `tmp.<id>`, synced, renamed, directory synced), so the next
+//! `open` or `getattr` anywhere sees the bytes, and after `fsync` they
+//! survive a crash. What a dropping records is the open's *delta* (see
+//! `delta.rs`): two writers of disjoint ranges of one file both survive in
+//! either order, overlapping writes resolve to the later flushed write. `open`
+//! with `O_TRUNC` and `truncate` add a dropping that sets the size; older
+//! records are shadowed by it, the writes of opens still open after it are
+//! not. Merged maps are cached per container (keyed by its backing dev/ino,
+//! validated by the directory's mtime/ctime, dropped by every local change).
+//!
+//! Compaction: when a release finds more than [`COMPACT_AFTER`] droppings and
+//! no open writer of the file remains in this process, and at every truncate
+//! with no open writer, the droppings are rewritten as one base dropping and
+//! logs no extent refers to are removed.
+//!
+//! # Security
+//!
+//! Every backing access goes through the [`BackingRoot`] (`openat2` with
+//! `RESOLVE_BENEATH`) or `*at` calls on directory fds obtained that way,
+//! never following a final symlink; inside a container every entry is opened
+//! `O_NOFOLLOW|O_NONBLOCK` and must be a regular file, so a symlink, FIFO or
+//! directory planted in place of `.plfs`, a log or a dropping is refused.
+//! Paths whose parent is a container are `ENOTDIR`: a container's insides are
+//! never reachable as names of the file system. `flush` and `release` find
+//! the container by the handle's directory fd, not by path, so a rename or
+//! unlink while open is harmless (an unlinked file has nothing to persist).
+//!
+//! # Not supported, and why
+//!
+//! - Hard links (`link` is `EPERM`): a container directory cannot have two
+//!   names.
+//! - Renaming a file into another directory by someone other than its owner
+//!   needs write permission on the container directory (the kernel rule for
+//!   moving directories), where a plain file would not.
+//! - Writers in other processes sharing the backing directory (embedded
+//!   shims) are ordered only through the droppings; compaction assumes no
+//!   other process is writing the file.
+//! - Names starting with `.plfs-new.` or `.plfs-gone.` are reserved (hidden,
+//!   and `EPERM` to create).
+
+mod attr;
+mod container;
+mod delta;
+mod format;
+mod merge;
+mod names;
+mod open;
+mod store;
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use mapfs::backing::BackingRoot;
+use mapfs::creds::as_caller;
+use mapfs::{
+    Attr, Ctx, DataMap, DirEntry, Error, FileSystem, OpenFlags, Opened, RenameFlags, Result,
+    SetAttr, StatFs,
+};
+use parking_lot::Mutex;
+use rustix::fs::{AtFlags, FileType};
+
+use crate::passthrough::Passthrough;
+use container::Key;
+use delta::Delta;
+use format::IDENTITY;
+use store::Store;
+
+/// Droppings a container may collect before a release compacts them.
+pub const COMPACT_AFTER: usize = 32;
+
+/// The 1-to-M file system. See the module docs.
+#[derive(Debug)]
+pub struct Plfs {
+    /// Serves every node that is not a file, and the caller-checked parts.
+    pt: Passthrough,
+    store: Store,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_handle: AtomicU64,
+}
+
+/// One writable open of a file.
+#[derive(Debug)]
+struct Handle {
+    /// The container, found by fd so renames and unlinks do not matter.
+    dir: OwnedFd,
+    key: Key,
+    /// Names this open's dropping and log with `index.<id>`/`data.<id>`.
+    id: String,
+    /// Log name of each `Opened::files` entry.
+    names: Vec<String>,
+    /// This open's own log.
+    log: Arc<File>,
+    /// The map at open (the delta's base).
+    open_map: DataMap,
+    /// Highest sequence number merged at open.
+    floor: u64,
+    /// What the last flush recorded.
+    recorded: Mutex<Delta>,
+}
+
+/// What a path names.
+enum Node {
+    /// A file: its container directory (`O_PATH`).
+    File(OwnedFd),
+    /// A real directory.
+    Dir,
+    /// Anything else (symlink, FIFO, socket, device, or a stray regular file
+    /// placed in the backing directory by hand).
+    Other,
+}
+
+/// A path resolved beneath the root: parent directory, name, node.
+struct Found {
+    parent: OwnedFd,
+    name: OsString,
+    node: Node,
+}
+
+/// True when `path` names the root of the file system.
+fn is_root(path: &Path) -> bool {
+    path.components()
+        .all(|c| matches!(c, Component::RootDir | Component::CurDir))
+}
+
+/// `path/.plfs`: the identity of the file at `path`.
+fn identity(path: &Path) -> PathBuf {
+    path.join(IDENTITY)
+}
+
+impl Plfs {
+    /// Opens the backing directory.
+    pub fn new(backing: &Path) -> Result<Self> {
+        Ok(Plfs {
+            pt: Passthrough::new(backing)?,
+            store: Store::new(),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        })
+    }
+
+    fn root(&self) -> &BackingRoot {
+        self.pt.root()
+    }
+
+    /// The parent directory of `path` and its final name, for creating or
+    /// looking up an entry. A parent that is a file (container) is
+    /// `ENOTDIR`. Run as the caller: the walk checks search permission.
+    fn parent_of(&self, path: &Path) -> Result<(OwnedFd, OsString)> {
+        let (parent, name) = self.root().parent(path)?;
+        let top = path.parent().is_none_or(is_root);
+        if !top && container::is_container(parent.as_fd()) {
+            return Err(Error::from_errno(libc::ENOTDIR));
+        }
+        Ok((parent, name))
+    }
+
+    /// Like [`Plfs::parent_of`], refusing the reserved names (`EPERM`): for
+    /// operations that create `path`.
+    fn parent_for_new(&self, path: &Path) -> Result<(OwnedFd, OsString)> {
+        let (parent, name) = self.parent_of(path)?;
+        if format::reserved_name(name.as_bytes()) {
+            return Err(Error::from_errno(libc::EPERM)
+                .context(format!("{} is a name reserved by plfs", path.display())));
+        }
+        Ok((parent, name))
+    }
+
+    /// Resolves an existing non-root `path` (as the caller).
+    fn find(&self, path: &Path) -> Result<Found> {
+        let (parent, name) = self.parent_of(path)?;
+        if format::reserved_name(name.as_bytes()) {
+            return Err(Error::not_found());
+        }
+        let st = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+        let node = if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            let dir = container::open_dir(parent.as_fd(), &name)?;
+            if container::is_container(dir.as_fd()) {
+                Node::File(dir)
+            } else {
+                Node::Dir
+            }
+        } else {
+            Node::Other
+        };
+        Ok(Found { parent, name, node })
+    }
+
+    /// What `path` names, `None` for the root (as the caller).
+    fn node(&self, ctx: &Ctx, path: &Path) -> Result<Option<Node>> {
+        if is_root(path) {
+            return Ok(None);
+        }
+        as_caller(ctx, || self.find(path).map(|f| Some(f.node)))
+    }
+
+    /// The container of `path` if it is a file (walked as the caller).
+    fn file_dir(&self, ctx: &Ctx, path: &Path) -> Result<Option<OwnedFd>> {
+        Ok(match self.node(ctx, path)? {
+            Some(Node::File(d)) => Some(d),
+            _ => None,
+        })
+    }
+
+    /// The logs of the opens still writing container `key`.
+    fn live_logs(&self, key: Key) -> Vec<String> {
+        self.handles
+            .lock()
+            .values()
+            .filter(|h| h.key == key)
+            .map(|h| format!("{}{}", format::LOG_PREFIX, h.id))
+            .collect()
+    }
+
+    /// Sets the size of a file (not through an open): a dropping that says
+    /// so, then a compaction when no open of this process writes the file.
+    fn truncate_file(&self, dir: &OwnedFd, size: u64) -> Result<()> {
+        let key = container::key_of(dir.as_fd())?;
+        let _g = self.store.lock(key);
+        self.store.truncate_locked(dir.as_fd(), key, size)?;
+        if self.live_logs(key).is_empty() {
+            self.store.compact_locked(dir.as_fd(), key, &[])?;
+        }
+        Ok(())
+    }
+}
+
+impl FileSystem for Plfs {
+    fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
+        match self.file_dir(ctx, path)? {
+            Some(dir) => self.file_attr(&dir),
+            None => self.pt.getattr(ctx, path),
+        }
+    }
+
+    fn setattr(&self, ctx: &Ctx, path: &Path, set: &SetAttr) -> Result<Attr> {
+        match self.file_dir(ctx, path)? {
+            Some(dir) => self.do_setattr(ctx, path, &dir, set),
+            None => self.pt.setattr(ctx, path, set),
+        }
+    }
+
+    fn readdir(&self, ctx: &Ctx, path: &Path) -> Result<Vec<DirEntry>> {
+        self.do_readdir(ctx, path)
+    }
+
+    fn readlink(&self, ctx: &Ctx, path: &Path) -> Result<OsString> {
+        self.node(ctx, path)?;
+        self.pt.readlink(ctx, path)
+    }
+
+    fn mknod(&self, ctx: &Ctx, path: &Path, mode: u32, rdev: u64) -> Result<Attr> {
+        if mode & libc::S_IFMT == 0 || mode & libc::S_IFMT == libc::S_IFREG {
+            let dir = self.make_file(ctx, path, mode)?;
+            return self.file_attr(&dir);
+        }
+        as_caller(ctx, || self.parent_for_new(path))?;
+        self.pt.mknod(ctx, path, mode, rdev)
+    }
+
+    fn mkdir(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<Attr> {
+        as_caller(ctx, || self.parent_for_new(path))?;
+        self.pt.mkdir(ctx, path, mode)
+    }
+
+    fn unlink(&self, ctx: &Ctx, path: &Path) -> Result<()> {
+        self.do_unlink(ctx, path)
+    }
+
+    fn rmdir(&self, ctx: &Ctx, path: &Path) -> Result<()> {
+        if let Some(Node::File(_)) = self.node(ctx, path)? {
+            return Err(Error::from_errno(libc::ENOTDIR));
+        }
+        self.pt.rmdir(ctx, path)
+    }
+
+    fn symlink(&self, ctx: &Ctx, target: &OsStr, path: &Path) -> Result<Attr> {
+        as_caller(ctx, || self.parent_for_new(path))?;
+        self.pt.symlink(ctx, target, path)
+    }
+
+    fn rename(&self, ctx: &Ctx, from: &Path, to: &Path, flags: RenameFlags) -> Result<()> {
+        self.do_rename(ctx, from, to, flags)
+    }
+
+    /// Hard links are not supported (a container has one name): `EPERM`.
+    fn link(&self, _ctx: &Ctx, _from: &Path, _to: &Path) -> Result<Attr> {
+        Err(Error::from_errno(libc::EPERM).context("plfs does not support hard links"))
+    }
+
+    fn statfs(&self, ctx: &Ctx, path: &Path) -> Result<StatFs> {
+        self.pt.statfs(ctx, path)
+    }
+
+    fn setxattr(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
+        let p = self.xattr_path(ctx, path)?;
+        self.pt.setxattr(ctx, &p, name, value, flags)
+    }
+
+    fn getxattr(&self, ctx: &Ctx, path: &Path, name: &OsStr) -> Result<Vec<u8>> {
+        let p = self.xattr_path(ctx, path)?;
+        self.pt.getxattr(ctx, &p, name)
+    }
+
+    fn listxattr(&self, ctx: &Ctx, path: &Path) -> Result<Vec<OsString>> {
+        let p = self.xattr_path(ctx, path)?;
+        self.pt.listxattr(ctx, &p)
+    }
+
+    fn removexattr(&self, ctx: &Ctx, path: &Path, name: &OsStr) -> Result<()> {
+        let p = self.xattr_path(ctx, path)?;
+        self.pt.removexattr(ctx, &p, name)
+    }
+
+    fn access(&self, ctx: &Ctx, path: &Path, mask: i32) -> Result<()> {
+        let p = self.xattr_path(ctx, path)?;
+        self.pt.access(ctx, &p, mask)
+    }
+
+    fn open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+        self.do_open(ctx, path, flags)
+    }
+
+    fn create(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        flags: OpenFlags,
+        mode: u32,
+    ) -> Result<(Attr, Opened)> {
+        self.do_create(ctx, path, flags, mode)
+    }
+
+    fn release(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {
+        self.do_release(handle, map)
+    }
+
+    fn flush(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {
+        let h = self.handles.lock().get(&handle).cloned();
+        match h {
+            Some(h) => self.persist(&h, map),
+            None => Ok(()),
+        }
+    }
+
+    fn fsyncdir(&self, ctx: &Ctx, path: &Path, datasync: bool) -> Result<()> {
+        if let Some(Node::File(_)) = self.node(ctx, path)? {
+            return Err(Error::from_errno(libc::ENOTDIR));
+        }
+        self.pt.fsyncdir(ctx, path, datasync)
+    }
+}
+
+impl Plfs {
+    /// Where the attributes of `path` live for xattrs and `access`: `.plfs`
+    /// for a file, the node itself otherwise.
+    fn xattr_path(&self, ctx: &Ctx, path: &Path) -> Result<PathBuf> {
+        Ok(match self.node(ctx, path)? {
+            Some(Node::File(_)) => identity(path),
+            _ => path.to_path_buf(),
+        })
+    }
+}

@@ -1,0 +1,311 @@
+//! Opening and creating files, and persisting what opens wrote (`flush`,
+//! `release`).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use mapfs::backing::openat2_beneath;
+use mapfs::creds::as_caller;
+use mapfs::{
+    Attr, Ctx, DataMap, Error, Extent, FileSystem as _, Growth, OpenFlags, Opened, Result,
+};
+use parking_lot::Mutex;
+use rustix::fs::{Mode, OFlags, RenameFlags};
+use tracing::warn;
+
+use super::container::{self, Key};
+use super::delta::{delta, Content, Delta, SizeRule};
+use super::format::{self, Dropping, Op, Record, IDENTITY, INDEX_PREFIX, LOG_PREFIX};
+use super::{Handle, Node, Plfs, COMPACT_AFTER};
+
+/// The `.plfs` open that checks the caller's access: the access mode asked
+/// and `O_TRUNC` (which needs write permission), nothing that could block or
+/// follow a symlink.
+fn check_flags(flags: OpenFlags) -> OFlags {
+    let f = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC);
+    OFlags::from_bits_retain(f as u32) | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC
+}
+
+/// The dropping of a delta: `names[i]` is the log of backing file `i`.
+fn dropping_of(d: &Delta, names: &[String]) -> Dropping {
+    let mut logs: Vec<String> = Vec::new();
+    let mut idx: HashMap<u32, u32> = HashMap::new();
+    let mut records: Vec<Record> = d
+        .pieces
+        .iter()
+        .map(|p| {
+            let op = match p.content {
+                Content::Hole => Op::Hole {
+                    logical: p.start,
+                    len: p.len,
+                },
+                Content::Data { file, offset } => {
+                    let log = *idx.entry(file).or_insert_with(|| {
+                        logs.push(names[file as usize].clone());
+                        (logs.len() - 1) as u32
+                    });
+                    Op::Data {
+                        logical: p.start,
+                        len: p.len,
+                        log,
+                        offset,
+                    }
+                }
+            };
+            Record { seq: p.seq, op }
+        })
+        .collect();
+    if let Some((rule, seq)) = d.size {
+        let op = match rule {
+            SizeRule::Set(s) => Op::SetSize(s),
+            SizeRule::GrowTo(s) => Op::GrowTo(s),
+        };
+        records.push(Record { seq, op });
+    }
+    Dropping { logs, records }
+}
+
+impl Plfs {
+    pub(super) fn do_open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+        let dir = as_caller(ctx, || {
+            if super::is_root(path) {
+                return Ok(None);
+            }
+            match self.find(path)?.node {
+                Node::File(dir) => {
+                    openat2_beneath(
+                        dir.as_fd(),
+                        IDENTITY.as_ref(),
+                        check_flags(flags),
+                        Mode::empty(),
+                    )?;
+                    Ok(Some(dir))
+                }
+                _ => Ok(None),
+            }
+        })?;
+        match dir {
+            Some(dir) => self.open_file(dir, flags),
+            None => self.pt.open(ctx, path, flags),
+        }
+    }
+
+    /// Creates the container of a new file at `path` (identity created as
+    /// the caller with `mode`), atomically: built under a hidden name, then
+    /// renamed into place unless the name exists (`EEXIST`).
+    pub(super) fn make_file(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<OwnedFd> {
+        let (parent, tmp, res) = as_caller(ctx, || {
+            let (parent, name) = self.parent_for_new(path)?;
+            let tmp = container::new_name();
+            rustix::fs::mkdirat(&parent, tmp.as_str(), Mode::from_raw_mode(0o711))?;
+            let res = (|| {
+                let dir = container::open_dir(parent.as_fd(), tmp.as_ref())?;
+                openat2_beneath(
+                    dir.as_fd(),
+                    IDENTITY.as_ref(),
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(mode & 0o7777),
+                )?;
+                rustix::fs::renameat_with(
+                    &parent,
+                    tmp.as_str(),
+                    &parent,
+                    &name,
+                    RenameFlags::NOREPLACE,
+                )?;
+                Ok(dir)
+            })();
+            Ok((parent, tmp, res))
+        })?;
+        if res.is_err() {
+            if let Err(e) = container::remove_tree(parent.as_fd(), tmp.as_ref()) {
+                warn!("plfs: cannot remove half-created {tmp}: {e}");
+            }
+        }
+        res
+    }
+
+    pub(super) fn do_create(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        flags: OpenFlags,
+        mode: u32,
+    ) -> Result<(Attr, Opened)> {
+        match self.make_file(ctx, path, mode) {
+            Ok(dir) => {
+                // A new file is empty: no truncation, and its creator may
+                // open it whatever its mode says (as open(2) with O_CREAT).
+                let flags = OpenFlags(flags.0 & !libc::O_TRUNC);
+                let attr = self.file_attr(&dir)?;
+                Ok((attr, self.open_file(dir, flags)?))
+            }
+            Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
+                let opened = self.do_open(ctx, path, flags)?;
+                let attr = self.getattr_opened(ctx, path)?;
+                Ok((attr, opened))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn getattr_opened(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
+        mapfs::FileSystem::getattr(self, ctx, path)
+    }
+
+    /// The map and files of the file in container `dir`; a writable open
+    /// gets a fresh log and is registered for `flush`/`release`.
+    fn open_file(&self, dir: OwnedFd, flags: OpenFlags) -> Result<Opened> {
+        let key = container::key_of(dir.as_fd())?;
+        if flags.0 & libc::O_TRUNC != 0 {
+            self.truncate_file(&dir, 0)?;
+        }
+        let loaded = self.store.load(dir.as_fd(), key)?;
+        let merged = &loaded.merged;
+        let mut files = Vec::new();
+        let mut names = Vec::new();
+        // Merged log index -> Opened::files index (None: log missing).
+        let mut slot: HashMap<u32, Option<u32>> = HashMap::new();
+        let mut extents = Vec::with_capacity(merged.map.extents().len());
+        for e in merged.map.extents() {
+            let s = match slot.get(&e.file) {
+                Some(s) => *s,
+                None => {
+                    let name = &merged.logs[e.file as usize];
+                    let s = match container::open_file(dir.as_fd(), name, OFlags::RDONLY) {
+                        Ok(f) => {
+                            files.push(Arc::new(f));
+                            names.push(name.clone());
+                            Some((files.len() - 1) as u32)
+                        }
+                        Err(err) if err.errno() == libc::ENOENT => {
+                            warn!("plfs: log {name} is missing; its bytes read as zeros");
+                            None
+                        }
+                        Err(err) => return Err(err),
+                    };
+                    slot.insert(e.file, s);
+                    s
+                }
+            };
+            if let Some(file) = s {
+                extents.push(Extent { file, ..*e });
+            }
+        }
+        let size = merged.map.size();
+        if !flags.writable() {
+            let map = DataMap::new(extents, size, Growth::ReadOnly)?;
+            return Ok(Opened {
+                map,
+                files,
+                handle: 0,
+            });
+        }
+        // Log creation and registration under the lock: a compaction must
+        // never see this log without its open.
+        let _g = self.store.lock(key);
+        let id = format::new_id();
+        let log_name = format!("{LOG_PREFIX}{id}");
+        let log = Arc::new(container::open_file(
+            dir.as_fd(),
+            &log_name,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
+        )?);
+        files.push(log.clone());
+        names.push(log_name);
+        let growth = Growth::AppendLog {
+            file: (files.len() - 1) as u32,
+            end: 0,
+        };
+        let map = DataMap::new(extents, size, growth)?;
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let h = Arc::new(Handle {
+            dir,
+            key,
+            id,
+            names,
+            log,
+            open_map: map.clone(),
+            floor: merged.max_seq,
+            recorded: Mutex::new(Delta::default()),
+        });
+        self.handles.lock().insert(handle, h);
+        Ok(Opened { map, files, handle })
+    }
+
+    /// Rewrites the dropping of open `h` for its current map `map`.
+    pub(super) fn persist(&self, h: &Handle, map: &DataMap) -> Result<()> {
+        let _g = self.store.lock(h.key);
+        let mut rec = h.recorded.lock();
+        let d = delta(&h.open_map, map, &rec, format::next_seq(h.floor));
+        if d == *rec {
+            return Ok(());
+        }
+        // The dropping must never name bytes the disk may not hold yet.
+        h.log.sync_data()?;
+        let name = format!("{INDEX_PREFIX}{}", h.id);
+        match container::write_dropping(h.dir.as_fd(), &name, &dropping_of(&d, &h.names)) {
+            // Unlinked (or replaced by a rename) since open: nothing to keep.
+            Err(e) if e.errno() == libc::ENOENT => return Ok(()),
+            r => r?,
+        }
+        *rec = d;
+        self.store.invalidate(h.key);
+        if let Err(e) = container::touch_mtime(h.dir.as_fd()) {
+            warn!("plfs: cannot set mtime: {e}");
+        }
+        Ok(())
+    }
+
+    pub(super) fn do_release(&self, handle: u64, map: &DataMap) -> Result<()> {
+        let h = self.handles.lock().get(&handle).cloned();
+        let Some(h) = h else {
+            return Ok(());
+        };
+        let res = self.persist(&h, map);
+        self.handles.lock().remove(&handle);
+        let own = (h.names.len() - 1) as u32;
+        let uses_log = h
+            .recorded
+            .lock()
+            .pieces
+            .iter()
+            .any(|p| matches!(p.content, Content::Data { file, .. } if file == own));
+        if !uses_log {
+            let _g = self.store.lock(h.key);
+            let name = format!("{LOG_PREFIX}{}", h.id);
+            if let Err(e) = container::remove(h.dir.as_fd(), &name) {
+                warn!("plfs: cannot remove unused log {name}: {e}");
+            }
+        }
+        res?;
+        self.maybe_compact(&h.dir, h.key)
+    }
+
+    /// Compacts container `dir` when it collected many droppings and no open
+    /// of this process writes it any more.
+    fn maybe_compact(&self, dir: &OwnedFd, key: Key) -> Result<()> {
+        let _g = self.store.lock(key);
+        if !self.live_logs(key).is_empty() {
+            return Ok(());
+        }
+        let loaded = match self.store.load_locked(dir.as_fd(), key) {
+            Err(e) if e.errno() == libc::ENOENT => return Ok(()),
+            r => r?,
+        };
+        if loaded.droppings <= COMPACT_AFTER {
+            return Ok(());
+        }
+        match self.store.compact_locked(dir.as_fd(), key, &[]) {
+            Err(e) if e.errno() == libc::ENOENT => Ok(()),
+            r => r.map_err(|e: Error| e.context("plfs compaction")),
+        }
+    }
+}

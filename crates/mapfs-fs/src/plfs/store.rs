@@ -1,0 +1,180 @@
+//! The index of every container: per-container locks, the merged-map cache,
+//! and the operations that rewrite droppings (truncate, compaction).
+//!
+//! Locking: one mutex per container (striped by its backing `(dev, ino)`)
+//! is held around every dropping write, every merge that fills the cache,
+//! and compaction, so a merge never caches a state older than a write this
+//! process already made, and compaction never races a flush of this process.
+//! Writers in other processes (embedded shims on the same backing directory)
+//! are ordered only by the atomic rename of each dropping.
+
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+use mapfs::Result;
+use parking_lot::{Mutex, MutexGuard};
+
+use super::container::{self, Key};
+use super::format::{self, Dropping, Op, Record, INDEX_PREFIX};
+use super::merge::{merge, Merged};
+
+/// Number of lock stripes.
+const STRIPES: usize = 64;
+/// Cache bound; past it the cache is emptied (it only saves merges).
+const CACHE_MAX: usize = 4096;
+
+/// What a merge of one container found.
+#[derive(Debug)]
+pub(super) struct Loaded {
+    /// The merged index.
+    pub merged: Merged,
+    /// Number of droppings merged.
+    pub droppings: usize,
+    /// 512-byte blocks of all logs (the file's `st_blocks`; an
+    /// approximation: bytes shadowed by later writes still count until a
+    /// compaction drops their log).
+    pub log_blocks: u64,
+}
+
+/// The container directory's change/modify times: a dropping renamed in or
+/// removed changes them, so a cached merge with other times is stale.
+type Validator = (i64, i64, i64, i64);
+
+fn validator(dir: BorrowedFd<'_>) -> Result<Validator> {
+    let st = rustix::fs::fstat(dir)?;
+    #[allow(clippy::unnecessary_cast)]
+    Ok((
+        st.st_mtime as i64,
+        st.st_mtime_nsec as i64,
+        st.st_ctime as i64,
+        st.st_ctime_nsec as i64,
+    ))
+}
+
+/// Locks and cache of all containers.
+#[derive(Debug)]
+pub(super) struct Store {
+    stripes: Vec<Mutex<()>>,
+    cache: Mutex<HashMap<Key, (Validator, Arc<Loaded>)>>,
+}
+
+impl Store {
+    pub fn new() -> Self {
+        Store {
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The lock of container `key`.
+    pub fn lock(&self, key: Key) -> MutexGuard<'_, ()> {
+        let h = key.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ key.1;
+        self.stripes[(h % STRIPES as u64) as usize].lock()
+    }
+
+    /// Forgets the cached merge of `key`.
+    pub fn invalidate(&self, key: Key) {
+        self.cache.lock().remove(&key);
+    }
+
+    /// The merged index of container `dir` (takes its lock).
+    pub fn load(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
+        let _g = self.lock(key);
+        self.load_locked(dir, key)
+    }
+
+    /// [`Store::load`] for a caller holding the container's lock.
+    pub fn load_locked(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
+        let v = validator(dir)?;
+        if let Some((cv, l)) = self.cache.lock().get(&key) {
+            if *cv == v {
+                return Ok(l.clone());
+            }
+        }
+        let listing = container::list(dir)?;
+        let ds = container::read_droppings(dir, &listing.indexes);
+        let loaded = Arc::new(Loaded {
+            merged: merge(&ds),
+            droppings: listing.indexes.len(),
+            log_blocks: listing.log_blocks,
+        });
+        let mut c = self.cache.lock();
+        if c.len() >= CACHE_MAX {
+            c.clear();
+        }
+        c.insert(key, (v, loaded.clone()));
+        Ok(loaded)
+    }
+
+    /// Sets the size of the file in container `dir` to `size` by adding a
+    /// dropping that says so. The caller holds the lock.
+    pub fn truncate_locked(&self, dir: BorrowedFd<'_>, key: Key, size: u64) -> Result<()> {
+        let cur = self.load_locked(dir, key)?;
+        let seq = format::next_seq(cur.merged.max_seq);
+        let d = Dropping {
+            logs: Vec::new(),
+            records: vec![Record {
+                seq,
+                op: Op::SetSize(size),
+            }],
+        };
+        container::write_dropping(dir, &format!("{INDEX_PREFIX}{}", format::new_id()), &d)?;
+        self.invalidate(key);
+        Ok(())
+    }
+
+    /// Rewrites all droppings of `dir` as one base dropping and removes the
+    /// logs nothing refers to any more, except `live` (logs of opens still
+    /// writing: their droppings come later). The caller holds the lock.
+    ///
+    /// Crash safety: the base is complete and renamed in before anything is
+    /// removed, and its sequence number is above every merged record, so a
+    /// crash part way leaves old droppings that the base shadows.
+    pub fn compact_locked(&self, dir: BorrowedFd<'_>, key: Key, live: &[String]) -> Result<()> {
+        let listing = container::list(dir)?;
+        let ds = container::read_droppings(dir, &listing.indexes);
+        let merged = merge(&ds);
+        let refs = merged.referenced_logs();
+        let index_of: HashMap<&str, u32> = refs
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (*n, i as u32))
+            .collect();
+        let seq = format::next_seq(merged.max_seq);
+        let mut records: Vec<Record> = merged
+            .map
+            .extents()
+            .iter()
+            .map(|e| Record {
+                seq,
+                op: Op::Data {
+                    logical: e.logical,
+                    len: e.len,
+                    log: index_of[merged.logs[e.file as usize].as_str()],
+                    offset: e.offset,
+                },
+            })
+            .collect();
+        records.push(Record {
+            seq,
+            op: Op::SetSize(merged.map.size()),
+        });
+        let base = Dropping {
+            logs: refs.iter().map(|s| s.to_string()).collect(),
+            records,
+        };
+        container::write_dropping(dir, &format!("{INDEX_PREFIX}{}", format::new_id()), &base)?;
+        for n in listing.indexes.iter().chain(&listing.tmps) {
+            container::remove(dir, n)?;
+        }
+        for n in &listing.logs {
+            if !index_of.contains_key(n.as_str()) && !live.contains(n) {
+                container::remove(dir, n)?;
+            }
+        }
+        container::fsync_dir(dir)?;
+        self.invalidate(key);
+        Ok(())
+    }
+}

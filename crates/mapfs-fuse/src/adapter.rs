@@ -361,12 +361,24 @@ impl Shared {
                     .and_then(|fh| self.handles.file(fh.0))
                     .or_else(|| self.handles.any_file_of(ino.0))
                     .ok_or(e)?;
-                let backing = file
-                    .data
-                    .whole_file_backing()
-                    .ok_or_else(Error::not_found)?;
-                let mut attr = attr_from_metadata(&backing.metadata()?);
+                if let Some(backing) = file.data.whole_file_backing() {
+                    let mut attr = attr_from_metadata(&backing.metadata()?);
+                    attr.ino = self.fuse_to_fs_ino(ino.0);
+                    return Ok(attr);
+                }
+                // Its bytes are spread over backing files that are not the
+                // file: times from the first, owner from the opener, size
+                // from the map.
+                let (map, files) = file.data.snapshot();
+                let first = files.first().ok_or_else(Error::not_found)?;
+                let mut attr = attr_from_metadata(&first.metadata()?);
                 attr.ino = self.fuse_to_fs_ino(ino.0);
+                attr.kind = mapfs::FileKind::File;
+                attr.size = map.size();
+                attr.blocks = map.size().div_ceil(512);
+                attr.nlink = 0;
+                attr.uid = file.ctx.uid;
+                attr.gid = file.ctx.gid;
                 Ok(attr)
             }
             other => other,

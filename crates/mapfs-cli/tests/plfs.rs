@@ -986,6 +986,68 @@ fn later_write_wins(mode: DataMode) {
     );
 }
 
+/// An open made before another open of the same file wrote and closed reads
+/// the new bytes once the page cache no longer holds them (dropped here with
+/// POSIX_FADV_DONTNEED, as memory pressure would), like natively; and a fresh
+/// O_DIRECT open reads them too.
+fn other_opens_writes_obs(dir: &Path) -> Vec<String> {
+    let p = dir.join("two");
+    fs::write(&p, vec![1u8; 65536]).unwrap();
+    let early = fs::File::open(&p).unwrap();
+    let w = fs::OpenOptions::new().write(true).open(&p).unwrap();
+    w.write_all_at(&[2u8; 8192], 4096).unwrap();
+    w.write_all_at(&[3u8; 100], 65536).unwrap();
+    drop(w);
+    let mut o = Vec::new();
+    o.push(format!(
+        "fadvise: {}",
+        outcome(&rustix::fs::fadvise(
+            &early,
+            0,
+            None,
+            rustix::fs::Advice::DontNeed
+        ))
+    ));
+    let mut buf = vec![0u8; 8192];
+    let n = early.read_at(&mut buf, 4096).unwrap();
+    o.push(format!(
+        "early open reads {n} bytes: first {} last {}",
+        buf[0],
+        buf[n.max(1) - 1]
+    ));
+    o.push(format!(
+        "early open fstat size: {}",
+        early.metadata().unwrap().len()
+    ));
+    let n = early.read_at(&mut buf, 65536).unwrap();
+    o.push(format!("early open reads {n} bytes past the old end"));
+    o
+}
+
+fn other_opens_writes(mode: DataMode) {
+    let native = native_dir();
+    let s = plfs(mode);
+    assert_eq!(
+        other_opens_writes_obs(native.path()),
+        other_opens_writes_obs(s.mountpoint()),
+        "plfs --data {mode}: an earlier open does not see another open's closed writes"
+    );
+}
+
+#[test]
+fn earlier_open_sees_closed_writes_daemon() {
+    if fuse_or_skip("earlier_open_sees_closed_writes_daemon") {
+        other_opens_writes(DataMode::Daemon);
+    }
+}
+
+#[test]
+fn earlier_open_sees_closed_writes_auto() {
+    if fuse_or_skip("earlier_open_sees_closed_writes_auto") {
+        other_opens_writes(DataMode::Auto);
+    }
+}
+
 #[test]
 fn later_write_wins_daemon() {
     if fuse_or_skip("later_write_wins_daemon") {
@@ -1554,6 +1616,54 @@ fn persistence_across_remounts() {
     );
 }
 
+/// An explicit mtime set through a written open before close(2) (what tar
+/// and cp -p do), or by path after it, is the file's mtime, also after a
+/// remount: persisting the open's index at close must not reset it.
+#[test]
+fn explicit_mtime_survives_close_and_remount() {
+    let test = "explicit_mtime_survives_close_and_remount";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    let run = |dir: &Path| {
+        let f = fs::File::create(dir.join("before_close")).unwrap();
+        f.write_all_at(&bytes(1, 5000), 0).unwrap();
+        f.set_modified(t).unwrap();
+        drop(f);
+        fs::write(dir.join("after_close"), bytes(2, 7000)).unwrap();
+        fs::File::options()
+            .write(true)
+            .open(dir.join("after_close"))
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    };
+    let mtimes = |dir: &Path| -> Vec<i64> {
+        ["before_close", "after_close"]
+            .iter()
+            .map(|n| fs::metadata(dir.join(n)).unwrap().mtime())
+            .collect()
+    };
+    let native = native_dir();
+    run(native.path());
+    let want = mtimes(native.path());
+    assert_eq!(want, vec![1_000_000_000; 2], "native control");
+    for mode in [DataMode::Daemon, DataMode::Auto] {
+        let (_keep, backing) = kept_backing();
+        let s = plfs_on(mode, Some(&backing), &[]);
+        run(s.mountpoint());
+        // `mapfs umount` waits for the daemon: every release has run.
+        umount_clean(s, test);
+        let s = plfs_on(mode, Some(&backing), &[]);
+        assert_eq!(
+            mtimes(s.mountpoint()),
+            want,
+            "{test} --data {mode}: mtimes after close and remount"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 6. Namespace and POSIX basics
 // ---------------------------------------------------------------------------
@@ -1899,6 +2009,12 @@ fn rename_over_is_atomic_auto() {
 /// An open file that is unlinked stays readable and writable through its
 /// descriptor; the name is gone at once and can be reused.
 fn unlinked_open_obs(dir: &Path) -> Vec<String> {
+    /// `ok` or the errno name; the observation goes on after a failure so
+    /// one run shows every difference.
+    fn r<T>(res: std::io::Result<T>) -> String {
+        res.map(|_| "ok".to_string())
+            .unwrap_or_else(|e| errno_of(&e))
+    }
     let mut o = Vec::new();
     let p = dir.join("f");
     let a = bytes(11, 100_000);
@@ -1911,26 +2027,34 @@ fn unlinked_open_obs(dir: &Path) -> Vec<String> {
         .unwrap();
     f.write_all_at(&a, 0).unwrap();
     fs::remove_file(&p).unwrap();
+    o.push(format!("stat after unlink: {}", r(fs::metadata(&p))));
     o.push(format!(
-        "stat after unlink: {}",
-        fs::metadata(&p)
-            .map(|_| "ok".into())
-            .unwrap_or_else(|e| errno_of(&e))
+        "fstat: {:?}",
+        f.metadata()
+            .map(|md| (md.len(), md.nlink()))
+            .map_err(|e| errno_of(&e))
     ));
-    let md = f.metadata().unwrap();
-    o.push(format!("fstat: size={} nlink={}", md.len(), md.nlink()));
     let mut buf = vec![0u8; 100_000];
-    f.read_exact_at(&mut buf, 0).unwrap();
+    o.push(format!("pread: {}", r(f.read_exact_at(&mut buf, 0))));
     o.push(format!("read back equal: {}", buf == a));
-    f.write_all_at(&bytes(12, 10_000), 50_000).unwrap();
-    f.write_all_at(b"CCCC", 200_000).unwrap();
-    f.sync_all().unwrap();
     o.push(format!(
-        "fstat after writes: size={}",
-        f.metadata().unwrap().len()
+        "pwrite: {}",
+        r(f.write_all_at(&bytes(12, 10_000), 50_000))
+    ));
+    o.push(format!(
+        "pwrite past end: {}",
+        r(f.write_all_at(b"CCCC", 200_000))
+    ));
+    o.push(format!("fsync: {}", r(f.sync_all())));
+    o.push(format!(
+        "fstat after writes: {:?}",
+        f.metadata().map(|md| md.len()).map_err(|e| errno_of(&e))
     ));
     let mut all = Vec::new();
-    std::io::Read::read_to_end(&mut &f, &mut all).unwrap();
+    o.push(format!(
+        "read all: {}",
+        r(std::io::Read::read_to_end(&mut &f, &mut all))
+    ));
     let mut want = a.clone();
     want[50_000..60_000].copy_from_slice(&bytes(12, 10_000));
     want.resize(200_000, 0);
@@ -1941,19 +2065,26 @@ fn unlinked_open_obs(dir: &Path) -> Vec<String> {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     o.push(format!("listing: {names:?}"));
-    fs::write(&p, b"new file").unwrap();
+    o.push(format!("create f again: {}", r(fs::write(&p, b"new file"))));
     o.push(format!(
         "new f: {:?}",
-        String::from_utf8(fs::read(&p).unwrap())
+        fs::read(&p)
+            .map(String::from_utf8)
+            .map_err(|e| errno_of(&e))
     ));
-    f.read_exact_at(&mut buf[..4], 200_000).unwrap();
-    o.push(format!("old open still reads its tail: {:?}", &buf[..4]));
+    o.push(format!(
+        "old open reads its tail: {} {:?}",
+        r(f.read_exact_at(&mut buf[..4], 200_000)),
+        &buf[..4]
+    ));
     drop(f);
     o.push(format!(
         "new f after old close: {:?}",
-        String::from_utf8(fs::read(&p).unwrap())
+        fs::read(&p)
+            .map(String::from_utf8)
+            .map_err(|e| errno_of(&e))
     ));
-    fs::remove_file(&p).unwrap();
+    o.push(format!("unlink new f: {}", r(fs::remove_file(&p))));
     o
 }
 

@@ -306,10 +306,19 @@ fn attr_from_metadata(m: &std::fs::Metadata) -> Attr {
 }
 
 impl Shared {
+    /// The attributes to send the kernel (every reply carrying them goes
+    /// through here, lookups and directory listings included). A file
+    /// written through an open whose map is not whole-file 1-to-1 has the
+    /// size that open gave it: the file system learns it only at flush.
     fn fuse_attr(&self, a: &Attr) -> FileAttr {
+        let ino = self.inodes.fuse_ino(a.ino);
+        let size = match a.kind {
+            FileKind::File => self.handles.written_size(ino, None).unwrap_or(a.size),
+            _ => a.size,
+        };
         FileAttr {
-            ino: INodeNo(self.inodes.fuse_ino(a.ino)),
-            size: a.size,
+            ino: INodeNo(ino),
+            size,
             blocks: a.blocks,
             atime: a.atime,
             mtime: a.mtime,
@@ -349,12 +358,6 @@ impl Shared {
     fn getattr_inner(&self, c: &Ctx, ino: INodeNo, fh: Option<FileHandle>) -> Result<Attr> {
         let by_path = self.path(ino).and_then(|p| self.fs.getattr(c, &p));
         match by_path {
-            Ok(mut attr) if attr.kind == mapfs::FileKind::File => {
-                if let Some(size) = self.handles.written_size(ino.0, fh.map(|f| f.0)) {
-                    attr.size = size;
-                }
-                Ok(attr)
-            }
             Err(e) if e.errno() == libc::ENOENT => {
                 // An open file whose name is gone still has attributes.
                 let file = fh

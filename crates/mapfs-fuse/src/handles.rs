@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use fuser::BackingId;
@@ -59,6 +59,9 @@ pub struct Handles {
     files: RwLock<HashMap<u64, Arc<OpenFile>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     backing: Mutex<HashMap<u64, Weak<BackingId>>>,
+    /// Open files whose map is not whole-file (a fast "none" for
+    /// [`Handles::written_size`]).
+    not_whole: AtomicUsize,
 }
 
 impl Handles {
@@ -69,6 +72,9 @@ impl Handles {
     /// Registers an open file; returns its handle.
     pub fn add_file(&self, file: OpenFile) -> u64 {
         let fh = self.next_fh();
+        if file.data.whole_file_backing().is_none() {
+            self.not_whole.fetch_add(1, Ordering::Relaxed);
+        }
         self.files.write().insert(fh, Arc::new(file));
         fh
     }
@@ -80,7 +86,11 @@ impl Handles {
 
     /// Removes and returns the open file `fh`.
     pub fn remove_file(&self, fh: u64) -> Option<Arc<OpenFile>> {
-        self.files.write().remove(&fh)
+        let f = self.files.write().remove(&fh)?;
+        if f.data.whole_file_backing().is_none() {
+            self.not_whole.fetch_sub(1, Ordering::Relaxed);
+        }
+        Some(f)
     }
 
     /// Opens of `ino` by `pid`, most recent first.
@@ -106,6 +116,9 @@ impl Handles {
     /// whole-file 1-to-1 (the file system learns it only at flush or
     /// release): the open `fh` if it is such an open, else the largest.
     pub fn written_size(&self, ino: u64, fh: Option<u64>) -> Option<u64> {
+        if self.not_whole.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let files = self.files.read();
         let live = |f: &OpenFile| {
             f.ino == ino && f.wrote.load(Ordering::Relaxed) && f.data.whole_file_backing().is_none()

@@ -257,6 +257,16 @@ fn closed(note: Option<table::Closed>) {
     }
 }
 
+/// Before `dup2`/`dup3` replace `new`: a lent descriptor's map goes to the
+/// daemon first, as before a `close`, since the replacement closes it.
+fn replacing(old: c_int, new: c_int) {
+    if old != new && table::state(new) == table::ENGINE {
+        if let Some(_g) = Guard::enter() {
+            sys::keep_errno(|| table::sync_lent(new));
+        }
+    }
+}
+
 /// After `new` became a duplicate of `old` (replacing whatever `new` was).
 fn duped(old: c_int, new: c_int) {
     if new < 0 || old == new {
@@ -717,11 +727,13 @@ hooks! {
         r
     }
     fn dup2(old: c_int, new: c_int) -> c_int = |real| {
+        replacing(old, new);
         let r = real(old, new);
         duped(old, r);
         r
     }
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int = |real| {
+        replacing(old, new);
         let r = real(old, new, flags);
         duped(old, r);
         r

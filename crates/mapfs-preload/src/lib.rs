@@ -134,7 +134,7 @@ extern "C" fn fini() {
     unsafe {
         libc::fflush(std::ptr::null_mut());
     }
-    table::hand_back_all("exit");
+    table::hand_back_all(table::EXIT);
     for closed in table::all_open_writable() {
         closed.send();
     }

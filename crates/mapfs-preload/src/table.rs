@@ -350,16 +350,27 @@ pub fn hand_back(entry: &Entry, why: &str) {
             wrote: lent.wrote(),
         });
     }
+    if let Some(&fd) = inner.fds.first() {
+        // The daemon dropped the kernel's cached attributes, but the kernel
+        // checks mmap faults and copy_file_range against its cached size
+        // without asking again: make it ask now.
+        let _ = rustix::fs::fstat(sys::fd(fd));
+    }
     if lent.writable() {
         WRITABLE.fetch_sub(1, Ordering::Relaxed);
     }
     let reason = format!("handed back to the mount: {why}");
-    report::count_fallback(&reason);
+    if why != EXIT {
+        report::count_fallback(&reason);
+    }
     inner.status = Status::Mount(reason);
     for &fd in &inner.fds {
         set_state(fd, MOUNT);
     }
 }
+
+/// The [`hand_back`] reason at exit (not a fallback: nothing more runs).
+pub const EXIT: &str = "exit";
 
 /// Sends a lent open's current map to the daemon (before a `close(2)` or
 /// `fsync` of its mount descriptor, so the file system persists it).

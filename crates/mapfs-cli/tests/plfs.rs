@@ -1062,6 +1062,329 @@ fn later_write_wins_auto() {
     }
 }
 
+/// Two nodes (daemons) mounting one backing dir: writers on both mounts write
+/// their own interleaved blocks of one file at once; after both unmount, a
+/// third mount merges every writer's index.
+#[test]
+fn n1_checkpoint_two_mounts() {
+    let test = "n1_checkpoint_two_mounts";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    need("python3");
+    let (_keep, backing) = kept_backing();
+    let a = plfs_on(DataMode::Auto, Some(&backing), &[]);
+    // Without the kernel's writeback cache each writer's bytes go through
+    // its own open, so each has a log of its own.
+    let b = plfs_on(DataMode::DaemonNoWriteback, Some(&backing), &[]);
+    const N: usize = 4;
+    let (bs, nblocks) = (32 * 1024 + 5, 12 * N);
+    let work = a.scratch().unwrap().join("n1-two");
+    let sync = work.join("sync");
+    fs::create_dir_all(&sync).unwrap();
+    let want = bytes(4242, nblocks * bs);
+    let src = work.join("src");
+    fs::write(&src, &want).unwrap();
+    let script = work.join("writer.py");
+    fs::write(&script, N1_WRITER).unwrap();
+    let (mut children, mut logs) = (Vec::new(), Vec::new());
+    for rank in 0..N {
+        let mnt = if rank % 2 == 0 { &a } else { &b };
+        let log = work.join(format!("writer{rank}.err"));
+        children.push(
+            Command::new("python3")
+                .arg(&script)
+                .args([rank, N, nblocks, bs].map(|v| v.to_string()))
+                .arg(&src)
+                .arg(mnt.mountpoint().join("shared"))
+                .arg(&sync)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(&log).unwrap())
+                .spawn()
+                .expect("spawn python3 writer"),
+        );
+        logs.push(log);
+    }
+    wait_all(test, children, &logs);
+    umount_clean(a, test);
+    umount_clean(b, test);
+    assert!(
+        data_logs(&backing, "shared") >= N,
+        "{test}: one log per writer"
+    );
+    let c = plfs_on(DataMode::Auto, Some(&backing), &[]);
+    assert_bytes(
+        &format!("{test}: merged through a third mount"),
+        &want,
+        &fs::read(c.mountpoint().join("shared")).unwrap(),
+    );
+}
+
+/// A truncating open by one writer while another writer holds the file
+/// open: bytes written before the truncation are gone, as natively, also
+/// after the holder closes last and after a remount.
+fn truncate_by_other_open(mode: DataMode) {
+    let test = format!("plfs truncate by another open --data {mode}");
+    let run = |dir: &Path| -> Vec<u8> {
+        let p = dir.join("t");
+        let a = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        a.write_all_at(&bytes(1, 100_000), 0).unwrap();
+        let b = fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        b.write_all_at(b"BBBBBBBBBB", 0).unwrap();
+        drop(b);
+        let c = fs::OpenOptions::new().write(true).open(&p).unwrap();
+        c.set_len(5).unwrap();
+        drop(c);
+        drop(a);
+        fs::read(&p).unwrap()
+    };
+    let native = native_dir();
+    let want = run(native.path());
+    assert_eq!(want, b"BBBBB", "native control");
+    let (_keep, backing) = kept_backing();
+    let s = plfs_on(mode, Some(&backing), &[]);
+    assert_bytes(&format!("{test}: vs native"), &want, &run(s.mountpoint()));
+    umount_clean(s, &test);
+    let s = plfs_on(mode, Some(&backing), &[]);
+    assert_bytes(
+        &format!("{test}: after remount"),
+        &want,
+        &fs::read(s.mountpoint().join("t")).unwrap(),
+    );
+}
+
+#[test]
+fn truncate_by_other_open_daemon() {
+    if fuse_or_skip("truncate_by_other_open_daemon") {
+        truncate_by_other_open(DataMode::Daemon);
+    }
+}
+
+#[test]
+fn truncate_by_other_open_auto() {
+    if fuse_or_skip("truncate_by_other_open_auto") {
+        truncate_by_other_open(DataMode::Auto);
+    }
+}
+
+/// Writes through an open file that is renamed (and its directory renamed)
+/// before close land in the file under its new name, also after remount.
+#[test]
+fn rename_while_open_keeps_writes() {
+    let test = "rename_while_open_keeps_writes";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    for mode in [DataMode::Daemon, DataMode::Auto] {
+        let (_keep, backing) = kept_backing();
+        let s = plfs_on(mode, Some(&backing), &[]);
+        let m = s.mountpoint();
+        fs::create_dir(m.join("d")).unwrap();
+        let f = fs::File::create(m.join("d/f")).unwrap();
+        let mut want = bytes(1, 100_000);
+        f.write_all_at(&want, 0).unwrap();
+        fs::rename(m.join("d/f"), m.join("d/g")).unwrap();
+        f.write_all_at(&bytes(2, 50_000), 80_000).unwrap();
+        want.resize(130_000, 0);
+        want[80_000..].copy_from_slice(&bytes(2, 50_000));
+        fs::rename(m.join("d"), m.join("e")).unwrap();
+        f.write_all_at(b"tail", 130_000).unwrap();
+        want.extend_from_slice(b"tail");
+        drop(f);
+        assert_bytes(
+            &format!("{test} --data {mode}"),
+            &want,
+            &fs::read(m.join("e/g")).unwrap(),
+        );
+        assert!(fs::symlink_metadata(m.join("d")).is_err());
+        umount_clean(s, test);
+        let s = plfs_on(mode, Some(&backing), &[]);
+        assert_bytes(
+            &format!("{test} --data {mode}: after remount"),
+            &want,
+            &fs::read(s.mountpoint().join("e/g")).unwrap(),
+        );
+    }
+}
+
+/// Hundreds of open-write-close cycles on one file (overwrites, appends,
+/// truncations, each a new log and dropping): the content follows the model
+/// throughout and after remount, and compaction keeps the container bounded
+/// (droppings and logs no extent refers to are removed).
+#[test]
+fn many_opens_compact() {
+    let test = "many_opens_compact";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let (_keep, backing) = kept_backing();
+    let s = plfs_on(DataMode::Auto, Some(&backing), &[]);
+    let p = s.mountpoint().join("busy");
+    let mut model = Vec::new();
+    let mut rng = Rng::new(31337);
+    fs::write(&p, &model).unwrap();
+    for i in 0..240u64 {
+        let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+        match i % 6 {
+            0 => {
+                // Whole-file overwrite: every older log becomes garbage.
+                model = bytes(i, rng.range(1, 64 * 1024) as usize);
+                f.set_len(0).unwrap();
+                f.write_all_at(&model, 0).unwrap();
+            }
+            1 | 2 | 3 => {
+                let off = rng.range(0, model.len() as u64 + 1000) as usize;
+                let d = bytes(1000 + i, rng.range(1, 8000) as usize);
+                f.write_all_at(&d, off as u64).unwrap();
+                if model.len() < off + d.len() {
+                    model.resize(off + d.len(), 0);
+                }
+                model[off..off + d.len()].copy_from_slice(&d);
+            }
+            4 => {
+                let n = rng.range(0, model.len() as u64) as usize;
+                f.set_len(n as u64).unwrap();
+                model.truncate(n);
+            }
+            _ => {
+                let d = bytes(2000 + i, 3000);
+                f.write_all_at(&d, model.len() as u64).unwrap();
+                model.extend_from_slice(&d);
+            }
+        }
+        drop(f);
+        if i % 40 == 39 {
+            assert_bytes(
+                &format!("{test}: cycle {i}"),
+                &model,
+                &fs::read(&p).unwrap(),
+            );
+        }
+    }
+    umount_clean(s, test);
+    let ents = container_entries(&backing, "busy");
+    let droppings = ents.iter().filter(|e| e.starts_with("index.")).count();
+    let logs = ents.iter().filter(|e| e.starts_with("data.")).count();
+    eprintln!("{test}: {droppings} droppings, {logs} logs after 240 opens");
+    assert!(
+        droppings <= 33 && logs <= 40,
+        "{test}: container not compacted after 240 opens: {droppings} droppings, {logs} logs"
+    );
+    let s = plfs_on(DataMode::Daemon, Some(&backing), &[]);
+    assert_bytes(
+        &format!("{test}: after remount"),
+        &model,
+        &fs::read(s.mountpoint().join("busy")).unwrap(),
+    );
+}
+
+/// Appends one numbered line at a time with O_APPEND (a shared log).
+const APPENDER: &str = r#"
+import os, sys
+who, n, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+for i in range(n):
+    line = ("%s %06d " % (who, i)).encode() + b"x" * (i % 97) + b"\n"
+    assert os.write(fd, line) == len(line)
+os.close(fd)
+"#;
+
+/// Several processes appending to one log file with O_APPEND at once: no
+/// line lost, torn or overwritten, each writer's lines in order, also after
+/// remount.
+fn concurrent_append(mode: DataMode) {
+    need("python3");
+    let test = format!("plfs concurrent O_APPEND --data {mode}");
+    let (_keep, backing) = kept_backing();
+    let s = plfs_on(mode, Some(&backing), &[]);
+    let work = s.scratch().unwrap().join("append");
+    fs::create_dir(&work).unwrap();
+    let script = work.join("append.py");
+    fs::write(&script, APPENDER).unwrap();
+    let log = s.mountpoint().join("shared.log");
+    fs::write(&log, b"").unwrap();
+    const WRITERS: usize = 3;
+    const LINES: usize = 400;
+    let (mut children, mut logs) = (Vec::new(), Vec::new());
+    for w in 0..WRITERS {
+        let err = work.join(format!("w{w}.err"));
+        children.push(
+            Command::new("python3")
+                .arg(&script)
+                .arg(format!("w{w}"))
+                .arg(LINES.to_string())
+                .arg(&log)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(&err).unwrap())
+                .spawn()
+                .expect("spawn python3 appender"),
+        );
+        logs.push(err);
+    }
+    wait_all(&test, children, &logs);
+    let check = |what: &str, data: Vec<u8>| {
+        let text =
+            String::from_utf8(data).unwrap_or_else(|e| panic!("{test} {what}: not text: {e}"));
+        let mut next = [0usize; WRITERS];
+        for (n, line) in text.lines().enumerate() {
+            let mut parts = line.splitn(3, ' ');
+            let (who, num, pad) = (parts.next(), parts.next(), parts.next());
+            let w = who
+                .and_then(|w| w.strip_prefix('w'))
+                .and_then(|w| w.parse::<usize>().ok())
+                .filter(|w| *w < WRITERS);
+            let i = num.and_then(|n| n.parse::<usize>().ok());
+            let (Some(w), Some(i)) = (w, i) else {
+                panic!("{test} {what}: line {n} is torn: {line:?}");
+            };
+            assert_eq!(
+                i, next[w],
+                "{test} {what}: line {n}: writer {w} out of order or lost"
+            );
+            assert_eq!(
+                pad,
+                Some("x".repeat(i % 97).as_str()),
+                "{test} {what}: line {n} torn"
+            );
+            next[w] += 1;
+        }
+        assert_eq!(next, [LINES; WRITERS], "{test} {what}: lines per writer");
+    };
+    check("through the mount", fs::read(&log).unwrap());
+    umount_clean(s, &test);
+    let s = plfs_on(mode, Some(&backing), &[]);
+    check(
+        "after remount",
+        fs::read(s.mountpoint().join("shared.log")).unwrap(),
+    );
+}
+
+#[test]
+fn concurrent_append_daemon() {
+    if fuse_or_skip("concurrent_append_daemon") {
+        concurrent_append(DataMode::Daemon);
+    }
+}
+
+#[test]
+fn concurrent_append_auto() {
+    if fuse_or_skip("concurrent_append_auto") {
+        concurrent_append(DataMode::Auto);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 4. Close-to-open and fsync durability
 // ---------------------------------------------------------------------------
@@ -2170,12 +2493,14 @@ fn perm_obs(dir: &Path) -> Vec<String> {
     w("secret", b"secret", 0o600);
     w("public", b"public", 0o644);
     w("shared", b"shared", 0o666);
+    w("given", b"given", 0o600);
+    std::os::unix::fs::chown(dir.join("given"), Some(NOBODY_UID), Some(NOBODY_GID)).unwrap();
     fs::create_dir(dir.join("closed_dir")).unwrap();
     fs::set_permissions(dir.join("closed_dir"), fs::Permissions::from_mode(0o755)).unwrap();
     fs::create_dir(dir.join("open_dir")).unwrap();
     fs::set_permissions(dir.join("open_dir"), fs::Permissions::from_mode(0o777)).unwrap();
     let c = |rel: &str| cpath(&dir.join(rel));
-    let (secret, public, shared) = (c("secret"), c("public"), c("shared"));
+    let (secret, public, shared, given) = (c("secret"), c("public"), c("shared"), c("given"));
     let (in_closed, mine) = (c("closed_dir/new"), c("open_dir/mine"));
     let rd = OFlags::RDONLY | OFlags::CLOEXEC;
     let wr = OFlags::WRONLY | OFlags::CLOEXEC;
@@ -2216,6 +2541,13 @@ fn perm_obs(dir: &Path) -> Vec<String> {
         let fd = rustix::fs::open(&mine, wr | OFlags::CREATE, Mode::from_raw_mode(0o640))?;
         rustix::io::write(&fd, b"mine").map(drop)
     });
+    nb("write own 600 (chowned by root)", &|| {
+        let fd = rustix::fs::open(&given, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
+        rustix::io::pwrite(&fd, b"NB", 0).map(drop)
+    });
+    nb("chmod own file", &|| {
+        rustix::fs::chmod(&given, Mode::from_raw_mode(0o640))
+    });
     nb("unlink 600 in 755 dir", &|| rustix::fs::unlink(&secret));
     nb("chmod 600", &|| {
         rustix::fs::chmod(&secret, Mode::from_raw_mode(0o666))
@@ -2223,6 +2555,13 @@ fn perm_obs(dir: &Path) -> Vec<String> {
     o.push(format!(
         "secret: {:?}",
         fs::read(dir.join("secret")).unwrap()
+    ));
+    let g = fs::metadata(dir.join("given")).unwrap();
+    o.push(format!(
+        "given: {:?} uid={} mode={:o}",
+        String::from_utf8(fs::read(dir.join("given")).unwrap()),
+        g.uid(),
+        g.mode()
     ));
     o.push(format!(
         "shared: {:?}",

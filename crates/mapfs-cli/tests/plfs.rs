@@ -1243,7 +1243,7 @@ fn many_opens_compact() {
                 f.set_len(0).unwrap();
                 f.write_all_at(&model, 0).unwrap();
             }
-            1 | 2 | 3 => {
+            1..=3 => {
                 let off = rng.range(0, model.len() as u64 + 1000) as usize;
                 let d = bytes(1000 + i, rng.range(1, 8000) as usize);
                 f.write_all_at(&d, off as u64).unwrap();

@@ -844,3 +844,75 @@ fn no_escape_from_the_backing_directory() {
     assert_eq!(outside_state(&f.outside), before);
     assert_eq!(std::fs::read(f.outside.join("secret")).unwrap(), b"SECRET");
 }
+
+/// Bytes an open wrote before someone else's truncate are cut by it, even
+/// when the open flushes only afterwards; its later bytes survive.
+#[test]
+fn truncate_cuts_unflushed_older_writes() {
+    let f = fx();
+    f.create("/tr").close();
+    let a = f.open("/tr", libc::O_RDWR);
+    a.write(0, &[1u8; 100]);
+    let set = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    f.fs.setattr(&ROOT, p("/tr"), &set).unwrap();
+    a.write(200, &[2u8; 10]);
+    a.close();
+    let mut want = vec![0u8; 210];
+    want[200..].fill(2);
+    same_bytes(&f.contents("/tr"), &want, "truncate between writes");
+}
+
+#[test]
+fn explicit_times_survive_close() {
+    let f = fx();
+    let w = f.create("/t");
+    w.write(0, b"data");
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(981_173_106);
+    let set = SetAttr {
+        mtime: Some(mapfs::TimeSet::At(when)),
+        ..SetAttr::default()
+    };
+    f.fs.setattr(&ROOT, p("/t"), &set).unwrap();
+    w.close();
+    let a = f.fs.getattr(&ROOT, p("/t")).unwrap();
+    assert_eq!((a.mtime, a.size), (when, 4));
+    // A write closed later moves mtime again.
+    let w = f.open("/t", libc::O_WRONLY);
+    w.write(4, b"!");
+    w.close();
+    assert!(f.fs.getattr(&ROOT, p("/t")).unwrap().mtime > when);
+}
+
+#[test]
+fn directory_link_counts_ignore_containers() {
+    let f = fx();
+    f.fs.mkdir(&ROOT, p("/d"), 0o755).unwrap();
+    f.fs.mkdir(&ROOT, p("/d/s1"), 0o755).unwrap();
+    for n in ["/d/a", "/d/b", "/d/c"] {
+        f.create(n).close();
+    }
+    assert_eq!(f.fs.getattr(&ROOT, p("/d")).unwrap().nlink, 3);
+    assert_eq!(f.fs.getattr(&ROOT, p("/")).unwrap().nlink, 3);
+}
+
+#[test]
+fn open_file_keeps_its_inode_number() {
+    let f = fx();
+    let w = f.create("/k");
+    w.write(0, b"old");
+    w.close();
+    let ino = f.fs.getattr(&ROOT, p("/k")).unwrap().ino;
+    let r = f.open("/k", libc::O_RDONLY);
+    f.fs.unlink(&ROOT, p("/k")).unwrap();
+    // New files must not get the number of a file still open.
+    for i in 0..20 {
+        let n = format!("/n{i}");
+        f.create(&n).close();
+        assert_ne!(f.fs.getattr(&ROOT, p(&n)).unwrap().ino, ino);
+    }
+    assert_eq!(r.read_all(), b"old");
+    r.close();
+}

@@ -10,12 +10,22 @@
 //! droppings (the N-1 checkpoint case), and where they overlap the record
 //! with the higher sequence number wins.
 //!
-//! Sequence numbers: a range whose content is unchanged since the previous
-//! flush of the same open keeps its previous number; everything new gets the
-//! flush's fresh number. A record therefore sorts by when its bytes were
-//! first made visible, not by when the open last closed a descriptor, and a
-//! truncate made by someone else in between shadows this open's older
-//! writes but not its newer ones, as it would on a local file.
+//! Sequence numbers say when bytes were written, as closely as the file
+//! system can tell without seeing the writes (they run in the executors):
+//! - a range whose content is unchanged since the previous flush of the same
+//!   open keeps its previous number;
+//! - bytes of the open's own log below an [`Epoch`] watermark were written
+//!   before that epoch's event (a truncate by someone else): they get the
+//!   number just below the event's, so the truncate shadows them, while the
+//!   open's later writes survive it, as on a local file;
+//! - everything else (bytes written since, holes) gets the flush's fresh
+//!   number.
+//!
+//! Precision: two opens writing overlapping bytes, both unflushed, are
+//! ordered by their flushes (the later flushed wins), not by their writes:
+//! the map holds no write times. Flushes of other opens are not epochs on
+//! purpose: the flushing open's own bytes were written at unknown times
+//! before its flush too, so either guess would be wrong as often.
 
 use mapfs::{DataMap, Segment};
 
@@ -85,6 +95,23 @@ impl Delta {
     }
 }
 
+/// An event seen while this open was writing: its own log was `len` bytes
+/// long when a truncate got sequence number `seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Epoch {
+    /// Own log length at the event.
+    pub len: u64,
+    /// The event's sequence number.
+    pub seq: u64,
+}
+
+/// The sequence number of new bytes at `offset` of the own log: just below
+/// the first event that found them written, or `new_seq`.
+fn seq_of_offset(epochs: &[Epoch], offset: u64, new_seq: u64) -> u64 {
+    let i = epochs.partition_point(|e| e.len <= offset);
+    epochs.get(i).map_or(new_seq, |e| e.seq.saturating_sub(1))
+}
+
 /// `(start, len, content)` runs covering `0..map.size()`.
 fn runs(map: &DataMap) -> Vec<(u64, u64, Content)> {
     let mut pos = 0;
@@ -118,15 +145,35 @@ fn piece_at(pieces: &[Piece], pos: u64) -> Option<(Content, u64)> {
 }
 
 /// The delta of `now` against `open`, reusing the sequence numbers of
-/// `prev` (the last flushed delta of the same open) where nothing changed and
-/// `new_seq` elsewhere.
-pub(super) fn delta(open: &DataMap, now: &DataMap, prev: &Delta, new_seq: u64) -> Delta {
+/// `prev` (the last flushed delta of the same open) where nothing changed,
+/// numbering new bytes of the own log (backing file `own`) by `epochs`
+/// (sorted by `len`), and `new_seq` elsewhere.
+pub(super) fn delta(
+    open: &DataMap,
+    now: &DataMap,
+    prev: &Delta,
+    own: u32,
+    epochs: &[Epoch],
+    new_seq: u64,
+) -> Delta {
     let o = runs(open);
     let f = runs(now);
     let end = now.size();
     let mut cuts = vec![0, end];
     for r in o.iter().chain(&f) {
         cuts.extend([r.0, r.0 + r.1]);
+    }
+    // Own-log runs split where an epoch watermark falls inside them.
+    for r in &f {
+        if let Content::Data { file, offset } = r.2 {
+            if file == own {
+                for e in epochs {
+                    if e.len > offset && e.len < offset + r.1 {
+                        cuts.push(r.0 + (e.len - offset));
+                    }
+                }
+            }
+        }
     }
     for p in &prev.pieces {
         cuts.extend([p.start, p.start + p.len]);
@@ -145,8 +192,11 @@ pub(super) fn delta(open: &DataMap, now: &DataMap, prev: &Delta, new_seq: u64) -
         if !differs {
             continue;
         }
-        let seq = match piece_at(&prev.pieces, a) {
-            Some((c, s)) if c == fc => s,
+        let seq = match (piece_at(&prev.pieces, a), fc) {
+            (Some((c, s)), _) if c == fc => s,
+            (_, Content::Data { file, offset }) if file == own => {
+                seq_of_offset(epochs, offset, new_seq)
+            }
             _ => new_seq,
         };
         if let Some(last) = pieces.last_mut() {
@@ -202,7 +252,7 @@ mod tests {
     #[test]
     fn unchanged_is_empty() {
         let o = base();
-        assert!(delta(&o, &o.clone(), &Delta::default(), 7).is_empty());
+        assert!(delta(&o, &o.clone(), &Delta::default(), 1, &[], 7).is_empty());
     }
 
     #[test]
@@ -211,7 +261,7 @@ mod tests {
         let mut f = o.clone();
         write(&mut f, 10, 5);
         write(&mut f, 120, 5);
-        let d1 = delta(&o, &f, &Delta::default(), 1);
+        let d1 = delta(&o, &f, &Delta::default(), 1, &[], 1);
         assert_eq!(
             d1.pieces,
             vec![
@@ -233,7 +283,7 @@ mod tests {
         // Second flush: new write at 50, truncate to 60; old piece keeps 1.
         write(&mut f, 50, 2);
         f.truncate(60);
-        let d2 = delta(&o, &f, &d1, 2);
+        let d2 = delta(&o, &f, &d1, 1, &[], 2);
         assert_eq!(d2.pieces.len(), 2);
         assert_eq!(d2.pieces[0].seq, 1);
         assert_eq!(d2.pieces[1].start, 50);
@@ -241,7 +291,7 @@ mod tests {
         assert_eq!(d2.size, Some((SizeRule::Set(60), 2)));
         // Truncate then extend: the lost range is a recorded hole.
         f.truncate(100);
-        let d3 = delta(&o, &f, &d2, 3);
+        let d3 = delta(&o, &f, &d2, 1, &[], 3);
         assert_eq!(
             d3.pieces.last(),
             Some(&Piece {
@@ -252,5 +302,25 @@ mod tests {
             })
         );
         assert_eq!(d3.size, None);
+    }
+
+    #[test]
+    fn epochs_number_bytes_by_when_they_were_written() {
+        let o = base();
+        let mut f = o.clone();
+        write(&mut f, 0, 10); // log 0..10
+        write(&mut f, 10, 10); // log 10..20 (one coalesced extent)
+        write(&mut f, 50, 5); // log 20..25
+                              // Another open flushed at seq 100 when our log held 15 bytes, and
+                              // at 200 when it held 25.
+        let epochs = [Epoch { len: 15, seq: 100 }, Epoch { len: 25, seq: 200 }];
+        let d = delta(&o, &f, &Delta::default(), 1, &epochs, 300);
+        let got: Vec<_> = d.pieces.iter().map(|p| (p.start, p.len, p.seq)).collect();
+        assert_eq!(got, vec![(0, 15, 99), (15, 5, 199), (50, 5, 199)]);
+        // A write after the last epoch gets the flush's number.
+        write(&mut f, 60, 1);
+        let d = delta(&o, &f, &d, 1, &epochs, 400);
+        assert_eq!(d.pieces.last().map(|p| (p.start, p.seq)), Some((60, 400)));
+        assert_eq!(d.pieces[0].seq, 99);
     }
 }

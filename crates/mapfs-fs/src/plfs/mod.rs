@@ -111,15 +111,15 @@ use std::sync::Arc;
 use mapfs::backing::BackingRoot;
 use mapfs::creds::as_caller;
 use mapfs::{
-    Attr, Ctx, DataMap, DirEntry, Error, FileSystem, OpenFlags, Opened, RenameFlags, Result,
-    SetAttr, StatFs,
+    Attr, Ctx, DataMap, DirEntry, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags,
+    Result, SetAttr, StatFs,
 };
 use parking_lot::Mutex;
-use rustix::fs::{AtFlags, FileType};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use crate::passthrough::Passthrough;
 use container::Key;
-use delta::Delta;
+use delta::{Delta, Epoch};
 use format::IDENTITY;
 use store::Store;
 
@@ -136,12 +136,22 @@ pub struct Plfs {
     next_handle: AtomicU64,
 }
 
-/// One writable open of a file.
+/// One open of a file.
 #[derive(Debug)]
 struct Handle {
-    /// The container, found by fd so renames and unlinks do not matter.
+    /// The container, found by fd so renames and unlinks do not matter. It
+    /// also keeps the container's inode allocated while the file is open, so
+    /// its number (the file's `ino`) is not reused meanwhile, as with any
+    /// open file.
     dir: OwnedFd,
     key: Key,
+    /// Writable opens only.
+    w: Option<Writer>,
+}
+
+/// What a writable open keeps.
+#[derive(Debug)]
+struct Writer {
     /// Names this open's dropping and log with `index.<id>`/`data.<id>`.
     id: String,
     /// Log name of each `Opened::files` entry.
@@ -154,6 +164,12 @@ struct Handle {
     floor: u64,
     /// What the last flush recorded.
     recorded: Mutex<Delta>,
+    /// Events seen while writing (see `delta.rs`), by increasing length.
+    epochs: Mutex<Vec<Epoch>>,
+    /// `.plfs`'s mtime as this open last saw or set it: when it differs at
+    /// a flush, someone set the times explicitly (`futimens` before close,
+    /// as `tar` and `cp -p` do) and the flush must not overwrite them.
+    mtime: Mutex<(i64, i64)>,
 }
 
 /// What a path names.
@@ -265,8 +281,28 @@ impl Plfs {
             .lock()
             .values()
             .filter(|h| h.key == key)
-            .map(|h| format!("{}{}", format::LOG_PREFIX, h.id))
+            .filter_map(|h| h.w.as_ref())
+            .map(|w| format!("{}{}", format::LOG_PREFIX, w.id))
             .collect()
+    }
+
+    /// Records, for every open writing container `key`, how long its log is
+    /// at the truncate numbered `seq` (so its bytes written before order
+    /// before the truncate). The caller holds the container's lock.
+    fn mark_epoch(&self, key: Key, seq: u64) {
+        let handles = self.handles.lock();
+        for w in handles
+            .values()
+            .filter(|h| h.key == key)
+            .filter_map(|h| h.w.as_ref())
+        {
+            let Ok(md) = w.log.metadata() else { continue };
+            let len = md.len();
+            let mut ep = w.epochs.lock();
+            if ep.last().is_none_or(|e| e.len < len) {
+                ep.push(Epoch { len, seq });
+            }
+        }
     }
 
     /// Sets the size of a file (not through an open): a dropping that says
@@ -274,7 +310,8 @@ impl Plfs {
     fn truncate_file(&self, dir: &OwnedFd, size: u64) -> Result<()> {
         let key = container::key_of(dir.as_fd())?;
         let _g = self.store.lock(key);
-        self.store.truncate_locked(dir.as_fd(), key, size)?;
+        let seq = self.store.truncate_locked(dir.as_fd(), key, size)?;
+        self.mark_epoch(key, seq);
         if self.live_logs(key).is_empty() {
             self.store.compact_locked(dir.as_fd(), key, &[])?;
         }
@@ -286,14 +323,17 @@ impl FileSystem for Plfs {
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
         match self.file_dir(ctx, path)? {
             Some(dir) => self.file_attr(&dir),
-            None => self.pt.getattr(ctx, path),
+            None => self.pt.getattr(ctx, path).map(|a| self.fix_dir(path, a)),
         }
     }
 
     fn setattr(&self, ctx: &Ctx, path: &Path, set: &SetAttr) -> Result<Attr> {
         match self.file_dir(ctx, path)? {
             Some(dir) => self.do_setattr(ctx, path, &dir, set),
-            None => self.pt.setattr(ctx, path, set),
+            None => self
+                .pt
+                .setattr(ctx, path, set)
+                .map(|a| self.fix_dir(path, a)),
         }
     }
 
@@ -416,6 +456,43 @@ impl FileSystem for Plfs {
 }
 
 impl Plfs {
+    /// A directory's link count as if containers were files: 2 plus its
+    /// real subdirectories (the backing count includes every container).
+    fn fix_dir(&self, path: &Path, mut a: Attr) -> Attr {
+        if a.kind == FileKind::Dir {
+            if let Ok(n) = self.dir_nlink(path) {
+                a.nlink = n;
+            }
+        }
+        a
+    }
+
+    fn dir_nlink(&self, path: &Path) -> Result<u32> {
+        let fd = self.root().open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )?;
+        let mut n = 2;
+        let mut d = rustix::fs::Dir::read_from(&fd)?;
+        while let Some(e) = d.read() {
+            let e = e?;
+            let name = OsStr::from_bytes(e.file_name().to_bytes());
+            if name == "." || name == ".." || format::reserved_name(name.as_bytes()) {
+                continue;
+            }
+            if !matches!(e.file_type(), FileType::Directory | FileType::Unknown) {
+                continue;
+            }
+            if let Ok(sub) = container::open_dir(fd.as_fd(), name) {
+                if !container::is_container(sub.as_fd()) {
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// Where the attributes of `path` live for xattrs and `access`: `.plfs`
     /// for a file, the node itself otherwise.
     fn xattr_path(&self, ctx: &Ctx, path: &Path) -> Result<PathBuf> {

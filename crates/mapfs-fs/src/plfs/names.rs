@@ -33,10 +33,12 @@ impl Plfs {
             if e.kind != FileKind::Dir {
                 continue;
             }
+            // A directory's backing link count counts containers: leave
+            // its attributes to getattr.
+            e.attr = None;
             if let Ok(c) = container::open_dir(dir.as_fd(), &e.name) {
                 if container::is_container(c.as_fd()) {
                     e.kind = FileKind::File;
-                    e.attr = None;
                 }
             }
         }

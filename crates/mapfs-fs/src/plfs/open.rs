@@ -19,7 +19,7 @@ use tracing::warn;
 use super::container::{self, Key};
 use super::delta::{delta, Content, Delta, SizeRule};
 use super::format::{self, Dropping, Op, Record, IDENTITY, INDEX_PREFIX, LOG_PREFIX};
-use super::{Handle, Node, Plfs, COMPACT_AFTER};
+use super::{Handle, Node, Plfs, Writer, COMPACT_AFTER};
 
 /// The `.plfs` open that checks the caller's access: the access mode asked
 /// and `O_TRUNC` (which needs write permission), nothing that could block or
@@ -66,6 +66,17 @@ fn dropping_of(d: &Delta, names: &[String]) -> Dropping {
         records.push(Record { seq, op });
     }
     Dropping { logs, records }
+}
+
+/// `.plfs`'s mtime (seconds, nanoseconds); `ENOENT` once unlinked.
+#[allow(clippy::unnecessary_cast)]
+fn identity_mtime(dir: &OwnedFd) -> Result<(i64, i64)> {
+    match rustix::fs::statat(dir, IDENTITY, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok((st.st_mtime as i64, st.st_mtime_nsec as i64)),
+        // Unlinked while open: nothing to keep up to date.
+        Err(rustix::io::Errno::NOENT) => Ok((0, 0)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl Plfs {
@@ -200,13 +211,12 @@ impl Plfs {
             }
         }
         let size = merged.map.size();
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
         if !flags.writable() {
             let map = DataMap::new(extents, size, Growth::ReadOnly)?;
-            return Ok(Opened {
-                map,
-                files,
-                handle: 0,
-            });
+            let h = Arc::new(Handle { dir, key, w: None });
+            self.handles.lock().insert(handle, h);
+            return Ok(Opened { map, files, handle });
         }
         // Log creation and registration under the lock: a compaction must
         // never see this log without its open.
@@ -225,16 +235,20 @@ impl Plfs {
             end: 0,
         };
         let map = DataMap::new(extents, size, growth)?;
-        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let mtime = identity_mtime(&dir)?;
         let h = Arc::new(Handle {
             dir,
             key,
-            id,
-            names,
-            log,
-            open_map: map.clone(),
-            floor: merged.max_seq,
-            recorded: Mutex::new(Delta::default()),
+            w: Some(Writer {
+                id,
+                names,
+                log,
+                open_map: map.clone(),
+                floor: merged.max_seq,
+                recorded: Mutex::new(Delta::default()),
+                epochs: Mutex::new(Vec::new()),
+                mtime: Mutex::new(mtime),
+            }),
         });
         self.handles.lock().insert(handle, h);
         Ok(Opened { map, files, handle })
@@ -242,24 +256,39 @@ impl Plfs {
 
     /// Rewrites the dropping of open `h` for its current map `map`.
     pub(super) fn persist(&self, h: &Handle, map: &DataMap) -> Result<()> {
+        let Some(w) = &h.w else {
+            return Ok(());
+        };
         let _g = self.store.lock(h.key);
-        let mut rec = h.recorded.lock();
-        let d = delta(&h.open_map, map, &rec, format::next_seq(h.floor));
+        let mut rec = w.recorded.lock();
+        let seq = format::next_seq(w.floor);
+        let own = (w.names.len() - 1) as u32;
+        let d = delta(&w.open_map, map, &rec, own, &w.epochs.lock(), seq);
         if d == *rec {
             return Ok(());
         }
         // The dropping must never name bytes the disk may not hold yet.
-        h.log.sync_data()?;
-        let name = format!("{INDEX_PREFIX}{}", h.id);
-        match container::write_dropping(h.dir.as_fd(), &name, &dropping_of(&d, &h.names)) {
+        w.log.sync_data()?;
+        let name = format!("{INDEX_PREFIX}{}", w.id);
+        match container::write_dropping(h.dir.as_fd(), &name, &dropping_of(&d, &w.names)) {
             // Unlinked (or replaced by a rename) since open: nothing to keep.
             Err(e) if e.errno() == libc::ENOENT => return Ok(()),
             r => r?,
         }
         *rec = d;
+        drop(rec);
         self.store.invalidate(h.key);
-        if let Err(e) = container::touch_mtime(h.dir.as_fd()) {
-            warn!("plfs: cannot set mtime: {e}");
+        // The data changed: mtime is now, unless someone set the times
+        // explicitly since this open last looked.
+        let mut seen = w.mtime.lock();
+        let cur = identity_mtime(&h.dir)?;
+        if cur == *seen {
+            if let Err(e) = container::touch_mtime(h.dir.as_fd()) {
+                warn!("plfs: cannot set mtime: {e}");
+            }
+            *seen = identity_mtime(&h.dir)?;
+        } else {
+            *seen = cur;
         }
         Ok(())
     }
@@ -271,8 +300,11 @@ impl Plfs {
         };
         let res = self.persist(&h, map);
         self.handles.lock().remove(&handle);
-        let own = (h.names.len() - 1) as u32;
-        let uses_log = h
+        let Some(w) = &h.w else {
+            return Ok(());
+        };
+        let own = (w.names.len() - 1) as u32;
+        let uses_log = w
             .recorded
             .lock()
             .pieces
@@ -280,7 +312,7 @@ impl Plfs {
             .any(|p| matches!(p.content, Content::Data { file, .. } if file == own));
         if !uses_log {
             let _g = self.store.lock(h.key);
-            let name = format!("{LOG_PREFIX}{}", h.id);
+            let name = format!("{LOG_PREFIX}{}", w.id);
             if let Err(e) = container::remove(h.dir.as_fd(), &name) {
                 warn!("plfs: cannot remove unused log {name}: {e}");
             }

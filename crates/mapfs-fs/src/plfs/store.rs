@@ -108,8 +108,9 @@ impl Store {
     }
 
     /// Sets the size of the file in container `dir` to `size` by adding a
-    /// dropping that says so. The caller holds the lock.
-    pub fn truncate_locked(&self, dir: BorrowedFd<'_>, key: Key, size: u64) -> Result<()> {
+    /// dropping that says so; returns its sequence number. The caller holds
+    /// the lock.
+    pub fn truncate_locked(&self, dir: BorrowedFd<'_>, key: Key, size: u64) -> Result<u64> {
         let cur = self.load_locked(dir, key)?;
         let seq = format::next_seq(cur.merged.max_seq);
         let d = Dropping {
@@ -121,7 +122,7 @@ impl Store {
         };
         container::write_dropping(dir, &format!("{INDEX_PREFIX}{}", format::new_id()), &d)?;
         self.invalidate(key);
-        Ok(())
+        Ok(seq)
     }
 
     /// Rewrites all droppings of `dir` as one base dropping and removes the

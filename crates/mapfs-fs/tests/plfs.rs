@@ -916,3 +916,17 @@ fn open_file_keeps_its_inode_number() {
     assert_eq!(r.read_all(), b"old");
     r.close();
 }
+
+#[test]
+fn rmdir_ignores_leftovers_of_an_interrupted_unlink() {
+    let f = fx();
+    f.fs.mkdir(&ROOT, p("/d"), 0o755).unwrap();
+    // What a crash between the two halves of an unlink leaves.
+    let gone = f.b.join("d/.plfs-gone.123");
+    std::fs::create_dir(&gone).unwrap();
+    std::fs::write(gone.join(".plfs"), b"").unwrap();
+    std::fs::write(gone.join("data.1"), b"x").unwrap();
+    assert!(f.names("/d").is_empty());
+    f.fs.rmdir(&ROOT, p("/d")).unwrap();
+    assert!(!f.b.join("d").exists());
+}

@@ -28,9 +28,14 @@
 //! `open` merges all droppings, records in sequence order, into the file's
 //! current map; extents name logs, turned into indexes of `Opened::files`.
 //! `Attr::ino` is the container directory's backing inode number, stable
-//! across renames; `nlink` is 1; `blocks` is the sum of the logs' blocks
-//! (bytes shadowed by later writes count until a compaction frees their
-//! log).
+//! across renames (every open keeps a descriptor of its container, so the
+//! number is not reused while the file is open); `nlink` is 1; `blocks` is
+//! the sum of the logs' blocks (an approximation: bytes shadowed by later
+//! writes count until a compaction frees their log). A directory's `nlink`
+//! is 2 plus its real subdirectories (containers are files). A file's mtime
+//! is set to the time of each flush that recorded new bytes, unless the
+//! times were set explicitly since (`futimens` before `close`, as `tar` and
+//! `cp -p` do).
 //!
 //! # Who decides
 //!
@@ -54,11 +59,19 @@
 //! `open` or `getattr` anywhere sees the bytes, and after `fsync` they
 //! survive a crash. What a dropping records is the open's *delta* (see
 //! `delta.rs`): two writers of disjoint ranges of one file both survive in
-//! either order, overlapping writes resolve to the later flushed write. `open`
-//! with `O_TRUNC` and `truncate` add a dropping that sets the size; older
-//! records are shadowed by it, the writes of opens still open after it are
-//! not. Merged maps are cached per container (keyed by its backing dev/ino,
+//! either order. Overlapping writes of two opens that are both unflushed
+//! resolve to the open that flushed later (the map carries no write times,
+//! so exact "later write wins" would need the engine to stamp extents). `open`
+//! with `O_TRUNC` and `truncate` add a dropping that sets the size; the
+//! bytes that opens still writing had written before it are shadowed by it
+//! (their log length at the truncate is noted), their later writes are not.
+//! Merged maps are cached per container (keyed by its backing dev/ino,
 //! validated by the directory's mtime/ctime, dropped by every local change).
+//!
+//! An open sees the file as merged at its `open` plus its own writes: a
+//! descriptor opened *before* another open wrote and closed keeps the older
+//! bytes until it is reopened (close-to-open, as NFS; refreshing it would
+//! need the executor to install a new map).
 //!
 //! Compaction: when a release finds more than [`COMPACT_AFTER`] droppings and
 //! no open writer of the file remains in this process, and at every truncate
@@ -88,7 +101,12 @@
 //!   shims) are ordered only through the droppings; compaction assumes no
 //!   other process is writing the file.
 //! - Names starting with `.plfs-new.` or `.plfs-gone.` are reserved (hidden,
-//!   and `EPERM` to create).
+//!   and `EPERM` to create). A crash in the middle of `unlink` leaves a
+//!   hidden `.plfs-gone.*` container, removed by a later `rmdir` of its
+//!   directory.
+//! - Paths are checked only for a container as the *immediate* parent; a
+//!   directory planted inside a container directly in the backing store is
+//!   reachable (still beneath the root).
 
 mod attr;
 mod container;
@@ -368,7 +386,14 @@ impl FileSystem for Plfs {
         if let Some(Node::File(_)) = self.node(ctx, path)? {
             return Err(Error::from_errno(libc::ENOTDIR));
         }
-        self.pt.rmdir(ctx, path)
+        match self.pt.rmdir(ctx, path) {
+            // Containers whose removal a crash interrupted are hidden, so
+            // they must not keep the directory from being removed.
+            Err(e) if e.errno() == libc::ENOTEMPTY && self.remove_leftovers(path)? => {
+                self.pt.rmdir(ctx, path)
+            }
+            r => r,
+        }
     }
 
     fn symlink(&self, ctx: &Ctx, target: &OsStr, path: &Path) -> Result<Attr> {
@@ -491,6 +516,29 @@ impl Plfs {
             }
         }
         Ok(n)
+    }
+
+    /// Removes `.plfs-gone.*` leftovers in directory `path` (as the daemon);
+    /// true when there were any.
+    fn remove_leftovers(&self, path: &Path) -> Result<bool> {
+        let fd = self.root().open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )?;
+        let mut gone = Vec::new();
+        let mut d = rustix::fs::Dir::read_from(&fd)?;
+        while let Some(e) = d.read() {
+            let e = e?;
+            let name = e.file_name().to_bytes();
+            if name.starts_with(format::GONE_PREFIX.as_bytes()) {
+                gone.push(OsStr::from_bytes(name).to_os_string());
+            }
+        }
+        for n in &gone {
+            container::remove_tree(fd.as_fd(), n)?;
+        }
+        Ok(!gone.is_empty())
     }
 
     /// Where the attributes of `path` live for xattrs and `access`: `.plfs`

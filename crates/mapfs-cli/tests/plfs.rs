@@ -2459,6 +2459,112 @@ fn unlink_while_open_auto() {
     }
 }
 
+/// Extended attributes of a plfs file, and offsets past 4 GiB in its index
+/// (sparse), as natively and after a remount.
+fn xattr_bigoff_obs(dir: &Path) -> Vec<String> {
+    let p = dir.join("x");
+    fs::write(&p, b"data").unwrap();
+    let mut o = Vec::new();
+    o.push(format!(
+        "setxattr: {}",
+        outcome(&rustix::fs::setxattr(
+            &p,
+            "user.plfs_test",
+            b"value1",
+            rustix::fs::XattrFlags::empty()
+        ))
+    ));
+    o.push(format!(
+        "setxattr create again: {}",
+        outcome(&rustix::fs::setxattr(
+            &p,
+            "user.plfs_test",
+            b"v",
+            rustix::fs::XattrFlags::CREATE
+        ))
+    ));
+    let mut buf = [0u8; 64];
+    let r = rustix::fs::getxattr(&p, "user.plfs_test", &mut buf[..]);
+    o.push(format!(
+        "getxattr: {:?}",
+        r.map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+            .map_err(ename)
+    ));
+    let mut list = [0u8; 256];
+    let r = rustix::fs::listxattr(&p, &mut list[..]);
+    o.push(format!(
+        "listxattr user.*: {:?}",
+        r.map(|n| {
+            list[..n]
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .filter(|a| a.starts_with("user."))
+                .collect::<Vec<_>>()
+        })
+        .map_err(ename)
+    ));
+    let big = dir.join("big");
+    let f = fs::File::create(&big).unwrap();
+    let off = (5u64 << 30) + 12345;
+    f.write_all_at(b"far away", off).unwrap();
+    f.write_all_at(b"near", 10).unwrap();
+    drop(f);
+    o
+}
+
+fn xattr_bigoff_check(dir: &Path) -> Vec<String> {
+    let mut o = Vec::new();
+    let mut buf = [0u8; 64];
+    let r = rustix::fs::getxattr(dir.join("x"), "user.plfs_test", &mut buf[..]);
+    o.push(format!(
+        "getxattr: {:?}",
+        r.map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+            .map_err(ename)
+    ));
+    let big = fs::File::open(dir.join("big")).unwrap();
+    let off = (5u64 << 30) + 12345;
+    o.push(format!("big size: {}", big.metadata().unwrap().len()));
+    let mut b = [0u8; 16];
+    let n = big.read_at(&mut b, off - 4).unwrap();
+    o.push(format!("big tail: {:?}", &b[..n]));
+    let n = big.read_at(&mut b, 8).unwrap();
+    o.push(format!("big head: {:?}", &b[..n]));
+    let n = big.read_at(&mut b, 3 << 30).unwrap();
+    o.push(format!("big hole: {:?}", &b[..n]));
+    o
+}
+
+#[test]
+fn xattrs_and_large_offsets() {
+    let test = "xattrs_and_large_offsets";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let native = native_dir();
+    let want = xattr_bigoff_obs(native.path());
+    let want_check = xattr_bigoff_check(native.path());
+    assert_eq!(want[0], "setxattr: ok", "native control: {want:?}");
+    let (_keep, backing) = kept_backing();
+    let s = plfs_on(DataMode::Auto, Some(&backing), &[]);
+    assert_eq!(
+        want,
+        xattr_bigoff_obs(s.mountpoint()),
+        "{test}: differs from native"
+    );
+    assert_eq!(
+        want_check,
+        xattr_bigoff_check(s.mountpoint()),
+        "{test}: differs from native"
+    );
+    umount_clean(s, test);
+    let s = plfs_on(DataMode::Daemon, Some(&backing), &[]);
+    assert_eq!(
+        want_check,
+        xattr_bigoff_check(s.mountpoint()),
+        "{test}: after remount"
+    );
+}
+
 /// Hard links are not supported: EPERM, and nothing is created.
 #[test]
 fn link_is_eperm() {

@@ -152,6 +152,9 @@ pub struct Plfs {
     store: Store,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
+    /// Link counts of directories (a scan each), by backing (dev, ino),
+    /// valid while the directory's mtime/ctime are unchanged.
+    nlinks: Mutex<HashMap<Key, (store::Validator, u32)>>,
 }
 
 /// One open of a file.
@@ -227,6 +230,7 @@ impl Plfs {
             store: Store::new(),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
+            nlinks: Mutex::new(HashMap::new()),
         })
     }
 
@@ -498,6 +502,13 @@ impl Plfs {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
             Mode::empty(),
         )?;
+        let key = container::key_of(fd.as_fd())?;
+        let v = store::validator(fd.as_fd())?;
+        if let Some((cv, n)) = self.nlinks.lock().get(&key) {
+            if *cv == v {
+                return Ok(*n);
+            }
+        }
         let mut n = 2;
         let mut d = rustix::fs::Dir::read_from(&fd)?;
         while let Some(e) = d.read() {
@@ -515,6 +526,11 @@ impl Plfs {
                 }
             }
         }
+        let mut c = self.nlinks.lock();
+        if c.len() >= 4096 {
+            c.clear();
+        }
+        c.insert(key, (v, n));
         Ok(n)
     }
 

@@ -39,9 +39,10 @@ pub(super) struct Loaded {
 
 /// The container directory's change/modify times: a dropping renamed in or
 /// removed changes them, so a cached merge with other times is stale.
-type Validator = (i64, i64, i64, i64);
+pub(super) type Validator = (i64, i64, i64, i64);
 
-fn validator(dir: BorrowedFd<'_>) -> Result<Validator> {
+/// The [`Validator`] of directory `dir` now.
+pub(super) fn validator(dir: BorrowedFd<'_>) -> Result<Validator> {
     let st = rustix::fs::fstat(dir)?;
     #[allow(clippy::unnecessary_cast)]
     Ok((

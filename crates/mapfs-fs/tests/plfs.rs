@@ -930,3 +930,21 @@ fn rmdir_ignores_leftovers_of_an_interrupted_unlink() {
     f.fs.rmdir(&ROOT, p("/d")).unwrap();
     assert!(!f.b.join("d").exists());
 }
+
+/// The mount test's sequence: a writes, b opens with O_TRUNC and writes, c
+/// truncates through its open (engine + flush), then a closes last.
+#[test]
+fn truncates_by_other_opens_undo_older_writes_and_growth() {
+    let f = fx();
+    let a = f.create("/t");
+    a.write(0, &[1u8; 100_000]);
+    let b = f.open("/t", libc::O_WRONLY | libc::O_TRUNC);
+    b.write(0, b"BBBBBBBBBB");
+    b.close();
+    let c = f.open("/t", libc::O_WRONLY);
+    c.truncate(5);
+    c.close();
+    a.close();
+    assert_eq!(f.contents("/t"), b"BBBBB");
+    assert_eq!(f.fs.getattr(&ROOT, p("/t")).unwrap().size, 5);
+}

@@ -19,7 +19,10 @@
 //!   number just below the event's, so the truncate shadows them, while the
 //!   open's later writes survive it, as on a local file;
 //! - everything else (bytes written since, holes) gets the flush's fresh
-//!   number.
+//!   number;
+//! - a size grown by a write dates from that write, so a later truncate by
+//!   someone else undoes the growth too; a shrink through this open is itself
+//!   a truncate event for the other writers.
 //!
 //! Precision: two opens writing overlapping bytes, both unflushed, are
 //! ordered by their flushes (the later flushed wins), not by their writes:
@@ -96,7 +99,8 @@ impl Delta {
 }
 
 /// An event seen while this open was writing: its own log was `len` bytes
-/// long when a truncate got sequence number `seq`.
+/// long when a truncate (by another open, `truncate(2)` or `O_TRUNC`) got
+/// sequence number `seq`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Epoch {
     /// Own log length at the event.
@@ -217,8 +221,18 @@ pub(super) fn delta(
         std::cmp::Ordering::Greater => Some(SizeRule::GrowTo(now.size())),
         std::cmp::Ordering::Equal => None,
     };
-    let size = rule.map(|r| match prev.size {
-        Some((p, s)) if p == r => (r, s),
+    let size = rule.map(|r| match (prev.size, r) {
+        (Some((p, s)), _) if p == r => (r, s),
+        // Growth by a write dates from that write (so a truncate by someone
+        // else after it also undoes the growth); other growth (an extending
+        // truncate) from this flush.
+        (_, SizeRule::GrowTo(g)) => {
+            let by_write = pieces
+                .last()
+                .filter(|p| p.start + p.len == g && matches!(p.content, Content::Data { .. }))
+                .map(|p| p.seq);
+            (r, by_write.unwrap_or(new_seq))
+        }
         _ => (r, new_seq),
     });
     Delta { pieces, size }

@@ -310,14 +310,16 @@ impl Plfs {
 
     /// Records, for every open writing container `key`, how long its log is
     /// at the truncate numbered `seq` (so its bytes written before order
-    /// before the truncate). The caller holds the container's lock.
-    fn mark_epoch(&self, key: Key, seq: u64) {
+    /// before the truncate), except the open `except` that truncated. The
+    /// caller holds the container's lock.
+    fn mark_epoch(&self, key: Key, seq: u64, except: Option<&str>) {
         let handles = self.handles.lock();
-        for w in handles
+        let writers = handles
             .values()
             .filter(|h| h.key == key)
             .filter_map(|h| h.w.as_ref())
-        {
+            .filter(|w| Some(w.id.as_str()) != except);
+        for w in writers {
             let Ok(md) = w.log.metadata() else { continue };
             let len = md.len();
             let mut ep = w.epochs.lock();
@@ -333,7 +335,7 @@ impl Plfs {
         let key = container::key_of(dir.as_fd())?;
         let _g = self.store.lock(key);
         let seq = self.store.truncate_locked(dir.as_fd(), key, size)?;
-        self.mark_epoch(key, seq);
+        self.mark_epoch(key, seq, None);
         if self.live_logs(key).is_empty() {
             self.store.compact_locked(dir.as_fd(), key, &[])?;
         }

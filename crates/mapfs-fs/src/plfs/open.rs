@@ -275,6 +275,12 @@ impl Plfs {
             Err(e) if e.errno() == libc::ENOENT => return Ok(()),
             r => r?,
         }
+        // A truncate through this open is an event for the other writers.
+        if let Some((SizeRule::Set(_), s)) = d.size {
+            if s == seq {
+                self.mark_epoch(h.key, seq, Some(&w.id));
+            }
+        }
         *rec = d;
         drop(rec);
         self.store.invalidate(h.key);

@@ -178,7 +178,11 @@ impl Plfs {
         if flags.0 & libc::O_TRUNC != 0 {
             self.truncate_file(&dir, 0)?;
         }
-        let loaded = self.store.load(dir.as_fd(), key)?;
+        // Under the lock until registered: a compaction must neither remove
+        // a log between the merge and its open here, nor miss this open's
+        // new log.
+        let guard = self.store.lock(key);
+        let loaded = self.store.load_locked(dir.as_fd(), key)?;
         let merged = &loaded.merged;
         let mut files = Vec::new();
         let mut names = Vec::new();
@@ -216,11 +220,9 @@ impl Plfs {
             let map = DataMap::new(extents, size, Growth::ReadOnly)?;
             let h = Arc::new(Handle { dir, key, w: None });
             self.handles.lock().insert(handle, h);
+            drop(guard);
             return Ok(Opened { map, files, handle });
         }
-        // Log creation and registration under the lock: a compaction must
-        // never see this log without its open.
-        let _g = self.store.lock(key);
         let id = format::new_id();
         let log_name = format!("{LOG_PREFIX}{id}");
         let log = Arc::new(container::open_file(
@@ -251,6 +253,7 @@ impl Plfs {
             }),
         });
         self.handles.lock().insert(handle, h);
+        drop(guard);
         Ok(Opened { map, files, handle })
     }
 

@@ -336,7 +336,12 @@ impl Shared {
     }
 
     fn path(&self, ino: INodeNo) -> Result<PathBuf> {
-        self.inodes.path(ino.0).ok_or_else(Error::not_found)
+        // ESTALE, not ENOENT: the kernel holds an inode whose name was
+        // removed or replaced (a rename over it); for a path-based call
+        // the VFS then looks the name up again and finds what is there now.
+        self.inodes
+            .path(ino.0)
+            .ok_or_else(|| Error::from_errno(libc::ESTALE))
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf> {
@@ -358,7 +363,7 @@ impl Shared {
     fn getattr_inner(&self, c: &Ctx, ino: INodeNo, fh: Option<FileHandle>) -> Result<Attr> {
         let by_path = self.path(ino).and_then(|p| self.fs.getattr(c, &p));
         match by_path {
-            Err(e) if e.errno() == libc::ENOENT => {
+            Err(e) if e.errno() == libc::ENOENT || e.errno() == libc::ESTALE => {
                 // An open file whose name is gone still has attributes.
                 let file = fh
                     .and_then(|fh| self.handles.file(fh.0))
@@ -815,10 +820,17 @@ impl Filesystem for Adapter {
                 };
                 match file.data.whole_file_backing() {
                     Some(b) => tri!(reply, set_file_times(b, &times)),
-                    None => {
-                        let path = tri!(reply, path.clone());
-                        tri!(reply, s.fs.setattr(&ROOT_CTX, &path, &times));
-                    }
+                    // The file system keeps these times by name; a file
+                    // whose name is gone has nobody left to show them to.
+                    None => match &path {
+                        Ok(p) => match s.fs.setattr(&ROOT_CTX, p, &times) {
+                            Err(e) if e.errno() == libc::ENOENT => {}
+                            r => {
+                                tri!(reply, r);
+                            }
+                        },
+                        Err(_) => {}
+                    },
                 }
                 set.atime = None;
                 set.mtime = None;

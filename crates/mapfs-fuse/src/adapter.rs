@@ -822,15 +822,16 @@ impl Filesystem for Adapter {
                     Some(b) => tri!(reply, set_file_times(b, &times)),
                     // The file system keeps these times by name; a file
                     // whose name is gone has nobody left to show them to.
-                    None => match &path {
-                        Ok(p) => match s.fs.setattr(&ROOT_CTX, p, &times) {
-                            Err(e) if e.errno() == libc::ENOENT => {}
-                            r => {
-                                tri!(reply, r);
+                    None => {
+                        if let Ok(p) = &path {
+                            match s.fs.setattr(&ROOT_CTX, p, &times) {
+                                Err(e) if e.errno() == libc::ENOENT => {}
+                                r => {
+                                    tri!(reply, r);
+                                }
                             }
-                        },
-                        Err(_) => {}
-                    },
+                        }
+                    }
                 }
                 set.atime = None;
                 set.mtime = None;

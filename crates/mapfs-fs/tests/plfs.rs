@@ -1008,3 +1008,34 @@ fn concurrent_writers_and_readers() {
         assert!(chunk.iter().all(|b| *b == (k % 251) as u8 + 1), "block {k}");
     }
 }
+
+/// Two instances on one backing directory (two daemons, or embedded shims
+/// in two processes): one compacts while the other still writes; nothing
+/// of the live writer's log may go.
+#[test]
+fn compaction_spares_writers_of_another_instance() {
+    let f = fx();
+    let other = Plfs::new(&f.b).unwrap();
+    f.create("/s").close();
+    let o = other.open(&ROOT, p("/s"), OpenFlags(libc::O_RDWR)).unwrap();
+    let a = Open {
+        fs: &other,
+        path: "/s".into(),
+        handle: o.handle,
+        data: DataFile::new(o),
+    };
+    let mut model = Vec::new();
+    a.write(0, &[7u8; 100]);
+    model_write(&mut model, 0, &[7u8; 100]);
+    for i in 0..(mapfs_fs::plfs::COMPACT_AFTER as u64 + 8) {
+        let w = f.open("/s", libc::O_RDWR);
+        w.write(1000 + i * 10, &[i as u8 + 1; 10]);
+        model_write(&mut model, (1000 + i * 10) as usize, &[i as u8 + 1; 10]);
+        w.close();
+    }
+    assert!(f.backing_entries("/s", "index.").len() <= mapfs_fs::plfs::COMPACT_AFTER + 1);
+    a.write(100, &[8u8; 50]);
+    model_write(&mut model, 100, &[8u8; 50]);
+    a.close();
+    same_bytes(&f.contents("/s"), &model, "after both instances");
+}

@@ -11,7 +11,9 @@ use std::os::unix::ffi::OsStrExt;
 
 use mapfs::backing::openat2_beneath;
 use mapfs::{Error, Result};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps, UTIME_NOW, UTIME_OMIT};
+use rustix::fs::{
+    AtFlags, FileType, FlockOperation, Mode, OFlags, Timespec, Timestamps, UTIME_NOW, UTIME_OMIT,
+};
 use tracing::warn;
 
 use super::format::{self, Dropping, IDENTITY, INDEX_PREFIX, LOG_PREFIX, NEW_PREFIX, TMP_PREFIX};
@@ -228,6 +230,46 @@ fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
     }
     match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Takes the container's cross-process lock: `flock` on `.plfs`, shared
+/// for merging, exclusive for writing or removing droppings and logs. Held
+/// until the returned file is dropped. (`flock` locks belong to the open file
+/// description, so a process must not take it twice on one container: the
+/// in-process stripe lock is always taken first and serialises that.)
+pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<File> {
+    let f = open_file(dir, IDENTITY, OFlags::RDONLY)?;
+    let op = if exclusive {
+        FlockOperation::LockExclusive
+    } else {
+        FlockOperation::LockShared
+    };
+    rustix::fs::flock(&f, op)?;
+    Ok(f)
+}
+
+/// Marks `log` as in use by a live writer (a shared `flock` held as long as
+/// any descriptor of this open of it exists, in any process it was handed
+/// to), so compactions anywhere leave it alone.
+pub(super) fn hold_log(log: &File) -> Result<()> {
+    Ok(rustix::fs::flock(log, FlockOperation::LockShared)?)
+}
+
+/// Removes log `name` unless a live writer holds it; true when removed.
+pub(super) fn remove_log_if_unused(dir: BorrowedFd<'_>, name: &str) -> Result<bool> {
+    let f = match open_file(dir, name, OFlags::RDONLY) {
+        Ok(f) => f,
+        Err(e) if e.errno() == libc::ENOENT => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    match rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {
+            remove(dir, name)?;
+            Ok(true)
+        }
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
         Err(e) => Err(e.into()),
     }
 }

@@ -76,7 +76,14 @@
 //! Compaction: when a release finds more than [`COMPACT_AFTER`] droppings and
 //! no open writer of the file remains in this process, and at every truncate
 //! with no open writer, the droppings are rewritten as one base dropping and
-//! logs no extent refers to are removed.
+//! logs no extent refers to are removed, except logs a live writer holds.
+//!
+//! Several processes may serve one backing directory (daemons, embedded
+//! shims): dropping writes, truncates and compactions take an exclusive
+//! `flock` on the container's `.plfs`, merges a shared one, and every writer
+//! holds a shared `flock` on its own log, which compaction tests (see
+//! `store.rs`). Sequence numbers come from the clock, so their records
+//! interleave by time.
 //!
 //! # Security
 //!
@@ -97,9 +104,6 @@
 //! - Renaming a file into another directory by someone other than its owner
 //!   needs write permission on the container directory (the kernel rule for
 //!   moving directories), where a plain file would not.
-//! - Writers in other processes sharing the backing directory (embedded
-//!   shims) are ordered only through the droppings; compaction assumes no
-//!   other process is writing the file.
 //! - Names starting with `.plfs-new.` or `.plfs-gone.` are reserved (hidden,
 //!   and `EPERM` to create). A crash in the middle of `unlink` leaves a
 //!   hidden `.plfs-gone.*` container, removed by a later `rmdir` of its
@@ -333,7 +337,7 @@ impl Plfs {
     /// so, then a compaction when no open of this process writes the file.
     fn truncate_file(&self, dir: &OwnedFd, size: u64) -> Result<()> {
         let key = container::key_of(dir.as_fd())?;
-        let _g = self.store.lock(key);
+        let _g = self.store.lock(dir.as_fd(), key)?;
         let seq = self.store.truncate_locked(dir.as_fd(), key, size)?;
         self.mark_epoch(key, seq, None);
         if self.live_logs(key).is_empty() {

@@ -181,7 +181,7 @@ impl Plfs {
         // Under the lock until registered: a compaction must neither remove
         // a log between the merge and its open here, nor miss this open's
         // new log.
-        let guard = self.store.lock(key);
+        let guard = self.store.lock(dir.as_fd(), key)?;
         let loaded = self.store.load_locked(dir.as_fd(), key)?;
         let merged = &loaded.merged;
         let mut files = Vec::new();
@@ -230,6 +230,7 @@ impl Plfs {
             &log_name,
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
         )?);
+        container::hold_log(&log)?;
         files.push(log.clone());
         names.push(log_name);
         let growth = Growth::AppendLog {
@@ -262,7 +263,11 @@ impl Plfs {
         let Some(w) = &h.w else {
             return Ok(());
         };
-        let _g = self.store.lock(h.key);
+        let _g = match self.store.lock(h.dir.as_fd(), h.key) {
+            // Unlinked (or replaced by a rename) since open: nothing to keep.
+            Err(e) if e.errno() == libc::ENOENT => return Ok(()),
+            r => r?,
+        };
         let mut rec = w.recorded.lock();
         let seq = format::next_seq(w.floor);
         let own = (w.names.len() - 1) as u32;
@@ -320,10 +325,16 @@ impl Plfs {
             .iter()
             .any(|p| matches!(p.content, Content::Data { file, .. } if file == own));
         if !uses_log {
-            let _g = self.store.lock(h.key);
             let name = format!("{LOG_PREFIX}{}", w.id);
-            if let Err(e) = container::remove(h.dir.as_fd(), &name) {
-                warn!("plfs: cannot remove unused log {name}: {e}");
+            let removed = self
+                .store
+                .lock(h.dir.as_fd(), h.key)
+                .and_then(|_g| container::remove(h.dir.as_fd(), &name));
+            match removed {
+                Ok(()) => {}
+                // Unlinked meanwhile: the log went with the container.
+                Err(e) if e.errno() == libc::ENOENT => {}
+                Err(e) => warn!("plfs: cannot remove unused log {name}: {e}"),
             }
         }
         res?;
@@ -333,7 +344,10 @@ impl Plfs {
     /// Compacts container `dir` when it collected many droppings and no open
     /// of this process writes it any more.
     fn maybe_compact(&self, dir: &OwnedFd, key: Key) -> Result<()> {
-        let _g = self.store.lock(key);
+        let _g = match self.store.lock(dir.as_fd(), key) {
+            Err(e) if e.errno() == libc::ENOENT => return Ok(()),
+            r => r?,
+        };
         if !self.live_logs(key).is_empty() {
             return Ok(());
         }

@@ -2,11 +2,14 @@
 //! and the operations that rewrite droppings (truncate, compaction).
 //!
 //! Locking: one mutex per container (striped by its backing `(dev, ino)`)
-//! is held around every dropping write, every merge that fills the cache,
-//! and compaction, so a merge never caches a state older than a write this
-//! process already made, and compaction never races a flush of this process.
-//! Writers in other processes (embedded shims on the same backing directory)
-//! are ordered only by the atomic rename of each dropping.
+//! inside the process, then an `flock` on the container's `.plfs` across
+//! processes (daemons and embedded shims sharing a backing directory):
+//! exclusive around every dropping write, truncate and compaction, shared
+//! around a merge. So a merge never sees a compaction half done, never caches
+//! a state older than a write this process already made, and a compaction
+//! never removes a dropping being rewritten. Logs of live writers are held
+//! with a shared `flock` of their own, which compaction tests before removing
+//! a log, wherever the writer runs.
 
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
@@ -53,6 +56,13 @@ pub(super) fn validator(dir: BorrowedFd<'_>) -> Result<Validator> {
     ))
 }
 
+/// A container locked for changes (in-process and across processes).
+#[derive(Debug)]
+pub(super) struct Locked<'a> {
+    _stripe: MutexGuard<'a, ()>,
+    _flock: std::fs::File,
+}
+
 /// Locks and cache of all containers.
 #[derive(Debug)]
 pub(super) struct Store {
@@ -68,10 +78,21 @@ impl Store {
         }
     }
 
-    /// The lock of container `key`.
-    pub fn lock(&self, key: Key) -> MutexGuard<'_, ()> {
+    /// The in-process lock of container `key` (see [`Store::lock`]).
+    fn stripe(&self, key: Key) -> MutexGuard<'_, ()> {
         let h = key.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ key.1;
         self.stripes[(h % STRIPES as u64) as usize].lock()
+    }
+
+    /// Locks container `dir` for changing its droppings or logs: the
+    /// in-process stripe, then the exclusive cross-process `flock`.
+    pub fn lock(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Locked<'_>> {
+        let stripe = self.stripe(key);
+        let flock = container::lock_identity(dir, true)?;
+        Ok(Locked {
+            _stripe: stripe,
+            _flock: flock,
+        })
     }
 
     /// Forgets the cached merge of `key`.
@@ -79,20 +100,36 @@ impl Store {
         self.cache.lock().remove(&key);
     }
 
-    /// The merged index of container `dir` (takes its lock).
+    /// The merged index of container `dir`: from the cache when the
+    /// directory is unchanged, else merged under the in-process lock and the
+    /// shared `flock` (no compaction or dropping write anywhere meanwhile).
     pub fn load(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
-        let _g = self.lock(key);
-        self.load_locked(dir, key)
+        if let Some(l) = self.cached(dir, key)? {
+            return Ok(l);
+        }
+        let _stripe = self.stripe(key);
+        let _flock = container::lock_identity(dir, false)?;
+        self.merge_now(dir, key)
     }
 
-    /// [`Store::load`] for a caller holding the container's lock.
+    /// [`Store::load`] for a caller holding [`Store::lock`].
     pub fn load_locked(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
-        let v = validator(dir)?;
-        if let Some((cv, l)) = self.cache.lock().get(&key) {
-            if *cv == v {
-                return Ok(l.clone());
-            }
+        match self.cached(dir, key)? {
+            Some(l) => Ok(l),
+            None => self.merge_now(dir, key),
         }
+    }
+
+    fn cached(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Option<Arc<Loaded>>> {
+        let v = validator(dir)?;
+        Ok(match self.cache.lock().get(&key) {
+            Some((cv, l)) if *cv == v => Some(l.clone()),
+            _ => None,
+        })
+    }
+
+    fn merge_now(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
+        let v = validator(dir)?;
         let listing = container::list(dir)?;
         let ds = container::read_droppings(dir, &listing.indexes);
         let loaded = Arc::new(Loaded {
@@ -167,12 +204,14 @@ impl Store {
             records,
         };
         container::write_dropping(dir, &format!("{INDEX_PREFIX}{}", format::new_id()), &base)?;
+        // Every dropping writer holds the exclusive lock while its `tmp.*`
+        // exists, so the ones seen here are leftovers of a crash.
         for n in listing.indexes.iter().chain(&listing.tmps) {
             container::remove(dir, n)?;
         }
         for n in &listing.logs {
             if !index_of.contains_key(n.as_str()) && !live.contains(n) {
-                container::remove(dir, n)?;
+                container::remove_log_if_unused(dir, n)?;
             }
         }
         container::fsync_dir(dir)?;

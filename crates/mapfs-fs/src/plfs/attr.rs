@@ -37,7 +37,7 @@ impl Plfs {
         let dst = rustix::fs::fstat(dir)?;
         let loaded = self.store.load(dir.as_fd(), (dst.st_dev, dst.st_ino))?;
         Ok(Attr {
-            ino: dst.st_ino,
+            ino: container::file_ino(dir.as_fd())?,
             size: loaded.merged.map.size(),
             blocks: loaded.log_blocks,
             atime: system_time(id.st_atime as i64, id.st_atime_nsec as i64),

@@ -12,7 +12,8 @@ use std::os::unix::ffi::OsStrExt;
 use mapfs::backing::openat2_beneath;
 use mapfs::{Error, Result};
 use rustix::fs::{
-    AtFlags, FileType, FlockOperation, Mode, OFlags, Timespec, Timestamps, UTIME_NOW, UTIME_OMIT,
+    AtFlags, FileType, FlockOperation, Mode, OFlags, StatxFlags, Timespec, Timestamps, UTIME_NOW,
+    UTIME_OMIT,
 };
 use tracing::warn;
 
@@ -29,6 +30,38 @@ const MAX_DEPTH: u32 = 8;
 pub(super) fn key_of(dir: BorrowedFd<'_>) -> Result<Key> {
     let st = rustix::fs::fstat(dir)?;
     Ok((st.st_dev, st.st_ino))
+}
+
+/// Bits of a file's `ino` above the backing inode number (see
+/// [`file_ino`]).
+const INO_BITS: u32 = 40;
+
+/// The `ino` of the file whose container is `dir`: the container's backing
+/// inode number, with a hash of its birth time in the bits above
+/// [`INO_BITS`]. Backing file systems reuse a freed inode number at once, so
+/// a file created right after another was removed (a rename over, an unlink
+/// and create) would otherwise get the number the kernel may still cache
+/// for the old one; with the birth time mixed in, the new file has a new
+/// number. Stable across renames and remounts (both parts are), unique among
+/// live files (the low bits are the backing number). Without a birth time or
+/// with inode numbers that large, the backing number alone.
+pub(super) fn file_ino(dir: BorrowedFd<'_>) -> Result<u64> {
+    let sx = rustix::fs::statx(
+        dir,
+        "",
+        AtFlags::EMPTY_PATH,
+        StatxFlags::INO | StatxFlags::BTIME,
+    )?;
+    let ino = sx.stx_ino;
+    if sx.stx_mask & StatxFlags::BTIME.bits() == 0 || ino >> INO_BITS != 0 {
+        return Ok(ino);
+    }
+    let t = (sx.stx_btime.tv_sec as u64)
+        .wrapping_mul(1_000_000_007)
+        .wrapping_add(u64::from(sx.stx_btime.tv_nsec));
+    // Fibonacci hashing; 23 bits so the number stays below 2^63.
+    let h = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - 23);
+    Ok(ino | (h << INO_BITS))
 }
 
 /// `O_PATH` fd of directory `name` in `at`, not following a symlink.

@@ -27,9 +27,12 @@
 //!
 //! `open` merges all droppings, records in sequence order, into the file's
 //! current map; extents name logs, turned into indexes of `Opened::files`.
-//! `Attr::ino` is the container directory's backing inode number, stable
-//! across renames (every open keeps a descriptor of its container, so the
-//! number is not reused while the file is open); `nlink` is 1; `blocks` is
+//! `Attr::ino` is the container directory's backing inode number with a hash
+//! of its birth time above bit 40 (`container::file_ino`): stable across
+//! renames and remounts, and not the number of a file removed just before
+//! (backing file systems reuse inode numbers at once); every open also keeps
+//! a descriptor of its container, so the backing number itself is not
+//! reused while the file is open. `nlink` is 1; `blocks` is
 //! the sum of the logs' blocks (an approximation: bytes shadowed by later
 //! writes count until a compaction frees their log). A directory's `nlink`
 //! is 2 plus its real subdirectories (containers are files). A file's mtime

@@ -39,6 +39,9 @@ impl Plfs {
             if let Ok(c) = container::open_dir(dir.as_fd(), &e.name) {
                 if container::is_container(c.as_fd()) {
                     e.kind = FileKind::File;
+                    if let Ok(ino) = container::file_ino(c.as_fd()) {
+                        e.ino = ino;
+                    }
                 }
             }
         }
@@ -72,8 +75,9 @@ impl Plfs {
         match gone {
             None => self.pt.unlink(ctx, path),
             Some((parent, gone, key)) => {
-                self.store.invalidate(key);
-                container::remove_tree(parent.as_fd(), OsStr::new(&gone))
+                let res = container::remove_tree(parent.as_fd(), OsStr::new(&gone));
+                self.store.forget(key);
+                res
             }
         }
     }
@@ -135,7 +139,7 @@ impl Plfs {
             rustix::fs::unlinkat(&a.parent, &a.name, AtFlags::empty()).map_err(Error::from)
         };
         if let Some(k) = old_key {
-            self.store.invalidate(k);
+            self.store.forget(k);
         }
         if let Err(e) = &res {
             warn!("plfs: rename replaced a file but cannot remove it: {e}");

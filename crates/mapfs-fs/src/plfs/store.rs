@@ -100,6 +100,16 @@ impl Store {
         self.cache.lock().remove(&key);
     }
 
+    /// Forgets container `key` once it has been removed: under its stripe,
+    /// so a merge of it running meanwhile (which caches only a container
+    /// still linked, checked under the stripe) cannot put it back. The
+    /// backing file system reuses the inode number at once, and a new
+    /// container with the old one's timestamps must not inherit its index.
+    pub fn forget(&self, key: Key) {
+        let _stripe = self.stripe(key);
+        self.invalidate(key);
+    }
+
     /// The merged index of container `dir`: from the cache when the
     /// directory is unchanged, else merged under the in-process lock and the
     /// shared `flock` (no compaction or dropping write anywhere meanwhile).
@@ -137,11 +147,14 @@ impl Store {
             droppings: listing.indexes.len(),
             log_blocks: listing.log_blocks,
         });
-        let mut c = self.cache.lock();
-        if c.len() >= CACHE_MAX {
-            c.clear();
+        // A removed container is never cached (see `forget`).
+        if rustix::fs::fstat(dir)?.st_nlink > 0 {
+            let mut c = self.cache.lock();
+            if c.len() >= CACHE_MAX {
+                c.clear();
+            }
+            c.insert(key, (v, loaded.clone()));
         }
-        c.insert(key, (v, loaded.clone()));
         Ok(loaded)
     }
 

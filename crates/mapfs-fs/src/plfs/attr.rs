@@ -30,10 +30,11 @@ impl Plfs {
     // The `stat` field types differ between architectures.
     #[allow(clippy::unnecessary_cast)]
     pub(super) fn file_attr(&self, dir: &OwnedFd) -> Result<Attr> {
-        let id = rustix::fs::statat(dir, IDENTITY, AtFlags::SYMLINK_NOFOLLOW)?;
-        if FileType::from_raw_mode(id.st_mode) != FileType::RegularFile {
-            return Err(Error::not_found());
-        }
+        let id = match rustix::fs::statat(dir, IDENTITY, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => st,
+            // It was a file when looked up: removed since, look again.
+            _ => return Err(Error::from_errno(libc::ESTALE)),
+        };
         let dst = rustix::fs::fstat(dir)?;
         let loaded = self.store.load(dir.as_fd(), (dst.st_dev, dst.st_ino))?;
         Ok(Attr {

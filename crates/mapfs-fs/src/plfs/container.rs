@@ -272,8 +272,14 @@ fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
 /// until the returned file is dropped. (`flock` locks belong to the open file
 /// description, so a process must not take it twice on one container: the
 /// in-process stripe lock is always taken first and serialises that.)
+///
+/// A container removed meanwhile has no `.plfs` any more: `ESTALE` (the
+/// caller looks its name up again, or has nothing left to do).
 pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<File> {
-    let f = open_file(dir, IDENTITY, OFlags::RDONLY)?;
+    let f = open_file(dir, IDENTITY, OFlags::RDONLY).map_err(|e| match e.errno() {
+        libc::ENOENT => Error::from_errno(libc::ESTALE),
+        _ => e,
+    })?;
     let op = if exclusive {
         FlockOperation::LockExclusive
     } else {

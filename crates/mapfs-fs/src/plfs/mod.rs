@@ -99,6 +99,11 @@
 //! never reachable as names of the file system. `flush` and `release` find
 //! the container by the handle's directory fd, not by path, so a rename or
 //! unlink while open is harmless (an unlinked file has nothing to persist).
+//! A container is removed (unlink, rename over) under its lock; a lookup,
+//! `getattr` or `open` that raced it finds the name no longer holding what
+//! it looked up, or the container gone once it gets the lock, and looks the
+//! name up again (`ESTALE` internally), so a reader of a name replaced by
+//! `rename` sees the old or the new file whole, never a half-removed one.
 //!
 //! # Not supported, and why
 //!
@@ -224,6 +229,19 @@ fn is_root(path: &Path) -> bool {
         .all(|c| matches!(c, Component::RootDir | Component::CurDir))
 }
 
+/// Runs `f` again while it answers `ESTALE` (a file removed or replaced
+/// between its lookup and its use), a few times; then passes the answer on.
+fn retry_stale<T>(mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    const ATTEMPTS: usize = 16;
+    let mut n = 1;
+    loop {
+        match f() {
+            Err(e) if e.errno() == libc::ESTALE && n < ATTEMPTS => n += 1,
+            r => return r,
+        }
+    }
+}
+
 /// `path/.plfs`: the identity of the file at `path`.
 fn identity(path: &Path) -> PathBuf {
     path.join(IDENTITY)
@@ -277,7 +295,16 @@ impl Plfs {
         let st = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
         let node = if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
             let dir = container::open_dir(parent.as_fd(), &name)?;
-            if container::is_container(dir.as_fd()) {
+            let file = container::is_container(dir.as_fd());
+            // The name must still hold what was judged: a file replaced by
+            // a rename and being removed has lost its `.plfs` and would pass
+            // for a directory.
+            let now = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+            let was = rustix::fs::fstat(&dir)?;
+            if (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino) {
+                return Err(Error::from_errno(libc::ESTALE));
+            }
+            if file {
                 Node::File(dir)
             } else {
                 Node::Dir
@@ -293,7 +320,7 @@ impl Plfs {
         if is_root(path) {
             return Ok(None);
         }
-        as_caller(ctx, || self.find(path).map(|f| Some(f.node)))
+        retry_stale(|| as_caller(ctx, || self.find(path).map(|f| Some(f.node))))
     }
 
     /// The container of `path` if it is a file (walked as the caller).
@@ -352,10 +379,10 @@ impl Plfs {
 
 impl FileSystem for Plfs {
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
-        match self.file_dir(ctx, path)? {
+        retry_stale(|| match self.file_dir(ctx, path)? {
             Some(dir) => self.file_attr(&dir),
             None => self.pt.getattr(ctx, path).map(|a| self.fix_dir(path, a)),
-        }
+        })
     }
 
     fn setattr(&self, ctx: &Ctx, path: &Path, set: &SetAttr) -> Result<Attr> {

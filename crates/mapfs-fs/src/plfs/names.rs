@@ -1,7 +1,7 @@
 //! Names: listing (containers shown as files), unlink, rename.
 
 use std::ffi::OsStr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -57,7 +57,6 @@ impl Plfs {
             let f = self.find(path)?;
             match f.node {
                 Node::File(dir) => {
-                    let key = container::key_of(dir.as_fd())?;
                     let gone = format!("{GONE_PREFIX}{}", format::new_id());
                     rustix::fs::renameat_with(
                         &f.parent,
@@ -66,7 +65,7 @@ impl Plfs {
                         gone.as_str(),
                         rustix::fs::RenameFlags::NOREPLACE,
                     )?;
-                    Ok(Some((f.parent, gone, key)))
+                    Ok(Some((f.parent, gone, dir)))
                 }
                 Node::Dir => Err(Error::from_errno(libc::EISDIR)),
                 Node::Other => Ok(None),
@@ -74,10 +73,8 @@ impl Plfs {
         })?;
         match gone {
             None => self.pt.unlink(ctx, path),
-            Some((parent, gone, key)) => {
-                let res = container::remove_tree(parent.as_fd(), OsStr::new(&gone));
-                self.store.forget(key);
-                res
+            Some((parent, gone, dir)) => {
+                self.remove_container(parent.as_fd(), OsStr::new(&gone), &dir)
             }
         }
     }
@@ -123,28 +120,43 @@ impl Plfs {
             (Node::File(_), Node::Other) => false,
             _ => return self.pt.rename(ctx, from, to, flags),
         };
-        let old_key = match &b.node {
-            Node::File(d) => Some(container::key_of(d.as_fd())?),
-            _ => None,
-        };
         let swap = RenameFlags {
             exchange: true,
             noreplace: false,
         };
         self.pt.rename(ctx, from, to, swap)?;
         // The replaced node now sits at the source name.
-        let res = if replace_file {
-            container::remove_tree(a.parent.as_fd(), &a.name)
-        } else {
-            rustix::fs::unlinkat(&a.parent, &a.name, AtFlags::empty()).map_err(Error::from)
+        let res = match &b.node {
+            Node::File(d) if replace_file => self.remove_container(a.parent.as_fd(), &a.name, d),
+            _ => rustix::fs::unlinkat(&a.parent, &a.name, AtFlags::empty()).map_err(Error::from),
         };
-        if let Some(k) = old_key {
-            self.store.forget(k);
-        }
         if let Err(e) = &res {
             warn!("plfs: rename replaced a file but cannot remove it: {e}");
         }
         res
+    }
+}
+
+impl Plfs {
+    /// Removes container `dir`, now named `name` in `parent`, holding its
+    /// lock: an open or merge of it that raced the unlink either completed
+    /// before (and keeps its logs open) or finds it gone and looks the name
+    /// up again (`ESTALE`), never a half-removed container.
+    fn remove_container(&self, parent: BorrowedFd<'_>, name: &OsStr, dir: &OwnedFd) -> Result<()> {
+        let key = container::key_of(dir.as_fd())?;
+        match self.store.lock(dir.as_fd(), key) {
+            Ok(locked) => {
+                let res = container::remove_tree(parent, name);
+                self.store.invalidate(key);
+                drop(locked);
+                res
+            }
+            Err(_) => {
+                let res = container::remove_tree(parent, name);
+                self.store.forget(key);
+                res
+            }
+        }
     }
 }
 

@@ -80,20 +80,31 @@ fn identity_mtime(dir: &OwnedFd) -> Result<(i64, i64)> {
 }
 
 impl Plfs {
+    /// Opens `path`; a file removed or replaced between its lookup and its
+    /// open (`ESTALE`) is looked up again, as the kernel would have found
+    /// whatever the name held.
     pub(super) fn do_open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+        super::retry_stale(|| self.open_once(ctx, path, flags))
+    }
+
+    fn open_once(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
         let dir = as_caller(ctx, || {
             if super::is_root(path) {
                 return Ok(None);
             }
             match self.find(path)?.node {
                 Node::File(dir) => {
-                    openat2_beneath(
+                    match openat2_beneath(
                         dir.as_fd(),
                         IDENTITY.as_ref(),
                         check_flags(flags),
                         Mode::empty(),
-                    )?;
-                    Ok(Some(dir))
+                    ) {
+                        Ok(_) => Ok(Some(dir)),
+                        // Removed since the lookup.
+                        Err(rustix::io::Errno::NOENT) => Err(Error::from_errno(libc::ESTALE)),
+                        Err(e) => Err(e.into()),
+                    }
                 }
                 _ => Ok(None),
             }
@@ -182,6 +193,10 @@ impl Plfs {
         // a log between the merge and its open here, nor miss this open's
         // new log.
         let guard = self.store.lock(dir.as_fd(), key)?;
+        if !container::is_container(dir.as_fd()) {
+            // Removed while we waited for the lock: look the name up again.
+            return Err(Error::from_errno(libc::ESTALE));
+        }
         let loaded = self.store.load_locked(dir.as_fd(), key)?;
         let merged = &loaded.merged;
         let mut files = Vec::new();
@@ -265,7 +280,7 @@ impl Plfs {
         };
         let _g = match self.store.lock(h.dir.as_fd(), h.key) {
             // Unlinked (or replaced by a rename) since open: nothing to keep.
-            Err(e) if e.errno() == libc::ENOENT => return Ok(()),
+            Err(e) if e.errno() == libc::ESTALE => return Ok(()),
             r => r?,
         };
         let mut rec = w.recorded.lock();
@@ -333,7 +348,7 @@ impl Plfs {
             match removed {
                 Ok(()) => {}
                 // Unlinked meanwhile: the log went with the container.
-                Err(e) if e.errno() == libc::ENOENT => {}
+                Err(e) if matches!(e.errno(), libc::ENOENT | libc::ESTALE) => {}
                 Err(e) => warn!("plfs: cannot remove unused log {name}: {e}"),
             }
         }
@@ -345,7 +360,7 @@ impl Plfs {
     /// of this process writes it any more.
     fn maybe_compact(&self, dir: &OwnedFd, key: Key) -> Result<()> {
         let _g = match self.store.lock(dir.as_fd(), key) {
-            Err(e) if e.errno() == libc::ENOENT => return Ok(()),
+            Err(e) if e.errno() == libc::ESTALE => return Ok(()),
             r => r?,
         };
         if !self.live_logs(key).is_empty() {

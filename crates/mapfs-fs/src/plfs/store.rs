@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
-use mapfs::Result;
+use mapfs::{Error, Result};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::container::{self, Key};
@@ -119,7 +119,12 @@ impl Store {
         }
         let _stripe = self.stripe(key);
         let _flock = container::lock_identity(dir, false)?;
-        self.merge_now(dir, key)
+        let loaded = self.merge_now(dir, key)?;
+        if !container::is_container(dir) {
+            // Removed while we waited for the lock: look the name up again.
+            return Err(Error::from_errno(libc::ESTALE));
+        }
+        Ok(loaded)
     }
 
     /// [`Store::load`] for a caller holding [`Store::lock`].

@@ -366,11 +366,13 @@ impl Plfs {
         if !self.live_logs(key).is_empty() {
             return Ok(());
         }
-        let loaded = match self.store.load_locked(dir.as_fd(), key) {
+        // Counting names is enough to decide; merging (reading every
+        // dropping) only when compacting.
+        let droppings = match container::list(dir.as_fd()) {
             Err(e) if e.errno() == libc::ENOENT => return Ok(()),
-            r => r?,
+            r => r?.indexes.len(),
         };
-        if loaded.droppings <= COMPACT_AFTER {
+        if droppings <= COMPACT_AFTER {
             return Ok(());
         }
         match self.store.compact_locked(dir.as_fd(), key, &[]) {

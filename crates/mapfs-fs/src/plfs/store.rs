@@ -32,8 +32,6 @@ const CACHE_MAX: usize = 4096;
 pub(super) struct Loaded {
     /// The merged index.
     pub merged: Merged,
-    /// Number of droppings merged.
-    pub droppings: usize,
     /// 512-byte blocks of all logs (the file's `st_blocks`; an
     /// approximation: bytes shadowed by later writes still count until a
     /// compaction drops their log).
@@ -149,7 +147,6 @@ impl Store {
         let ds = container::read_droppings(dir, &listing.indexes);
         let loaded = Arc::new(Loaded {
             merged: merge(&ds),
-            droppings: listing.indexes.len(),
             log_blocks: listing.log_blocks,
         });
         // A removed container is never cached (see `forget`).

@@ -57,10 +57,10 @@
 //!
 //! Close-to-open: executors call `flush` at every `close(2)`, `fsync` and
 //! size change of a written open, and `release` at the end; both rewrite
-//! that open's dropping atomically and durably (log data synced, dropping
-//! written to `tmp.<id>`, synced, renamed, directory synced), so the next
-//! `open` or `getattr` anywhere sees the bytes, and after `fsync` they
-//! survive a crash. What a dropping records is the open's *delta* (see
+//! that open's dropping atomically and durably (written to `tmp.<id>`,
+//! synced, renamed, directory synced), so the next `open` or `getattr`
+//! anywhere sees the bytes, and after `fsync` (where the executor has synced
+//! the logs first) they survive a crash. What a dropping records is the open's *delta* (see
 //! `delta.rs`): two writers of disjoint ranges of one file both survive in
 //! either order. Overlapping writes of two opens that are both unflushed
 //! resolve to the open that flushed later (the map carries no write times,

@@ -290,8 +290,12 @@ impl Plfs {
         if d == *rec {
             return Ok(());
         }
-        // The dropping must never name bytes the disk may not hold yet.
-        w.log.sync_data()?;
+        // No sync of the log here: at fsync(2) the executor has synced the
+        // backing files (the engine's fsync) before calling flush; at a plain
+        // close nothing needs to be durable, and after a crash a dropping
+        // naming log bytes that never reached the disk reads them as zeros
+        // (a log is a new file: its unwritten blocks are unallocated, never
+        // stale data).
         let name = format!("{INDEX_PREFIX}{}", w.id);
         match container::write_dropping(h.dir.as_fd(), &name, &dropping_of(&d, &w.names)) {
             // Unlinked (or replaced by a rename) since open: nothing to keep.

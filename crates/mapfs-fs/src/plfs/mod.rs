@@ -60,9 +60,9 @@
 //! that open's dropping atomically and durably (written to `tmp.<id>`,
 //! synced, renamed, directory synced), so the next `open` or `getattr`
 //! anywhere sees the bytes, and after `fsync` (where the executor has synced
-//! the logs first) they survive a crash. What a dropping records is the open's *delta* (see
-//! `delta.rs`): two writers of disjoint ranges of one file both survive in
-//! either order. Overlapping writes of two opens that are both unflushed
+//! the logs first) they survive a crash. What a dropping records is the
+//! open's *delta* (see `delta.rs`): two writers of disjoint ranges of one
+//! file both survive in either order. Overlapping writes of two opens that are both unflushed
 //! resolve to the open that flushed later (the map carries no write times,
 //! so exact "later write wins" would need the engine to stamp extents). `open`
 //! with `O_TRUNC` and `truncate` add a dropping that sets the size; the
@@ -75,6 +75,13 @@
 //! descriptor opened *before* another open wrote and closed keeps the older
 //! bytes until it is reopened (close-to-open, as NFS; refreshing it would
 //! need the executor to install a new map).
+//!
+//! Executors must give each open its own writes: a kernel writeback cache
+//! shared by several writable opens of one file (FUSE `writeback_cache`)
+//! writes a page back through whichever open it picks and fills partial
+//! pages by reading through one open's map, so writers sharing a page (N-1
+//! with blocks smaller than a page) lose bytes. Mount plfs with
+//! `--writeback-cache off`, or use page-aligned blocks.
 //!
 //! Compaction: when a release finds more than [`COMPACT_AFTER`] droppings and
 //! no open writer of the file remains in this process, and at every truncate

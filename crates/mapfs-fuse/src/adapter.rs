@@ -51,6 +51,7 @@ use mapfs::{
     Attr, Ctx, DataMap, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags, Result,
     SetAttr, TimeSet,
 };
+use parking_lot::RwLock;
 use tracing::{debug, info, warn};
 
 use crate::control::tokens::MapTokens;
@@ -124,6 +125,14 @@ pub struct Shared {
     notifier: OnceLock<Notifier>,
     /// Shim clients' map-cache tokens (see the module docs).
     tokens: MapTokens,
+    /// Held shared by every call that turns an inode into a path and acts
+    /// on it, exclusively by those that change what a name means (rename,
+    /// unlink, rmdir) from their file system call to the inode table's
+    /// update: otherwise a call racing a rename over `target` could find the
+    /// old inode's path still `target` and open or stat the new file as the
+    /// old inode (the kernel then shows one file's size with the other's
+    /// bytes).
+    names: RwLock<()>,
 }
 
 /// The `fuser::Filesystem` implementation.
@@ -143,6 +152,7 @@ impl Adapter {
             writeback: AtomicBool::new(false),
             notifier: OnceLock::new(),
             tokens: MapTokens::new(),
+            names: RwLock::new(()),
         })))
     }
 
@@ -306,12 +316,13 @@ fn attr_from_metadata(m: &std::fs::Metadata) -> Attr {
 }
 
 impl Shared {
-    /// The attributes to send the kernel (every reply carrying them goes
-    /// through here, lookups and directory listings included). A file
-    /// written through an open whose map is not whole-file 1-to-1 has the
-    /// size that open gave it: the file system learns it only at flush.
-    fn fuse_attr(&self, a: &Attr) -> FileAttr {
-        let ino = self.inodes.fuse_ino(a.ino);
+    /// The attributes to send the kernel for the inode it knows as `ino`
+    /// (every reply carrying them goes through here, lookups and directory
+    /// listings included; `a.ino` is the file system's number, which may
+    /// differ, see [`Inodes`]). A file written through an open whose map is
+    /// not whole-file 1-to-1 has the size that open gave it: the file system
+    /// learns it only at flush.
+    fn fuse_attr(&self, ino: u64, a: &Attr) -> FileAttr {
         let size = match a.kind {
             FileKind::File => self.handles.written_size(ino, None).unwrap_or(a.size),
             _ => a.size,
@@ -353,10 +364,16 @@ impl Shared {
             .ok_or_else(Error::not_found)
     }
 
+    /// Records the kernel's reference to `attr`'s file as `name` in
+    /// `parent` and gives its attributes under the nodeid it gets.
+    fn enter(&self, parent: INodeNo, name: &OsStr, attr: &Attr) -> FileAttr {
+        let ino = self.inodes.enter(parent.0, name, attr.ino);
+        self.fuse_attr(ino, attr)
+    }
+
     /// Replies with a new entry and records the kernel's reference.
     fn entry(&self, parent: INodeNo, name: &OsStr, attr: &Attr, reply: ReplyEntry) {
-        let fa = self.fuse_attr(attr);
-        self.inodes.remember(parent.0, name, fa.ino.0);
+        let fa = self.enter(parent, name, attr);
         reply.entry_with_ttls(&self.opts.entry_ttl, &self.opts.ttl, &fa, Generation(0));
     }
 
@@ -371,7 +388,7 @@ impl Shared {
                     .ok_or(e)?;
                 if let Some(backing) = file.data.whole_file_backing() {
                     let mut attr = attr_from_metadata(&backing.metadata()?);
-                    attr.ino = self.fuse_to_fs_ino(ino.0);
+                    attr.ino = self.inodes.fs_ino(ino.0);
                     return Ok(attr);
                 }
                 // Its bytes are spread over backing files that are not the
@@ -380,7 +397,7 @@ impl Shared {
                 let (map, files) = file.data.snapshot();
                 let first = files.first().ok_or_else(Error::not_found)?;
                 let mut attr = attr_from_metadata(&first.metadata()?);
-                attr.ino = self.fuse_to_fs_ino(ino.0);
+                attr.ino = self.inodes.fs_ino(ino.0);
                 attr.kind = mapfs::FileKind::File;
                 attr.size = map.size();
                 attr.blocks = map.size().div_ceil(512);
@@ -426,11 +443,6 @@ impl Shared {
             return Err(Error::from_errno(libc::EIO));
         }
         Ok(file)
-    }
-
-    fn fuse_to_fs_ino(&self, ino: u64) -> u64 {
-        // fuse_ino is an involution (it only swaps root and 1).
-        self.inodes.fuse_ino(ino)
     }
 
     /// Whether a new open of `ino` with this data should use passthrough.
@@ -686,6 +698,7 @@ impl Shared {
         reply: ReplyEmpty,
         remove: impl FnOnce(&Path) -> Result<()>,
     ) {
+        let _names = self.names.write();
         let path = tri!(reply, self.child(parent, name));
         let victim = self.ino_at(parent, name);
         let res = remove(&path);
@@ -737,6 +750,7 @@ impl Filesystem for Adapter {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.getattr(&ctx(req), &path));
         s.entry(parent, name, &attr, reply);
@@ -750,8 +764,9 @@ impl Filesystem for Adapter {
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let s = &self.0;
+        let _names = s.names.read();
         let attr = tri!(reply, s.getattr_inner(&ctx(req), ino, fh));
-        reply.attr(&s.opts.ttl, &s.fuse_attr(&attr));
+        reply.attr(&s.opts.ttl, &s.fuse_attr(ino.0, &attr));
     }
 
     fn setattr(
@@ -773,6 +788,7 @@ impl Filesystem for Adapter {
         reply: ReplyAttr,
     ) {
         let s = &self.0;
+        let _names = s.names.read();
         let c = ctx(req);
         let path = s.path(ino);
         let mut set = SetAttr {
@@ -847,11 +863,12 @@ impl Filesystem for Adapter {
             }
             tri!(reply, res)
         };
-        reply.attr(&s.opts.ttl, &s.fuse_attr(&attr));
+        reply.attr(&s.opts.ttl, &s.fuse_attr(ino.0, &attr));
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let target = tri!(reply, s.fs.readlink(&ctx(req), &path));
         reply.data(target.as_bytes());
@@ -868,11 +885,13 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mknod(&ctx(req), &path, mode, u64::from(rdev)));
+        let fa = s.enter(parent, name, &attr);
         // A new file may reuse the number of one a client still caches.
-        s.tokens.bump(s.inodes.fuse_ino(attr.ino));
-        s.entry(parent, name, &attr, reply);
+        s.tokens.bump(fa.ino.0);
+        reply.entry_with_ttls(&s.opts.entry_ttl, &s.opts.ttl, &fa, Generation(0));
     }
 
     fn mkdir(
@@ -885,6 +904,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mkdir(&ctx(req), &path, mode));
         s.entry(parent, name, &attr, reply);
@@ -909,6 +929,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.child(parent, link_name));
         let attr = tri!(reply, s.fs.symlink(&ctx(req), target.as_os_str(), &path));
         s.entry(parent, link_name, &attr, reply);
@@ -929,6 +950,7 @@ impl Filesystem for Adapter {
             reply.error(Errno::EINVAL);
             return;
         }
+        let _names = s.names.write();
         let from = tri!(reply, s.child(parent, name));
         let to = tri!(reply, s.child(newparent, newname));
         let rf = RenameFlags {
@@ -954,6 +976,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _names = s.names.read();
         let from = tri!(reply, s.path(ino));
         let to = tri!(reply, s.child(newparent, newname));
         let attr = tri!(reply, s.fs.link(&ctx(req), &from, &to));
@@ -962,6 +985,7 @@ impl Filesystem for Adapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
+        let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.path(ino));
         let fs_flags = s.open_flags_for_fs(flags.0);
@@ -1076,6 +1100,7 @@ impl Filesystem for Adapter {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let entries = tri!(reply, s.fs.readdir(&ctx(req), &path));
         let fh = s.handles.add_dir(OpenDir { entries });
@@ -1106,7 +1131,7 @@ impl Filesystem for Adapter {
             off += 1;
         }
         for (i, e) in dir.entries.iter().enumerate().skip((off - 2) as usize) {
-            let eino = INodeNo(s.inodes.fuse_ino(e.ino));
+            let eino = INodeNo(s.inodes.nodeid_of(e.ino));
             if reply.add(eino, i as u64 + 3, file_type(e.kind), &e.name) {
                 break;
             }
@@ -1123,6 +1148,7 @@ impl Filesystem for Adapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let s = &self.0;
+        let _names = s.names.read();
         let c = ctx(req);
         let Some(dir) = s.handles.dir(fh.0) else {
             reply.error(Errno::EBADF);
@@ -1134,7 +1160,7 @@ impl Filesystem for Adapter {
             // "." and ".." are not linked by the kernel, so they take no
             // lookup reference.
             let self_attr = tri!(reply, s.fs.getattr(&c, &dir_path));
-            let fa = s.fuse_attr(&self_attr);
+            let fa = s.fuse_attr(ino.0, &self_attr);
             while off < 2 {
                 let name = if off == 0 { "." } else { ".." };
                 if reply.add(ino, off + 1, name, &Duration::ZERO, &fa, Generation(0)) {
@@ -1152,7 +1178,7 @@ impl Filesystem for Adapter {
                     Err(_) => continue, // vanished since opendir
                 },
             };
-            let fa = s.fuse_attr(&attr);
+            let fa = s.enter(ino, &e.name, &attr);
             if reply.add(
                 fa.ino,
                 i as u64 + 3,
@@ -1161,9 +1187,10 @@ impl Filesystem for Adapter {
                 &fa,
                 Generation(0),
             ) {
+                // Not sent: the kernel takes no reference.
+                s.inodes.forget(fa.ino.0, 1);
                 break;
             }
-            s.inodes.remember(ino.0, &e.name, fa.ino.0);
         }
         reply.ok();
     }
@@ -1189,6 +1216,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.fsyncdir(&ctx(req), &path, datasync));
         reply.ok();
@@ -1196,6 +1224,7 @@ impl Filesystem for Adapter {
 
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = s.path(ino).unwrap_or_else(|_| PathBuf::from("/"));
         let st = tri!(reply, s.fs.statfs(&ctx(req), &path));
         reply.statfs(
@@ -1214,6 +1243,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.setxattr(&ctx(req), &path, name, value, flags));
         reply.ok();
@@ -1221,6 +1251,7 @@ impl Filesystem for Adapter {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let value = tri!(reply, s.fs.getxattr(&ctx(req), &path, name));
         xattr_reply(reply, &value, size);
@@ -1228,6 +1259,7 @@ impl Filesystem for Adapter {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let names = tri!(reply, s.fs.listxattr(&ctx(req), &path));
         let mut buf = Vec::new();
@@ -1240,6 +1272,7 @@ impl Filesystem for Adapter {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.removexattr(&ctx(req), &path, name));
         reply.ok();
@@ -1247,6 +1280,7 @@ impl Filesystem for Adapter {
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let s = &self.0;
+        let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.access(&ctx(req), &path, mask.bits()));
         reply.ok();
@@ -1263,12 +1297,12 @@ impl Filesystem for Adapter {
         reply: ReplyCreate,
     ) {
         let s = &self.0;
+        let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.child(parent, name));
         let fs_flags = s.open_flags_for_fs(flags);
         let (attr, opened) = tri!(reply, s.fs.create(&c, &path, OpenFlags(fs_flags), mode));
-        let fa = s.fuse_attr(&attr);
-        s.inodes.remember(parent.0, name, fa.ino.0);
+        let fa = s.enter(parent, name, &attr);
         let (fh, backing, fopen) =
             s.register_open(&c, fa.ino.0, path, flags, opened, |f| reply.open_backing(f));
         // A new file may reuse the number of one a client still caches.

@@ -1,10 +1,26 @@
-//! The inode table: FUSE inode numbers <-> paths, with the kernel's lookup
-//! counts.
+//! The inode table: FUSE inode numbers (nodeids) <-> paths, with the
+//! kernel's lookup counts.
 //!
-//! A FUSE inode number is the file system's own [`mapfs::Attr::ino`] (so hard
-//! links are one inode and `st_ino` is stable), except that the file system's
-//! root is always 1, as FUSE requires; a file whose own number is 1 takes the
-//! root's number instead.
+//! A nodeid is normally the file system's own [`mapfs::Attr::ino`] (so hard
+//! links are one inode and `st_ino` through the mount is the file system's
+//! number), except that the file system's root is always 1, as FUSE requires;
+//! a file whose own number is 1 takes the root's number instead.
+//!
+//! Backing file systems reuse inode numbers, and the kernel keeps an inode
+//! (and its nodeid) until it sends FORGET, which may be long after the file
+//! was unlinked or renamed over (an open of it, or simply an unused cached
+//! inode). An entry reply with a nodeid the kernel still holds makes it reuse
+//! its in-core inode, cached size and pages included, for the new file. So a
+//! nodeid is never handed to a second file while the kernel holds it: when the
+//! node a file system number maps to is held but belongs to another file (it
+//! has no name left, or it is a fresh nodeid of another number), the new file
+//! gets a fresh nodeid from [`FRESH_BASE`] up (skipping any in the table), and
+//! the table maps the file system number to it until the kernel forgets it.
+//! A file whose name is gone is only reachable through the kernel's old
+//! inode, so an entry for its number is taken to be another file; the one
+//! case where it is the same file (a hard link the kernel had not looked up
+//! yet, after the name it knew was removed) then gets two kernel inodes, as
+//! on NFS, rather than risking the reverse.
 //!
 //! Each inode remembers the names the kernel knows it by, as `(parent inode,
 //! name)`; its path is found by walking the first name up to the root. A
@@ -22,8 +38,16 @@ use parking_lot::RwLock;
 /// The FUSE root inode.
 pub const ROOT: u64 = 1;
 
+/// First nodeid given to a file whose own number is held by the kernel for
+/// another file. Far above the numbers local file systems hand out (ext4 and
+/// tmpfs: 32 bits; xfs and btrfs: small in practice), so the rare collision
+/// with a live number is only handled, never common.
+pub const FRESH_BASE: u64 = 1 << 62;
+
 #[derive(Debug)]
 struct Node {
+    /// The file system's inode number of this file.
+    fs_ino: u64,
     /// Names this inode is known by; the first is used to build its path.
     names: Vec<(u64, OsString)>,
     /// How many times the kernel looked it up, minus what it forgot.
@@ -34,6 +58,10 @@ struct Node {
 struct Table {
     nodes: HashMap<u64, Node>,
     children: HashMap<(u64, OsString), u64>,
+    /// File system numbers whose current file has a fresh nodeid.
+    fresh: HashMap<u64, u64>,
+    /// Next fresh nodeid to try.
+    next_fresh: u64,
 }
 
 /// Thread-safe inode table. See the module docs.
@@ -46,10 +74,14 @@ pub struct Inodes {
 impl Inodes {
     /// A table whose root has the file system's inode number `root_fs_ino`.
     pub fn new(root_fs_ino: u64) -> Self {
-        let mut table = Table::default();
+        let mut table = Table {
+            next_fresh: FRESH_BASE,
+            ..Table::default()
+        };
         table.nodes.insert(
             ROOT,
             Node {
+                fs_ino: root_fs_ino,
                 names: Vec::new(),
                 lookups: 1,
             },
@@ -60,14 +92,38 @@ impl Inodes {
         }
     }
 
-    /// The FUSE inode number for a file system inode number.
-    pub fn fuse_ino(&self, fs_ino: u64) -> u64 {
+    /// The nodeid a file system number has when no other file holds it:
+    /// itself, with the root and 1 swapped.
+    fn natural(&self, fs_ino: u64) -> u64 {
         if fs_ino == self.root_fs_ino {
             ROOT
         } else if fs_ino == ROOT {
             self.root_fs_ino
         } else {
             fs_ino
+        }
+    }
+
+    /// The nodeid the kernel knows the current file with file system number
+    /// `fs_ino` by (for `d_ino` in directory listings; takes no reference).
+    pub fn nodeid_of(&self, fs_ino: u64) -> u64 {
+        let table = self.table.read();
+        table
+            .fresh
+            .get(&fs_ino)
+            .copied()
+            .unwrap_or_else(|| self.natural(fs_ino))
+    }
+
+    /// The file system's inode number of the file the kernel knows as
+    /// `nodeid`.
+    pub fn fs_ino(&self, nodeid: u64) -> u64 {
+        let table = self.table.read();
+        match table.nodes.get(&nodeid) {
+            Some(n) => n.fs_ino,
+            // A nodeid the kernel no longer holds: only natural ones can
+            // be asked about again.
+            None => self.natural(nodeid),
         }
     }
 
@@ -105,23 +161,50 @@ impl Inodes {
         Some(p)
     }
 
-    /// Records that the kernel looked up `ino` as `name` in `parent`
-    /// (`lookup`, `create`, `mkdir`, `readdirplus`...).
-    pub fn remember(&self, parent: u64, name: &OsStr, ino: u64) {
-        if ino == ROOT {
-            return;
+    /// Records that the kernel looked up the file with file system number
+    /// `fs_ino` as `name` in `parent` (`lookup`, `create`, `mkdir`,
+    /// `readdirplus`...), and returns the nodeid to reply with.
+    pub fn enter(&self, parent: u64, name: &OsStr, fs_ino: u64) -> u64 {
+        let natural = self.natural(fs_ino);
+        if natural == ROOT {
+            return ROOT;
         }
         let mut table = self.table.write();
+        let table = &mut *table;
+        // The node of this file: one the kernel knows by a name and made
+        // for this number. A held node without a name is an unlinked or
+        // replaced file (see the module docs).
+        let usable = |t: &Table, id: u64| match t.nodes.get(&id) {
+            None => true,
+            Some(n) => n.fs_ino == fs_ino && !n.names.is_empty(),
+        };
+        let ino = match table.fresh.get(&fs_ino).copied() {
+            Some(id) if table.nodes.get(&id).is_some_and(|n| !n.names.is_empty()) => id,
+            _ if usable(table, natural) => {
+                table.fresh.remove(&fs_ino);
+                natural
+            }
+            _ => {
+                let mut id = table.next_fresh;
+                while id == ROOT || table.nodes.contains_key(&id) {
+                    id = id.checked_add(1).unwrap_or(FRESH_BASE);
+                }
+                table.next_fresh = id.checked_add(1).unwrap_or(FRESH_BASE);
+                table.fresh.insert(fs_ino, id);
+                id
+            }
+        };
         let key = (parent, name.to_os_string());
         if let Some(old) = table.children.insert(key.clone(), ino) {
             if old != ino {
-                // The name now means another file (changed behind our back).
+                // The name now means another file.
                 if let Some(n) = table.nodes.get_mut(&old) {
                     n.names.retain(|k| *k != key);
                 }
             }
         }
         let node = table.nodes.entry(ino).or_insert_with(|| Node {
+            fs_ino,
             names: Vec::new(),
             lookups: 0,
         });
@@ -129,6 +212,7 @@ impl Inodes {
         if !node.names.contains(&key) {
             node.names.push(key);
         }
+        ino
     }
 
     /// The kernel dropped `n` references to `ino`.
@@ -143,6 +227,9 @@ impl Inodes {
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 {
             let node = table.nodes.remove(&ino).expect("node present");
+            if table.fresh.get(&node.fs_ino) == Some(&ino) {
+                table.fresh.remove(&node.fs_ino);
+            }
             for key in node.names {
                 if table.children.get(&key) == Some(&ino) {
                     table.children.remove(&key);
@@ -214,8 +301,8 @@ mod tests {
     #[test]
     fn rename_moves_subtree_and_forget_drops() {
         let t = Inodes::new(100);
-        t.remember(ROOT, OsStr::new("a"), 10);
-        t.remember(10, OsStr::new("b"), 11);
+        assert_eq!(t.enter(ROOT, OsStr::new("a"), 10), 10);
+        assert_eq!(t.enter(10, OsStr::new("b"), 11), 11);
         assert_eq!(t.path(11).unwrap(), PathBuf::from("/a/b"));
         t.renamed(ROOT, OsStr::new("a"), ROOT, OsStr::new("z"), false);
         assert_eq!(t.path(11).unwrap(), PathBuf::from("/z/b"));
@@ -226,8 +313,8 @@ mod tests {
     #[test]
     fn hard_link_keeps_second_name_after_unlink() {
         let t = Inodes::new(100);
-        t.remember(ROOT, OsStr::new("x"), 7);
-        t.remember(ROOT, OsStr::new("y"), 7);
+        assert_eq!(t.enter(ROOT, OsStr::new("x"), 7), 7);
+        assert_eq!(t.enter(ROOT, OsStr::new("y"), 7), 7);
         t.unlinked(ROOT, OsStr::new("x"));
         assert_eq!(t.path(7).unwrap(), PathBuf::from("/y"));
     }
@@ -235,10 +322,14 @@ mod tests {
     #[test]
     fn exchange_swaps_names_and_root_maps_to_one() {
         let t = Inodes::new(100);
-        assert_eq!(t.fuse_ino(100), ROOT);
-        assert_eq!(t.fuse_ino(ROOT), 100);
-        t.remember(ROOT, OsStr::new("p"), 5);
-        t.remember(ROOT, OsStr::new("q"), 6);
+        assert_eq!(t.nodeid_of(100), ROOT);
+        assert_eq!(t.nodeid_of(ROOT), 100);
+        assert_eq!(t.fs_ino(ROOT), 100);
+        assert_eq!(t.fs_ino(100), ROOT);
+        assert_eq!(t.enter(ROOT, OsStr::new("one"), ROOT), 100);
+        assert_eq!(t.path(100).unwrap(), PathBuf::from("/one"));
+        assert_eq!(t.enter(ROOT, OsStr::new("p"), 5), 5);
+        assert_eq!(t.enter(ROOT, OsStr::new("q"), 6), 6);
         t.renamed(ROOT, OsStr::new("p"), ROOT, OsStr::new("q"), true);
         assert_eq!(t.path(5).unwrap(), PathBuf::from("/q"));
         assert_eq!(t.path(6).unwrap(), PathBuf::from("/p"));
@@ -246,5 +337,63 @@ mod tests {
         t.renamed(ROOT, OsStr::new("p"), ROOT, OsStr::new("q"), false);
         assert_eq!(t.path(6).unwrap(), PathBuf::from("/q"));
         assert!(t.path(5).is_none());
+    }
+
+    #[test]
+    fn reused_number_of_a_held_file_gets_a_fresh_nodeid_until_forgotten() {
+        let t = Inodes::new(100);
+        let (old, tmp) = (OsStr::new("target"), OsStr::new("tmp"));
+        assert_eq!(t.enter(ROOT, old, 7), 7);
+        // Renamed over while the kernel holds it: the old file has no name.
+        assert_eq!(t.enter(ROOT, tmp, 8), 8);
+        t.renamed(ROOT, tmp, ROOT, old, false);
+        assert!(t.path(7).is_none());
+        // A new file reuses 7: not the kernel's inode 7.
+        let new = t.enter(ROOT, tmp, 7);
+        assert!(new >= FRESH_BASE, "fresh nodeid, got {new}");
+        assert_eq!(t.fs_ino(new), 7);
+        assert_eq!(t.fs_ino(7), 7);
+        assert_eq!(t.nodeid_of(7), new);
+        assert_eq!(t.path(new).unwrap(), PathBuf::from("/tmp"));
+        // Its next lookups and hard links find the same nodeid.
+        assert_eq!(t.enter(ROOT, tmp, 7), new);
+        assert_eq!(t.enter(ROOT, OsStr::new("link"), 7), new);
+        // A number equal to a live fresh nodeid gets another one.
+        let other = t.enter(ROOT, OsStr::new("big"), new);
+        assert!(other != new && other >= FRESH_BASE);
+        assert_eq!(t.fs_ino(other), new);
+        // Forgetting the old inode leaves the mapping of the live one.
+        t.forget(7, 1);
+        assert_eq!(t.nodeid_of(7), new);
+        assert_eq!(t.enter(ROOT, tmp, 7), new);
+        // Once the fresh one is forgotten too, 7 is 7 again.
+        t.forget(new, 4);
+        assert!(t.path(new).is_none());
+        assert_eq!(t.nodeid_of(7), 7);
+        assert_eq!(t.enter(ROOT, tmp, 7), 7);
+        // The same file looked up again while held keeps its nodeid.
+        assert_eq!(t.enter(ROOT, tmp, 7), 7);
+        assert_eq!(t.path(7).unwrap(), PathBuf::from("/tmp"));
+    }
+
+    #[test]
+    fn held_unnamed_fresh_node_gives_way_to_natural_nodeid() {
+        let t = Inodes::new(100);
+        assert_eq!(t.enter(ROOT, OsStr::new("a"), 7), 7);
+        t.unlinked(ROOT, OsStr::new("a"));
+        let f = t.enter(ROOT, OsStr::new("b"), 7);
+        assert!(f >= FRESH_BASE);
+        t.unlinked(ROOT, OsStr::new("b"));
+        // Both held and nameless: a third file gets a third nodeid.
+        let g = t.enter(ROOT, OsStr::new("c"), 7);
+        assert!(g != f && g >= FRESH_BASE);
+        t.unlinked(ROOT, OsStr::new("c"));
+        // The natural one is free again: preferred over another fresh one.
+        t.forget(7, 1);
+        assert_eq!(t.enter(ROOT, OsStr::new("d"), 7), 7);
+        assert_eq!(t.nodeid_of(7), 7);
+        t.forget(g, 1);
+        t.forget(f, 1);
+        assert_eq!(t.nodeid_of(7), 7);
     }
 }

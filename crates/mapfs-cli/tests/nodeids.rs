@@ -315,3 +315,52 @@ fn st_ino_is_the_backing_number_and_links_share_it() {
         }
     }
 }
+
+/// A directory listing is taken at opendir; names renamed over before it is
+/// read show the file they mean now (not the replaced one, with its size and
+/// number).
+#[test]
+fn listing_made_before_a_rename_over_shows_the_new_file() {
+    if !fuse_or_skip("listing_made_before_a_rename_over_shows_the_new_file") {
+        return;
+    }
+    for mode in MODES {
+        let s = mount(mode, &[]);
+        let m = s.mountpoint();
+        fs::write(m.join("target"), version(0)).unwrap();
+        let old_ino = fs::metadata(m.join("target")).unwrap().ino();
+        let dirfd = rustix::fs::open(
+            m,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        fs::write(m.join("tmp"), version(1)).unwrap();
+        let new_ino = fs::metadata(m.join("tmp")).unwrap().ino();
+        fs::rename(m.join("tmp"), m.join("target")).unwrap();
+        // `Dir::new`: `read_from` would open the directory again.
+        let mut dir = rustix::fs::Dir::new(dirfd).unwrap();
+        let mut listed = Vec::new();
+        while let Some(e) = dir.read() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name != "." && name != ".." {
+                listed.push(name);
+            }
+        }
+        assert!(
+            listed.contains(&"target".to_string()),
+            "--data {mode}: {listed:?}"
+        );
+        let st = fs::metadata(m.join("target")).unwrap();
+        assert_eq!(
+            (st.ino(), st.len()),
+            (new_ino, version(1).len() as u64),
+            "--data {mode}: target after the listing (old inode {old_ino})"
+        );
+        assert!(
+            fs::read(m.join("target")).unwrap() == version(1),
+            "--data {mode}: target's bytes"
+        );
+    }
+}

@@ -1171,9 +1171,11 @@ impl Filesystem for Adapter {
             }
         }
         for (i, e) in dir.entries.iter().enumerate().skip((off - 2) as usize) {
+            // The listing was made at opendir: an entry the inode table
+            // knows better is looked at again.
             let attr = match e.attr {
-                Some(a) => a,
-                None => match s.fs.getattr(&c, &dir_path.join(&e.name)) {
+                Some(a) if s.inodes.agrees(ino.0, &e.name, a.ino) => a,
+                _ => match s.fs.getattr(&c, &dir_path.join(&e.name)) {
                     Ok(a) => a,
                     Err(_) => continue, // vanished since opendir
                 },

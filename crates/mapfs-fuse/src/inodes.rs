@@ -161,6 +161,42 @@ impl Inodes {
         Some(p)
     }
 
+    /// The nodeid file system number `fs_ino` may be entered under without
+    /// a fresh one: that of a node the kernel knows by a name and made for
+    /// this number, or the natural one if no node has it. A held node
+    /// without a name is an unlinked or replaced file (see the module docs).
+    fn known_nodeid(&self, t: &Table, fs_ino: u64) -> Option<u64> {
+        if self.natural(fs_ino) == ROOT {
+            return Some(ROOT);
+        }
+        let named = |id: u64| {
+            t.nodes
+                .get(&id)
+                .is_some_and(|n| n.fs_ino == fs_ino && !n.names.is_empty())
+        };
+        if let Some(&id) = t.fresh.get(&fs_ino) {
+            if named(id) {
+                return Some(id);
+            }
+        }
+        let natural = self.natural(fs_ino);
+        (!t.nodes.contains_key(&natural) || named(natural)).then_some(natural)
+    }
+
+    /// Whether file system number `fs_ino` as `name` in `parent` agrees
+    /// with the table: the name means that number or nothing yet, and the
+    /// number is not one of a file the kernel holds with no name left. A
+    /// directory listing made earlier than now re-checks an entry that
+    /// does not agree (it may describe a file replaced since).
+    pub fn agrees(&self, parent: u64, name: &OsStr, fs_ino: u64) -> bool {
+        let table = self.table.read();
+        let by_name = table
+            .children
+            .get(&(parent, name.to_os_string()))
+            .and_then(|id| table.nodes.get(id));
+        by_name.is_none_or(|n| n.fs_ino == fs_ino) && self.known_nodeid(&table, fs_ino).is_some()
+    }
+
     /// Records that the kernel looked up the file with file system number
     /// `fs_ino` as `name` in `parent` (`lookup`, `create`, `mkdir`,
     /// `readdirplus`...), and returns the nodeid to reply with.
@@ -171,20 +207,14 @@ impl Inodes {
         }
         let mut table = self.table.write();
         let table = &mut *table;
-        // The node of this file: one the kernel knows by a name and made
-        // for this number. A held node without a name is an unlinked or
-        // replaced file (see the module docs).
-        let usable = |t: &Table, id: u64| match t.nodes.get(&id) {
-            None => true,
-            Some(n) => n.fs_ino == fs_ino && !n.names.is_empty(),
-        };
-        let ino = match table.fresh.get(&fs_ino).copied() {
-            Some(id) if table.nodes.get(&id).is_some_and(|n| !n.names.is_empty()) => id,
-            _ if usable(table, natural) => {
-                table.fresh.remove(&fs_ino);
-                natural
+        let ino = match self.known_nodeid(table, fs_ino) {
+            Some(id) => {
+                if id == natural {
+                    table.fresh.remove(&fs_ino);
+                }
+                id
             }
-            _ => {
+            None => {
                 let mut id = table.next_fresh;
                 while id == ROOT || table.nodes.contains_key(&id) {
                     id = id.checked_add(1).unwrap_or(FRESH_BASE);
@@ -374,6 +404,22 @@ mod tests {
         // The same file looked up again while held keeps its nodeid.
         assert_eq!(t.enter(ROOT, tmp, 7), 7);
         assert_eq!(t.path(7).unwrap(), PathBuf::from("/tmp"));
+    }
+
+    #[test]
+    fn listing_entries_that_disagree_with_the_table() {
+        let t = Inodes::new(100);
+        assert!(
+            t.agrees(ROOT, OsStr::new("a"), 7),
+            "unknown name and number"
+        );
+        t.enter(ROOT, OsStr::new("a"), 7);
+        assert!(t.agrees(ROOT, OsStr::new("a"), 7));
+        assert!(t.agrees(ROOT, OsStr::new("b"), 7), "another name of 7");
+        assert!(!t.agrees(ROOT, OsStr::new("a"), 8), "a means 7 now");
+        t.unlinked(ROOT, OsStr::new("a"));
+        assert!(!t.agrees(ROOT, OsStr::new("b"), 7), "7 is held, nameless");
+        assert!(t.agrees(ROOT, OsStr::new("a"), 8));
     }
 
     #[test]

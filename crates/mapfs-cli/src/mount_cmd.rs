@@ -20,7 +20,7 @@ use crate::mounts;
 /// Arguments of `mapfs mount`.
 #[derive(Args, Debug)]
 pub struct MountArgs {
-    /// File system to mount (built in: passthrough).
+    /// File system to mount (built in: passthrough, plfs).
     pub fs: String,
     /// Backing directory holding the data.
     pub backing: PathBuf,
@@ -41,7 +41,8 @@ pub struct MountArgs {
     pub ttl: f64,
     /// With `--data daemon`: let the kernel buffer writes (fast small writes;
     /// sizes changed outside this mount show late). `off` for strict
-    /// close-to-open with shim clients and other writers.
+    /// close-to-open with shim clients and other writers. Always off for
+    /// file systems whose maps are not whole-file (plfs).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub writeback_cache: String,
     /// Internal: set by the background starter.
@@ -147,7 +148,13 @@ fn which(prog: &str) -> Option<PathBuf> {
 }
 
 /// `mapfs mount`.
-pub fn mount(args: MountArgs) -> Result<()> {
+pub fn mount(mut args: MountArgs) -> Result<()> {
+    if args.fs != "passthrough" {
+        // Several opens of one file with maps that are not whole-file (one
+        // log per writer) must not share the kernel's dirty pages: a page
+        // written back through one open carries another open's bytes.
+        args.writeback_cache = "off".to_string();
+    }
     let c = check(&args)?;
     if args.foreground {
         serve(&args, c)

@@ -336,14 +336,11 @@ pub fn hand_back(entry: &Entry, why: &str) {
     let Some(lent) = inner.lent.take() else {
         return;
     };
-    LENT_OPEN.fetch_sub(1, Ordering::Relaxed);
     if let Some(&fd) = inner.fds.first() {
         let _ = rustix::fs::seek(sys::fd(fd), rustix::fs::SeekFrom::Start(lent.offset()));
     }
     if let Some(m) = mounts::all().get(entry.mount) {
-        if lent.wrote() {
-            push_map(m, &lent);
-        }
+        push_map(m, &lent);
         let _ = m.call(&Request::Closed {
             handle: lent.handle,
             ino: entry.ino,
@@ -356,9 +353,7 @@ pub fn hand_back(entry: &Entry, why: &str) {
         // without asking again: make it ask now.
         let _ = rustix::fs::fstat(sys::fd(fd));
     }
-    if lent.writable() {
-        WRITABLE.fetch_sub(1, Ordering::Relaxed);
-    }
+    end_lending(&lent);
     let reason = format!("handed back to the mount: {why}");
     if why != EXIT {
         report::count_fallback(&reason);
@@ -372,9 +367,22 @@ pub fn hand_back(entry: &Entry, why: &str) {
 /// The [`hand_back`] reason at exit (not a fallback: nothing more runs).
 pub const EXIT: &str = "exit";
 
-/// Sends a lent open's current map to the daemon (before a `close(2)` or
-/// `fsync` of its mount descriptor, so the file system persists it).
+/// Takes a lent open off this process's counts (it was closed or handed
+/// back).
+fn end_lending(lent: &Lent) {
+    LENT_OPEN.fetch_sub(1, Ordering::Relaxed);
+    if lent.writable() {
+        WRITABLE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Sends a lent open's current map to the daemon if it wrote (before a
+/// `close(2)` or `fsync` of its mount descriptor, so the file system
+/// persists it).
 fn push_map(m: &mounts::Mount, lent: &Lent) {
+    if !lent.wrote() {
+        return;
+    }
     let req = Request::Release {
         handle: lent.handle,
         map: lent.map(),
@@ -395,9 +403,7 @@ pub fn sync_lent(fd: RawFd) {
     };
     let inner = e.inner.lock();
     if let (Some(lent), Some(m)) = (&inner.lent, mounts::all().get(e.mount)) {
-        if lent.wrote() {
-            push_map(m, lent);
-        }
+        push_map(m, lent);
     }
 }
 
@@ -631,31 +637,28 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
         }
         return None;
     }
-    let lent = inner.lent.take();
-    if let (Some(lent), Some(m)) = (&lent, mounts::all().get(entry.mount)) {
-        // Before the real close: its FLUSH is where the file system
-        // persists the map.
-        if lent.wrote() {
-            push_map(m, lent);
-        }
-    }
-    let req = match &lent {
+    let req = match inner.lent.take() {
         Some(l) => {
-            LENT_OPEN.fetch_sub(1, Ordering::Relaxed);
-            if l.writable() {
-                WRITABLE.fetch_sub(1, Ordering::Relaxed);
+            // Before the real close: its FLUSH is where the file system
+            // persists the map.
+            if let Some(m) = mounts::all().get(entry.mount) {
+                push_map(m, &l);
             }
+            end_lending(&l);
             Some(Request::Closed {
                 handle: l.handle,
                 ino: entry.ino,
                 wrote: l.wrote(),
             })
         }
-        None => closed_message(&entry, &inner.status),
+        None => {
+            let req = closed_message(&entry, &inner.status);
+            if req.is_some() {
+                WRITABLE.fetch_sub(1, Ordering::Relaxed);
+            }
+            req
+        }
     };
-    if req.is_some() && lent.is_none() {
-        WRITABLE.fetch_sub(1, Ordering::Relaxed);
-    }
     let kept = inner.kept.take();
     (req.is_some() || kept.is_some()).then_some(Closed {
         mount: entry.mount,

@@ -324,7 +324,7 @@ impl Shared {
     /// learns it only at flush.
     fn fuse_attr(&self, ino: u64, a: &Attr) -> FileAttr {
         let size = match a.kind {
-            FileKind::File => self.handles.written_size(ino, None).unwrap_or(a.size),
+            FileKind::File => self.handles.written_size(ino).unwrap_or(a.size),
             _ => a.size,
         };
         FileAttr {

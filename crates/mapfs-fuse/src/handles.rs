@@ -114,21 +114,19 @@ impl Handles {
 
     /// The size of `ino` as written through an open whose map is not
     /// whole-file 1-to-1 (the file system learns it only at flush or
-    /// release): the open `fh` if it is such an open, else the largest.
-    pub fn written_size(&self, ino: u64, fh: Option<u64>) -> Option<u64> {
+    /// release): the largest such open's.
+    pub fn written_size(&self, ino: u64) -> Option<u64> {
         if self.not_whole.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let files = self.files.read();
-        let live = |f: &OpenFile| {
-            f.ino == ino && f.wrote.load(Ordering::Relaxed) && f.data.whole_file_backing().is_none()
-        };
-        if let Some(f) = fh.and_then(|fh| files.get(&fh)).filter(|f| live(f)) {
-            return f.data.size().ok();
-        }
-        files
+        self.files
+            .read()
             .values()
-            .filter(|f| live(f))
+            .filter(|f| {
+                f.ino == ino
+                    && f.wrote.load(Ordering::Relaxed)
+                    && f.data.whole_file_backing().is_none()
+            })
             .filter_map(|f| f.data.size().ok())
             .max()
     }

@@ -13,7 +13,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 
 use common::{fuse_or_skip, mount, DataMode};
-use mapfs_testkit::user::command_as_nobody;
 use preload_support::*;
 
 fn fsx_ops() -> u64 {
@@ -210,29 +209,7 @@ fn nobody_gets_eacces_like_through_the_mount() {
     std::fs::write(&report, b"").unwrap();
     std::fs::set_permissions(&report, std::fs::Permissions::from_mode(0o666)).unwrap();
 
-    let script = "import os,sys,errno,ctypes\n\
-        for p in sys.argv[1:]:\n\
-        \x20 try:\n\
-        \x20   fd=os.open(p,os.O_RDONLY); d=os.read(fd,100)\n\
-        \x20   st=ctypes.CDLL(None).mapfs_preload_fd_status(fd) if os.environ.get('LD_PRELOAD') else -1\n\
-        \x20   print(p, 'ok', d.decode(), st)\n\
-        \x20 except OSError as e: print(p, errno.errorcode[e.errno])\n";
-    let run = |shimmed: bool| -> String {
-        let mut cmd = command_as_nobody(if shimmed { mapfs_bin() } else { "python3" });
-        if shimmed {
-            cmd.args(["run", "--mount"])
-                .arg(s.mountpoint())
-                .args(["--", "python3"]);
-        }
-        cmd.arg("-c")
-            .arg(script)
-            .arg(&secret)
-            .arg(&public)
-            .env("MAPFS_PRELOAD_REPORT", &report)
-            .env("MAPFS_PRELOAD_ADOPT_CALLS", "1")
-            .env("HOME", "/");
-        String::from_utf8(ok(&mut cmd).stdout).unwrap()
-    };
+    let run = |shimmed: bool| read_as_nobody(&s, &report, &[&secret, &public], shimmed);
     let plain = run(false);
     let shimmed = run(true);
     let sp = secret.display();

@@ -310,3 +310,31 @@ impl Drop for Stepped {
         let _ = self.child.wait();
     }
 }
+
+/// Opens and reads each of `paths` as user nobody, with the shim
+/// (`mapfs run --mount`) or without it, and prints per path `ok <bytes>
+/// <shim status>` (status -1 without the shim) or the errno name. The
+/// report file must be writable by nobody.
+pub fn read_as_nobody(s: &MountSession, report: &Path, paths: &[&Path], shimmed: bool) -> String {
+    let script = "import os,sys,errno,ctypes\n\
+        for p in sys.argv[1:]:\n\
+        \x20 try:\n\
+        \x20   fd=os.open(p,os.O_RDONLY); d=os.read(fd,100)\n\
+        \x20   st=ctypes.CDLL(None).mapfs_preload_fd_status(fd) if os.environ.get('LD_PRELOAD') else -1\n\
+        \x20   print(p, 'ok', d.decode(), st)\n\
+        \x20 except OSError as e: print(p, errno.errorcode[e.errno])\n";
+    let mut cmd =
+        mapfs_testkit::user::command_as_nobody(if shimmed { mapfs_bin() } else { "python3" });
+    if shimmed {
+        cmd.args(["run", "--mount"])
+            .arg(s.mountpoint())
+            .args(["--", "python3"]);
+    }
+    cmd.arg("-c")
+        .arg(script)
+        .args(paths)
+        .env("MAPFS_PRELOAD_REPORT", report)
+        .env("MAPFS_PRELOAD_ADOPT_CALLS", "1")
+        .env("HOME", "/");
+    String::from_utf8(ok(&mut cmd).stdout).unwrap()
+}

@@ -1193,6 +1193,82 @@ fn truncate_by_other_open_auto() {
     }
 }
 
+/// The size every `fstat`/`stat` reports while two opens of one file both
+/// hold unflushed changes follows the kernel's rule for one file (writes
+/// grow it, truncates set it), whichever open made the change: an open that
+/// wrote earlier must not bring back a size another open truncated away.
+fn size_across_opens(mode: DataMode) {
+    let test = format!("plfs size across two opens --data {mode}");
+    let run = |dir: &Path| -> (Vec<String>, Vec<u8>) {
+        let p = dir.join("s");
+        let mut seen = Vec::new();
+        let mut look = |what: &str, a: Option<&fs::File>, b: Option<&fs::File>| {
+            let fa = a.map(|f| f.metadata().unwrap().len());
+            let fb = b.map(|f| f.metadata().unwrap().len());
+            let st = fs::metadata(&p).unwrap().len();
+            seen.push(format!("{what}: fstat a {fa:?}, fstat b {fb:?}, stat {st}"));
+        };
+        let a = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        a.write_all_at(&bytes(3, 100_000), 0).unwrap();
+        look("a wrote 100000", Some(&a), None);
+        let b = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        b.set_len(10_000).unwrap();
+        look("b truncated to 10000", Some(&a), Some(&b));
+        a.write_all_at(b"x", 20).unwrap();
+        look("a wrote inside", Some(&a), Some(&b));
+        b.write_all_at(b"y", 50_000).unwrap();
+        look("b wrote at 50000", Some(&a), Some(&b));
+        drop(b);
+        look("b closed", Some(&a), None);
+        a.set_len(30).unwrap();
+        look("a truncated to 30", Some(&a), None);
+        drop(a);
+        look("a closed", None, None);
+        (seen, fs::read(&p).unwrap())
+    };
+    let native = native_dir();
+    let (want_sizes, want) = run(native.path());
+    let (_keep, backing) = kept_backing();
+    let s = plfs_on(mode, Some(&backing), &[]);
+    let (got_sizes, got) = run(s.mountpoint());
+    assert_eq!(
+        got_sizes, want_sizes,
+        "{test}: sizes (left plfs, right native)"
+    );
+    assert_bytes(&format!("{test}: vs native"), &want, &got);
+    umount_clean(s, &test);
+    let s = plfs_on(mode, Some(&backing), &[]);
+    assert_bytes(
+        &format!("{test}: after remount"),
+        &want,
+        &fs::read(s.mountpoint().join("s")).unwrap(),
+    );
+}
+
+#[test]
+fn size_across_opens_daemon() {
+    if fuse_or_skip("size_across_opens_daemon") {
+        size_across_opens(DataMode::Daemon);
+    }
+}
+
+#[test]
+fn size_across_opens_auto() {
+    if fuse_or_skip("size_across_opens_auto") {
+        size_across_opens(DataMode::Auto);
+    }
+}
+
 /// Writes through an open file that is renamed (and its directory renamed)
 /// before close land in the file under its new name, also after remount.
 #[test]

@@ -463,3 +463,75 @@ PRAGMA integrity_check;";
     eprintln!("{test}: shim {t:?}");
     assert!(t.adopted > 0 && t.native_calls > 0, "{test}: {t:?}");
 }
+
+/// Two lent opens of one file: `a` writes 100,000 bytes, `b` grows the file
+/// past them and closes, then `a` cuts it to 30 bytes. The cut is a truncate
+/// for everyone (the later growth by `b` goes too), also as the file system
+/// merges it again after a remount, exactly as on a native file.
+const SHRINK_SCRIPT: &str = r#"
+import os, sys, ctypes
+# The shim's status of a descriptor (0 natively, without the shim).
+st = getattr(ctypes.CDLL(None), 'mapfs_preload_fd_status', lambda fd: 0)
+p = sys.argv[1]
+a = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.pwrite(a, bytes(range(256)) * 400, 0)
+b = os.open(p, os.O_RDWR)
+os.pwrite(b, b'y', 150000)
+lent = (st(a), st(b))
+os.close(b)
+os.ftruncate(a, 30)
+assert os.fstat(a).st_size == 30, os.fstat(a).st_size
+os.close(a)
+print(lent)
+"#;
+
+#[test]
+fn shrink_through_lent_open_undoes_other_growth() {
+    let test = "preload plfs shrink through a lent open";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let native = native_dir();
+    let np = native.path().join("s");
+    ok(Command::new("python3")
+        .arg("-c")
+        .arg(SHRINK_SCRIPT)
+        .arg(&np));
+    let want = std::fs::read(&np).unwrap();
+    assert_eq!(want.len(), 30, "{test}: native control");
+    let keep = native_dir();
+    let backing = keep.path().join("backing");
+    std::fs::create_dir(&backing).unwrap();
+    std::fs::set_permissions(&backing, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mount = || {
+        MountSession::builder(mapfs_bin())
+            .fs("plfs")
+            .data(DataMode::Auto)
+            .backing(&backing)
+            .mount()
+            .unwrap_or_else(|e| panic!("{test}: mount plfs: {e:#}"))
+    };
+    let mut s = mount();
+    let report = report_path(&s, "shrink");
+    let f = s.mountpoint().join("s");
+    let out = ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(SHRINK_SCRIPT)
+        .arg(&f));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("({LENT}, {LENT})"),
+        "{test}: both opens lent"
+    );
+    assert!(
+        std::fs::read(&f).unwrap() == want,
+        "{test}: through the mount"
+    );
+    let u = s.umount().expect("mapfs umount");
+    assert!(u.success(), "{test}: umount: {u:?}");
+    let s = mount();
+    assert!(
+        std::fs::read(s.mountpoint().join("s")).unwrap() == want,
+        "{test}: after remount"
+    );
+}

@@ -55,7 +55,7 @@ use parking_lot::RwLock;
 use tracing::{debug, info, warn};
 
 use crate::control::tokens::MapTokens;
-use crate::handles::{Handles, OpenDir, OpenFile};
+use crate::handles::{Handles, OpenDir, OpenFile, SizeChange};
 use crate::inodes::{Inodes, ROOT};
 use crate::registry::{OpenInfo, OpenRegistry};
 
@@ -533,6 +533,7 @@ impl Shared {
             }
         }
         let fh = self.handles.add_file(OpenFile {
+            fh: 0,
             ino,
             path,
             pid: c.pid,
@@ -553,8 +554,20 @@ impl Shared {
         if file.data.whole_file_backing().is_some() || !file.wrote.load(Ordering::Relaxed) {
             return Ok(());
         }
+        let changes = self.handles.changes(file);
         self.fs
-            .flush(&file.ctx, &file.path, file.fs_handle, &file.data.map())
+            .flush(&file.ctx, &file.path, file.fs_handle, &file.data.map())?;
+        self.handles.flushed(file, changes);
+        Ok(())
+    }
+
+    /// Records a change through `file` (see [`Handles::note_change`]).
+    fn changed(&self, file: &OpenFile, change: SizeChange) {
+        file.wrote.store(true, Ordering::Relaxed);
+        if file.data.whole_file_backing().is_none() {
+            let view = file.data.size().unwrap_or(0);
+            self.handles.note_change(file, view, change);
+        }
     }
 
     fn remap_for<'a>(
@@ -601,6 +614,7 @@ impl Shared {
         };
         let map = file.data.map();
         let res = self.fs.release(&file.ctx, &file.path, file.fs_handle, &map);
+        self.handles.forget_changes(&file);
         let ino = file.ino;
         // Only a changed final map bumps here: a writable open bumped when
         // it was opened and daemon writes bump as they go, so a client that
@@ -660,6 +674,7 @@ impl OpenRegistry for Shared {
 
     fn client_released(&self, fh: u64, map: DataMap) {
         if let Some(f) = self.handles.file(fh) {
+            let size = map.size();
             if f.data.whole_file_backing().is_none() {
                 // The client wrote through its own engine over the same
                 // backing files; adopt its final map so `release` persists it.
@@ -669,7 +684,12 @@ impl OpenRegistry for Shared {
                     return;
                 }
             }
-            f.wrote.store(true, Ordering::Relaxed);
+            self.changed(&f, SizeChange::Set(size));
+            // Persisted now, not only at the kernel's FLUSH: the client also
+            // pushes before it shrinks the file (see `FileSystem::flush`).
+            if let Err(e) = self.persist_map(&f) {
+                warn!(fh, "persisting a shim client's map: {e}");
+            }
             self.tokens.bump(f.ino);
         }
     }
@@ -815,10 +835,16 @@ impl Filesystem for Adapter {
             None => None,
         });
         if let (Some(sz), Some(file)) = (size, &open) {
+            // A file system that records what each open changed (plfs) can
+            // tell a shrink from growth only against what it was last
+            // handed: hand it the open's writes before they are cut.
+            if sz < file.data.size().unwrap_or(0) {
+                tri!(reply, s.persist_map(file));
+            }
             let truncated = mapfs::creds::as_caller(&c, || file.data.truncate(sz));
             s.tokens.bump(ino.0);
             tri!(reply, truncated);
-            file.wrote.store(true, Ordering::Relaxed);
+            s.changed(file, SizeChange::Set(sz));
             // Other opens of the file see the new size at their next open.
             tri!(reply, s.persist_map(file));
             set.size = None;
@@ -1050,7 +1076,7 @@ impl Filesystem for Adapter {
         let res = file.data.write(offset, data, &mut remap);
         s.tokens.bump(file.ino);
         let n = tri!(reply, res);
-        file.wrote.store(true, Ordering::Relaxed);
+        s.changed(&file, SizeChange::Extend(offset + n as u64));
         reply.written(n as u32);
     }
 
@@ -1338,7 +1364,12 @@ impl Filesystem for Adapter {
         let res = file.data.fallocate(mode, offset, length);
         self.0.tokens.bump(file.ino);
         tri!(reply, res);
-        file.wrote.store(true, Ordering::Relaxed);
+        let change = if mode & libc::FALLOC_FL_KEEP_SIZE != 0 {
+            SizeChange::Keep
+        } else {
+            SizeChange::Extend(offset + length)
+        };
+        self.0.changed(&file, change);
         reply.ok();
     }
 
@@ -1382,7 +1413,7 @@ impl Filesystem for Adapter {
         let res = engine::copy_range(&src.data, offset_in, &dst.data, offset_out, len, &mut remap);
         s.tokens.bump(dst.ino);
         let n = tri!(reply, res);
-        dst.wrote.store(true, Ordering::Relaxed);
+        s.changed(&dst, SizeChange::Extend(offset_out + n as u64));
         reply.written(n as u32);
     }
 }

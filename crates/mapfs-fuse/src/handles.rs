@@ -21,6 +21,8 @@ use parking_lot::{Mutex, RwLock};
 /// One open of a regular file.
 #[derive(Debug)]
 pub struct OpenFile {
+    /// Its FUSE handle (set by [`Handles::add_file`]).
+    pub fh: u64,
     /// FUSE inode.
     pub ino: u64,
     /// Path at open time (for `release`/`remap`; renames do not matter to them).
@@ -59,9 +61,37 @@ pub struct Handles {
     files: RwLock<HashMap<u64, Arc<OpenFile>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     backing: Mutex<HashMap<u64, Weak<BackingId>>>,
-    /// Open files whose map is not whole-file (a fast "none" for
-    /// [`Handles::written_size`]).
-    not_whole: AtomicUsize,
+    /// Sizes written through opens whose map is not whole-file and not yet
+    /// handed to the file system, by inode.
+    unflushed: Mutex<HashMap<u64, Unflushed>>,
+    /// `unflushed.len()`, a lock-free "none" for [`Handles::written_size`]
+    /// (asked at every attribute reply).
+    unflushed_count: AtomicUsize,
+}
+
+/// The size of an inode as its writes through non-whole-file opens left it,
+/// while some of those opens have not handed their map to the file system
+/// (which answers `getattr` from what it was handed).
+#[derive(Debug)]
+struct Unflushed {
+    size: u64,
+    /// Opens with unflushed changes: handle -> count of changes, so a flush
+    /// clears only what it handed over.
+    opens: HashMap<u64, u64>,
+}
+
+/// How a change through an open moved the file's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeChange {
+    /// Bytes up to this offset exist now (a write, an allocation): the size
+    /// grows to it if it was smaller.
+    Extend(u64),
+    /// The size is now this (a truncate, or a shim client's map, which holds
+    /// all of that client's changes).
+    Set(u64),
+    /// Bytes changed, the size did not (a hole punched, a range zeroed
+    /// within the file).
+    Keep,
 }
 
 impl Handles {
@@ -70,11 +100,9 @@ impl Handles {
     }
 
     /// Registers an open file; returns its handle.
-    pub fn add_file(&self, file: OpenFile) -> u64 {
+    pub fn add_file(&self, mut file: OpenFile) -> u64 {
         let fh = self.next_fh();
-        if file.data.whole_file_backing().is_none() {
-            self.not_whole.fetch_add(1, Ordering::Relaxed);
-        }
+        file.fh = fh;
         self.files.write().insert(fh, Arc::new(file));
         fh
     }
@@ -86,11 +114,7 @@ impl Handles {
 
     /// Removes and returns the open file `fh`.
     pub fn remove_file(&self, fh: u64) -> Option<Arc<OpenFile>> {
-        let f = self.files.write().remove(&fh)?;
-        if f.data.whole_file_backing().is_none() {
-            self.not_whole.fetch_sub(1, Ordering::Relaxed);
-        }
-        Some(f)
+        self.files.write().remove(&fh)
     }
 
     /// Opens of `ino` by `pid`, most recent first.
@@ -112,23 +136,76 @@ impl Handles {
         self.files.read().values().find(|f| f.ino == ino).cloned()
     }
 
-    /// The size of `ino` as written through an open whose map is not
-    /// whole-file 1-to-1 (the file system learns it only at flush or
-    /// release): the largest such open's.
+    /// Records a change through `file` (not whole-file) that the file
+    /// system learns only when the open's map is flushed. `view` is the size
+    /// the open itself sees after the change, the starting point when no
+    /// other open has unflushed changes.
+    ///
+    /// The size kept is the kernel's rule for one file, whatever open made
+    /// the change: writes grow it, truncates set it. Taking each open's own
+    /// view instead would let an open that wrote earlier (or whose release
+    /// is still on its way) undo a later truncate through another one.
+    pub fn note_change(&self, file: &OpenFile, view: u64, change: SizeChange) {
+        let mut all = self.unflushed.lock();
+        let entry = all.entry(file.ino).or_insert_with(|| {
+            self.unflushed_count.fetch_add(1, Ordering::Relaxed);
+            Unflushed {
+                size: view,
+                opens: HashMap::new(),
+            }
+        });
+        match change {
+            SizeChange::Extend(end) => entry.size = entry.size.max(end),
+            SizeChange::Set(size) => entry.size = size,
+            SizeChange::Keep => {}
+        }
+        *entry.opens.entry(file.fh).or_insert(0) += 1;
+    }
+
+    /// How many changes of `file` are unflushed, to pass to
+    /// [`Handles::flushed`] once its map as of now is with the file system.
+    pub fn changes(&self, file: &OpenFile) -> u64 {
+        self.unflushed
+            .lock()
+            .get(&file.ino)
+            .and_then(|u| u.opens.get(&file.fh).copied())
+            .unwrap_or(0)
+    }
+
+    /// The file system holds `file`'s map as of `changes` (from
+    /// [`Handles::changes`] before it was handed over); a change made since
+    /// keeps the open unflushed.
+    pub fn flushed(&self, file: &OpenFile, changes: u64) {
+        self.clear(file, |n| n == changes);
+    }
+
+    /// `file` is released: whatever it did is the file system's now.
+    pub fn forget_changes(&self, file: &OpenFile) {
+        self.clear(file, |_| true);
+    }
+
+    fn clear(&self, file: &OpenFile, done: impl FnOnce(u64) -> bool) {
+        let mut all = self.unflushed.lock();
+        let Some(entry) = all.get_mut(&file.ino) else {
+            return;
+        };
+        if entry.opens.get(&file.fh).is_some_and(|n| done(*n)) {
+            entry.opens.remove(&file.fh);
+        }
+        if entry.opens.is_empty() {
+            all.remove(&file.ino);
+            self.unflushed_count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The size of `ino` while an open whose map is not whole-file 1-to-1
+    /// has changes the file system has not been handed (it learns them at
+    /// flush or release).
     pub fn written_size(&self, ino: u64) -> Option<u64> {
-        if self.not_whole.load(Ordering::Relaxed) == 0 {
+        if self.unflushed_count.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        self.files
-            .read()
-            .values()
-            .filter(|f| {
-                f.ino == ino
-                    && f.wrote.load(Ordering::Relaxed)
-                    && f.data.whole_file_backing().is_none()
-            })
-            .filter_map(|f| f.data.size().ok())
-            .max()
+        self.unflushed.lock().get(&ino).map(|u| u.size)
     }
 
     /// Registers an open directory; returns its handle.

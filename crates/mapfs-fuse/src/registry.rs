@@ -48,8 +48,8 @@ pub trait OpenRegistry: Send + Sync + 'static {
     fn invalidate(&self, ino: u64);
 
     /// Installs the map a shim client reports for the lent open `fh`
-    /// (non-whole-file maps), so the file system's `flush`/`release` see it,
-    /// and bumps the inode's map-cache token.
+    /// (non-whole-file maps) and hands it to the file system's `flush`
+    /// (`release` sees it too), and bumps the inode's map-cache token.
     fn client_released(&self, fh: u64, map: DataMap);
 
     /// Marks the open `fh` as lent to a shim client (or not any more): see

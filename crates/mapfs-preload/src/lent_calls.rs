@@ -180,8 +180,17 @@ pub fn lseek(fd: RawFd, off: i64, whence: c_int) -> Option<i64> {
     })
 }
 
-/// `ftruncate`.
+/// `ftruncate`. Before a shrink the daemon gets the open's map as it is
+/// (see `FileSystem::flush`): a file system recording what each open changed
+/// tells the shrink from the writes it cuts only that way.
 pub fn ftruncate(fd: RawFd, len: i64) -> Option<c_int> {
+    if let Some(l) = table::lent(fd) {
+        if l.size().is_ok_and(|now| len >= 0 && (len as u64) < now) {
+            if let Some(_g) = Guard::enter() {
+                sys::keep_errno(|| table::sync_lent(fd));
+            }
+        }
+    }
     status(with_lent(fd, |l| l.truncate(offset(len)?)))
 }
 

@@ -5,7 +5,9 @@
 //! dropping records `F`'s content there (bytes in the open's own log, or a
 //! hole). Past `O.size`, holes of `F` are not differences (the open did not
 //! write there; another writer may have). The size: `Set(F.size)` when the
-//! open shrank the file, `GrowTo(F.size)` when it grew it, nothing when equal.
+//! open shrank the file (below `O.size`, or below the size its previous
+//! dropping recorded: executors flush an open before shrinking it),
+//! `GrowTo(F.size)` when it grew it, nothing when equal.
 //! So two writers of disjoint ranges both survive whatever the order of their
 //! droppings (the N-1 checkpoint case), and where they overlap the record
 //! with the higher sequence number wins.
@@ -216,8 +218,16 @@ pub(super) fn delta(
             seq,
         });
     }
+    // The size this open last recorded stands while its map keeps it; below
+    // it, the open truncated: a truncate for everyone, even above the size
+    // it found at open.
+    let recorded = prev.size.map(|(r, _)| match r {
+        SizeRule::Set(n) | SizeRule::GrowTo(n) => n,
+    });
     let rule = match now.size().cmp(&open.size()) {
+        _ if recorded == Some(now.size()) => prev.size.map(|(r, _)| r),
         std::cmp::Ordering::Less => Some(SizeRule::Set(now.size())),
+        _ if recorded.is_some_and(|n| now.size() < n) => Some(SizeRule::Set(now.size())),
         std::cmp::Ordering::Greater => Some(SizeRule::GrowTo(now.size())),
         std::cmp::Ordering::Equal => None,
     };
@@ -267,6 +277,28 @@ mod tests {
     fn unchanged_is_empty() {
         let o = base();
         assert!(delta(&o, &o.clone(), &Delta::default(), 1, &[], 7).is_empty());
+    }
+
+    #[test]
+    fn shrink_above_the_open_size_is_a_truncate_and_stays_one() {
+        let o = base();
+        let mut f = o.clone();
+        write(&mut f, 0, 500);
+        let d1 = delta(&o, &f, &Delta::default(), 1, &[], 1);
+        assert_eq!(d1.size, Some((SizeRule::GrowTo(500), 1)));
+        // Cut to 300, still above the 100 it found: a truncate, which must
+        // undo growth by other writers flushed before it.
+        f.truncate(300);
+        let d2 = delta(&o, &f, &d1, 1, &[], 2);
+        assert_eq!(d2.size, Some((SizeRule::Set(300), 2)));
+        // Flushed again unchanged (the close after the ftruncate): the
+        // truncate keeps its rule and number.
+        let d3 = delta(&o, &f, &d2, 1, &[], 3);
+        assert_eq!(d3, d2);
+        // Growing past it again is growth.
+        write(&mut f, 300, 10);
+        let d4 = delta(&o, &f, &d3, 1, &[], 4);
+        assert_eq!(d4.size, Some((SizeRule::GrowTo(310), 4)));
     }
 
     #[test]

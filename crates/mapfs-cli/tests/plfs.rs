@@ -1196,7 +1196,8 @@ fn truncate_by_other_open_auto() {
 /// The size every `fstat`/`stat` reports while two opens of one file both
 /// hold unflushed changes follows the kernel's rule for one file (writes
 /// grow it, truncates set it), whichever open made the change: an open that
-/// wrote earlier must not bring back a size another open truncated away.
+/// wrote earlier (its own view of the size predates the truncate) must not
+/// bring back a size another open truncated away.
 fn size_across_opens(mode: DataMode) {
     let test = format!("plfs size across two opens --data {mode}");
     let run = |dir: &Path| -> (Vec<String>, Vec<u8>) {
@@ -1216,6 +1217,10 @@ fn size_across_opens(mode: DataMode) {
             .open(&p)
             .unwrap();
         a.write_all_at(&bytes(3, 100_000), 0).unwrap();
+        // Synced before `b` opens: an open does not see another open's
+        // unflushed writes (plfs/mod.rs, Consistency), which is not what
+        // this checks.
+        a.sync_all().unwrap();
         look("a wrote 100000", Some(&a), None);
         let b = fs::OpenOptions::new()
             .read(true)
@@ -1267,6 +1272,79 @@ fn size_across_opens_auto() {
     if fuse_or_skip("size_across_opens_auto") {
         size_across_opens(DataMode::Auto);
     }
+}
+
+/// A multi-threaded program that forks: each child closes its inherited copy
+/// of a descriptor at exec, and the kernel sends a FLUSH of that open from
+/// another thread, racing the parent's own writes and truncates. An older
+/// map flushed late must never undo a newer change: after every truncate the
+/// size and bytes are exactly the model's.
+#[test]
+fn flushes_from_forked_children_keep_the_order_of_changes() {
+    let test = "flushes_from_forked_children_keep_the_order_of_changes";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = plfs(DataMode::Daemon);
+    let p = s.mountpoint().join("racy");
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let forker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // std opens with O_CLOEXEC: the child closes `f` at exec.
+                let st = Command::new("true").status().expect("spawn true");
+                assert!(st.success());
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut model: Vec<u8> = Vec::new();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let mut rounds = 0;
+    while Instant::now() < deadline || rounds < 200 {
+        let off = (next() % 200_000) as usize;
+        let data = bytes(next(), 1 + (next() % 30_000) as usize);
+        f.write_all_at(&data, off as u64).unwrap();
+        if model.len() < off + data.len() {
+            model.resize(off + data.len(), 0);
+        }
+        model[off..off + data.len()].copy_from_slice(&data);
+        let cut = (next() % (model.len() as u64 + 1)) as usize;
+        f.set_len(cut as u64).unwrap();
+        model.truncate(cut);
+        assert_eq!(
+            f.metadata().unwrap().len(),
+            cut as u64,
+            "{test}: fstat after truncate, round {rounds}"
+        );
+        rounds += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let forks = forker.join().unwrap();
+    drop(f);
+    assert_bytes(
+        &format!("{test}: after {rounds} rounds, {forks} forks"),
+        &model,
+        &fs::read(&p).unwrap(),
+    );
+    umount_clean(s, test);
 }
 
 /// Writes through an open file that is renamed (and its directory renamed)

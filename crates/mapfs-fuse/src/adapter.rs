@@ -51,7 +51,7 @@ use mapfs::{
     Attr, Ctx, DataMap, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags, Result,
     SetAttr, TimeSet,
 };
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use tracing::{debug, info, warn};
 
 use crate::control::tokens::MapTokens;
@@ -324,7 +324,7 @@ impl Shared {
     /// learns it only at flush.
     fn fuse_attr(&self, ino: u64, a: &Attr) -> FileAttr {
         let size = match a.kind {
-            FileKind::File => self.handles.written_size(ino).unwrap_or(a.size),
+            FileKind::File => self.handles.written_size(ino, a.size).unwrap_or(a.size),
             _ => a.size,
         };
         FileAttr {
@@ -542,6 +542,7 @@ impl Shared {
             data,
             backing: backing.clone(),
             wrote: AtomicBool::new(false),
+            persisting: Mutex::new(()),
             ctx: *c,
             lent: AtomicBool::new(false),
         });
@@ -554,6 +555,10 @@ impl Shared {
         if file.data.whole_file_backing().is_some() || !file.wrote.load(Ordering::Relaxed) {
             return Ok(());
         }
+        // One at a time per open, map taken under the lock: a flush from
+        // another thread (a forked child closing its inherited descriptor)
+        // holding an older map must not land after a newer one.
+        let _one = file.persisting.lock();
         let changes = self.handles.changes(file);
         self.fs
             .flush(&file.ctx, &file.path, file.fs_handle, &file.data.map())?;
@@ -565,8 +570,7 @@ impl Shared {
     fn changed(&self, file: &OpenFile, change: SizeChange) {
         file.wrote.store(true, Ordering::Relaxed);
         if file.data.whole_file_backing().is_none() {
-            let view = file.data.size().unwrap_or(0);
-            self.handles.note_change(file, view, change);
+            self.handles.note_change(file, change);
         }
     }
 
@@ -612,8 +616,11 @@ impl Shared {
         let Some(file) = self.handles.remove_file(fh) else {
             return Err(Error::from_errno(libc::EBADF));
         };
-        let map = file.data.map();
-        let res = self.fs.release(&file.ctx, &file.path, file.fs_handle, &map);
+        let res = {
+            let _one = file.persisting.lock();
+            let map = file.data.map();
+            self.fs.release(&file.ctx, &file.path, file.fs_handle, &map)
+        };
         self.handles.forget_changes(&file);
         let ino = file.ino;
         // Only a changed final map bumps here: a writable open bumped when

@@ -39,6 +39,9 @@ pub struct OpenFile {
     pub backing: Option<Arc<BackingId>>,
     /// Set by a write through the daemon, so `release` knows the map changed.
     pub wrote: AtomicBool,
+    /// Held while the open's map is taken and handed to the file system
+    /// (`flush`, `release`), so they reach it in the order of their maps.
+    pub persisting: Mutex<()>,
     /// The caller's credentials at open (for `release`/`remap`).
     pub ctx: mapfs::Ctx,
     /// Lent to a shim client, which runs its data calls in-process: the
@@ -69,12 +72,16 @@ pub struct Handles {
     unflushed_count: AtomicUsize,
 }
 
-/// The size of an inode as its writes through non-whole-file opens left it,
+/// The size of an inode as changes through non-whole-file opens left it,
 /// while some of those opens have not handed their map to the file system
 /// (which answers `getattr` from what it was handed).
 #[derive(Debug)]
 struct Unflushed {
-    size: u64,
+    /// Set by the last truncate since the file system last knew the size
+    /// (`None`: the file system's size is the base).
+    set: Option<u64>,
+    /// The furthest end of writes since that truncate.
+    grown: u64,
     /// Opens with unflushed changes: handle -> count of changes, so a flush
     /// clears only what it handed over.
     opens: HashMap<u64, u64>,
@@ -137,26 +144,28 @@ impl Handles {
     }
 
     /// Records a change through `file` (not whole-file) that the file
-    /// system learns only when the open's map is flushed. `view` is the size
-    /// the open itself sees after the change, the starting point when no
-    /// other open has unflushed changes.
+    /// system learns only when the open's map is flushed.
     ///
-    /// The size kept is the kernel's rule for one file, whatever open made
-    /// the change: writes grow it, truncates set it. Taking each open's own
-    /// view instead would let an open that wrote earlier (or whose release
-    /// is still on its way) undo a later truncate through another one.
-    pub fn note_change(&self, file: &OpenFile, view: u64, change: SizeChange) {
+    /// The size follows the kernel's rule for one file, whatever open made
+    /// the change: writes grow it, truncates set it. An open's own view of
+    /// the size is no guide: it may predate another open's truncate, or miss
+    /// another open's writes.
+    pub fn note_change(&self, file: &OpenFile, change: SizeChange) {
         let mut all = self.unflushed.lock();
         let entry = all.entry(file.ino).or_insert_with(|| {
             self.unflushed_count.fetch_add(1, Ordering::Relaxed);
             Unflushed {
-                size: view,
+                set: None,
+                grown: 0,
                 opens: HashMap::new(),
             }
         });
         match change {
-            SizeChange::Extend(end) => entry.size = entry.size.max(end),
-            SizeChange::Set(size) => entry.size = size,
+            SizeChange::Extend(end) => entry.grown = entry.grown.max(end),
+            SizeChange::Set(size) => {
+                entry.set = Some(size);
+                entry.grown = 0;
+            }
             SizeChange::Keep => {}
         }
         *entry.opens.entry(file.fh).or_insert(0) += 1;
@@ -198,14 +207,17 @@ impl Handles {
         }
     }
 
-    /// The size of `ino` while an open whose map is not whole-file 1-to-1
-    /// has changes the file system has not been handed (it learns them at
-    /// flush or release).
-    pub fn written_size(&self, ino: u64) -> Option<u64> {
+    /// The size of `ino`, whose file system says `fs_size`, while an open
+    /// whose map is not whole-file 1-to-1 has changes the file system has
+    /// not been handed (it learns them at flush or release).
+    pub fn written_size(&self, ino: u64, fs_size: u64) -> Option<u64> {
         if self.unflushed_count.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        self.unflushed.lock().get(&ino).map(|u| u.size)
+        self.unflushed
+            .lock()
+            .get(&ino)
+            .map(|u| u.set.unwrap_or(fs_size).max(u.grown))
     }
 
     /// Registers an open directory; returns its handle.

@@ -68,6 +68,10 @@
 //! with `O_TRUNC` and `truncate` add a dropping that sets the size; the
 //! bytes that opens still writing had written before it are shadowed by it
 //! (their log length at the truncate is noted), their later writes are not.
+//! A truncate through an open is recorded as one when it cuts the size below
+//! what that open found or last recorded; it cannot cut writes the open did
+//! not see (another open's, unflushed when it opened). Executors flush an
+//! open before shrinking it, and hand one open's maps over in order.
 //! Merged maps are cached per container (keyed by its backing dev/ino,
 //! validated by the directory's mtime/ctime, dropped by every local change).
 //!

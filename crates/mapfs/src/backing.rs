@@ -123,18 +123,27 @@ impl BackingRoot {
 /// kernel answers `EAGAIN` if any rename or mount happened anywhere on the
 /// system meanwhile (it cannot then prove the result stayed beneath);
 /// openat2(2) asks callers to retry, which is safe: nothing was opened or
-/// created.
+/// created. A walk through many `..` loses every immediate retry while
+/// something renames in a loop, so later retries back off (up to about a
+/// second in all) before `EAGAIN` reaches the caller.
 pub fn openat2_beneath(
     at: BorrowedFd<'_>,
     path: &OsStr,
     flags: OFlags,
     mode: Mode,
 ) -> rustix::io::Result<OwnedFd> {
-    const ATTEMPTS: usize = 64;
+    const IMMEDIATE: u32 = 16;
+    const ATTEMPTS: u32 = IMMEDIATE + 200;
     let mut tries = 1;
     loop {
         match openat2(at, path, flags, mode, RESOLVE) {
-            Err(rustix::io::Errno::AGAIN) if tries < ATTEMPTS => tries += 1,
+            Err(rustix::io::Errno::AGAIN) if tries < ATTEMPTS => {
+                if tries >= IMMEDIATE {
+                    let us = 1u64 << (tries - IMMEDIATE).min(12);
+                    std::thread::sleep(std::time::Duration::from_micros(us.min(5_000)));
+                }
+                tries += 1;
+            }
             r => return r,
         }
     }

@@ -387,7 +387,7 @@ fn umount_then_umount_again() {
         return;
     }
     let mut s = mount(DataMode::Auto, &[]);
-    let out = s.umount().unwrap();
+    let out = s.umount_settled().unwrap();
     assert!(out.success(), "umount failed: {}", out.stderr);
     assert!(
         !is_mounted(s.mountpoint()),

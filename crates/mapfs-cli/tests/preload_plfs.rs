@@ -527,7 +527,7 @@ fn shrink_through_lent_open_undoes_other_growth() {
         std::fs::read(&f).unwrap() == want,
         "{test}: through the mount"
     );
-    let u = s.umount().expect("mapfs umount");
+    let u = s.umount_settled().expect("mapfs umount");
     assert!(u.success(), "{test}: umount: {u:?}");
     let s = mount();
     assert!(

@@ -93,7 +93,7 @@ fn umount_returns_after_daemon_exit() {
     }
     let mut s = mount(DataMode::Daemon, &[]);
     let pid = daemon_pid(s.mountpoint()).expect("daemon process not found");
-    let out = s.umount().unwrap();
+    let out = s.umount_settled().unwrap();
     assert!(out.success(), "umount: {}", out.stderr);
     // `mapfs umount` waits for the daemon, so a remount can follow at once.
     assert!(

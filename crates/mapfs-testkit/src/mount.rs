@@ -364,6 +364,22 @@ impl MountSession {
         Ok(out)
     }
 
+    /// `mapfs umount`, tried again for up to 2 s while it answers that the
+    /// mount is busy: a child forked by another thread of the test process
+    /// holds copies of that process's open files until its `exec` closes
+    /// them. The last attempt's output.
+    pub fn umount_settled(&mut self) -> Result<CmdOutput> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let out = self.umount()?;
+            if out.success() || !out.stderr.contains("busy") || std::time::Instant::now() > deadline
+            {
+                return Ok(out);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn force_unmount(&mut self) {
         if !is_mounted(&self.mountpoint) {
             self.mounted = false;

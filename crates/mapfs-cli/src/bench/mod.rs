@@ -231,6 +231,17 @@ fn print_list() {
     }
 }
 
+/// The configurations of run `run`, in table order on even runs and reversed
+/// on odd ones: whatever the previous run leaves behind (writeback still
+/// draining, a warmer CPU) does not always fall on the same configuration.
+fn round_order<T>(ready: &[T], run: usize) -> Box<dyn Iterator<Item = &T> + '_> {
+    if run % 2 == 0 {
+        Box::new(ready.iter())
+    } else {
+        Box::new(ready.iter().rev())
+    }
+}
+
 /// Flushes dirty data and, when allowed, drops the page cache so that reads
 /// come from the device, not from memory left by the previous run.
 struct Settler {
@@ -570,7 +581,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         )
                         .expect("data workload has a fio job");
                     for run in 0..params.runs {
-                        for (c, p) in &ready {
+                        for (c, p) in round_order(&ready, run) {
                             if interrupted() {
                                 break 'workloads;
                             }
@@ -611,7 +622,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             }
             Kind::CreateStatUnlink => {
                 for run in 0..params.runs {
-                    for (c, p) in &ready {
+                    for (c, p) in round_order(&ready, run) {
                         if interrupted() {
                             break 'workloads;
                         }
@@ -758,6 +769,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_alternate_the_configuration_order() {
+        let cfgs = ["native", "fuse", "preload"];
+        let order = |run| round_order(&cfgs, run).copied().collect::<Vec<_>>();
+        assert_eq!(order(0), ["native", "fuse", "preload"]);
+        assert_eq!(order(1), ["preload", "fuse", "native"]);
+        assert_eq!(order(2), order(0));
+    }
 
     #[test]
     fn sizes() {

@@ -235,7 +235,7 @@ fn print_list() {
 /// on odd ones: whatever the previous run leaves behind (writeback still
 /// draining, a warmer CPU) does not always fall on the same configuration.
 fn round_order<T>(ready: &[T], run: usize) -> Box<dyn Iterator<Item = &T> + '_> {
-    if run % 2 == 0 {
+    if run.is_multiple_of(2) {
         Box::new(ready.iter())
     } else {
         Box::new(ready.iter().rev())

@@ -87,6 +87,25 @@ fn umount_clean(mut s: MountSession, what: &str) {
     );
 }
 
+/// Unmounts `s` cleanly, mounts `backing` again in `mode` and checks that
+/// `name` reads back as `want` there (what plfs persisted, merged afresh).
+fn assert_after_remount(
+    s: MountSession,
+    mode: DataMode,
+    backing: &Path,
+    name: &str,
+    want: &[u8],
+    test: &str,
+) {
+    umount_clean(s, test);
+    let s = plfs_on(mode, Some(backing), &[]);
+    assert_bytes(
+        &format!("{test}: after remount"),
+        want,
+        &fs::read(s.mountpoint().join(name)).unwrap(),
+    );
+}
+
 /// Deterministic pseudo-random bytes (xorshift, never periodic within a file,
 /// so a misplaced block is always detected).
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
@@ -980,13 +999,7 @@ fn later_write_wins(mode: DataMode) {
     let want = run(native.path());
     let got = run(s.mountpoint());
     assert_bytes(&format!("{test}: vs native"), &want, &got);
-    umount_clean(s, &test);
-    let s = plfs_on(mode, Some(&backing), &[]);
-    assert_bytes(
-        &format!("{test}: after remount"),
-        &want,
-        &fs::read(s.mountpoint().join("overlap")).unwrap(),
-    );
+    assert_after_remount(s, mode, &backing, "overlap", &want, &test);
 }
 
 /// An open made before another open of the same file wrote and closed reads
@@ -1170,13 +1183,7 @@ fn truncate_by_other_open(mode: DataMode) {
     let (_keep, backing) = kept_backing();
     let s = plfs_on(mode, Some(&backing), &[]);
     assert_bytes(&format!("{test}: vs native"), &want, &run(s.mountpoint()));
-    umount_clean(s, &test);
-    let s = plfs_on(mode, Some(&backing), &[]);
-    assert_bytes(
-        &format!("{test}: after remount"),
-        &want,
-        &fs::read(s.mountpoint().join("t")).unwrap(),
-    );
+    assert_after_remount(s, mode, &backing, "t", &want, &test);
 }
 
 #[test]
@@ -1251,13 +1258,7 @@ fn size_across_opens(mode: DataMode) {
         "{test}: sizes (left plfs, right native)"
     );
     assert_bytes(&format!("{test}: vs native"), &want, &got);
-    umount_clean(s, &test);
-    let s = plfs_on(mode, Some(&backing), &[]);
-    assert_bytes(
-        &format!("{test}: after remount"),
-        &want,
-        &fs::read(s.mountpoint().join("s")).unwrap(),
-    );
+    assert_after_remount(s, mode, &backing, "s", &want, &test);
 }
 
 #[test]

@@ -106,6 +106,20 @@ fn assert_after_remount(
     );
 }
 
+/// A `#[test]` (with any attributes given first) that runs `$call` on a
+/// system with FUSE and says loudly why it skips on one without.
+macro_rules! fuse_test {
+    ($(#[$attr:meta])* $name:ident => $call:expr) => {
+        #[test]
+        $(#[$attr])*
+        fn $name() {
+            if fuse_or_skip(stringify!($name)) {
+                $call;
+            }
+        }
+    };
+}
+
 /// Deterministic pseudo-random bytes (xorshift, never periodic within a file,
 /// so a misplaced block is always detected).
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
@@ -953,26 +967,11 @@ fn n1(mode: DataMode) {
     }
 }
 
-#[test]
-fn n1_checkpoint_daemon() {
-    if fuse_or_skip("n1_checkpoint_daemon") {
-        n1(DataMode::Daemon);
-    }
-}
+fuse_test!(n1_checkpoint_daemon => n1(DataMode::Daemon));
 
-#[test]
-fn n1_checkpoint_daemon_nowb() {
-    if fuse_or_skip("n1_checkpoint_daemon_nowb") {
-        n1(DataMode::DaemonNoWriteback);
-    }
-}
+fuse_test!(n1_checkpoint_daemon_nowb => n1(DataMode::DaemonNoWriteback));
 
-#[test]
-fn n1_checkpoint_auto() {
-    if fuse_or_skip("n1_checkpoint_auto") {
-        n1(DataMode::Auto);
-    }
-}
+fuse_test!(n1_checkpoint_auto => n1(DataMode::Auto));
 
 /// Two opens of one file held at once, overlapping writes, closed in the
 /// opposite order: the later write wins (as natively), also after remount,
@@ -1050,45 +1049,33 @@ fn other_opens_writes(mode: DataMode) {
     );
 }
 
-#[test]
-#[ignore = "documented plfs limit (plfs/mod.rs, Consistency): a descriptor opened before another \
-            open wrote and closed keeps the older bytes until reopened, once the page cache \
-            no longer holds them"]
-fn earlier_open_sees_closed_writes_daemon() {
-    if fuse_or_skip("earlier_open_sees_closed_writes_daemon") {
-        other_opens_writes(DataMode::Daemon);
-    }
-}
+fuse_test!(
+    #[ignore = "documented plfs limit (plfs/mod.rs, Consistency): a descriptor opened before another \
+                open wrote and closed keeps the older bytes until reopened, once the page cache \
+                no longer holds them"]
+    earlier_open_sees_closed_writes_daemon => other_opens_writes(DataMode::Daemon)
+);
 
-#[test]
-#[ignore = "documented plfs limit (plfs/mod.rs, Consistency): a descriptor opened before another \
-            open wrote and closed keeps the older bytes until reopened, once the page cache \
-            no longer holds them"]
-fn earlier_open_sees_closed_writes_auto() {
-    if fuse_or_skip("earlier_open_sees_closed_writes_auto") {
-        other_opens_writes(DataMode::Auto);
-    }
-}
+fuse_test!(
+    #[ignore = "documented plfs limit (plfs/mod.rs, Consistency): a descriptor opened before another \
+                open wrote and closed keeps the older bytes until reopened, once the page cache \
+                no longer holds them"]
+    earlier_open_sees_closed_writes_auto => other_opens_writes(DataMode::Auto)
+);
 
-#[test]
-#[ignore = "documented plfs limit (plfs/mod.rs, Consistency): overlapping writes of two unflushed \
-            opens resolve to the open that flushed later (the map carries no write times); plfs \
-            mounts run without the kernel's writeback cache, which used to hide it"]
-fn later_write_wins_daemon() {
-    if fuse_or_skip("later_write_wins_daemon") {
-        later_write_wins(DataMode::Daemon);
-    }
-}
+fuse_test!(
+    #[ignore = "documented plfs limit (plfs/mod.rs, Consistency): overlapping writes of two unflushed \
+                opens resolve to the open that flushed later (the map carries no write times); plfs \
+                mounts run without the kernel's writeback cache, which used to hide it"]
+    later_write_wins_daemon => later_write_wins(DataMode::Daemon)
+);
 
-#[test]
-#[ignore = "documented plfs limit (plfs/mod.rs, Consistency): overlapping writes of two unflushed \
-            opens resolve to the open that flushed later (the map carries no write times); in \
-            daemon mode the kernel's writeback cache hides it"]
-fn later_write_wins_auto() {
-    if fuse_or_skip("later_write_wins_auto") {
-        later_write_wins(DataMode::Auto);
-    }
-}
+fuse_test!(
+    #[ignore = "documented plfs limit (plfs/mod.rs, Consistency): overlapping writes of two unflushed \
+                opens resolve to the open that flushed later (the map carries no write times); in \
+                daemon mode the kernel's writeback cache hides it"]
+    later_write_wins_auto => later_write_wins(DataMode::Auto)
+);
 
 /// Two nodes (daemons) mounting one backing dir: writers on both mounts write
 /// their own interleaved blocks of one file at once; after both unmount, a
@@ -1186,19 +1173,9 @@ fn truncate_by_other_open(mode: DataMode) {
     assert_after_remount(s, mode, &backing, "t", &want, &test);
 }
 
-#[test]
-fn truncate_by_other_open_daemon() {
-    if fuse_or_skip("truncate_by_other_open_daemon") {
-        truncate_by_other_open(DataMode::Daemon);
-    }
-}
+fuse_test!(truncate_by_other_open_daemon => truncate_by_other_open(DataMode::Daemon));
 
-#[test]
-fn truncate_by_other_open_auto() {
-    if fuse_or_skip("truncate_by_other_open_auto") {
-        truncate_by_other_open(DataMode::Auto);
-    }
-}
+fuse_test!(truncate_by_other_open_auto => truncate_by_other_open(DataMode::Auto));
 
 /// The size every `fstat`/`stat` reports while two opens of one file both
 /// hold unflushed changes follows the kernel's rule for one file (writes
@@ -1261,19 +1238,9 @@ fn size_across_opens(mode: DataMode) {
     assert_after_remount(s, mode, &backing, "s", &want, &test);
 }
 
-#[test]
-fn size_across_opens_daemon() {
-    if fuse_or_skip("size_across_opens_daemon") {
-        size_across_opens(DataMode::Daemon);
-    }
-}
+fuse_test!(size_across_opens_daemon => size_across_opens(DataMode::Daemon));
 
-#[test]
-fn size_across_opens_auto() {
-    if fuse_or_skip("size_across_opens_auto") {
-        size_across_opens(DataMode::Auto);
-    }
-}
+fuse_test!(size_across_opens_auto => size_across_opens(DataMode::Auto));
 
 /// A multi-threaded program that forks: each child closes its inherited copy
 /// of a descriptor at exec, and the kernel sends a FLUSH of that open from
@@ -1541,19 +1508,9 @@ fn concurrent_append(mode: DataMode) {
     );
 }
 
-#[test]
-fn concurrent_append_daemon() {
-    if fuse_or_skip("concurrent_append_daemon") {
-        concurrent_append(DataMode::Daemon);
-    }
-}
+fuse_test!(concurrent_append_daemon => concurrent_append(DataMode::Daemon));
 
-#[test]
-fn concurrent_append_auto() {
-    if fuse_or_skip("concurrent_append_auto") {
-        concurrent_append(DataMode::Auto);
-    }
-}
+fuse_test!(concurrent_append_auto => concurrent_append(DataMode::Auto));
 
 // ---------------------------------------------------------------------------
 // 4. Close-to-open and fsync durability
@@ -1635,26 +1592,11 @@ fn close_to_open(mode: DataMode) {
     assert_bytes(&test, &model, &fs::read(&f).unwrap());
 }
 
-#[test]
-fn close_to_open_daemon() {
-    if fuse_or_skip("close_to_open_daemon") {
-        close_to_open(DataMode::Daemon);
-    }
-}
+fuse_test!(close_to_open_daemon => close_to_open(DataMode::Daemon));
 
-#[test]
-fn close_to_open_daemon_nowb() {
-    if fuse_or_skip("close_to_open_daemon_nowb") {
-        close_to_open(DataMode::DaemonNoWriteback);
-    }
-}
+fuse_test!(close_to_open_daemon_nowb => close_to_open(DataMode::DaemonNoWriteback));
 
-#[test]
-fn close_to_open_auto() {
-    if fuse_or_skip("close_to_open_auto") {
-        close_to_open(DataMode::Auto);
-    }
-}
+fuse_test!(close_to_open_auto => close_to_open(DataMode::Auto));
 
 /// fsync makes bytes durable against a daemon crash, and so does close(2):
 /// write+fsync (file kept open) and write+close, SIGKILL the daemon,
@@ -1742,19 +1684,9 @@ fn fsync_survives_kill(mode: DataMode) {
     );
 }
 
-#[test]
-fn fsync_survives_daemon_kill_daemon() {
-    if fuse_or_skip("fsync_survives_daemon_kill_daemon") {
-        fsync_survives_kill(DataMode::Daemon);
-    }
-}
+fuse_test!(fsync_survives_daemon_kill_daemon => fsync_survives_kill(DataMode::Daemon));
 
-#[test]
-fn fsync_survives_daemon_kill_auto() {
-    if fuse_or_skip("fsync_survives_daemon_kill_auto") {
-        fsync_survives_kill(DataMode::Auto);
-    }
-}
+fuse_test!(fsync_survives_daemon_kill_auto => fsync_survives_kill(DataMode::Auto));
 
 // ---------------------------------------------------------------------------
 // 5. Persistence across clean remounts
@@ -2291,19 +2223,9 @@ fn readdir_regular(mode: DataMode) {
     assert!(data_logs(s.backing(), "work/big") >= 1);
 }
 
-#[test]
-fn readdir_lists_regular_files_daemon() {
-    if fuse_or_skip("readdir_lists_regular_files_daemon") {
-        readdir_regular(DataMode::Daemon);
-    }
-}
+fuse_test!(readdir_lists_regular_files_daemon => readdir_regular(DataMode::Daemon));
 
-#[test]
-fn readdir_lists_regular_files_auto() {
-    if fuse_or_skip("readdir_lists_regular_files_auto") {
-        readdir_regular(DataMode::Auto);
-    }
-}
+fuse_test!(readdir_lists_regular_files_auto => readdir_regular(DataMode::Auto));
 
 /// Users may name their files and directories like container internals: a
 /// directory holding a file called `.plfs` (or `data.1`, `index.1`) stays a
@@ -2490,19 +2412,9 @@ fn rename_over_is_atomic_native() {
     rename_atomic_in("native rename over", d.path());
 }
 
-#[test]
-fn rename_over_is_atomic_daemon() {
-    if fuse_or_skip("rename_over_is_atomic_daemon") {
-        rename_atomic(DataMode::Daemon);
-    }
-}
+fuse_test!(rename_over_is_atomic_daemon => rename_atomic(DataMode::Daemon));
 
-#[test]
-fn rename_over_is_atomic_auto() {
-    if fuse_or_skip("rename_over_is_atomic_auto") {
-        rename_atomic(DataMode::Auto);
-    }
-}
+fuse_test!(rename_over_is_atomic_auto => rename_atomic(DataMode::Auto));
 
 /// An open file that is unlinked stays readable and writable through its
 /// descriptor; the name is gone at once and can be reused.
@@ -2620,19 +2532,9 @@ fn unlink_while_open(mode: DataMode) {
     );
 }
 
-#[test]
-fn unlink_while_open_daemon() {
-    if fuse_or_skip("unlink_while_open_daemon") {
-        unlink_while_open(DataMode::Daemon);
-    }
-}
+fuse_test!(unlink_while_open_daemon => unlink_while_open(DataMode::Daemon));
 
-#[test]
-fn unlink_while_open_auto() {
-    if fuse_or_skip("unlink_while_open_auto") {
-        unlink_while_open(DataMode::Auto);
-    }
-}
+fuse_test!(unlink_while_open_auto => unlink_while_open(DataMode::Auto));
 
 /// Extended attributes of a plfs file, and offsets past 4 GiB in its index
 /// (sparse), as natively and after a remount.
@@ -2895,23 +2797,10 @@ fn permissions(mode: DataMode, opts: &[&str]) {
     assert_eq!(want, got, "{test}: differs from native");
 }
 
-#[test]
-fn permissions_as_nobody_daemon() {
-    if fuse_or_skip("permissions_as_nobody_daemon") {
-        permissions(DataMode::Daemon, &["allow_other"]);
-    }
-}
+fuse_test!(permissions_as_nobody_daemon => permissions(DataMode::Daemon, &["allow_other"]));
 
-#[test]
-fn permissions_as_nobody_daemon_default_permissions() {
-    if fuse_or_skip("permissions_as_nobody_daemon_default_permissions") {
-        permissions(DataMode::Daemon, &["allow_other", "default_permissions"]);
-    }
-}
+fuse_test!(
+    permissions_as_nobody_daemon_default_permissions => permissions(DataMode::Daemon, &["allow_other", "default_permissions"])
+);
 
-#[test]
-fn permissions_as_nobody_auto() {
-    if fuse_or_skip("permissions_as_nobody_auto") {
-        permissions(DataMode::Auto, &["allow_other"]);
-    }
-}
+fuse_test!(permissions_as_nobody_auto => permissions(DataMode::Auto, &["allow_other"]));

@@ -120,6 +120,17 @@ macro_rules! fuse_test {
     };
 }
 
+/// `path` created or emptied, open for reading and writing.
+fn create_rw(path: &Path) -> fs::File {
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()))
+}
+
 /// Deterministic pseudo-random bytes (xorshift, never periodic within a file,
 /// so a misplaced block is always detected).
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
@@ -1143,13 +1154,7 @@ fn truncate_by_other_open(mode: DataMode) {
     let test = format!("plfs truncate by another open --data {mode}");
     let run = |dir: &Path| -> Vec<u8> {
         let p = dir.join("t");
-        let a = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .unwrap();
+        let a = create_rw(&p);
         a.write_all_at(&bytes(1, 100_000), 0).unwrap();
         let b = fs::OpenOptions::new()
             .write(true)
@@ -1193,13 +1198,7 @@ fn size_across_opens(mode: DataMode) {
             let st = fs::metadata(&p).unwrap().len();
             seen.push(format!("{what}: fstat a {fa:?}, fstat b {fb:?}, stat {st}"));
         };
-        let a = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .unwrap();
+        let a = create_rw(&p);
         a.write_all_at(&bytes(3, 100_000), 0).unwrap();
         // Synced before `b` opens: an open does not see another open's
         // unflushed writes (plfs/mod.rs, Consistency), which is not what
@@ -1255,13 +1254,7 @@ fn flushes_from_forked_children_keep_the_order_of_changes() {
     }
     let s = plfs(DataMode::Daemon);
     let p = s.mountpoint().join("racy");
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&p)
-        .unwrap();
+    let f = create_rw(&p);
     let stop = Arc::new(AtomicBool::new(false));
     let forker = {
         let stop = stop.clone();
@@ -2428,13 +2421,7 @@ fn unlinked_open_obs(dir: &Path) -> Vec<String> {
     let mut o = Vec::new();
     let p = dir.join("f");
     let a = bytes(11, 100_000);
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&p)
-        .unwrap();
+    let f = create_rw(&p);
     f.write_all_at(&a, 0).unwrap();
     fs::remove_file(&p).unwrap();
     o.push(format!("stat after unlink: {}", r(fs::metadata(&p))));

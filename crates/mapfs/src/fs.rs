@@ -349,8 +349,9 @@ pub trait FileSystem: Send + Sync + 'static {
     /// `close(2)` of a descriptor of an open whose map is not whole-file
     /// 1-to-1 and was written, at `fsync` of such an open, after a size
     /// change of one, and before a shrink of one (so the file system can tell
-    /// the shrink from the writes it cuts). `release` still follows with the final map. A whole-file
-    /// map needs nothing: its bytes are the backing file's own.
+    /// the shrink from the writes it cuts). `release` still follows with the
+    /// final map. A whole-file map needs nothing: its bytes are the backing
+    /// file's own.
     fn flush(&self, ctx: &Ctx, path: &Path, handle: u64, map: &DataMap) -> Result<()> {
         Ok(())
     }

@@ -224,12 +224,15 @@ pub(super) fn delta(
     let recorded = prev.size.map(|(r, _)| match r {
         SizeRule::Set(n) | SizeRule::GrowTo(n) => n,
     });
-    let rule = match now.size().cmp(&open.size()) {
-        _ if recorded == Some(now.size()) => prev.size.map(|(r, _)| r),
-        std::cmp::Ordering::Less => Some(SizeRule::Set(now.size())),
-        _ if recorded.is_some_and(|n| now.size() < n) => Some(SizeRule::Set(now.size())),
-        std::cmp::Ordering::Greater => Some(SizeRule::GrowTo(now.size())),
-        std::cmp::Ordering::Equal => None,
+    let size_now = now.size();
+    let rule = if recorded == Some(size_now) {
+        prev.size.map(|(r, _)| r)
+    } else if size_now < open.size() || recorded.is_some_and(|n| size_now < n) {
+        Some(SizeRule::Set(size_now))
+    } else if size_now > open.size() {
+        Some(SizeRule::GrowTo(size_now))
+    } else {
+        None
     };
     let size = rule.map(|r| match (prev.size, r) {
         (Some((p, s)), _) if p == r => (r, s),

@@ -71,8 +71,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
     }
     let joined = std::env::join_paths(&chosen).context("joining mountpoints")?;
-    let writeback: Vec<&PathBuf> = chosen.iter().filter(|m| uses_writeback_cache(m)).collect();
-    for m in &writeback {
+    for m in chosen.iter().filter(|m| uses_writeback_cache(m)) {
         eprintln!(
             "mapfs run: {} is a --data daemon mount with the kernel writeback cache on: the \
              kernel would keep stale sizes of files written natively, so its files stay on the \
@@ -80,7 +79,6 @@ pub fn run(args: RunArgs) -> Result<()> {
             m.display()
         );
     }
-    let writeback = std::env::join_paths(writeback).context("joining mountpoints")?;
 
     let mut preload = OsString::from(&shim);
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
@@ -94,59 +92,20 @@ pub fn run(args: RunArgs) -> Result<()> {
         .args(rest)
         .env("LD_PRELOAD", preload)
         .env("MAPFS_MOUNTS", joined)
-        .env("MAPFS_WRITEBACK_MOUNTS", writeback)
         .exec();
     Err(err).with_context(|| format!("running {}", prog.to_string_lossy()))
 }
 
-/// The command line of the daemon serving `mountpoint` (its pid file, else
-/// a scan of /proc for `mapfs mount ... <mountpoint>`).
-fn daemon_args(mountpoint: &Path) -> Option<Vec<String>> {
-    let args_of = |pid: &str| -> Option<Vec<String>> {
-        let raw = std::fs::read(format!("/proc/{}/cmdline", pid.trim())).ok()?;
-        Some(
-            raw.split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect(),
-        )
-    };
-    let want = mountpoint.to_string_lossy();
-    let is_daemon = |a: &[String]| a.iter().any(|x| x == "mount") && a.iter().any(|x| *x == want);
-    if let Ok(pid) = std::fs::read_to_string(mounts::pid_path(mountpoint)) {
-        if let Some(a) = args_of(&pid).filter(|a| is_daemon(a)) {
-            return Some(a);
-        }
-    }
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().map(str::to_string))
-        .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        .filter_map(|pid| args_of(&pid))
-        .find(|a| is_daemon(a))
-}
-
-/// Whether the daemon of `mountpoint` runs `--data daemon` with the kernel
-/// writeback cache (the default there): the kernel then trusts its own
+/// Whether the daemon of `mountpoint` runs with the kernel writeback cache
+/// (`--data daemon`, the default there): the kernel then trusts its own
 /// cached file sizes over the daemon's, so sizes changed by native writes
-/// would show late, even to the writer's next open.
+/// would show late, even to the writer's next open. Asked of the daemon
+/// itself over its control socket (never read from a pid file or another
+/// process's command line); the shim asks again and the daemon refuses
+/// adoptions there in any case, so this only decides the warning.
 fn uses_writeback_cache(mountpoint: &Path) -> bool {
-    let Some(args) = daemon_args(mountpoint) else {
-        return false;
-    };
-    let value = |flag: &str| -> Option<String> {
-        let eq = format!("{flag}=");
-        args.iter().enumerate().find_map(|(i, a)| {
-            if a == flag {
-                args.get(i + 1).cloned()
-            } else {
-                a.strip_prefix(&eq).map(str::to_string)
-            }
-        })
-    };
-    value("--data").as_deref() == Some("daemon")
-        && value("--writeback-cache").as_deref() != Some("off")
+    mapfs::control::status(&mapfs::control::socket_path(mountpoint))
+        .is_ok_and(|s| s.writeback_cache)
 }
 
 /// The shim next to the running `mapfs` binary (the same target dir).

@@ -54,6 +54,7 @@ use mapfs::{
 use parking_lot::{Mutex, RwLock};
 use tracing::{debug, info, warn};
 
+use crate::control::proofs::Proofs;
 use crate::control::tokens::MapTokens;
 use crate::handles::{Handles, OpenDir, OpenFile, SizeChange};
 use crate::inodes::{Inodes, ROOT};
@@ -133,6 +134,13 @@ pub struct Shared {
     /// old inode (the kernel then shows one file's size with the other's
     /// bytes).
     names: RwLock<()>,
+    /// Proofs of possession issued to shim clients (see
+    /// [`crate::control::proofs`]).
+    proofs: Proofs,
+    /// File system name and backing directory, for `Status`.
+    identity: OnceLock<(String, String)>,
+    /// When the adapter was made (the mount's start).
+    started: SystemTime,
 }
 
 /// The `fuser::Filesystem` implementation.
@@ -153,6 +161,9 @@ impl Adapter {
             notifier: OnceLock::new(),
             tokens: MapTokens::new(),
             names: RwLock::new(()),
+            proofs: Proofs::default(),
+            identity: OnceLock::new(),
+            started: SystemTime::now(),
         })))
     }
 
@@ -166,6 +177,14 @@ impl Shared {
     /// Gives the adapter the session's notifier (for cache invalidation).
     pub fn set_notifier(&self, n: Notifier) {
         let _ = self.notifier.set(n);
+    }
+
+    /// Names what is mounted (file system, backing directory), for
+    /// [`OpenRegistry::status`].
+    pub fn describe(&self, fs: &str, backing: &Path) {
+        let _ = self
+            .identity
+            .set((fs.to_string(), backing.display().to_string()));
     }
 }
 
@@ -536,7 +555,6 @@ impl Shared {
             fh: 0,
             ino,
             path,
-            pid: c.pid,
             flags,
             fs_handle,
             data,
@@ -639,22 +657,45 @@ impl Shared {
 }
 
 impl OpenRegistry for Shared {
-    fn opens_by(&self, pid: u32, ino: u64) -> Vec<OpenInfo> {
-        self.handles
-            .files_of(pid, ino)
-            .into_iter()
-            .map(|(fh, f)| {
-                let (map, files) = f.data.snapshot();
-                OpenInfo {
-                    ino,
-                    fh,
-                    flags: f.flags,
-                    data: f.data.clone(),
-                    map,
-                    files,
-                }
-            })
-            .collect()
+    fn open(&self, fh: u64) -> Option<OpenInfo> {
+        let f = self.handles.file(fh)?;
+        let (map, files) = f.data.snapshot();
+        Some(OpenInfo {
+            ino: f.ino,
+            fh,
+            flags: f.flags,
+            uid: f.ctx.uid,
+            gid: f.ctx.gid,
+            data: f.data.clone(),
+            map,
+            files,
+        })
+    }
+
+    fn proofs(&self) -> &Proofs {
+        &self.proofs
+    }
+
+    fn status(&self) -> mapfs::control::MountStatus {
+        let (fs, backing) = self.identity.get().cloned().unwrap_or_default();
+        mapfs::control::MountStatus {
+            pid: 0,
+            fs,
+            backing,
+            data: match self.opts.data {
+                DataMode::Auto => "auto",
+                DataMode::Daemon => "daemon",
+                DataMode::Passthrough => "passthrough",
+            }
+            .to_string(),
+            passthrough_active: self.passthrough_ok.load(Ordering::Relaxed),
+            writeback_cache: self.writeback.load(Ordering::Relaxed),
+            started_unix: self
+                .started
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            clients: 0,
+        }
     }
 
     fn invalidate(&self, ino: u64) {
@@ -1396,6 +1437,40 @@ impl Filesystem for Adapter {
         }
         let pos = tri!(reply, file.data.seek(offset as u64, whence));
         reply.offset(pos as i64);
+    }
+
+    /// Only [`mapfs::control::PROVE_IOCTL`]: a proof that the caller holds
+    /// the open `fh`, for the control connection whose key it passes. Any
+    /// other ioctl gets `ENOTTY`, unlogged (a client must not be able to
+    /// fill the log).
+    fn ioctl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        if cmd != mapfs::control::PROVE_IOCTL {
+            reply.error(Errno::ENOTTY);
+            return;
+        }
+        let (Ok(key), 16) = (<mapfs::control::ConnKey>::try_from(in_data), out_size) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let s = &self.0;
+        if s.handles.file(fh.0).is_none() {
+            reply.error(Errno::EBADF);
+            return;
+        }
+        match s.proofs.issue(&key, fh.0, req.uid(), req.gid()) {
+            Some(proof) => reply.ioctl(0, &proof),
+            None => reply.error(Errno::EPERM),
+        }
     }
 
     fn copy_file_range(

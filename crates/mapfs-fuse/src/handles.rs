@@ -27,8 +27,6 @@ pub struct OpenFile {
     pub ino: u64,
     /// Path at open time (for `release`/`remap`; renames do not matter to them).
     pub path: PathBuf,
-    /// Process that opened it (thread-group id as the kernel reports it).
-    pub pid: u32,
     /// `open(2)` flags.
     pub flags: i32,
     /// The file system's own handle.
@@ -122,19 +120,6 @@ impl Handles {
     /// Removes and returns the open file `fh`.
     pub fn remove_file(&self, fh: u64) -> Option<Arc<OpenFile>> {
         self.files.write().remove(&fh)
-    }
-
-    /// Opens of `ino` by `pid`, most recent first.
-    pub fn files_of(&self, pid: u32, ino: u64) -> Vec<(u64, Arc<OpenFile>)> {
-        let mut v: Vec<(u64, Arc<OpenFile>)> = self
-            .files
-            .read()
-            .iter()
-            .filter(|(_, f)| f.pid == pid && f.ino == ino)
-            .map(|(fh, f)| (*fh, f.clone()))
-            .collect();
-        v.sort_by_key(|e| std::cmp::Reverse(e.0));
-        v
     }
 
     /// Any open of `ino` executed by the daemon (for `getattr` of an open,

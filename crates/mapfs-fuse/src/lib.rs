@@ -9,6 +9,7 @@ pub mod control;
 pub mod handles;
 pub mod inodes;
 pub mod mount;
+pub mod ratelimit;
 pub mod registry;
 
 pub use adapter::{AdapterOptions, DataMode};

@@ -113,6 +113,7 @@ pub fn mount(
 ) -> io::Result<Mounted> {
     let adapter = Adapter::new(fs, adapter).map_err(io::Error::from)?;
     let shared = adapter.shared();
+    shared.describe(fs_name, backing);
     let mut cfg = Config::default();
     cfg.mount_options = opts.kernel.clone();
     cfg.mount_options.push(MountOption::FSName(format!(

@@ -1,21 +1,25 @@
-//! What the adapter shares with the control socket: the open files, found by
-//! the process that opened them, and cache invalidation.
+//! What the adapter shares with the control socket: the open files, by FUSE
+//! handle, the proofs that a client holds one, and cache invalidation.
 //!
 //! The preload shim first opens a file through the mount, so the kernel checks
-//! the caller's permissions and the daemon sees that open with the caller's
-//! pid; it then asks over the control socket for that open's map and backing
-//! files. The daemon hands out only what that pid has opened.
+//! the caller's permissions; it then proves it holds that open (an ioctl on
+//! its descriptor, answered by the adapter with a proof from [`Proofs`]) and
+//! asks over the control socket for that open's map and backing files.
 //!
 //! The registry also owns the clients' map-cache tokens
 //! ([`mapfs::mapcache::Generations`]): the control server sends the table
-//! with Hello and reports adoptions and client closes, which may bump.
+//! with a connection's first adoption and reports adoptions and client
+//! closes, which may bump.
 
 use std::fs::File;
 use std::sync::Arc;
 
+use mapfs::control::MountStatus;
 use mapfs::engine::DataFile;
 use mapfs::mapcache::Generations;
 use mapfs::DataMap;
+
+use crate::control::proofs::Proofs;
 
 /// One open of a file through the mount, as the control socket sees it.
 #[derive(Debug, Clone)]
@@ -26,6 +30,10 @@ pub struct OpenInfo {
     pub fh: u64,
     /// `open(2)` flags of this open.
     pub flags: i32,
+    /// The opener's fsuid.
+    pub uid: u32,
+    /// The opener's fsgid.
+    pub gid: u32,
     /// The data state shared with the daemon executor.
     pub data: Arc<DataFile>,
     /// Snapshot of the map at the time of the query.
@@ -36,11 +44,16 @@ pub struct OpenInfo {
 
 /// Implemented by the adapter; queried by the control socket server.
 pub trait OpenRegistry: Send + Sync + 'static {
-    /// The opens of inode `ino` whose FUSE request carried `pid`, most
-    /// recent first. The kernel (6.18) reports the opening *thread's* id, so
-    /// the control server asks with the peer's live thread ids as well as its
-    /// pid.
-    fn opens_by(&self, pid: u32, ino: u64) -> Vec<OpenInfo>;
+    /// The open file with FUSE handle `fh`, if it is still open.
+    fn open(&self, fh: u64) -> Option<OpenInfo>;
+
+    /// The proofs of possession this mount issues (see
+    /// [`crate::control::proofs`]).
+    fn proofs(&self) -> &Proofs;
+
+    /// What the mount serves (the control server fills in `pid` and
+    /// `clients`).
+    fn status(&self) -> MountStatus;
 
     /// Drops the kernel's cached attributes and pages of `ino` (after a shim
     /// client wrote to it), so the next `stat`/`read` through the mount sees
@@ -56,7 +69,8 @@ pub trait OpenRegistry: Send + Sync + 'static {
     /// [`mapfs::control::Request::Adopt`]'s `engine`.
     fn lend(&self, fh: u64, lent: bool);
 
-    /// The map-cache generation table to send with Hello, if there is one.
+    /// The map-cache generation table to send with a connection's first
+    /// adoption, if there is one.
     fn generations(&self) -> Option<&Generations>;
 
     /// `open` is about to be handed to a client: bumps the inode's token

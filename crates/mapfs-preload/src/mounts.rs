@@ -8,11 +8,12 @@
 //! number, so paths never need to be compared. Mounts made after the first
 //! lookup are not seen.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use mapfs::control::{self, Request, Response};
+use mapfs::control::{self, ConnKey, Proof, Request, Response};
 use mapfs::mapcache::Generations;
 use parking_lot::Mutex;
 
@@ -26,16 +27,15 @@ pub struct Mount {
     pub dev: u64,
     /// Its control socket.
     pub socket: PathBuf,
-    /// A daemon-mode mount with the kernel writeback cache
-    /// (`MAPFS_WRITEBACK_MOUNTS`, set by `mapfs run`): nothing is adopted
-    /// there, because the kernel would keep stale sizes of files written
-    /// natively.
-    pub writeback: bool,
+    /// A daemon-mode mount with the kernel writeback cache, as its daemon
+    /// said at Hello: nothing is adopted there, because the kernel would
+    /// keep stale sizes of files written natively.
+    pub writeback: AtomicBool,
     /// Connection of this process (`pid` guards against using a parent's
     /// connection after `fork`).
     pub conn: Mutex<Option<Conn>>,
     /// The daemon's generation table (see [`crate::mcache`]), attached at
-    /// the first connection; a mapping, so it survives `fork`.
+    /// the first adoption; a mapping, so it survives `fork`.
     pub generations: OnceLock<Generations>,
 }
 
@@ -48,15 +48,34 @@ pub struct Conn {
     /// Socket inode, to notice the descriptor became something else.
     ino: u64,
     pid: u32,
+    /// The connection's key, for proofs of possession.
+    key: ConnKey,
 }
 
 impl Conn {
     /// The socket, if the descriptor is still the one the shim connected.
-    fn live(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+    fn live(&self) -> Option<BorrowedFd<'_>> {
         let sock = self.sock.as_ref()?;
         match rustix::fs::fstat(sock) {
             Ok(st) if st.st_ino == self.ino => Some(sock.as_fd()),
             _ => None,
+        }
+    }
+
+    /// The daemon closed the connection (it closes idle ones): nothing to
+    /// read, but hung up.
+    fn hung_up(&self) -> bool {
+        let Some(sock) = self.live() else {
+            return true;
+        };
+        let mut fds = [rustix::event::PollFd::new(
+            &sock,
+            rustix::event::PollFlags::RDHUP | rustix::event::PollFlags::IN,
+        )];
+        match rustix::event::poll(&mut fds, Some(&rustix::event::Timespec::default())) {
+            Ok(0) => false,
+            Ok(_) => !fds[0].revents().is_empty(),
+            Err(_) => true,
         }
     }
 }
@@ -78,8 +97,12 @@ impl Drop for Conn {
     }
 }
 
-fn connect(path: &std::path::Path) -> std::io::Result<(Conn, Option<Generations>)> {
-    let (sock, generations) = control::connect_with_generations(path)?;
+fn connect(path: &std::path::Path) -> std::io::Result<(Conn, bool)> {
+    let control::Connection {
+        sock,
+        key,
+        writeback_cache,
+    } = control::connect(path)?;
     let sock = match rustix::io::fcntl_dupfd_cloexec(&sock, sys::HIGH_FD) {
         Ok(high) => high,
         // Low descriptor limit: keep the number we have.
@@ -91,8 +114,9 @@ fn connect(path: &std::path::Path) -> std::io::Result<(Conn, Option<Generations>
         sock: Some(sock),
         ino,
         pid: sys::getpid(),
+        key,
     };
-    Ok((conn, generations))
+    Ok((conn, writeback_cache))
 }
 
 static MOUNTS: OnceLock<Vec<Mount>> = OnceLock::new();
@@ -111,9 +135,6 @@ fn discover() -> Vec<Mount> {
     let wanted: Option<Vec<PathBuf>> = std::env::var_os("MAPFS_MOUNTS")
         .filter(|v| !v.is_empty())
         .map(|v| std::env::split_paths(&v).map(|p| trim(&p)).collect());
-    let writeback: Vec<PathBuf> = std::env::var_os("MAPFS_WRITEBACK_MOUNTS")
-        .map(|v| std::env::split_paths(&v).map(|p| trim(&p)).collect())
-        .unwrap_or_default();
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut found: Vec<Mount> = Vec::new();
     for line in text.lines() {
@@ -146,7 +167,7 @@ fn discover() -> Vec<Mount> {
         found.retain(|m| m.point != point);
         let socket = control::socket_path(&point);
         found.push(Mount {
-            writeback: writeback.contains(&point),
+            writeback: AtomicBool::new(false),
             point,
             dev,
             socket,
@@ -176,21 +197,45 @@ impl Mount {
     /// this process has no connection yet. A failed exchange drops the
     /// connection, so the next call reconnects.
     pub fn call(&self, req: &Request) -> std::io::Result<(Response, Vec<OwnedFd>)> {
+        self.exchange(None, |_| req.clone())
+    }
+
+    /// An exchange whose request carries a proof that this process holds
+    /// `mount_file` (its descriptor of a file on this mount), made for this
+    /// process's connection.
+    pub fn call_proven(
+        &self,
+        mount_file: BorrowedFd<'_>,
+        req: impl FnOnce(Proof) -> Request,
+    ) -> std::io::Result<(Response, Vec<OwnedFd>)> {
+        self.exchange(Some(mount_file), |proof| req(proof.unwrap_or_default()))
+    }
+
+    fn exchange(
+        &self,
+        prove_on: Option<BorrowedFd<'_>>,
+        req: impl FnOnce(Option<Proof>) -> Request,
+    ) -> std::io::Result<(Response, Vec<OwnedFd>)> {
         let mut conn = self.conn.lock();
         self.connected(&mut conn)?;
-        let sock = conn
+        let c = conn
             .as_ref()
-            .and_then(Conn::live)
             .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))?;
-        let res = control::call(sock, req);
+        let sock = c
+            .live()
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))?;
+        let proof = match prove_on {
+            Some(fd) => Some(control::prove(fd, &c.key)?),
+            None => None,
+        };
+        let res = control::call(sock, &req(proof));
         if res.is_err() {
             *conn = None;
         }
         res
     }
 
-    /// Connects this process to the daemon unless it is connected already:
-    /// afterwards the generation table is attached, if the daemon has one.
+    /// Connects this process to the daemon unless it is connected already.
     pub fn connect(&self) -> std::io::Result<()> {
         self.connected(&mut self.conn.lock())
     }
@@ -199,22 +244,28 @@ impl Mount {
         let pid = sys::getpid();
         if conn
             .as_ref()
-            .is_some_and(|c| c.pid != pid || c.live().is_none())
+            .is_some_and(|c| c.pid != pid || c.hung_up())
         {
             // Inherited from the parent across fork (the parent still owns
-            // the conversation on it; our copy is just closed), or the
-            // descriptor was taken over by the application.
+            // the conversation on it; our copy is just closed), taken over
+            // by the application, or closed by the daemon.
             *conn = None;
         }
         if conn.is_none() {
-            let (c, generations) = connect(&self.socket)?;
+            let (c, writeback) = connect(&self.socket)?;
             *conn = Some(c);
-            if let Some(g) = generations {
-                // A reconnection to the same daemon sends the same table.
-                let _ = self.generations.set(g);
-            }
+            self.writeback.store(writeback, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Keeps the generation table that came with an adoption (the first
+    /// one on a connection).
+    pub fn keep_generations(&self, fds: &mut Vec<OwnedFd>, files: u32, generations: bool) {
+        if let Some(g) = control::take_generations(fds, files, generations) {
+            // A reconnection to the same daemon sends the same table.
+            let _ = self.generations.set(g);
+        }
     }
 }
 

@@ -87,11 +87,6 @@ pub fn keep_errno<T>(f: impl FnOnce() -> T) -> T {
     r
 }
 
-/// Thread id of the caller.
-pub fn gettid() -> u32 {
-    rustix::thread::gettid().as_raw_nonzero().get() as u32
-}
-
 /// Process id of the caller.
 pub fn getpid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32

@@ -107,9 +107,6 @@ pub struct Entry {
     pub dev: u64,
     /// FUSE inode number.
     pub ino: u64,
-    /// Thread that made the open (what the daemon recorded as its pid), or
-    /// the process id when unknown.
-    pub tid: u32,
     /// Data calls seen while pending (see [`serve`]).
     pub calls: std::sync::atomic::AtomicU32,
     /// Mutable part.
@@ -207,12 +204,12 @@ pub fn opened(fd: RawFd) {
     }
     // A stale entry (descriptor closed behind our back, e.g. close_range).
     drop(remove(fd));
-    classify(fd, sys::gettid());
+    classify(fd);
 }
 
-/// Classifies `fd` (opened by thread `tid`): a regular file of an attached
-/// mount becomes [`PENDING`], anything else [`OTHER`]. Returns the new state.
-fn classify(fd: RawFd, tid: u32) -> u8 {
+/// Classifies `fd`: a regular file of an attached mount becomes
+/// [`PENDING`], anything else [`OTHER`]. Returns the new state.
+fn classify(fd: RawFd) -> u8 {
     if usize::try_from(fd).map_or(true, |i| i >= MAX_FD) {
         return OTHER;
     }
@@ -235,7 +232,6 @@ fn classify(fd: RawFd, tid: u32) -> u8 {
         mount,
         dev: id.dev,
         ino: id.ino,
-        tid,
         calls: std::sync::atomic::AtomicU32::new(0),
         inner: Mutex::new(Inner {
             fds: vec![fd],
@@ -290,7 +286,7 @@ pub fn serve(fd: RawFd, len: usize) {
         // Inherited across exec, or made by a call the shim does not hook:
         // the opener is unknown, so the daemon is asked on the process's
         // behalf.
-        s = classify(fd, sys::getpid());
+        s = classify(fd);
     }
     if s == PENDING {
         if let Some(e) = get(fd) {
@@ -310,7 +306,7 @@ pub fn serve(fd: RawFd, len: usize) {
 pub fn serve_final(fd: RawFd, why: &str) {
     let mut s = state(fd);
     if s == UNKNOWN {
-        s = classify(fd, sys::getpid());
+        s = classify(fd);
     }
     if s == PENDING || s == ENGINE {
         if let Some(e) = get(fd) {
@@ -343,7 +339,6 @@ pub fn hand_back(entry: &Entry, why: &str) {
         push_map(m, &lent);
         let _ = m.call(&Request::Closed {
             handle: lent.handle,
-            ino: entry.ino,
             wrote: lent.wrote(),
         });
     }
@@ -486,7 +481,10 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
     let offset = rustix::fs::seek(sys::fd(first), rustix::fs::SeekFrom::Current(0))
         .map_err(|e| format!("lseek: {e}"))?;
     let mount = &mounts::all()[entry.mount];
-    if mount.writeback {
+    mount
+        .connect()
+        .map_err(|e| format!("daemon unreachable: {e}"))?;
+    if mount.writeback.load(Ordering::Relaxed) {
         return Err("kernel writeback cache on this mount: served through it".into());
     }
     let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
@@ -498,17 +496,23 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
         });
     }
     let token = mcache::token_before_asking(entry.mount, entry.ino);
-    let req = Request::Adopt {
-        ino: entry.ino,
-        tid: entry.tid,
-        flags,
-        engine,
-    };
-    let (resp, backing) = mount
-        .call(&req)
+    let (resp, mut backing) = mount
+        .call_proven(sys::fd(first), |proof| Request::Adopt {
+            proof,
+            flags,
+            engine,
+        })
         .map_err(|e| format!("daemon unreachable: {e}"))?;
     let (handle, map) = match resp {
-        Response::Adopted { handle, map, .. } => (handle, map),
+        Response::Adopted {
+            handle,
+            map,
+            files,
+            generations,
+        } => {
+            mount.keep_generations(&mut backing, files, generations);
+            (handle, map)
+        }
         Response::Refused { reason, .. } => return Err(format!("refused: {reason}")),
         other => return Err(format!("unexpected answer {other:?}")),
     };
@@ -598,18 +602,45 @@ pub struct Closed {
     dev: u64,
     ino: u64,
     kept: Option<Kept>,
-    req: Option<Request>,
+    notice: Option<Notice>,
+}
+
+/// What the daemon is told after a close.
+enum Notice {
+    /// A message about a handle this process's connection was given.
+    Handle(Request),
+    /// A writable open adopted without a handle (from the map cache, or
+    /// inherited across `exec`) was written: proven on the kept open.
+    Changed,
 }
 
 impl Closed {
-    /// Closes the kept open, then tells the daemon (errors are ignored: a
+    /// Tells the daemon, then closes the kept open (errors are ignored: a
     /// dead daemon has no cache).
     pub fn send(self) {
+        let m = mounts::all().get(self.mount);
+        match (self.notice, m) {
+            (Some(Notice::Handle(req)), Some(m)) => {
+                let _ = m.call(&req);
+            }
+            (Some(Notice::Changed), Some(m)) => {
+                // The proof must come from the kept open, before it closes:
+                // holding it is what the daemon believes.
+                match self.kept.and_then(|k| k.live(self.dev, self.ino)) {
+                    Some(fd) => {
+                        let _ = m.call_proven(sys::fd(fd), |proof| Request::Changed { proof });
+                    }
+                    None => sys::log(format_args!(
+                        "ino {}: written without a kept mount open; readers through the \
+                         mount may see its old size until the kernel's cache expires",
+                        self.ino
+                    )),
+                }
+            }
+            _ => {}
+        }
         if let Some(k) = self.kept {
             close_kept(k, self.dev, self.ino);
-        }
-        if let (Some(req), Some(m)) = (self.req, mounts::all().get(self.mount)) {
-            let _ = m.call(&req);
         }
     }
 }
@@ -637,7 +668,7 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
         }
         return None;
     }
-    let req = match inner.lent.take() {
+    let notice = match inner.lent.take() {
         Some(l) => {
             // Before the real close: its FLUSH is where the file system
             // persists the map.
@@ -645,40 +676,42 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
                 push_map(m, &l);
             }
             end_lending(&l);
-            Some(Request::Closed {
+            Some(Notice::Handle(Request::Closed {
                 handle: l.handle,
-                ino: entry.ino,
                 wrote: l.wrote(),
-            })
+            }))
         }
         None => {
-            let req = closed_message(&entry, &inner.status);
-            if req.is_some() {
+            let notice = closed_notice(&inner.status);
+            if notice.is_some() {
                 WRITABLE.fetch_sub(1, Ordering::Relaxed);
             }
-            req
+            notice
         }
     };
     let kept = inner.kept.take();
-    (req.is_some() || kept.is_some()).then_some(Closed {
+    (notice.is_some() || kept.is_some()).then_some(Closed {
         mount: entry.mount,
         dev: entry.dev,
         ino: entry.ino,
         kept,
-        req,
+        notice,
     })
 }
 
-fn closed_message(entry: &Entry, status: &Status) -> Option<Request> {
+fn closed_notice(status: &Status) -> Option<Notice> {
     match *status {
+        Status::Adopted {
+            handle: 0,
+            writable: true,
+        } => Some(Notice::Changed),
         Status::Adopted {
             handle,
             writable: true,
-        } => Some(Request::Closed {
+        } => Some(Notice::Handle(Request::Closed {
             handle,
-            ino: entry.ino,
             wrote: true,
-        }),
+        })),
         _ => None,
     }
 }
@@ -750,7 +783,7 @@ pub fn duped(old: RawFd, new: RawFd) {
     drop(remove(new));
     let mut s = state(old);
     if s == UNKNOWN {
-        s = classify(old, sys::getpid());
+        s = classify(old);
     }
     match get(old) {
         Some(e) if s == PENDING || s == ADOPTED || s == MOUNT || s == ENGINE => {
@@ -792,13 +825,19 @@ pub fn all_open_writable() -> Vec<Closed> {
         }
         seen.push(Arc::as_ptr(e));
         let inner = e.inner.lock();
-        if let Some(req) = closed_message(e, &inner.status) {
+        if let Some(notice) = closed_notice(&inner.status) {
+            // The kept open proves a handle-less change; the process is
+            // exiting, so closing it with the message costs nothing.
+            let kept = match notice {
+                Notice::Changed => inner.kept,
+                Notice::Handle(_) => None,
+            };
             out.push(Closed {
                 mount: e.mount,
                 dev: e.dev,
                 ino: e.ino,
-                kept: None,
-                req: Some(req),
+                kept,
+                notice: Some(notice),
             });
         }
     }
@@ -1017,7 +1056,6 @@ pub fn import_adopted(spec: &str) {
             mount,
             dev,
             ino,
-            tid: sys::getpid(),
             calls: std::sync::atomic::AtomicU32::new(0),
             inner: Mutex::new(Inner {
                 fds: vec![fd],

@@ -1,47 +1,76 @@
 //! The control protocol between a mount's daemon and attached preload-shim
-//! clients (DESIGN.md, "preload shim, attached").
+//! clients (DESIGN: "preload shim, attached"; docs/security.md).
 //!
 //! # Contract
 //!
 //! The shim never asks the daemon to open anything. It opens through the
 //! mount first, so the kernel checks the caller's permissions and the daemon
-//! sees that open with the caller's pid; only then does it ask, over this
-//! socket, to *adopt* that open: the daemon answers with the open's
-//! [`DataMap`] and a private descriptor of each backing file (SCM_RIGHTS).
-//! The daemon authenticates the peer with `SO_PEERCRED` and hands out only
-//! opens that the peer's own threads made, so a client never gets a file its
-//! uid could not open through the mount.
+//! sees that open; only then does it ask, over this socket, to *adopt* that
+//! open: the daemon answers with the open's [`DataMap`] and a private
+//! descriptor of each backing file (SCM_RIGHTS).
+//!
+//! # Proof of possession
+//!
+//! A client proves that it holds the open it wants, right now, by what it
+//! holds, never by a process or thread id (the kernel reuses those):
+//!
+//! 1. At [`Request::Hello`] the daemon gives the connection a random
+//!    [`ConnKey`].
+//! 2. The client issues the ioctl [`PROVE_IOCTL`] on its own descriptor of
+//!    the mount file ([`prove`]), passing the key. The kernel delivers it to
+//!    the daemon as `FUSE_IOCTL` carrying the FUSE file handle of exactly
+//!    that open file description, so only a holder of the open can make it.
+//!    The daemon answers with a [`Proof`]: a random, single-use nonce bound
+//!    to that handle, to the key (so to the connection), to the ioctl
+//!    caller's uid and gid, and valid for [`PROOF_TTL`].
+//! 3. [`Request::Adopt`] (and [`Request::Changed`]) present the proof. The
+//!    daemon redeems it only on the connection that owns the key, and only
+//!    if the connection's peer (`SO_PEERCRED`) has the uid and gid of the
+//!    ioctl's caller and of the open itself (root clients excepted).
+//!
+//! Everything else a client may send refers to *handles* the daemon gave
+//! that same connection ([`Response::Adopted`]); handles of other
+//! connections are unknown to it.
 //!
 //! # Transport
 //!
 //! One `SOCK_SEQPACKET` UNIX socket per mount, at [`socket_path`]. Every
 //! message is one packet: a version byte ([`VERSION`]) followed by a
 //! `postcard`-encoded [`Request`] or [`Response`]. Each request gets exactly
-//! one response; descriptors travel only with [`Response::Adopted`] (the
-//! backing files) and with [`Response::Hello`] (the generation table, when
-//! its `generations` is true). A client holds one connection per mount per
-//! process (a forked child reconnects), so the daemon can drop a client's
-//! state when its connection closes.
+//! one response, and a client sends its next request only after reading the
+//! answer (a daemon drops a connection whose answers it cannot deliver).
+//! Descriptors travel only from the daemon: with [`Response::Adopted`] (the
+//! backing files, then the generation table). Clients cannot send
+//! descriptors (the daemon disables `SCM_RIGHTS` on its sockets, and drops a
+//! connection that sends some anyway). A client holds one connection per
+//! mount per process (a forked child reconnects), so the daemon can drop a
+//! client's state when its connection closes. The daemon closes connections
+//! that have nothing adopted and stay idle for a while, and caps
+//! connections per uid and in total; a client reconnects when it finds its
+//! connection closed.
 //!
 //! # Map cache tokens
 //!
-//! The table sent with [`Response::Hello`] ([`Generations`]) lets a client
-//! cache adopted maps and backing descriptors per inode and reuse them at a
-//! later open of an unchanged file without asking again. The contract (see
-//! [`crate::mapcache`]): the client reads [`Generations::token`] of the inode
-//! after its `open(2)` through the mount returned and before it sends
-//! [`Request::Adopt`], and caches the answer under that token. *A token read
-//! after a later `open(2)` through the mount returned equals the cached one
-//! only if the daemon has seen no change of that inode's map, size or name
-//! since*: the daemon bumps the inode's token after any such change and
-//! before replying to the request that caused it (open or create with a
-//! different map or for writing, writes, truncation, fallocate,
-//! copy_file_range, release with a changed map,
-//! unlink, rmdir, rename, forget, and [`Request::Closed`] /
-//! [`Request::Release`] of a client's writable adoption). Changes made
-//! behind the mount's back (in the backing directory) are not seen. Tokens
-//! are only comparable within one table, that is one daemon (a client
-//! reconnecting to the same mount gets the same table).
+//! The table sent with a connection's first [`Response::Adopted`]
+//! ([`Generations`]) lets a client cache adopted maps and backing
+//! descriptors per inode and reuse them at a later open of an unchanged file
+//! without asking again. The contract (see [`crate::mapcache`]): the client
+//! reads [`Generations::token`] of the inode after its `open(2)` through the
+//! mount returned and before it sends [`Request::Adopt`], and caches the
+//! answer under that token. *A token read after a later `open(2)` through
+//! the mount returned equals the cached one only if the daemon has seen no
+//! change of that inode's map, size or name since*: the daemon bumps the
+//! inode's token after any such change and before replying to the request
+//! that caused it (open or create with a different map or for writing,
+//! writes, truncation, fallocate, copy_file_range, release with a changed
+//! map, unlink, rmdir, rename, forget, and [`Request::Closed`] /
+//! [`Request::Changed`] / [`Request::Release`] of a client's writable
+//! adoption). Changes made behind the mount's back (in the backing
+//! directory) are not seen. Tokens are only comparable within one table,
+//! that is one daemon (a client reconnecting to the same mount gets the same
+//! table). What the table reveals to a client that holds it: when any inode
+//! number of the mount changes (not what, nor by whom); it is handed only to
+//! clients that adopted a file.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -61,8 +90,9 @@ use crate::mapcache::Generations;
 
 /// Protocol version, the first byte of every packet. Bumped on any change of
 /// the message types; a peer seeing another version refuses the message.
-/// Version 2: [`Response::Hello`] carries the generation table.
-pub const VERSION: u8 = 3;
+/// Version 4: proof of possession replaces pid/tid identity; `Status`,
+/// `Changed`; the generation table comes with the first adoption.
+pub const VERSION: u8 = 4;
 
 /// Largest packet either side sends or accepts.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -82,6 +112,22 @@ pub const DEFAULT_RUNTIME_DIR: &str = "/run/mapfs";
 /// to the mount), so a hung daemon cannot hang the application forever.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A connection's secret, given at [`Request::Hello`] and passed in the
+/// [`PROVE_IOCTL`] so a proof is bound to the connection that asked for it.
+pub type ConnKey = [u8; 16];
+
+/// A single-use proof that a connection's process holds an open of the
+/// mount (see the module docs).
+pub type Proof = [u8; 16];
+
+/// How long a [`Proof`] may wait before it is redeemed.
+pub const PROOF_TTL: Duration = Duration::from_secs(10);
+
+/// The ioctl a client issues on its descriptor of a mount file to get a
+/// [`Proof`] for that open: `_IOWR('M', 0xA0, [u8; 16])`, the [`ConnKey`]
+/// in, the proof out (same buffer).
+pub const PROVE_IOCTL: u32 = (3 << 30) | (16 << 16) | ((b'M' as u32) << 8) | 0xA0;
+
 /// A message from a shim client to the daemon.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
@@ -90,14 +136,13 @@ pub enum Request {
         /// The client's [`VERSION`].
         version: u8,
     },
-    /// Hand over the open of inode `ino` that thread `tid` of the peer made
-    /// through the mount (`tid` may equal the peer's pid when the opener is
-    /// unknown, e.g. for descriptors inherited across `exec`).
+    /// What the daemon serves ([`Response::Status`]); needs no Hello.
+    Status,
+    /// Hand over the open proven by `proof` (see the module docs).
     Adopt {
-        /// FUSE inode number (`st_ino` of the mount descriptor).
-        ino: u64,
-        /// Thread that made the open.
-        tid: u32,
+        /// From [`prove`] on the application's descriptor of the open, with
+        /// this connection's key.
+        proof: Proof,
         /// Current `F_GETFL` flags of the mount descriptor: the access mode
         /// must match the open's; `O_APPEND`, `O_NONBLOCK`, `O_DIRECT`,
         /// `O_NOATIME`, `O_SYNC`/`O_DSYNC` are applied to the handed-out
@@ -112,32 +157,62 @@ pub enum Request {
         /// to reads and writes of that open through the mount meanwhile.
         engine: bool,
     },
-    /// The last descriptor of an adopted open was closed. When `wrote`, the
-    /// daemon drops the kernel's cached attributes and pages of `ino` before
-    /// answering (close-to-open consistency for readers through the mount).
-    /// Also ends the lending of a lent open (see [`Request::Adopt`]'s
-    /// `engine`), whether the client closed it or handed it back to the
-    /// mount.
+    /// The last descriptor of an adoption was closed. When `wrote`, the
+    /// daemon drops the kernel's cached attributes and pages of its inode
+    /// before answering (close-to-open consistency for readers through the
+    /// mount). Also ends the lending of a lent open (see
+    /// [`Request::Adopt`]'s `engine`), whether the client closed it or
+    /// handed it back to the mount. Refused for a handle this connection
+    /// was not given.
     Closed {
-        /// The handle from [`Response::Adopted`] (0 if unknown, e.g. after
-        /// `exec`).
+        /// The handle from [`Response::Adopted`].
         handle: u64,
-        /// FUSE inode number.
-        ino: u64,
-        /// The open was writable.
+        /// The client wrote through the adoption.
         wrote: bool,
     },
-    /// The current map of a lent open (the client executed its data calls
-    /// itself), installed as the open's map so that the file system's
+    /// The client wrote to a writable open it holds but has no handle for (a
+    /// backing file it reopened from its map cache, or an adoption inherited
+    /// across `exec`), and closed it: as [`Request::Closed`] with `wrote`,
+    /// for the open proven by `proof`.
+    Changed {
+        /// From [`prove`] on a descriptor of the open.
+        proof: Proof,
+    },
+    /// The current map of a lent writable open (the client executed its data
+    /// calls itself), installed as the open's map so that the file system's
     /// `flush`, `fsync` and `release` persist it. Sent before every
     /// `close(2)` and `fsync` of the open's mount descriptor, and may be sent
-    /// at any time; the open stays lent until [`Request::Closed`].
+    /// at any time; the open stays lent until [`Request::Closed`]. The
+    /// daemon refuses a map whose new extents are not in the open's own log
+    /// within what was written to it.
     Release {
         /// The handle from [`Response::Adopted`].
         handle: u64,
         /// The open's current map.
         map: DataMap,
     },
+}
+
+/// What a daemon serves, for `mapfs list` and `mapfs run`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountStatus {
+    /// The daemon's process id (in its own pid namespace).
+    pub pid: u32,
+    /// File system name.
+    pub fs: String,
+    /// Backing directory.
+    pub backing: String,
+    /// Data executor asked for (`auto`, `daemon`, `passthrough`).
+    pub data: String,
+    /// Kernel passthrough is in use (not refused by the kernel).
+    pub passthrough_active: bool,
+    /// The kernel writeback cache is on: nothing is adopted, since the
+    /// kernel would keep stale sizes of files written natively.
+    pub writeback_cache: bool,
+    /// When the daemon started serving (seconds since the epoch).
+    pub started_unix: u64,
+    /// Control connections open now.
+    pub clients: u32,
 }
 
 /// A message from the daemon to a shim client.
@@ -147,21 +222,27 @@ pub enum Response {
     Hello {
         /// The daemon's [`VERSION`].
         version: u8,
-        /// A descriptor of the daemon's generation table
-        /// ([`Generations`]) is attached; without one, nothing may be
-        /// cached across opens.
-        generations: bool,
+        /// This connection's key, for [`prove`].
+        key: ConnKey,
+        /// The kernel writeback cache is on: the daemon adopts nothing.
+        writeback_cache: bool,
     },
+    /// Answer to [`Request::Status`].
+    Status(MountStatus),
     /// Answer to [`Request::Adopt`]; `files` descriptors are attached, one
     /// per backing file of `map`, each a private open file description
-    /// (own offset and status flags), close-on-exec.
+    /// (own offset and status flags), close-on-exec, then the generation
+    /// table when `generations`.
     Adopted {
         /// Names this adoption in later requests on the same connection.
         handle: u64,
         /// The open's map.
         map: DataMap,
-        /// Number of descriptors attached.
+        /// Number of backing descriptors attached.
         files: u32,
+        /// A descriptor of the daemon's generation table ([`Generations`])
+        /// follows the backing files (the first adoption on a connection).
+        generations: bool,
     },
     /// The request cannot be served; the client falls back to the mount.
     Refused {
@@ -248,6 +329,17 @@ fn recv_into<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],
 ) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    match recv_packet(sock, buf)? {
+        None => Ok(None),
+        Some((len, fds)) => Ok(Some((decode(&buf[..len])?, fds))),
+    }
+}
+
+/// Receives one packet into `buf` without decoding it: its length and the
+/// descriptors that came with it (close-on-exec). `Ok(None)` when the peer
+/// closed the connection; `EMSGSIZE` for a packet or control data that did
+/// not fit (its descriptors, if any, are closed).
+pub fn recv_packet(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = loop {
@@ -264,7 +356,7 @@ fn recv_into<T: for<'de> Deserialize<'de>>(
             fds.extend(rights);
         }
     }
-    if got.bytes == 0 {
+    if got.bytes == 0 && fds.is_empty() {
         return Ok(None);
     }
     if got.flags.contains(rustix::net::ReturnFlags::TRUNC)
@@ -272,8 +364,7 @@ fn recv_into<T: for<'de> Deserialize<'de>>(
     {
         return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
     }
-    let msg = decode(&buf[..got.bytes])?;
-    Ok(Some((msg, fds)))
+    Ok(Some((got.bytes, fds)))
 }
 
 /// Sends `req` and waits for the response: the client side of one exchange.
@@ -295,32 +386,50 @@ pub fn socket() -> io::Result<OwnedFd> {
     )?)
 }
 
+/// A client's connection to a daemon, after Hello.
+#[derive(Debug)]
+pub struct Connection {
+    /// The socket (close-on-exec, with [`CLIENT_TIMEOUT`] on every call).
+    pub sock: OwnedFd,
+    /// This connection's key, for [`prove`].
+    pub key: ConnKey,
+    /// The daemon adopts nothing (kernel writeback cache on).
+    pub writeback_cache: bool,
+}
+
 /// Connects to the control socket at `path` and exchanges [`Request::Hello`].
-/// The connection times out after [`CLIENT_TIMEOUT`] on every call. A
-/// generation table the daemon sends is closed; see
-/// [`connect_with_generations`] to keep it.
-pub fn connect(path: &Path) -> io::Result<OwnedFd> {
-    handshake(path).map(|(sock, _)| sock)
+pub fn connect(path: &Path) -> io::Result<Connection> {
+    let sock = open_socket(path)?;
+    match call(sock.as_fd(), &Request::Hello { version: VERSION })? {
+        (
+            Response::Hello {
+                version: VERSION,
+                key,
+                writeback_cache,
+            },
+            _,
+        ) => Ok(Connection {
+            sock,
+            key,
+            writeback_cache,
+        }),
+        (Response::Refused { errno, .. }, _) => Err(io::Error::from_raw_os_error(errno)),
+        _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+    }
 }
 
-/// Like [`connect`], and attaches the daemon's generation table if it sent
-/// one (`None` when it did not, or when the descriptor it sent is not a
-/// valid table: the client then caches nothing across opens).
-pub fn connect_with_generations(path: &Path) -> io::Result<(OwnedFd, Option<Generations>)> {
-    let (sock, table) = handshake(path)?;
-    let table = table.and_then(|fd| match Generations::attach(fd) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            tracing::debug!(error = %e, "daemon's generation table unusable");
-            None
-        }
-    });
-    Ok((sock, table))
+/// Asks the daemon behind the control socket at `path` what it serves.
+pub fn status(path: &Path) -> io::Result<MountStatus> {
+    let sock = open_socket(path)?;
+    match call(sock.as_fd(), &Request::Status)? {
+        (Response::Status(s), _) => Ok(s),
+        (Response::Refused { errno, .. }, _) => Err(io::Error::from_raw_os_error(errno)),
+        _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+    }
 }
 
-/// Connects and exchanges Hello; returns the socket and the generation
-/// table's descriptor, if the daemon sent one.
-fn handshake(path: &Path) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
+/// A connected control socket with the client timeouts set.
+fn open_socket(path: &Path) -> io::Result<OwnedFd> {
     let sock = socket()?;
     let addr = SocketAddrUnix::new(path)?;
     loop {
@@ -330,32 +439,59 @@ fn handshake(path: &Path) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
             Err(e) => return Err(e.into()),
         }
     }
-    rustix::net::sockopt::set_socket_timeout(
-        &sock,
+    for which in [
         rustix::net::sockopt::Timeout::Recv,
-        Some(CLIENT_TIMEOUT),
-    )?;
-    rustix::net::sockopt::set_socket_timeout(
-        &sock,
         rustix::net::sockopt::Timeout::Send,
-        Some(CLIENT_TIMEOUT),
-    )?;
-    match call(sock.as_fd(), &Request::Hello { version: VERSION })? {
-        (
-            Response::Hello {
-                version: VERSION,
-                generations,
-            },
-            fds,
-        ) => {
-            let table = if generations && fds.len() == 1 {
-                fds.into_iter().next()
-            } else {
-                None
-            };
-            Ok((sock, table))
+    ] {
+        rustix::net::sockopt::set_socket_timeout(&sock, which, Some(CLIENT_TIMEOUT))?;
+    }
+    Ok(sock)
+}
+
+/// Asks the daemon, through the kernel, for a [`Proof`] that this process
+/// holds the open `mount_file` (a descriptor of a file on the mount) for the
+/// connection with `key`. Fails with `ENOTTY` on a file that is not on a
+/// mapfs mount.
+pub fn prove(mount_file: BorrowedFd<'_>, key: &ConnKey) -> io::Result<Proof> {
+    let mut buf: [u8; 16] = *key;
+    loop {
+        // SAFETY: PROVE_IOCTL encodes a 16-byte in/out argument (_IOWR), and
+        // `buf` is a live, writable 16-byte buffer for the whole call. The
+        // raw system call bypasses any `ioctl` symbol an LD_PRELOAD library
+        // (the shim itself) may interpose.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_ioctl,
+                mount_file.as_raw_fd(),
+                libc::c_ulong::from(PROVE_IOCTL),
+                buf.as_mut_ptr(),
+            )
+        };
+        if r == 0 {
+            return Ok(buf);
         }
-        _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Splits the generation table off the descriptors of a
+/// [`Response::Adopted`] that said `generations` (it follows the `files`
+/// backing descriptors). `None` when there is none, or it is not a valid
+/// table: the client then caches nothing across opens.
+pub fn take_generations(fds: &mut Vec<OwnedFd>, files: u32, generations: bool) -> Option<Generations> {
+    if !generations || fds.len() != files as usize + 1 {
+        return None;
+    }
+    let fd = fds.pop()?;
+    match Generations::attach(fd) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            tracing::debug!(error = %e, "daemon's generation table unusable");
+            None
+        }
     }
 }
 
@@ -498,16 +634,16 @@ mod tests {
         let msgs = [
             Request::Hello { version: VERSION },
             Request::Adopt {
-                ino: 7,
-                tid: 42,
+                proof: [7; 16],
                 flags: libc::O_RDWR | libc::O_APPEND,
                 engine: true,
             },
             Request::Closed {
                 handle: 3,
-                ino: 7,
                 wrote: true,
             },
+            Request::Changed { proof: [1; 16] },
+            Request::Status,
         ];
         for m in msgs {
             let bytes = encode(&m).unwrap();
@@ -518,11 +654,17 @@ mod tests {
         }
         let hello = Response::Hello {
             version: VERSION,
-            generations: true,
+            key: [9; 16],
+            writeback_cache: false,
         };
         assert_eq!(decode::<Response>(&encode(&hello).unwrap()).unwrap(), hello);
         assert!(decode::<Request>(&[]).is_err());
         assert!(decode::<Request>(&[VERSION, 0xff, 0xff]).is_err());
+    }
+
+    #[test]
+    fn prove_ioctl_is_iowr_m_a0_16_bytes() {
+        assert_eq!(PROVE_IOCTL, 0xC010_4DA0);
     }
 
     #[test]

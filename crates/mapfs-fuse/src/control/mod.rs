@@ -1,16 +1,32 @@
 //! The daemon's control socket: attached preload-shim clients adopt opens
-//! they made through the mount (protocol in [`mapfs::control`]).
+//! they hold on the mount (protocol in [`mapfs::control`]).
 //!
 //! # Security
 //!
-//! A client never names a path: it names an inode it already opened through
-//! the mount, so the kernel has already checked its permissions. The server
-//! learns the client's pid from `SO_PEERCRED` and hands out only opens the
-//! registry recorded for that pid or one of its threads (the kernel reports
-//! the opener of a FUSE request by its thread id on some kernels and by its
-//! thread-group id on others, so both are tried; a claimed thread id must be
-//! a live thread of the peer, checked in `/proc/<pid>/task`). The access mode
-//! of the handed-out descriptor is the open's own.
+//! A client never names a path, a pid or an inode: it presents a
+//! [`mapfs::control::Proof`] that the kernel made on its behalf from a
+//! descriptor it holds ([`proofs`]), so it can adopt only an open file
+//! description it holds right now. The peer's uid and gid (`SO_PEERCRED`,
+//! taken at connect) must also be those of the proof's caller and of the
+//! open's opener, unless the peer is root. The access mode of the handed-out
+//! descriptor is the open's own. Every later request names a handle this
+//! connection was given; others are refused. Pushed maps are checked against
+//! what the open could have written ([`pushed`]).
+//!
+//! # Resources a client can make the daemon spend
+//!
+//! - Descriptors and memory: connections are capped in total and per uid
+//!   ([`Limits`], well below the descriptor limit, which [`spawn`] raises to
+//!   its hard limit), a connection with nothing adopted is closed after
+//!   [`Limits::idle`], proofs are bounded per connection.
+//! - Threads: one, serving every connection from an epoll loop; a client
+//!   that does not read its answers is dropped rather than waited for.
+//! - Descriptors sent to the daemon: refused by the kernel
+//!   (`SO_PASSRIGHTS` off, Linux 6.16+); on older kernels a connection that
+//!   sends some is dropped and they are closed on a thread of their own, so
+//!   a lingering socket cannot block the server or its exit.
+//! - Log lines: every warning a client can cause is rate-limited
+//!   ([`crate::ratelimit`]).
 //!
 //! # Descriptors
 //!
@@ -20,69 +36,99 @@
 //!
 //! # Client state
 //!
-//! Writable adoptions are remembered per connection; when the client reports
-//! the close (or its connection drops because it died), the server drops the
-//! kernel's cached attributes and pages of the inode through
-//! [`OpenRegistry::invalidate`], so readers through the mount see the new
-//! size and bytes (close-to-open).
+//! Writable and lent adoptions are remembered per connection; when the
+//! client reports the close (or its connection drops because it died), the
+//! server drops the kernel's cached attributes and pages of the inode
+//! through [`OpenRegistry::invalidate`], so readers through the mount see the
+//! new size and bytes (close-to-open).
 //!
 //! # Map cache
 //!
-//! Hello is answered with the registry's generation table (see
-//! [`tokens`] and [`mapfs::mapcache`]) attached, when there is one. An
-//! adoption is reported to the registry before the answer
-//! ([`OpenRegistry::adopting`]), so an open whose map is no longer the
-//! inode's latest invalidates the token the client read after its open.
-//!
-//! Threads: one accept thread, one thread per client connection; dropping the
-//! [`ControlServer`] shuts every connection down, joins the threads and
-//! removes the socket file.
+//! A connection's first adoption carries the registry's generation table
+//! (see [`tokens`] and [`mapfs::mapcache`]). An adoption is reported to the
+//! registry before the answer ([`OpenRegistry::adopting`]), so an open whose
+//! map is no longer the inode's latest invalidates the token the client read
+//! after its open.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use mapfs::control::{self, Request, Response};
+use mapfs::control::{self, ConnKey, Proof, Request, Response};
 use mapfs::Growth;
-use parking_lot::Mutex;
+use rustix::event::epoll;
 use rustix::fs::Mode;
 use rustix::net::SocketAddrUnix;
 
+use crate::ratelimit::RateLimited;
 use crate::registry::{OpenInfo, OpenRegistry};
+
+pub mod proofs;
+mod pushed;
+pub mod tokens;
+
+/// How many connections the server accepts, and for how long it keeps idle
+/// ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once, all users together.
+    pub total: usize,
+    /// Connections open at once by one uid.
+    pub per_uid: usize,
+    /// A connection with nothing adopted is closed after this long without
+    /// a request (its client reconnects when it needs the daemon again).
+    pub idle: Duration,
+}
+
+impl Limits {
+    /// The limits for a daemon allowed `nofile` descriptors: at most a
+    /// quarter of them for connections (at most 1024), a quarter of those
+    /// for one user, so neither one user nor all of them together can take
+    /// the descriptors that opens through the mount need.
+    pub fn for_descriptor_limit(nofile: u64) -> Limits {
+        let total = usize::try_from(nofile / 4).unwrap_or(usize::MAX).clamp(8, 1024);
+        Limits {
+            total,
+            per_uid: (total / 4).max(2),
+            idle: Duration::from_secs(60),
+        }
+    }
+}
 
 /// A running control socket server. Dropping it stops the server, closes
 /// every client connection and removes the socket file.
 pub struct ControlServer {
     path: PathBuf,
-    shared: Arc<Shared>,
-    listener: Arc<OwnedFd>,
-    accept: Option<JoinHandle<()>>,
-}
-
-/// Most client connections served at once.
-const MAX_CLIENTS: usize = 1024;
-
-/// A connection's socket (to shut it down) and its thread (to join it).
-type ConnHandle = (Arc<OwnedFd>, JoinHandle<()>);
-
-struct Shared {
-    registry: Arc<dyn OpenRegistry>,
-    stopping: AtomicBool,
-    next_handle: AtomicU64,
-    /// Live client connections, by connection id, for shutdown on drop.
-    conns: Mutex<HashMap<u64, ConnHandle>>,
+    stopping: Arc<AtomicBool>,
+    clients: Arc<AtomicU64>,
+    wake: Arc<OwnedFd>,
+    thread: Option<JoinHandle<()>>,
 }
 
 /// Starts serving the control socket at `socket` (normally
-/// [`mapfs::control::socket_path`] of the mountpoint). A stale socket file is
+/// [`mapfs::control::socket_path`] of the mountpoint), after raising the
+/// process's soft descriptor limit to its hard limit; the connection limits
+/// follow from it ([`Limits::for_descriptor_limit`]). A stale socket file is
 /// replaced; the parent directory is created (mode 0755) if missing. The
 /// socket is world-connectable (0666): clients are authenticated per request
-/// by their credentials, not by file permissions.
+/// by proofs and credentials, not by file permissions.
 pub fn spawn(registry: Arc<dyn OpenRegistry>, socket: &Path) -> io::Result<ControlServer> {
+    let nofile = raise_descriptor_limit();
+    spawn_with(registry, socket, Limits::for_descriptor_limit(nofile))
+}
+
+/// [`spawn`] with explicit limits (and the descriptor limit left alone).
+pub fn spawn_with(
+    registry: Arc<dyn OpenRegistry>,
+    socket: &Path,
+    limits: Limits,
+) -> io::Result<ControlServer> {
     if let Some(dir) = socket.parent() {
         if !dir.exists() {
             std::fs::create_dir_all(dir)?;
@@ -94,30 +140,66 @@ pub fn spawn(registry: Arc<dyn OpenRegistry>, socket: &Path) -> io::Result<Contr
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let listener = control::socket()?;
+    let listener = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+        None,
+    )?;
+    // Set before listen: accepted sockets inherit it, so no client can get
+    // a descriptor in before the server sets it on its end.
+    let passrights_off = refuse_descriptors(listener.as_fd()).is_ok();
     rustix::net::bind(&listener, &SocketAddrUnix::new(socket)?)?;
     rustix::fs::chmod(socket, Mode::from_raw_mode(0o666))?;
     rustix::net::listen(&listener, 64)?;
-    let listener = Arc::new(listener);
-    let shared = Arc::new(Shared {
+    let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+    let wake = Arc::new(rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+    )?);
+    epoll::add(
+        &epoll,
+        &listener,
+        epoll::EventData::new_u64(LISTENER),
+        epoll::EventFlags::IN,
+    )?;
+    epoll::add(
+        &epoll,
+        &*wake,
+        epoll::EventData::new_u64(WAKE),
+        epoll::EventFlags::IN,
+    )?;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let clients = Arc::new(AtomicU64::new(0));
+    let mut server = Server {
         registry,
-        stopping: AtomicBool::new(false),
-        next_handle: AtomicU64::new(1),
-        conns: Mutex::new(HashMap::new()),
-    });
-    let accept = {
-        let shared = Arc::clone(&shared);
-        let listener = Arc::clone(&listener);
-        std::thread::Builder::new()
-            .name("mapfs-control".into())
-            .spawn(move || accept_loop(&shared, &listener))?
+        listener,
+        epoll,
+        conns: HashMap::new(),
+        per_uid: HashMap::new(),
+        next_id: FIRST_CONN,
+        limits,
+        passrights_off,
+        stopping: Arc::clone(&stopping),
+        clients: Arc::clone(&clients),
+        closer: None,
+        buf: vec![0; control::MAX_PACKET],
     };
-    tracing::info!(socket = %socket.display(), "control socket listening");
+    let thread = std::thread::Builder::new()
+        .name("mapfs-control".into())
+        .spawn(move || server.run())?;
+    tracing::info!(
+        socket = %socket.display(),
+        max_clients = limits.total,
+        max_clients_per_user = limits.per_uid,
+        "control socket listening"
+    );
     Ok(ControlServer {
         path: socket.to_path_buf(),
-        shared,
-        listener,
-        accept: Some(accept),
+        stopping,
+        clients,
+        wake,
+        thread: Some(thread),
     })
 }
 
@@ -129,28 +211,16 @@ impl ControlServer {
 
     /// Number of connected clients (for tests and stats).
     pub fn clients(&self) -> usize {
-        self.shared.conns.lock().len()
+        self.clients.load(Ordering::Relaxed) as usize
     }
 }
 
 impl Drop for ControlServer {
     fn drop(&mut self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
-        // Linux wakes a blocked accept(2) on shutdown(2) of the listener;
-        // a connection attempt is the belt to those braces.
-        let _ = rustix::net::shutdown(&*self.listener, rustix::net::Shutdown::Both);
-        if let (Ok(s), Ok(addr)) = (control::socket(), SocketAddrUnix::new(&self.path)) {
-            let _ = rustix::net::connect(&s, &addr);
-        }
-        if let Some(t) = self.accept.take() {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
-        }
-        let conns: Vec<_> = self.shared.conns.lock().drain().collect();
-        for (_, (sock, _)) in &conns {
-            let _ = rustix::net::shutdown(sock.as_fd(), rustix::net::Shutdown::Both);
-        }
-        for (_, (_, thread)) in conns {
-            let _ = thread.join();
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -164,322 +234,663 @@ impl std::fmt::Debug for ControlServer {
     }
 }
 
-fn accept_loop(shared: &Arc<Shared>, listener: &OwnedFd) {
-    let mut next_conn = 0u64;
-    loop {
-        let accepted = rustix::net::accept_with(listener, rustix::net::SocketFlags::CLOEXEC);
-        if shared.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let sock = match accepted {
-            Ok(s) => Arc::new(s),
-            Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "control socket accept failed");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                continue;
-            }
-        };
-        let peer = match rustix::net::sockopt::socket_peercred(&*sock) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "no peer credentials; dropping client");
-                continue;
-            }
-        };
-        next_conn += 1;
-        let id = next_conn;
-        // Held across spawn and insert, so a connection that ends at once
-        // cannot remove its entry before it exists.
-        let mut conns = shared.conns.lock();
-        if conns.len() >= MAX_CLIENTS {
-            // One thread per client: a flood of connections must not exhaust
-            // the daemon. The refused client serves its files through the
-            // mount.
-            tracing::warn!(
-                pid = peer.pid.as_raw_nonzero().get(),
-                "too many control clients; refusing one"
-            );
-            continue;
-        }
-        let thread = {
-            let shared = Arc::clone(shared);
-            let sock = Arc::clone(&sock);
-            std::thread::Builder::new()
-                .name(format!("mapfs-ctl-{}", peer.pid.as_raw_nonzero()))
-                .spawn(move || {
-                    let pid = peer.pid.as_raw_nonzero().get() as u32;
-                    let mut conn = Conn {
-                        shared: &shared,
-                        pid,
-                        adopted: HashMap::new(),
-                        claimed: HashSet::new(),
-                    };
-                    conn.serve(sock.as_fd());
-                    conn.client_gone();
-                    shared.conns.lock().remove(&id);
-                })
-        };
-        match thread {
-            Ok(t) => {
-                conns.insert(id, (sock, t));
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot start a control connection thread"),
-        }
+/// Raises the soft descriptor limit to the hard one; returns the soft limit
+/// in force afterwards.
+fn raise_descriptor_limit() -> u64 {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let raised = rustix::process::Rlimit {
+        current: lim.maximum,
+        maximum: lim.maximum,
+    };
+    if lim.current != lim.maximum
+        && rustix::process::setrlimit(rustix::process::Resource::Nofile, raised).is_ok()
+    {
+        return lim.maximum.unwrap_or(u64::MAX);
     }
+    lim.current.unwrap_or(u64::MAX)
+}
+
+/// Turns `SO_PASSRIGHTS` off (Linux 6.16+): a peer's `sendmsg` with
+/// `SCM_RIGHTS` then fails with `EPERM` instead of handing the daemon a
+/// descriptor whose close it would have to pay for.
+fn refuse_descriptors(sock: BorrowedFd<'_>) -> io::Result<()> {
+    /// `SO_PASSRIGHTS` from the kernel's uapi (not yet in libc).
+    const SO_PASSRIGHTS: libc::c_int = 83;
+    let off: libc::c_int = 0;
+    // SAFETY: `sock` is a live socket; the option value is a c_int read by
+    // the kernel during the call, passed with its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PASSRIGHTS,
+            (&off as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+const LISTENER: u64 = 0;
+const WAKE: u64 = 1;
+const FIRST_CONN: u64 = 2;
+
+/// How often idle connections are looked for.
+const SWEEP: Duration = Duration::from_secs(1);
+
+/// Warnings a client can cause, each at most once per interval.
+static REFUSED_CONNECTION: RateLimited = RateLimited::new(Duration::from_secs(10));
+static BAD_CLIENT: RateLimited = RateLimited::new(Duration::from_secs(10));
+static BAD_MAP: RateLimited = RateLimited::new(Duration::from_secs(10));
+
+struct Server {
+    registry: Arc<dyn OpenRegistry>,
+    listener: OwnedFd,
+    epoll: OwnedFd,
+    conns: HashMap<u64, Conn>,
+    per_uid: HashMap<u32, usize>,
+    next_id: u64,
+    limits: Limits,
+    passrights_off: bool,
+    stopping: Arc<AtomicBool>,
+    clients: Arc<AtomicU64>,
+    /// Closes descriptors clients sent (kernels without `SO_PASSRIGHTS`),
+    /// started at the first.
+    closer: Option<SyncSender<Vec<OwnedFd>>>,
+    /// Receive buffer, one packet.
+    buf: Vec<u8>,
+}
+
+/// The peer of a connection, as the kernel reported it at connect.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    /// 0 when the peer is in a pid namespace the daemon cannot see into.
+    pid: i32,
+    uid: u32,
+    gid: u32,
 }
 
 /// A writable or lent adoption still open in the client.
 struct Adoption {
     ino: u64,
     fh: u64,
+    writable: bool,
     /// The client executes the open's map itself.
     lent: bool,
 }
 
-struct Conn<'a> {
-    shared: &'a Shared,
-    /// Thread-group id of the peer (`SO_PEERCRED`).
-    pid: u32,
+struct Conn {
+    sock: OwnedFd,
+    peer: Peer,
+    /// Given at Hello.
+    key: Option<ConnKey>,
+    last_active: Instant,
+    /// The generation table went with an adoption already.
+    table_sent: bool,
     adopted: HashMap<u64, Adoption>,
-    /// FUSE handles already handed to this client, so two adoptions of the
-    /// same inode do not get the same open.
+    /// FUSE handles this connection holds writable or lent adoptions of, so
+    /// one open is not adopted twice.
     claimed: HashSet<u64>,
 }
 
-impl Conn<'_> {
-    fn serve(&mut self, sock: BorrowedFd<'_>) {
-        loop {
-            let req = match control::recv::<Request>(sock) {
-                Ok(Some((req, _fds))) => req,
-                Ok(None) => return,
+/// What the server does with a connection after a request.
+enum Next {
+    Keep,
+    Close,
+}
+
+/// The answer to a request.
+enum Answer {
+    /// Send, and keep serving the connection.
+    Reply(Response, Vec<OwnedFd>),
+    /// Send, then close the connection.
+    Last(Response),
+}
+
+impl From<Response> for Answer {
+    fn from(r: Response) -> Self {
+        Answer::Reply(r, Vec::new())
+    }
+}
+
+impl Server {
+    fn run(&mut self) {
+        let mut events: Vec<epoll::Event> = Vec::with_capacity(64);
+        let mut last_sweep = Instant::now();
+        let tick = rustix::fs::Timespec {
+            tv_sec: SWEEP.as_secs() as _,
+            tv_nsec: 0,
+        };
+        while !self.stopping.load(Ordering::SeqCst) {
+            events.clear();
+            match epoll::wait(
+                &self.epoll,
+                rustix::buffer::spare_capacity(&mut events),
+                Some(&tick),
+            ) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => {
-                    if e.raw_os_error() == Some(libc::EPROTO) {
-                        let _ = control::send(
-                            sock,
-                            &refused(libc::EPROTO, "protocol version mismatch"),
-                            &[],
-                        );
-                    } else if !self.shared.stopping.load(Ordering::SeqCst) {
-                        tracing::debug!(pid = self.pid, error = %e, "control client read failed");
-                    }
+                    tracing::error!("control socket: epoll_wait failed: {e}; serving stops");
+                    break;
+                }
+            }
+            if self.stopping.load(Ordering::SeqCst) {
+                break;
+            }
+            for ev in events.iter().copied() {
+                let (id, flags) = (ev.data.u64(), ev.flags);
+                match id {
+                    LISTENER => self.accept_all(),
+                    WAKE => {}
+                    id => self.ready(id, flags),
+                }
+            }
+            if last_sweep.elapsed() >= SWEEP {
+                last_sweep = Instant::now();
+                self.close_idle();
+            }
+        }
+        let ids: Vec<u64> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.close(id);
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            let sock = match rustix::net::accept_with(
+                &self.listener,
+                rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+            ) {
+                Ok(s) => s,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => return,
+                Err(e) => {
+                    // EMFILE and friends: the pending connection stays queued;
+                    // try again at the next wake-up rather than spin.
+                    REFUSED_CONNECTION.log(|n| {
+                        tracing::warn!(held_back = n, "control socket: accept failed: {e}")
+                    });
                     return;
                 }
             };
-            let sent = match req {
-                Request::Hello { version } if version == control::VERSION => {
-                    let table = self.shared.registry.generations().and_then(|t| t.fd());
-                    let resp = Response::Hello {
-                        version,
-                        generations: table.is_some(),
-                    };
-                    match table {
-                        Some(fd) => control::send(sock, &resp, &[fd]),
-                        None => control::send(sock, &resp, &[]),
-                    }
-                }
-                Request::Hello { .. } => control::send(
+            let Some(peer) = peer_of(sock.as_fd()) else {
+                REFUSED_CONNECTION.log(|n| {
+                    tracing::warn!(held_back = n, "control client without credentials refused")
+                });
+                continue;
+            };
+            let of_uid = self.per_uid.get(&peer.uid).copied().unwrap_or(0);
+            let why = if self.conns.len() >= self.limits.total {
+                Some("too many control connections")
+            } else if of_uid >= self.limits.per_uid {
+                Some("too many control connections for this user")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                REFUSED_CONNECTION.log(|n| {
+                    tracing::warn!(
+                        uid = peer.uid,
+                        pid = peer.pid,
+                        held_back = n,
+                        "control client refused: {why}; it uses the mount instead"
+                    )
+                });
+                // Nonblocking and fresh: the answer fits or is lost, and the
+                // client falls back to the mount either way.
+                let _ = control::send(sock.as_fd(), &refused(libc::EUSERS, why), &[]);
+                continue;
+            }
+            if !self.passrights_off {
+                // Inherited from the listener on kernels that have it.
+                self.passrights_off = refuse_descriptors(sock.as_fd()).is_ok();
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            if let Err(e) = epoll::add(
+                &self.epoll,
+                &sock,
+                epoll::EventData::new_u64(id),
+                epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+            ) {
+                REFUSED_CONNECTION.log(|n| {
+                    tracing::warn!(held_back = n, "control client refused: epoll: {e}")
+                });
+                continue;
+            }
+            *self.per_uid.entry(peer.uid).or_default() += 1;
+            self.conns.insert(
+                id,
+                Conn {
                     sock,
-                    &refused(libc::EPROTO, "protocol version mismatch"),
-                    &[],
-                ),
-                Request::Adopt {
-                    ino,
-                    tid,
-                    flags,
-                    engine,
-                } => match self.adopt(ino, tid, flags, engine) {
-                    Ok((resp, fds)) => {
-                        let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-                        control::send(sock, &resp, &fds)
-                    }
-                    Err(resp) => control::send(sock, &resp, &[]),
+                    peer,
+                    key: None,
+                    last_active: Instant::now(),
+                    table_sent: false,
+                    adopted: HashMap::new(),
+                    claimed: HashSet::new(),
                 },
-                Request::Closed { handle, ino, wrote } => {
-                    let known = self.adopted.remove(&handle);
-                    if let Some(a) = &known {
-                        self.claimed.remove(&a.fh);
-                        if a.lent {
-                            self.shared.registry.lend(a.fh, false);
+            );
+            self.clients.store(self.conns.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Serves what connection `id` sent (one request at a time; a client
+    /// waits for each answer).
+    fn ready(&mut self, id: u64, flags: epoll::EventFlags) {
+        if !self.conns.contains_key(&id) {
+            return;
+        }
+        if flags.contains(epoll::EventFlags::IN) {
+            loop {
+                let clients = self.conns.len() as u32;
+                let conn = self.conns.get_mut(&id).expect("checked above");
+                let got = control::recv_packet(conn.sock.as_fd(), &mut self.buf);
+                let next = match got {
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => break,
+                    Ok(None) | Err(_) => Next::Close,
+                    Ok(Some((_, fds))) if !fds.is_empty() => {
+                        BAD_CLIENT.log(|n| {
+                            tracing::warn!(
+                                uid = conn.peer.uid,
+                                pid = conn.peer.pid,
+                                held_back = n,
+                                "control client sent descriptors; dropped"
+                            )
+                        });
+                        self.discard(fds);
+                        Next::Close
+                    }
+                    Ok(Some((len, _))) => {
+                        conn.last_active = Instant::now();
+                        let req = control::decode::<Request>(&self.buf[..len]);
+                        let answer = serve(&*self.registry, conn, req, clients);
+                        let sock = conn.sock.as_fd();
+                        let (sent, next) = match &answer {
+                            Answer::Reply(resp, fds) => {
+                                let fds: Vec<BorrowedFd<'_>> =
+                                    fds.iter().map(|f| f.as_fd()).collect();
+                                (control::send(sock, resp, &fds), Next::Keep)
+                            }
+                            Answer::Last(resp) => (control::send(sock, resp, &[]), Next::Close),
+                        };
+                        // A failed send includes EAGAIN: a client that does
+                        // not read its answers.
+                        if sent.is_err() {
+                            Next::Close
+                        } else {
+                            next
                         }
                     }
-                    if wrote || known.is_some() {
-                        self.shared.registry.invalidate(ino);
-                    }
-                    control::send(sock, &Response::Done, &[])
+                };
+                if let Next::Close = next {
+                    self.close(id);
+                    return;
                 }
-                Request::Release { handle, map } => match self.adopted.get(&handle) {
-                    Some(a) => {
-                        self.shared.registry.client_released(a.fh, map);
-                        control::send(sock, &Response::Done, &[])
-                    }
-                    None => control::send(sock, &refused(libc::EBADF, "unknown handle"), &[]),
-                },
-            };
-            if let Err(e) = sent {
-                tracing::debug!(pid = self.pid, error = %e, "control client write failed");
-                return;
+            }
+        }
+        if flags.intersects(
+            epoll::EventFlags::HUP | epoll::EventFlags::ERR | epoll::EventFlags::RDHUP,
+        ) {
+            self.close(id);
+        }
+    }
+
+    fn close(&mut self, id: u64) {
+        let Some(mut conn) = self.conns.remove(&id) else {
+            return;
+        };
+        let _ = epoll::delete(&self.epoll, &conn.sock);
+        conn.gone(&*self.registry);
+        if let Some(n) = self.per_uid.get_mut(&conn.peer.uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_uid.remove(&conn.peer.uid);
+            }
+        }
+        self.clients.store(self.conns.len() as u64, Ordering::Relaxed);
+    }
+
+    fn close_idle(&mut self) {
+        let idle = self.limits.idle;
+        let ids: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.adopted.is_empty() && c.last_active.elapsed() >= idle)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            self.close(id);
+        }
+    }
+
+    /// Closes descriptors a client sent, off this thread: the last close of
+    /// a socket with `SO_LINGER` can block.
+    fn discard(&mut self, fds: Vec<OwnedFd>) {
+        if self.closer.is_none() {
+            let (tx, rx) = sync_channel::<Vec<OwnedFd>>(64);
+            let started = std::thread::Builder::new()
+                .name("mapfs-ctl-close".into())
+                .spawn(move || rx.into_iter().for_each(drop));
+            if started.is_ok() {
+                self.closer = Some(tx);
+            }
+        }
+        let fds = match &self.closer {
+            Some(tx) => match tx.try_send(fds) {
+                Ok(()) => return,
+                Err(TrySendError::Full(f) | TrySendError::Disconnected(f)) => f,
+            },
+            None => fds,
+        };
+        drop(fds);
+    }
+}
+
+/// The peer's credentials. The pid is 0 for a peer in a pid namespace the
+/// daemon cannot see into; it is only logged.
+fn peer_of(sock: BorrowedFd<'_>) -> Option<Peer> {
+    let c = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    Some(Peer {
+        pid: c.pid(),
+        uid: c.uid(),
+        gid: c.gid(),
+    })
+}
+
+/// Answers one request of `conn`.
+fn serve(
+    registry: &dyn OpenRegistry,
+    conn: &mut Conn,
+    req: io::Result<Request>,
+    clients: u32,
+) -> Answer {
+    match req {
+        Err(_) => {
+            BAD_CLIENT.log(|n| {
+                tracing::warn!(
+                    uid = conn.peer.uid,
+                    pid = conn.peer.pid,
+                    held_back = n,
+                    "control client sent a malformed message or another protocol version; dropped"
+                )
+            });
+            Answer::Last(refused(libc::EPROTO, "protocol version mismatch"))
+        }
+        Ok(Request::Hello { version }) if version == control::VERSION => {
+            let key = *conn.key.get_or_insert_with(|| registry.proofs().new_key());
+            Response::Hello {
+                version,
+                key,
+                writeback_cache: registry.status().writeback_cache,
+            }
+            .into()
+        }
+        Ok(Request::Hello { .. }) => {
+            Answer::Last(refused(libc::EPROTO, "protocol version mismatch"))
+        }
+        Ok(Request::Status) => {
+            let mut status = registry.status();
+            status.pid = std::process::id();
+            status.clients = clients;
+            Response::Status(status).into()
+        }
+        Ok(Request::Adopt {
+            proof,
+            flags,
+            engine,
+        }) => match conn.adopt(registry, &proof, flags, engine) {
+            Ok((resp, fds)) => Answer::Reply(resp, fds),
+            Err(resp) => resp.into(),
+        },
+        Ok(Request::Closed { handle, wrote }) => match conn.adopted.remove(&handle) {
+            Some(a) => {
+                conn.claimed.remove(&a.fh);
+                if a.lent {
+                    registry.lend(a.fh, false);
+                }
+                if wrote || a.writable || a.lent {
+                    registry.invalidate(a.ino);
+                }
+                Response::Done.into()
+            }
+            None => refused(libc::EBADF, "no such handle on this connection").into(),
+        },
+        Ok(Request::Changed { proof }) => match conn.proven_open(registry, &proof) {
+            Ok(open) if open.flags & libc::O_ACCMODE != libc::O_RDONLY => {
+                registry.invalidate(open.ino);
+                Response::Done.into()
+            }
+            Ok(_) => refused(libc::EBADF, "the open is read-only").into(),
+            Err(r) => r.into(),
+        },
+        Ok(Request::Release { handle, map }) => conn.release(registry, handle, map).into(),
+    }
+}
+
+impl Conn {
+    /// Installs the map a client pushed for its lent open `handle`, if its
+    /// own writes could have made it.
+    fn release(&self, registry: &dyn OpenRegistry, handle: u64, map: mapfs::DataMap) -> Response {
+        let a = match self.adopted.get(&handle) {
+            None => return refused(libc::EBADF, "no such handle on this connection"),
+            Some(a) if !a.lent => return refused(libc::EINVAL, "the open is not lent"),
+            Some(a) if !a.writable => return refused(libc::EBADF, "the open is read-only"),
+            Some(a) => a,
+        };
+        let Some(open) = registry.open(a.fh) else {
+            return refused(libc::EBADF, "the open was released");
+        };
+        match pushed::check(&open.map, &open.files, &map) {
+            Ok(()) => {
+                registry.client_released(a.fh, map);
+                Response::Done
+            }
+            Err(why) => {
+                BAD_MAP.log(|n| {
+                    tracing::warn!(
+                        uid = self.peer.uid,
+                        pid = self.peer.pid,
+                        ino = open.ino,
+                        held_back = n,
+                        "a shim client's map was refused: {why}"
+                    )
+                });
+                refused(libc::EINVAL, &format!("map refused: {why}"))
             }
         }
     }
 
-    /// Finds the open `tid` of this peer made of `ino` and reopens its backing
-    /// file for the client, or, for a map the client may execute itself
-    /// (`engine`), lends it the open with its backing files.
+    /// The open `proof` vouches for, if this connection may have it.
+    fn proven_open(
+        &self,
+        registry: &dyn OpenRegistry,
+        proof: &Proof,
+    ) -> Result<OpenInfo, Response> {
+        let key = self
+            .key
+            .as_ref()
+            .ok_or_else(|| refused(libc::EPROTO, "Hello first"))?;
+        let proven = registry
+            .proofs()
+            .redeem(key, proof)
+            .ok_or_else(|| refused(libc::EACCES, "no valid proof of possession"))?;
+        let peer = self.peer;
+        if peer.uid != 0 && (proven.uid != peer.uid || proven.gid != peer.gid) {
+            return Err(refused(
+                libc::EACCES,
+                "the proof was made by another user than this connection's",
+            ));
+        }
+        let open = registry
+            .open(proven.fh)
+            .ok_or_else(|| refused(libc::ENOENT, "the open was released"))?;
+        if peer.uid != 0 && (open.uid != peer.uid || open.gid != peer.gid) {
+            return Err(refused(
+                libc::EACCES,
+                "the file was opened by another user than this connection's",
+            ));
+        }
+        Ok(open)
+    }
+
+    /// Reopens the backing file of the proven open for the client, or, for a
+    /// map the client may execute itself (`engine`), lends it the open with
+    /// its backing files.
     fn adopt(
         &mut self,
-        ino: u64,
-        tid: u32,
+        registry: &dyn OpenRegistry,
+        proof: &Proof,
         flags: i32,
         engine: bool,
     ) -> Result<(Response, Vec<OwnedFd>), Response> {
-        // A claimed thread that is not (or no longer) one of the peer's is
-        // ignored: only the peer's own opens are ever looked at.
-        let registry = &self.shared.registry;
-        let mut opens = Vec::new();
-        if tid != self.pid && is_thread_of(tid, self.pid) {
-            opens = registry.opens_by(tid, ino);
+        let open = self.proven_open(registry, proof)?;
+        if registry.status().writeback_cache {
+            return Err(refused(
+                libc::EOPNOTSUPP,
+                "kernel writeback cache on: files are served through the mount",
+            ));
         }
-        opens.extend(registry.opens_by(self.pid, ino));
         let access = flags & libc::O_ACCMODE;
-        let open: OpenInfo = opens
-            .into_iter()
-            .filter(|o| o.flags & libc::O_ACCMODE == access)
-            .find(|o| !self.claimed.contains(&o.fh))
-            .ok_or_else(|| refused(libc::ENOENT, "no such open by this process"))?;
-        if !open.map.is_whole_file() {
-            return self.lend(open, flags, engine);
+        if open.flags & libc::O_ACCMODE != access {
+            return Err(refused(libc::EACCES, "access mode differs from the open's"));
         }
-        let backing = open
-            .files
-            .first()
-            .ok_or_else(|| refused(libc::EIO, "whole-file map without a backing file"))?;
-        let fd = control::reopen(backing.as_fd(), flags).map_err(|e| {
-            refused(
-                e.raw_os_error().unwrap_or(libc::EIO),
-                &format!("cannot reopen the backing file: {e}"),
-            )
-        })?;
-        registry.adopting(&open);
-        let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
-        if access != libc::O_RDONLY {
+        if self.claimed.contains(&open.fh) {
+            return Err(refused(libc::EBUSY, "open already adopted on this connection"));
+        }
+        let writable = access != libc::O_RDONLY;
+        let (map, mut fds, lent) = if open.map.is_whole_file() {
+            let backing = open
+                .files
+                .first()
+                .ok_or_else(|| refused(libc::EIO, "whole-file map without a backing file"))?;
+            let fd = control::reopen(backing.as_fd(), flags).map_err(|e| {
+                refused(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    &format!("cannot reopen the backing file: {e}"),
+                )
+            })?;
+            registry.adopting(&open);
+            (open.map.clone(), vec![fd], false)
+        } else {
+            let fds = lend_files(&open, flags, engine)?;
+            registry.adopting(&open);
+            registry.lend(open.fh, true);
+            (open.map.clone(), fds, true)
+        };
+        let handle = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+        if writable || lent {
             self.adopted.insert(
                 handle,
                 Adoption {
-                    ino,
+                    ino: open.ino,
                     fh: open.fh,
-                    lent: false,
+                    writable,
+                    lent,
                 },
             );
             self.claimed.insert(open.fh);
         }
+        let files = fds.len() as u32;
+        let mut generations = false;
+        if !self.table_sent {
+            if let Some(t) = registry.generations().and_then(|t| t.fd()) {
+                if let Ok(t) = t.try_clone_to_owned() {
+                    fds.push(t);
+                    generations = true;
+                    self.table_sent = true;
+                }
+            }
+        }
         tracing::debug!(
-            pid = self.pid,
-            tid,
-            ino,
+            uid = self.peer.uid,
+            pid = self.peer.pid,
+            ino = open.ino,
             fh = open.fh,
             handle,
+            lent,
             "open adopted by a shim client"
         );
         Ok((
             Response::Adopted {
                 handle,
-                map: open.map,
-                files: 1,
-            },
-            vec![fd],
-        ))
-    }
-
-    /// Lends an open whose map is not whole-file to the client (see
-    /// [`Request::Adopt`]'s `engine`). Only maps whose new bytes go to space
-    /// of this open alone are lent: an append log (a file system gives each
-    /// writable open its own) or a read-only map. In-place maps that are not
-    /// whole-file may share free space with other opens, and a remap would
-    /// need the file system, so they stay with the daemon.
-    fn lend(
-        &mut self,
-        open: OpenInfo,
-        flags: i32,
-        engine: bool,
-    ) -> Result<(Response, Vec<OwnedFd>), Response> {
-        if !engine {
-            return Err(refused(libc::EOPNOTSUPP, "map is not whole-file"));
-        }
-        let own_log = match open.map.growth() {
-            Growth::AppendLog { file, .. } => Some(file as usize),
-            Growth::ReadOnly => None,
-            Growth::InPlace { .. } => {
-                return Err(refused(
-                    libc::EOPNOTSUPP,
-                    "in-place map that is not whole-file: served by the daemon",
-                ))
-            }
-        };
-        if open.files.len() > control::MAX_FDS {
-            return Err(refused(libc::EOPNOTSUPP, "map has too many backing files"));
-        }
-        // A write-only open must not become a way to read the file: the
-        // client gets the log it appends to, and empty stand-ins for the
-        // files only reads would touch.
-        let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
-        let mut fds = Vec::with_capacity(open.files.len());
-        for (i, f) in open.files.iter().enumerate() {
-            let fd = if write_only && Some(i) != own_log {
-                rustix::fs::memfd_create("mapfs-withheld", rustix::fs::MemfdFlags::CLOEXEC)
-            } else {
-                rustix::io::fcntl_dupfd_cloexec(f, 0)
-            };
-            fds.push(fd.map_err(|e| {
-                refused(
-                    e.raw_os_error(),
-                    &format!("cannot pass a backing file: {e}"),
-                )
-            })?);
-        }
-        let registry = &self.shared.registry;
-        registry.adopting(&open);
-        registry.lend(open.fh, true);
-        let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.adopted.insert(
-            handle,
-            Adoption {
-                ino: open.ino,
-                fh: open.fh,
-                lent: true,
-            },
-        );
-        self.claimed.insert(open.fh);
-        tracing::debug!(
-            pid = self.pid,
-            ino = open.ino,
-            fh = open.fh,
-            handle,
-            "open lent to a shim client"
-        );
-        Ok((
-            Response::Adopted {
-                handle,
-                files: fds.len() as u32,
-                map: open.map,
+                map,
+                files,
+                generations,
             },
             fds,
         ))
     }
 
-    /// The client's connection is gone (closed or the process died): what it
-    /// may have written becomes visible through the mount.
-    fn client_gone(&mut self) {
+    /// The client's connection is gone (closed, dropped, or the process
+    /// died): what it may have written becomes visible through the mount.
+    fn gone(&mut self, registry: &dyn OpenRegistry) {
         for (_, a) in self.adopted.drain() {
             if a.lent {
                 // Writes the client made since its last Release are in the
                 // logs but in no map: lost, like a killed process's
                 // unflushed buffers.
-                self.shared.registry.lend(a.fh, false);
+                registry.lend(a.fh, false);
             }
-            self.shared.registry.invalidate(a.ino);
+            registry.invalidate(a.ino);
+        }
+        if let Some(key) = self.key.take() {
+            registry.proofs().drop_key(&key);
         }
     }
+}
+
+/// Adoption handles, unique in the daemon (so a handle of one connection
+/// never names another's adoption by accident).
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+
+/// The descriptors to lend an open whose map is not whole-file (see
+/// [`Request::Adopt`]'s `engine`). Only maps whose new bytes go to space of
+/// this open alone are lent: an append log (a file system gives each
+/// writable open its own) or a read-only map. In-place maps that are not
+/// whole-file may share free space with other opens, and a remap would need
+/// the file system, so they stay with the daemon.
+fn lend_files(open: &OpenInfo, flags: i32, engine: bool) -> Result<Vec<OwnedFd>, Response> {
+    if !engine {
+        return Err(refused(libc::EOPNOTSUPP, "map is not whole-file"));
+    }
+    let own_log = match open.map.growth() {
+        Growth::AppendLog { file, .. } => Some(file as usize),
+        Growth::ReadOnly => None,
+        Growth::InPlace { .. } => {
+            return Err(refused(
+                libc::EOPNOTSUPP,
+                "in-place map that is not whole-file: served by the daemon",
+            ))
+        }
+    };
+    if open.files.len() > control::MAX_FDS {
+        return Err(refused(libc::EOPNOTSUPP, "map has too many backing files"));
+    }
+    // A write-only open must not become a way to read the file: the client
+    // gets the log it appends to, and empty stand-ins for the files only
+    // reads would touch.
+    let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
+    let mut fds = Vec::with_capacity(open.files.len());
+    for (i, f) in open.files.iter().enumerate() {
+        let fd = if write_only && Some(i) != own_log {
+            rustix::fs::memfd_create("mapfs-withheld", rustix::fs::MemfdFlags::CLOEXEC)
+        } else {
+            rustix::io::fcntl_dupfd_cloexec(f, 0)
+        };
+        fds.push(fd.map_err(|e| {
+            refused(
+                e.raw_os_error(),
+                &format!("cannot pass a backing file: {e}"),
+            )
+        })?);
+    }
+    Ok(fds)
 }
 
 fn refused(errno: i32, reason: &str) -> Response {
@@ -488,13 +899,6 @@ fn refused(errno: i32, reason: &str) -> Response {
         reason: reason.to_string(),
     }
 }
-
-/// True if `tid` is currently a thread of process `pid`.
-fn is_thread_of(tid: u32, pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
-}
-
-pub mod tokens;
 
 #[cfg(test)]
 mod tests;

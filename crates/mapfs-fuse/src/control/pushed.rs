@@ -1,0 +1,160 @@
+//! What a client may push as the map of a lent open ([`Request::Release`]):
+//! only what its own writes and truncates can make of the map it was lent.
+//!
+//! A lent writer appends to its own log and may cut or shadow older pieces,
+//! so every extent of the map it pushes either lies in that log, within the
+//! bytes written to it, or is a piece of an extent of the map the daemon
+//! holds for the open (same file, same logical-to-backing shift). Anything
+//! else would let a client splice bytes it never wrote, from files it was
+//! never lent, into what other readers see.
+//!
+//! [`Request::Release`]: mapfs::control::Request::Release
+
+use std::fs::File;
+
+use mapfs::datamap::Segment;
+use mapfs::{DataMap, Extent, Growth};
+
+/// Checks `pushed` against the open's current map `base` and its backing
+/// `files`; `Err` says what is wrong.
+pub fn check(base: &DataMap, files: &[std::sync::Arc<File>], pushed: &DataMap) -> Result<(), String> {
+    pushed.validate().map_err(|e| format!("malformed map: {e}"))?;
+    if pushed.is_whole_file() {
+        return Err("a lent open's map cannot become whole-file".into());
+    }
+    let Growth::AppendLog { file: own, .. } = base.growth() else {
+        return Err("the open was lent read-only".into());
+    };
+    let Growth::AppendLog {
+        file: pushed_own,
+        end,
+    } = pushed.growth()
+    else {
+        return Err("the map's growth policy changed".into());
+    };
+    if pushed_own != own {
+        return Err("the map appends to another file than the open's log".into());
+    }
+    if pushed.reserved() != base.reserved() {
+        return Err("the map's reserved space changed".into());
+    }
+    let log = files
+        .get(own as usize)
+        .ok_or("the open's log is missing")?;
+    let written = log
+        .metadata()
+        .map_err(|e| format!("cannot stat the open's log: {e}"))?
+        .len();
+    if end > written {
+        return Err(format!(
+            "the map's log end {end} is past the {written} bytes written to it"
+        ));
+    }
+    for e in pushed.extents() {
+        let ok = if e.file == own {
+            e.offset.checked_add(e.len).is_some_and(|x| x <= written)
+        } else {
+            piece_of(base, e)
+        };
+        if !ok {
+            return Err(format!(
+                "extent {e:?} is neither in the open's log nor a piece of its map"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// True when `e` maps exactly as `base` maps the same logical bytes.
+fn piece_of(base: &DataMap, e: &Extent) -> bool {
+    let mut at = e.logical;
+    for seg in base.locate(e.logical, e.len) {
+        match seg {
+            Segment::Data { file, offset, len }
+                if file == e.file && offset == e.offset + (at - e.logical) =>
+            {
+                at += len;
+            }
+            _ => return false,
+        }
+    }
+    at == e.logical_end()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn ext(logical: u64, file: u32, offset: u64, len: u64) -> Extent {
+        Extent {
+            logical,
+            file,
+            offset,
+            len,
+        }
+    }
+
+    fn log_of(len: usize) -> Arc<File> {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![b'x'; len]).unwrap();
+        Arc::new(f)
+    }
+
+    /// File 0: another open's log (100 bytes mapped at 0); file 1: this
+    /// open's log.
+    fn base() -> DataMap {
+        DataMap::new(
+            vec![ext(0, 0, 0, 100)],
+            100,
+            Growth::AppendLog { file: 1, end: 0 },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn own_writes_and_cuts_pass() {
+        let files = vec![log_of(100), log_of(50)];
+        let pushed = DataMap::new(
+            vec![ext(0, 0, 0, 10), ext(10, 1, 0, 50), ext(60, 0, 60, 20)],
+            80,
+            Growth::AppendLog { file: 1, end: 50 },
+        )
+        .unwrap();
+        check(&base(), &files, &pushed).unwrap();
+    }
+
+    #[test]
+    fn forged_maps_are_refused() {
+        let files = vec![log_of(100), log_of(50)];
+        let growth = Growth::AppendLog { file: 1, end: 50 };
+        // Bytes of the log never written.
+        let past = DataMap::new(vec![ext(0, 1, 40, 20)], 60, growth).unwrap();
+        assert!(check(&base(), &files, &past).is_err());
+        // Another file's bytes at another shift.
+        let shifted = DataMap::new(vec![ext(0, 0, 10, 50)], 50, growth).unwrap();
+        assert!(check(&base(), &files, &shifted).is_err());
+        // Another file's bytes beyond what the map had.
+        let beyond = DataMap::new(vec![ext(0, 0, 0, 200)], 200, growth).unwrap();
+        assert!(check(&base(), &files, &beyond).is_err());
+        // A file index that does not exist.
+        let missing = DataMap::new(vec![ext(0, 5, 0, 10)], 10, growth).unwrap();
+        assert!(check(&base(), &files, &missing).is_err());
+        // The log end past what was written.
+        let end = DataMap::new(vec![], 0, Growth::AppendLog { file: 1, end: 1 << 40 }).unwrap();
+        assert!(check(&base(), &files, &end).is_err());
+        // Writing into another open's log.
+        let other = DataMap::new(vec![], 0, Growth::AppendLog { file: 0, end: 0 }).unwrap();
+        assert!(check(&base(), &files, &other).is_err());
+    }
+
+    #[test]
+    fn read_only_lendings_take_no_map() {
+        let ro = DataMap::new(vec![ext(0, 0, 0, 100)], 100, Growth::ReadOnly).unwrap();
+        let files = vec![log_of(100)];
+        let forged = DataMap::new(vec![], 1 << 40, Growth::ReadOnly).unwrap();
+        assert!(check(&ro, &files, &forged).is_err());
+    }
+}

@@ -117,6 +117,11 @@ impl Handles {
         self.files.read().get(&fh).cloned()
     }
 
+    /// Number of open files.
+    pub fn open_files(&self) -> usize {
+        self.files.read().len()
+    }
+
     /// Removes and returns the open file `fh`.
     pub fn remove_file(&self, fh: u64) -> Option<Arc<OpenFile>> {
         self.files.write().remove(&fh)

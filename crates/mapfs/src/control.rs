@@ -213,6 +213,9 @@ pub struct MountStatus {
     pub started_unix: u64,
     /// Control connections open now.
     pub clients: u32,
+    /// Files open through the mount now (the kernel's RELEASE of an open
+    /// arrives after its `close(2)` returned; this shows when it did).
+    pub open_files: u64,
 }
 
 /// A message from the daemon to a shim client.

@@ -1,5 +1,5 @@
-//! The map-cache tokens on a real mount: a client attached with
-//! `connect_with_generations` sees an inode's token stay put across
+//! The map-cache tokens on a real mount: a client holding the generation
+//! table (it comes with the first adoption) sees an inode's token stay put across
 //! read-only opens (and adoptions) and change after a write+close, an
 //! ftruncate, a punch hole, a copy_file_range into it, a daemon write, a
 //! truncate by path, a rename (moved and replaced inode), an unlink and a
@@ -15,7 +15,7 @@ mod common;
 use std::collections::HashSet;
 use std::fs;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -27,38 +27,65 @@ use rustix::fs::FallocateFlags;
 
 /// A client of the mount's control socket holding the generation table.
 struct Client {
-    conn: OwnedFd,
+    conn: control::Connection,
     table: Generations,
     /// Token slots of the files made so far.
     slots: HashSet<usize>,
     test: String,
+    socket: PathBuf,
 }
 
 impl Client {
     /// Connects once the daemon serves its control socket (it starts it
-    /// after `mapfs mount` returned).
+    /// after `mapfs mount` returned), and adopts a file to get the table.
     fn attach(s: &MountSession, test: &str) -> Client {
         let path = control::socket_path(s.mountpoint());
         let mut last = None;
+        let mut conn = None;
         for _ in 0..1000 {
-            match control::connect_with_generations(&path) {
-                Ok((conn, Some(table))) => {
-                    return Client {
-                        conn,
-                        table,
-                        slots: HashSet::new(),
-                        test: test.to_string(),
-                    }
+            match control::connect(&path) {
+                Ok(c) => {
+                    conn = Some(c);
+                    break;
                 }
-                Ok((_, None)) => panic!("{test}: the daemon sent no generation table"),
                 Err(e) => last = Some(e),
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        panic!(
-            "{test}: control socket {} never answered: {last:?}",
-            path.display()
-        );
+        let conn = conn.unwrap_or_else(|| {
+            panic!(
+                "{test}: control socket {} never answered: {last:?}",
+                path.display()
+            )
+        });
+        let probe = s.backing().join("table-probe");
+        fs::write(&probe, b"probe").unwrap();
+        let f = fs::File::open(s.mountpoint().join("table-probe")).unwrap();
+        let proof = control::prove(f.as_fd(), &conn.key).unwrap();
+        let req = Request::Adopt {
+            proof,
+            flags: libc::O_RDONLY,
+            engine: false,
+        };
+        let (resp, mut fds) = control::call(conn.sock.as_fd(), &req).unwrap();
+        let Response::Adopted {
+            files, generations, ..
+        } = resp
+        else {
+            panic!("{test}: adopting our own open: {resp:?}");
+        };
+        let table = control::take_generations(&mut fds, files, generations)
+            .unwrap_or_else(|| panic!("{test}: the first adoption carried no generation table"));
+        let c = Client {
+            conn,
+            table,
+            slots: HashSet::new(),
+            test: test.to_string(),
+            socket: path,
+        };
+        drop(f);
+        c.wait_released();
+        c
     }
 
     fn token(&self, ino: u64) -> u64 {
@@ -82,16 +109,15 @@ impl Client {
         panic!("{}: no file with a free token slot", self.test);
     }
 
-    /// Asks the daemon for our read-only open of `ino` (the shim's request).
-    fn adopt_ro(&self, ino: u64) -> Response {
-        let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+    /// Asks the daemon for our read-only open `f` (the shim's request).
+    fn adopt_ro(&self, f: &fs::File) -> Response {
+        let proof = control::prove(f.as_fd(), &self.conn.key).unwrap();
         let req = Request::Adopt {
-            ino,
-            tid,
+            proof,
             flags: libc::O_RDONLY,
             engine: false,
         };
-        control::call(self.conn.as_fd(), &req).unwrap().0
+        control::call(self.conn.sock.as_fd(), &req).unwrap().0
     }
 
     /// Opens `path` read-only through the mount, reads it, checks that the
@@ -105,7 +131,7 @@ impl Client {
         let token = self.token(ino);
         let mut buf = Vec::new();
         f.read_to_end(&mut buf).unwrap();
-        let resp = self.adopt_ro(ino);
+        let resp = self.adopt_ro(&f);
         assert!(
             matches!(resp, Response::Adopted { .. }),
             "{}: adopting our own open: {resp:?}",
@@ -118,25 +144,22 @@ impl Client {
             self.test
         );
         drop(f);
-        self.wait_released(ino);
+        self.wait_released();
         token
     }
 
-    /// Polls (the observable effect, not a delay) until our read-only open
-    /// of `ino` is gone from the daemon.
-    fn wait_released(&self, ino: u64) {
+    /// Polls (the observable effect, not a delay) until the daemon holds no
+    /// open file (this test's mount has no other user).
+    fn wait_released(&self) {
         for _ in 0..2000 {
-            match self.adopt_ro(ino) {
-                Response::Refused {
-                    errno: libc::ENOENT,
-                    ..
-                } => return,
-                Response::Adopted { .. } => {}
-                other => panic!("{}: unexpected answer {other:?}", self.test),
+            match control::status(&self.socket) {
+                Ok(st) if st.open_files == 0 => return,
+                Ok(_) => {}
+                Err(e) => panic!("{}: status: {e}", self.test),
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        panic!("{}: the daemon never released inode {ino}", self.test);
+        panic!("{}: the daemon never released the open", self.test);
     }
 }
 
@@ -206,6 +229,7 @@ fn tokens_follow_changes(mode: DataMode) {
         );
     }
     drop(f);
+    drop(src);
 
     // Truncate by path (a setattr without an open).
     let (t, ino_t) = c.fresh_file(&s, "trunc");
@@ -270,9 +294,38 @@ fn tokens_follow_changes_auto() {
     tokens_follow_changes(DataMode::Auto);
 }
 
+/// With the kernel writeback cache nothing is adopted (the kernel would
+/// keep stale sizes), so there is no table to follow.
 #[test]
-fn tokens_follow_changes_daemon() {
-    tokens_follow_changes(DataMode::Daemon);
+fn nothing_is_adopted_under_the_writeback_cache() {
+    let test = "generations --data daemon (writeback cache)";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(DataMode::Daemon, &[]);
+    fs::write(s.backing().join("f"), b"x").unwrap();
+    let path = control::socket_path(s.mountpoint());
+    let conn = control::connect(&path).unwrap();
+    assert!(conn.writeback_cache, "{test}: Hello did not say so");
+    let f = fs::File::open(s.mountpoint().join("f")).unwrap();
+    let proof = control::prove(f.as_fd(), &conn.key).unwrap();
+    let req = Request::Adopt {
+        proof,
+        flags: libc::O_RDONLY,
+        engine: false,
+    };
+    let (resp, fds) = control::call(conn.sock.as_fd(), &req).unwrap();
+    assert!(
+        matches!(
+            resp,
+            Response::Refused {
+                errno: libc::EOPNOTSUPP,
+                ..
+            }
+        ),
+        "{test}: {resp:?}"
+    );
+    assert!(fds.is_empty(), "{test}: descriptors came with a refusal");
 }
 
 #[test]

@@ -38,7 +38,9 @@ impl RateLimited {
         let held_back = {
             let mut s = self.state.lock();
             let now = Instant::now();
-            if s.last.is_some_and(|t| now.duration_since(t) < self.interval) {
+            if s.last
+                .is_some_and(|t| now.duration_since(t) < self.interval)
+            {
                 s.held_back += 1;
                 return false;
             }

@@ -242,10 +242,7 @@ impl Mount {
 
     fn connected(&self, conn: &mut Option<Conn>) -> std::io::Result<()> {
         let pid = sys::getpid();
-        if conn
-            .as_ref()
-            .is_some_and(|c| c.pid != pid || c.hung_up())
-        {
+        if conn.as_ref().is_some_and(|c| c.pid != pid || c.hung_up()) {
             // Inherited from the parent across fork (the parent still owns
             // the conversation on it; our copy is just closed), taken over
             // by the application, or closed by the daemon.

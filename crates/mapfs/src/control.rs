@@ -342,7 +342,10 @@ fn recv_into<T: for<'de> Deserialize<'de>>(
 /// descriptors that came with it (close-on-exec). `Ok(None)` when the peer
 /// closed the connection; `EMSGSIZE` for a packet or control data that did
 /// not fit (its descriptors, if any, are closed).
-pub fn recv_packet(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+pub fn recv_packet(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let got = loop {
@@ -372,7 +375,16 @@ pub fn recv_packet(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<(u
 
 /// Sends `req` and waits for the response: the client side of one exchange.
 pub fn call(sock: BorrowedFd<'_>, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
-    send(sock, req, &[])?;
+    if let Err(e) = send(sock, req, &[]) {
+        // A daemon that refuses a connection (too many) answers before the
+        // client speaks and closes: its answer is still queued.
+        if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) {
+            if let Ok(Some(answer)) = recv(sock) {
+                return Ok(answer);
+            }
+        }
+        return Err(e);
+    }
     match recv(sock)? {
         Some(answer) => Ok(answer),
         None => Err(io::Error::from_raw_os_error(libc::ECONNRESET)),
@@ -484,7 +496,11 @@ pub fn prove(mount_file: BorrowedFd<'_>, key: &ConnKey) -> io::Result<Proof> {
 /// [`Response::Adopted`] that said `generations` (it follows the `files`
 /// backing descriptors). `None` when there is none, or it is not a valid
 /// table: the client then caches nothing across opens.
-pub fn take_generations(fds: &mut Vec<OwnedFd>, files: u32, generations: bool) -> Option<Generations> {
+pub fn take_generations(
+    fds: &mut Vec<OwnedFd>,
+    files: u32,
+    generations: bool,
+) -> Option<Generations> {
     if !generations || fds.len() != files as usize + 1 {
         return None;
     }

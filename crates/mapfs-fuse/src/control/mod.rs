@@ -92,7 +92,9 @@ impl Limits {
     /// for one user, so neither one user nor all of them together can take
     /// the descriptors that opens through the mount need.
     pub fn for_descriptor_limit(nofile: u64) -> Limits {
-        let total = usize::try_from(nofile / 4).unwrap_or(usize::MAX).clamp(8, 1024);
+        let total = usize::try_from(nofile / 4)
+            .unwrap_or(usize::MAX)
+            .clamp(8, 1024);
         Limits {
             total,
             per_uid: (total / 4).max(2),
@@ -458,9 +460,8 @@ impl Server {
                 epoll::EventData::new_u64(id),
                 epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
             ) {
-                REFUSED_CONNECTION.log(|n| {
-                    tracing::warn!(held_back = n, "control client refused: epoll: {e}")
-                });
+                REFUSED_CONNECTION
+                    .log(|n| tracing::warn!(held_back = n, "control client refused: epoll: {e}"));
                 continue;
             }
             *self.per_uid.entry(peer.uid).or_default() += 1;
@@ -476,7 +477,8 @@ impl Server {
                     claimed: HashSet::new(),
                 },
             );
-            self.clients.store(self.conns.len() as u64, Ordering::Relaxed);
+            self.clients
+                .store(self.conns.len() as u64, Ordering::Relaxed);
         }
     }
 
@@ -534,9 +536,9 @@ impl Server {
                 }
             }
         }
-        if flags.intersects(
-            epoll::EventFlags::HUP | epoll::EventFlags::ERR | epoll::EventFlags::RDHUP,
-        ) {
+        if flags
+            .intersects(epoll::EventFlags::HUP | epoll::EventFlags::ERR | epoll::EventFlags::RDHUP)
+        {
             self.close(id);
         }
     }
@@ -553,7 +555,8 @@ impl Server {
                 self.per_uid.remove(&conn.peer.uid);
             }
         }
-        self.clients.store(self.conns.len() as u64, Ordering::Relaxed);
+        self.clients
+            .store(self.conns.len() as u64, Ordering::Relaxed);
     }
 
     fn close_idle(&mut self) {
@@ -720,8 +723,7 @@ impl Conn {
             .proofs()
             .redeem(key, proof)
             .ok_or_else(|| refused(libc::EACCES, "no valid proof of possession"))?;
-        let peer = self.peer;
-        if peer.uid != 0 && (proven.uid != peer.uid || proven.gid != peer.gid) {
+        if !same_user(self.peer, proven.uid, proven.gid) {
             return Err(refused(
                 libc::EACCES,
                 "the proof was made by another user than this connection's",
@@ -730,7 +732,7 @@ impl Conn {
         let open = registry
             .open(proven.fh)
             .ok_or_else(|| refused(libc::ENOENT, "the open was released"))?;
-        if peer.uid != 0 && (open.uid != peer.uid || open.gid != peer.gid) {
+        if !same_user(self.peer, open.uid, open.gid) {
             return Err(refused(
                 libc::EACCES,
                 "the file was opened by another user than this connection's",
@@ -761,7 +763,10 @@ impl Conn {
             return Err(refused(libc::EACCES, "access mode differs from the open's"));
         }
         if self.claimed.contains(&open.fh) {
-            return Err(refused(libc::EBUSY, "open already adopted on this connection"));
+            return Err(refused(
+                libc::EBUSY,
+                "open already adopted on this connection",
+            ));
         }
         let writable = access != libc::O_RDONLY;
         let (map, mut fds, lent) = if open.map.is_whole_file() {
@@ -843,6 +848,12 @@ impl Conn {
             registry.proofs().drop_key(&key);
         }
     }
+}
+
+/// True when `peer` may act on what `uid`/`gid` did: the same user and
+/// group, or a root peer.
+fn same_user(peer: Peer, uid: u32, gid: u32) -> bool {
+    peer.uid == 0 || (peer.uid == uid && peer.gid == gid)
 }
 
 /// Adoption handles, unique in the daemon (so a handle of one connection

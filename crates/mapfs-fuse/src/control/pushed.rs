@@ -17,8 +17,14 @@ use mapfs::{DataMap, Extent, Growth};
 
 /// Checks `pushed` against the open's current map `base` and its backing
 /// `files`; `Err` says what is wrong.
-pub fn check(base: &DataMap, files: &[std::sync::Arc<File>], pushed: &DataMap) -> Result<(), String> {
-    pushed.validate().map_err(|e| format!("malformed map: {e}"))?;
+pub fn check(
+    base: &DataMap,
+    files: &[std::sync::Arc<File>],
+    pushed: &DataMap,
+) -> Result<(), String> {
+    pushed
+        .validate()
+        .map_err(|e| format!("malformed map: {e}"))?;
     if pushed.is_whole_file() {
         return Err("a lent open's map cannot become whole-file".into());
     }
@@ -38,9 +44,7 @@ pub fn check(base: &DataMap, files: &[std::sync::Arc<File>], pushed: &DataMap) -
     if pushed.reserved() != base.reserved() {
         return Err("the map's reserved space changed".into());
     }
-    let log = files
-        .get(own as usize)
-        .ok_or("the open's log is missing")?;
+    let log = files.get(own as usize).ok_or("the open's log is missing")?;
     let written = log
         .metadata()
         .map_err(|e| format!("cannot stat the open's log: {e}"))?
@@ -131,7 +135,12 @@ mod tests {
         let files = vec![log_of(100), log_of(50)];
         let growth = Growth::AppendLog { file: 1, end: 50 };
         // Bytes of the log never written.
-        let past = DataMap::new(vec![ext(0, 1, 40, 20)], 60, growth).unwrap();
+        let past = DataMap::new(
+            vec![ext(0, 1, 40, 20)],
+            60,
+            Growth::AppendLog { file: 1, end: 60 },
+        )
+        .unwrap();
         assert!(check(&base(), &files, &past).is_err());
         // Another file's bytes at another shift.
         let shifted = DataMap::new(vec![ext(0, 0, 10, 50)], 50, growth).unwrap();
@@ -143,7 +152,15 @@ mod tests {
         let missing = DataMap::new(vec![ext(0, 5, 0, 10)], 10, growth).unwrap();
         assert!(check(&base(), &files, &missing).is_err());
         // The log end past what was written.
-        let end = DataMap::new(vec![], 0, Growth::AppendLog { file: 1, end: 1 << 40 }).unwrap();
+        let end = DataMap::new(
+            vec![],
+            0,
+            Growth::AppendLog {
+                file: 1,
+                end: 1 << 40,
+            },
+        )
+        .unwrap();
         assert!(check(&base(), &files, &end).is_err());
         // Writing into another open's log.
         let other = DataMap::new(vec![], 0, Growth::AppendLog { file: 0, end: 0 }).unwrap();

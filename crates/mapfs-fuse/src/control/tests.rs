@@ -7,37 +7,51 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
-use mapfs::control::{self, Request, Response};
+use mapfs::control::{self, Connection, MountStatus, Proof, Request, Response};
 use mapfs::engine::DataFile;
 use mapfs::mapcache::Generations;
 use mapfs::{DataMap, Extent, Growth, Opened};
 use parking_lot::Mutex;
 
-use super::spawn;
+use super::proofs::Proofs;
+use super::{spawn, spawn_with, Limits};
 use crate::registry::{OpenInfo, OpenRegistry};
 
 #[derive(Default)]
 struct Fake {
-    /// (pid, info) pairs, as the adapter would record opens.
-    opens: Mutex<Vec<(u32, OpenInfo)>>,
+    /// Opens, as the adapter would record them.
+    opens: Mutex<Vec<OpenInfo>>,
     invalidated: Mutex<Vec<u64>>,
     released: Mutex<Vec<(u64, DataMap)>>,
-    /// The table sent with Hello; bumped for each adoption reported.
+    /// The table sent with the first adoption; bumped for each adoption
+    /// reported.
     generations: Option<Generations>,
     adopting: Mutex<Vec<u64>>,
     /// (fh, lent) calls, in order.
     lent: Mutex<Vec<(u64, bool)>>,
+    proofs: Proofs,
+    writeback: bool,
 }
 
 impl OpenRegistry for Fake {
-    fn opens_by(&self, pid: u32, ino: u64) -> Vec<OpenInfo> {
-        self.opens
-            .lock()
-            .iter()
-            .rev()
-            .filter(|(p, o)| *p == pid && o.ino == ino)
-            .map(|(_, o)| o.clone())
-            .collect()
+    fn open(&self, fh: u64) -> Option<OpenInfo> {
+        self.opens.lock().iter().find(|o| o.fh == fh).cloned()
+    }
+    fn proofs(&self) -> &Proofs {
+        &self.proofs
+    }
+    fn status(&self) -> MountStatus {
+        MountStatus {
+            pid: 0,
+            fs: "fake".into(),
+            backing: "/nowhere".into(),
+            data: "auto".into(),
+            passthrough_active: false,
+            writeback_cache: self.writeback,
+            started_unix: 0,
+            clients: 0,
+            open_files: self.opens.lock().len() as u64,
+        }
     }
     fn invalidate(&self, ino: u64) {
         self.invalidated.lock().push(ino);
@@ -65,6 +79,8 @@ fn open_info(ino: u64, fh: u64, flags: i32, map: DataMap, file: File) -> OpenInf
         ino,
         fh,
         flags,
+        uid: my_uid(),
+        gid: my_gid(),
         data: Arc::new(DataFile::new(Opened {
             map: map.clone(),
             files: vec![Arc::clone(&file)],
@@ -75,8 +91,12 @@ fn open_info(ino: u64, fh: u64, flags: i32, map: DataMap, file: File) -> OpenInf
     }
 }
 
-fn me() -> u32 {
-    std::process::id()
+fn my_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+fn my_gid() -> u32 {
+    rustix::process::getegid().as_raw()
 }
 
 struct Setup {
@@ -87,19 +107,19 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    setup_with(None)
+    setup_with(Fake::default(), None)
 }
 
-fn setup_with(generations: Option<Generations>) -> Setup {
+fn setup_with(fake: Fake, limits: Option<Limits>) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let backing = dir.path().join("backing");
     std::fs::write(&backing, b"0123456789").unwrap();
-    let fake = Arc::new(Fake {
-        generations,
-        ..Fake::default()
-    });
+    let fake = Arc::new(fake);
     let sock = dir.path().join("run/ctl.sock");
-    let server = spawn(fake.clone(), &sock).unwrap();
+    let server = match limits {
+        Some(l) => spawn_with(fake.clone(), &sock, l).unwrap(),
+        None => spawn(fake.clone(), &sock).unwrap(),
+    };
     Setup {
         _dir: dir,
         fake,
@@ -108,30 +128,85 @@ fn setup_with(generations: Option<Generations>) -> Setup {
     }
 }
 
+impl Setup {
+    fn add_open(&self, info: OpenInfo) {
+        self.fake.opens.lock().push(info);
+    }
+
+    /// What the adapter does when this process makes the proving ioctl on
+    /// its descriptor of open `fh` for `conn`.
+    fn prove(&self, conn: &Connection, fh: u64) -> Proof {
+        self.fake
+            .proofs
+            .issue(&conn.key, fh, my_uid(), my_gid())
+            .expect("a live connection's key")
+    }
+
+    fn adopt(
+        &self,
+        conn: &Connection,
+        fh: u64,
+        flags: i32,
+        engine: bool,
+    ) -> (Response, Vec<OwnedFd>) {
+        let proof = self.prove(conn, fh);
+        ask(
+            conn,
+            &Request::Adopt {
+                proof,
+                flags,
+                engine,
+            },
+        )
+    }
+}
+
+fn ask(conn: &Connection, req: &Request) -> (Response, Vec<OwnedFd>) {
+    control::call(conn.sock.as_fd(), req).unwrap()
+}
+
+fn errno_of(resp: &Response) -> Option<i32> {
+    match resp {
+        Response::Refused { errno, .. } => Some(*errno),
+        _ => None,
+    }
+}
+
+/// Polls `cond` (an observable effect, not a delay) for up to 10 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("never happened: {what}");
+}
+
 #[test]
-fn adopts_own_open_with_a_private_description() {
+fn adopts_a_proven_open_with_a_private_description() {
     let s = setup();
     let daemon_file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(&s.backing)
         .unwrap();
-    s.fake.opens.lock().push((
-        me(),
-        open_info(5, 77, libc::O_RDWR, DataMap::whole_file(), daemon_file),
+    s.add_open(open_info(
+        5,
+        77,
+        libc::O_RDWR,
+        DataMap::whole_file(),
+        daemon_file,
     ));
     let conn = control::connect(s.server.path()).unwrap();
-    let (resp, fds) = control::call(
-        conn.as_fd(),
-        &Request::Adopt {
-            ino: 5,
-            tid: me(),
-            flags: libc::O_RDWR,
-            engine: false,
-        },
-    )
-    .unwrap();
-    let Response::Adopted { handle, map, files } = resp else {
+    let (resp, fds) = s.adopt(&conn, 77, libc::O_RDWR, false);
+    let Response::Adopted {
+        handle,
+        map,
+        files,
+        generations: false,
+    } = resp
+    else {
         panic!("refused: {resp:?}")
     };
     assert!(map.is_whole_file());
@@ -146,107 +221,152 @@ fn adopts_own_open_with_a_private_description() {
     assert_eq!(std::fs::read(&s.backing).unwrap(), b"0123456789AB");
 
     // A second adoption of the same (writable) open is refused: it is claimed.
-    let (resp, fds) = control::call(
-        conn.as_fd(),
-        &Request::Adopt {
-            ino: 5,
-            tid: me(),
-            flags: libc::O_RDWR,
-            engine: false,
-        },
-    )
-    .unwrap();
-    assert!(
-        matches!(
-            resp,
-            Response::Refused {
-                errno: libc::ENOENT,
-                ..
-            }
-        ),
-        "{resp:?}"
-    );
+    let (resp, fds) = s.adopt(&conn, 77, libc::O_RDWR, false);
+    assert_eq!(errno_of(&resp), Some(libc::EBUSY), "{resp:?}");
     assert!(fds.is_empty());
 
-    let (resp, _) = control::call(
-        conn.as_fd(),
+    let (resp, _) = ask(
+        &conn,
         &Request::Closed {
             handle,
-            ino: 5,
             wrote: true,
         },
-    )
-    .unwrap();
+    );
     assert_eq!(resp, Response::Done);
+    assert_eq!(*s.fake.invalidated.lock(), vec![5]);
+    // The handle is spent.
+    let (resp, _) = ask(
+        &conn,
+        &Request::Closed {
+            handle,
+            wrote: true,
+        },
+    );
+    assert_eq!(errno_of(&resp), Some(libc::EBADF), "{resp:?}");
     assert_eq!(*s.fake.invalidated.lock(), vec![5]);
 }
 
 #[test]
-fn refuses_other_pids_access_modes_and_foreign_threads() {
+fn nothing_is_handed_out_without_a_valid_proof() {
     let s = setup();
-    let f = File::open(&s.backing).unwrap();
-    // Someone else's open.
-    s.fake
-        .opens
-        .lock()
-        .push((1, open_info(9, 1, libc::O_RDONLY, DataMap::whole_file(), f)));
-    let f = File::open(&s.backing).unwrap();
-    s.fake.opens.lock().push((
-        me(),
-        open_info(10, 2, libc::O_RDONLY, DataMap::whole_file(), f),
+    s.add_open(open_info(
+        9,
+        1,
+        libc::O_RDWR,
+        DataMap::whole_file(),
+        File::open(&s.backing).unwrap(),
+    ));
+    s.add_open(open_info(
+        10,
+        2,
+        libc::O_RDONLY,
+        DataMap::whole_file(),
+        File::open(&s.backing).unwrap(),
     ));
     let conn = control::connect(s.server.path()).unwrap();
-    let ask = |ino, tid, flags| {
-        control::call(
-            conn.as_fd(),
+    let other = control::connect(s.server.path()).unwrap();
+    assert_ne!(conn.key, other.key);
+    let adopt = |proof| {
+        ask(
+            &conn,
             &Request::Adopt {
-                ino,
-                tid,
-                flags,
+                proof,
+                flags: libc::O_RDWR,
                 engine: false,
             },
         )
-        .unwrap()
-        .0
     };
-    assert!(matches!(
-        ask(9, me(), libc::O_RDONLY),
-        Response::Refused {
-            errno: libc::ENOENT,
-            ..
-        }
-    ));
-    // Claiming pid 1 (not a thread of ours) finds nothing of pid 1's.
-    assert!(matches!(
-        ask(9, 1, libc::O_RDONLY),
-        Response::Refused {
-            errno: libc::ENOENT,
-            ..
-        }
-    ));
-    // Asking for more access than the open has is refused.
-    assert!(matches!(
-        ask(10, me(), libc::O_RDWR),
-        Response::Refused {
-            errno: libc::ENOENT,
-            ..
-        }
-    ));
-    assert!(matches!(
-        ask(10, me(), libc::O_RDONLY),
-        Response::Adopted { .. }
-    ));
-    // A thread of ours may ask for its open (recorded under the tid).
-    let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
-    let f = File::open(&s.backing).unwrap();
-    s.fake.opens.lock().push((
-        tid,
-        open_info(11, 3, libc::O_RDONLY, DataMap::whole_file(), f),
-    ));
-    assert!(matches!(
-        ask(11, tid, libc::O_RDONLY),
-        Response::Adopted { .. }
-    ));
+    for forged in [[0u8; 16], [0xff; 16], rand::random()] {
+        let (resp, fds) = adopt(forged);
+        assert_eq!(errno_of(&resp), Some(libc::EACCES), "{resp:?}");
+        assert!(fds.is_empty());
+    }
+    // A proof made for another connection, and then by anyone: burnt.
+    let theirs = s.prove(&other, 1);
+    let (resp, fds) = adopt(theirs);
+    assert_eq!(errno_of(&resp), Some(libc::EACCES), "{resp:?}");
+    assert!(fds.is_empty());
+    let (resp, _) = ask(
+        &other,
+        &Request::Adopt {
+            proof: theirs,
+            flags: libc::O_RDWR,
+            engine: false,
+        },
+    );
+    assert_eq!(
+        errno_of(&resp),
+        Some(libc::EACCES),
+        "a leaked proof was honoured"
+    );
+    // Single use.
+    let proof = s.prove(&conn, 2);
+    let (resp, _) = ask(
+        &conn,
+        &Request::Adopt {
+            proof,
+            flags: libc::O_RDONLY,
+            engine: false,
+        },
+    );
+    assert!(matches!(resp, Response::Adopted { .. }), "{resp:?}");
+    let (resp, fds) = ask(
+        &conn,
+        &Request::Adopt {
+            proof,
+            flags: libc::O_RDONLY,
+            engine: false,
+        },
+    );
+    assert_eq!(errno_of(&resp), Some(libc::EACCES), "{resp:?}");
+    assert!(fds.is_empty());
+    // More access than the open has.
+    let (resp, fds) = s.adopt(&conn, 2, libc::O_RDWR, false);
+    assert_eq!(errno_of(&resp), Some(libc::EACCES), "{resp:?}");
+    assert!(fds.is_empty());
+    // An open that is gone.
+    s.fake.opens.lock().retain(|o| o.fh != 1);
+    let (resp, _) = s.adopt(&conn, 1, libc::O_RDWR, false);
+    assert_eq!(errno_of(&resp), Some(libc::ENOENT), "{resp:?}");
+    // Before Hello there is no key to prove with.
+    let bare = raw_connect(s.server.path());
+    let (resp, _) = control::call(
+        bare.as_fd(),
+        &Request::Adopt {
+            proof: [0; 16],
+            flags: libc::O_RDONLY,
+            engine: false,
+        },
+    )
+    .unwrap();
+    assert_eq!(errno_of(&resp), Some(libc::EPROTO), "{resp:?}");
+}
+
+#[test]
+fn proofs_and_opens_of_other_users_are_refused() {
+    use super::Peer;
+    let peer = Peer {
+        pid: 0,
+        uid: 1000,
+        gid: 100,
+    };
+    let proven = super::proofs::Redeemed {
+        fh: 1,
+        uid: 1000,
+        gid: 100,
+    };
+    assert!(super::same_user(peer, proven.uid, proven.gid));
+    assert!(!super::same_user(peer, 1001, 100), "another uid");
+    assert!(!super::same_user(peer, 1000, 0), "another gid");
+    let root = Peer {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    assert!(
+        super::same_user(root, 1000, 100),
+        "root clients adopt any open"
+    );
 }
 
 #[test]
@@ -263,41 +383,39 @@ fn non_whole_file_maps_are_refused_and_release_needs_a_handle() {
         Growth::ReadOnly,
     )
     .unwrap();
-    let f = File::open(&s.backing).unwrap();
-    s.fake
-        .opens
-        .lock()
-        .push((me(), open_info(3, 4, libc::O_RDONLY, map.clone(), f)));
-    let conn = control::connect(s.server.path()).unwrap();
-    let (resp, fds) = control::call(
-        conn.as_fd(),
-        &Request::Adopt {
-            ino: 3,
-            tid: me(),
-            flags: libc::O_RDONLY,
-            engine: false,
-        },
-    )
-    .unwrap();
-    assert!(
-        matches!(
-            resp,
-            Response::Refused {
-                errno: libc::EOPNOTSUPP,
-                ..
-            }
-        ),
-        "{resp:?}"
-    );
-    assert!(fds.is_empty());
-    let (resp, _) = control::call(conn.as_fd(), &Request::Release { handle: 99, map }).unwrap();
-    assert!(matches!(
-        resp,
-        Response::Refused {
-            errno: libc::EBADF,
-            ..
-        }
+    s.add_open(open_info(
+        3,
+        4,
+        libc::O_RDONLY,
+        map.clone(),
+        File::open(&s.backing).unwrap(),
     ));
+    let conn = control::connect(s.server.path()).unwrap();
+    let (resp, fds) = s.adopt(&conn, 4, libc::O_RDONLY, false);
+    assert_eq!(errno_of(&resp), Some(libc::EOPNOTSUPP), "{resp:?}");
+    assert!(fds.is_empty());
+    let (resp, _) = ask(
+        &conn,
+        &Request::Release {
+            handle: 99,
+            map: map.clone(),
+        },
+    );
+    assert_eq!(errno_of(&resp), Some(libc::EBADF), "{resp:?}");
+    // Lent read-only: its map cannot be replaced, whatever it says.
+    let (resp, _) = s.adopt(&conn, 4, libc::O_RDONLY, true);
+    let Response::Adopted { handle, .. } = resp else {
+        panic!("not lent: {resp:?}");
+    };
+    let forged = DataMap::new(vec![], 1 << 40, Growth::ReadOnly).unwrap();
+    let (resp, _) = ask(
+        &conn,
+        &Request::Release {
+            handle,
+            map: forged,
+        },
+    );
+    assert_eq!(errno_of(&resp), Some(libc::EBADF), "{resp:?}");
     assert!(s.fake.released.lock().is_empty());
 }
 
@@ -330,10 +448,12 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
                 .unwrap(),
         ),
     ];
-    let info = |flags| OpenInfo {
+    let info = |fh, flags, map: &DataMap| OpenInfo {
         ino: 3,
-        fh: if flags == libc::O_WRONLY { 5 } else { 6 },
+        fh,
         flags,
+        uid: my_uid(),
+        gid: my_gid(),
         data: Arc::new(DataFile::new(Opened {
             map: map.clone(),
             files: files.clone(),
@@ -342,36 +462,15 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
         map: map.clone(),
         files: files.clone(),
     };
-    s.fake.opens.lock().push((me(), info(libc::O_WRONLY)));
-    s.fake.opens.lock().push((me(), info(libc::O_RDWR)));
+    s.add_open(info(5, libc::O_WRONLY, &map));
+    s.add_open(info(6, libc::O_RDWR, &map));
     let conn = control::connect(s.server.path()).unwrap();
-    let adopt = |flags, engine| {
-        control::call(
-            conn.as_fd(),
-            &Request::Adopt {
-                ino: 3,
-                tid: me(),
-                flags,
-                engine,
-            },
-        )
-        .unwrap()
-    };
     // Without `engine` the client cannot run it: refused.
-    let (resp, fds) = adopt(libc::O_WRONLY, false);
-    assert!(
-        matches!(
-            resp,
-            Response::Refused {
-                errno: libc::EOPNOTSUPP,
-                ..
-            }
-        ),
-        "{resp:?}"
-    );
+    let (resp, fds) = s.adopt(&conn, 5, libc::O_WRONLY, false);
+    assert_eq!(errno_of(&resp), Some(libc::EOPNOTSUPP), "{resp:?}");
     assert!(fds.is_empty());
     // Write-only: the other writer's log is withheld (an empty stand-in).
-    let (resp, fds) = adopt(libc::O_WRONLY, true);
+    let (resp, fds) = s.adopt(&conn, 5, libc::O_WRONLY, true);
     let Response::Adopted {
         handle, files: 2, ..
     } = resp
@@ -389,8 +488,51 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
         .unwrap();
     assert_eq!(std::fs::read(&log).unwrap(), b"appended");
     assert_eq!(*s.fake.lent.lock(), vec![(5, true)]);
+    // Its map: its own 8 bytes over the old ones is accepted; bytes of the
+    // log it never wrote, or another file's bytes at another place, are not.
+    let mine = DataMap::new(
+        vec![
+            Extent {
+                logical: 0,
+                file: 1,
+                offset: 0,
+                len: 8,
+            },
+            Extent {
+                logical: 8,
+                file: 0,
+                offset: 8,
+                len: 12,
+            },
+        ],
+        20,
+        Growth::AppendLog { file: 1, end: 8 },
+    )
+    .unwrap();
+    let (resp, _) = ask(
+        &conn,
+        &Request::Release {
+            handle,
+            map: mine.clone(),
+        },
+    );
+    assert_eq!(resp, Response::Done);
+    let past = DataMap::new(
+        vec![Extent {
+            logical: 0,
+            file: 1,
+            offset: 0,
+            len: 4096,
+        }],
+        4096,
+        Growth::AppendLog { file: 1, end: 4096 },
+    )
+    .unwrap();
+    let (resp, _) = ask(&conn, &Request::Release { handle, map: past });
+    assert_eq!(errno_of(&resp), Some(libc::EINVAL), "{resp:?}");
+    assert_eq!(*s.fake.released.lock(), vec![(5, mine)]);
     // Read-write: both real files.
-    let (resp, fds) = adopt(libc::O_RDWR, true);
+    let (resp, fds) = s.adopt(&conn, 6, libc::O_RDWR, true);
     assert!(
         matches!(resp, Response::Adopted { files: 2, .. }),
         "{resp:?}"
@@ -401,15 +543,13 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
         .unwrap();
     assert_eq!(got, "other writer's bytes");
     // Closed ends the lending.
-    control::call(
-        conn.as_fd(),
+    ask(
+        &conn,
         &Request::Closed {
             handle,
-            ino: 3,
             wrote: true,
         },
-    )
-    .unwrap();
+    );
     assert_eq!(*s.fake.lent.lock(), vec![(5, true), (6, true), (5, false)]);
     // In-place maps that are not whole-file are never lent.
     let slot = DataMap::new(
@@ -423,21 +563,9 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
         Growth::InPlace { limit: Some(64) },
     )
     .unwrap();
-    let mut o = info(libc::O_RDONLY);
-    o.fh = 7;
-    o.map = slot;
-    s.fake.opens.lock().push((me(), o));
-    let (resp, _) = adopt(libc::O_RDONLY, true);
-    assert!(
-        matches!(
-            resp,
-            Response::Refused {
-                errno: libc::EOPNOTSUPP,
-                ..
-            }
-        ),
-        "{resp:?}"
-    );
+    s.add_open(info(7, libc::O_RDONLY, &slot));
+    let (resp, _) = s.adopt(&conn, 7, libc::O_RDONLY, true);
+    assert_eq!(errno_of(&resp), Some(libc::EOPNOTSUPP), "{resp:?}");
 }
 
 #[test]
@@ -447,34 +575,54 @@ fn a_vanished_client_invalidates_what_it_could_have_written() {
         .write(true)
         .open(&s.backing)
         .unwrap();
-    s.fake.opens.lock().push((
-        me(),
-        open_info(21, 8, libc::O_WRONLY, DataMap::whole_file(), f),
-    ));
+    s.add_open(open_info(21, 8, libc::O_WRONLY, DataMap::whole_file(), f));
     let conn = control::connect(s.server.path()).unwrap();
-    let (resp, _fds) = control::call(
-        conn.as_fd(),
-        &Request::Adopt {
-            ino: 21,
-            tid: me(),
-            flags: libc::O_WRONLY | libc::O_APPEND,
-            engine: false,
-        },
-    )
-    .unwrap();
-    assert!(matches!(resp, Response::Adopted { .. }));
+    let (resp, _fds) = s.adopt(&conn, 8, libc::O_WRONLY | libc::O_APPEND, false);
+    assert!(matches!(resp, Response::Adopted { .. }), "{resp:?}");
     assert_eq!(s.server.clients(), 1);
     drop(conn);
-    // The connection thread invalidates, then leaves; wait for that without
-    // a timing assumption by polling the observable effect.
-    for _ in 0..1000 {
-        if s.server.clients() == 0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert_eq!(s.server.clients(), 0);
+    eventually("the server notices the client is gone", || {
+        s.server.clients() == 0
+    });
     assert_eq!(*s.fake.invalidated.lock(), vec![21]);
+}
+
+#[test]
+fn forged_closes_change_nothing_and_changed_needs_a_writable_proof() {
+    let s = setup();
+    let w = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&s.backing)
+        .unwrap();
+    s.add_open(open_info(30, 11, libc::O_WRONLY, DataMap::whole_file(), w));
+    s.add_open(open_info(
+        31,
+        12,
+        libc::O_RDONLY,
+        DataMap::whole_file(),
+        File::open(&s.backing).unwrap(),
+    ));
+    let conn = control::connect(s.server.path()).unwrap();
+    for handle in [0, 1, 11, u64::MAX, rand::random()] {
+        let (resp, _) = ask(
+            &conn,
+            &Request::Closed {
+                handle,
+                wrote: true,
+            },
+        );
+        assert_eq!(errno_of(&resp), Some(libc::EBADF), "{resp:?}");
+    }
+    let (resp, _) = ask(&conn, &Request::Changed { proof: [7; 16] });
+    assert_eq!(errno_of(&resp), Some(libc::EACCES), "{resp:?}");
+    let proof = s.prove(&conn, 12);
+    let (resp, _) = ask(&conn, &Request::Changed { proof });
+    assert_eq!(errno_of(&resp), Some(libc::EBADF), "{resp:?}");
+    assert!(s.fake.invalidated.lock().is_empty());
+    let proof = s.prove(&conn, 11);
+    let (resp, _) = ask(&conn, &Request::Changed { proof });
+    assert_eq!(resp, Response::Done);
+    assert_eq!(*s.fake.invalidated.lock(), vec![30]);
 }
 
 #[test]
@@ -489,77 +637,158 @@ fn version_mismatch_is_refused_and_drop_removes_the_socket() {
     )
     .unwrap();
     let (resp, _) = control::recv::<Response>(sock.as_fd()).unwrap().unwrap();
-    assert!(matches!(
-        resp,
-        Response::Refused {
-            errno: libc::EPROTO,
-            ..
-        }
-    ));
+    assert_eq!(errno_of(&resp), Some(libc::EPROTO), "{resp:?}");
+    // ...and the connection is closed.
+    assert!(control::recv::<Response>(sock.as_fd()).unwrap().is_none());
     let path = s.server.path().to_path_buf();
     let held = control::connect(&path).unwrap();
     drop(s.server);
     assert!(!path.exists());
     // The server closed our connection rather than leave it hanging.
-    assert!(control::recv::<Response>(held.as_fd()).unwrap().is_none());
+    assert!(control::recv::<Response>(held.sock.as_fd())
+        .unwrap()
+        .is_none());
 }
 
 #[test]
-fn hello_carries_the_generation_table() {
-    let s = setup_with(Some(Generations::create().unwrap()));
+fn the_first_adoption_carries_the_generation_table() {
+    let s = setup_with(
+        Fake {
+            generations: Some(Generations::create().unwrap()),
+            ..Fake::default()
+        },
+        None,
+    );
     let daemon = s.fake.generations.as_ref().unwrap();
     daemon.bump(33);
-    let (conn, table) = control::connect_with_generations(s.server.path()).unwrap();
-    let table = table.expect("the daemon has a table, Hello must carry it");
+    for fh in [6, 7] {
+        s.add_open(open_info(
+            33,
+            fh,
+            libc::O_RDONLY,
+            DataMap::whole_file(),
+            File::open(&s.backing).unwrap(),
+        ));
+    }
+    let conn = control::connect(s.server.path()).unwrap();
+    let (resp, mut fds) = s.adopt(&conn, 6, libc::O_RDONLY, false);
+    let Response::Adopted {
+        files, generations, ..
+    } = resp
+    else {
+        panic!("refused: {resp:?}");
+    };
+    assert!(generations);
+    let table = control::take_generations(&mut fds, files, generations)
+        .expect("the first adoption must carry the table");
+    assert_eq!(fds.len(), 1, "the backing file stays");
     assert!(!table.is_writable());
-    assert_eq!(table.token(33), 1);
-    daemon.bump(33);
-    assert_eq!(table.token(33), 2);
-    // An adoption is reported to the registry before the answer, so its bump
-    // is visible as soon as the client has the map.
-    let f = File::open(&s.backing).unwrap();
-    s.fake.opens.lock().push((
-        me(),
-        open_info(33, 6, libc::O_RDONLY, DataMap::whole_file(), f),
-    ));
-    let (resp, _fds) = control::call(
-        conn.as_fd(),
-        &Request::Adopt {
-            ino: 33,
-            tid: me(),
-            flags: libc::O_RDONLY,
-            engine: false,
-        },
-    )
-    .unwrap();
-    assert!(matches!(resp, Response::Adopted { .. }), "{resp:?}");
+    // An adoption is reported to the registry before the answer, so its
+    // bump is visible as soon as the client has the map.
     assert_eq!(*s.fake.adopting.lock(), vec![6]);
+    assert_eq!(table.token(33), 2);
+    daemon.bump(33);
     assert_eq!(table.token(33), 3);
-    // Plain connect still works (and closes the table it was sent).
+    // Later adoptions on the connection do not send it again.
+    let (resp, fds) = s.adopt(&conn, 7, libc::O_RDONLY, false);
+    assert!(
+        matches!(
+            resp,
+            Response::Adopted {
+                files: 1,
+                generations: false,
+                ..
+            }
+        ),
+        "{resp:?}"
+    );
+    assert_eq!(fds.len(), 1);
+}
+
+#[test]
+fn hello_status_and_a_writeback_cache_mount() {
+    let s = setup_with(
+        Fake {
+            writeback: true,
+            ..Fake::default()
+        },
+        None,
+    );
+    s.add_open(open_info(
+        40,
+        1,
+        libc::O_RDONLY,
+        DataMap::whole_file(),
+        File::open(&s.backing).unwrap(),
+    ));
+    let conn = control::connect(s.server.path()).unwrap();
+    assert!(conn.writeback_cache);
+    let (resp, fds) = s.adopt(&conn, 1, libc::O_RDONLY, false);
+    assert_eq!(errno_of(&resp), Some(libc::EOPNOTSUPP), "{resp:?}");
+    assert!(fds.is_empty());
+    let st = control::status(s.server.path()).unwrap();
+    assert_eq!(st.pid, std::process::id());
+    assert!(st.writeback_cache);
+    assert_eq!(st.open_files, 1);
+    assert_eq!(st.clients, 2, "this connection and the status one");
+}
+
+#[test]
+fn connections_are_capped_per_user_and_idle_ones_closed() {
+    let s = setup_with(
+        Fake::default(),
+        Some(Limits {
+            total: 8,
+            per_uid: 2,
+            idle: std::time::Duration::from_millis(100),
+        }),
+    );
+    s.add_open(open_info(
+        50,
+        1,
+        libc::O_WRONLY,
+        DataMap::whole_file(),
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&s.backing)
+            .unwrap(),
+    ));
+    let a = control::connect(s.server.path()).unwrap();
+    let (resp, _fds) = s.adopt(&a, 1, libc::O_WRONLY, false);
+    assert!(matches!(resp, Response::Adopted { .. }), "{resp:?}");
+    let b = control::connect(s.server.path()).unwrap();
+    let e = control::connect(s.server.path()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EUSERS), "{e}");
+    // The idle connection (nothing adopted) is closed; the one holding an
+    // adoption is kept.
+    assert!(
+        control::recv::<Response>(b.sock.as_fd()).unwrap().is_none(),
+        "the idle connection was not closed"
+    );
+    eventually("room for a new connection", || s.server.clients() == 1);
+    let (resp, _) = ask(&a, &Request::Status);
+    assert!(matches!(resp, Response::Status(_)), "{resp:?}");
     control::connect(s.server.path()).unwrap();
 }
 
 #[test]
-fn hello_without_a_table_says_so() {
+fn descriptors_sent_to_the_daemon_are_refused() {
     let s = setup();
-    let sock = raw_connect(s.server.path());
-    let (resp, fds) = control::call(
-        sock.as_fd(),
-        &Request::Hello {
-            version: control::VERSION,
-        },
-    )
-    .unwrap();
-    assert_eq!(
-        resp,
-        Response::Hello {
-            version: control::VERSION,
-            generations: false
+    let conn = control::connect(s.server.path()).unwrap();
+    let pipe = rustix::pipe::pipe().unwrap();
+    let res = control::send(conn.sock.as_fd(), &Request::Status, &[pipe.0.as_fd()]);
+    match res {
+        // Linux 6.16+: SO_PASSRIGHTS off, the kernel refuses.
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}"),
+        // Older kernels: the daemon drops the connection.
+        Ok(()) => {
+            assert!(control::recv::<Response>(conn.sock.as_fd())
+                .unwrap()
+                .is_none());
         }
-    );
-    assert!(fds.is_empty());
-    let (_conn, table) = control::connect_with_generations(s.server.path()).unwrap();
-    assert!(table.is_none());
+    }
+    // The server still serves others.
+    control::status(s.server.path()).unwrap();
 }
 
 /// A connected control socket that has said nothing yet (no Hello).

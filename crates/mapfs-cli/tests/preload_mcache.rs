@@ -2,7 +2,9 @@
 //! unchanged file is adopted without a daemon round trip; any change made
 //! by another process through the mount (rename, truncate, write+close,
 //! unlink and re-create) is seen at the next open, which asks the daemon
-//! again. Bytes are checked at every step.
+//! again. Bytes are checked at every step. The generation table comes with
+//! a connection's first adoption (only clients that adopt see it), so the
+//! first open of a process is never cached.
 
 mod common;
 mod preload_support;
@@ -73,6 +75,10 @@ fn map_cache(mode: DataMode) {
             "{test}: re-opening unchanged after {what} must hit the cache"
         );
     };
+    // The first adoption brings the table; nothing could be cached with it.
+    let (h, got) = read(&mut r, "r");
+    assert!(got == want, "{test}: bytes of the first open");
+    assert_eq!(h, 0, "{test}: the first open cannot be cached (no table yet)");
     step(&mut r, "the first open", &want, &mut hits);
     // A writable open may change the file: it asks the daemon, and its
     // close invalidates what anyone cached (the size may have changed).

@@ -58,6 +58,7 @@ use crate::control::proofs::Proofs;
 use crate::control::tokens::MapTokens;
 use crate::handles::{Handles, OpenDir, OpenFile, SizeChange};
 use crate::inodes::{Inodes, ROOT};
+use crate::ratelimit::RateLimited;
 use crate::registry::{OpenInfo, OpenRegistry};
 
 /// How data requests are executed.
@@ -142,6 +143,11 @@ pub struct Shared {
     /// When the adapter was made (the mount's start).
     started: SystemTime,
 }
+
+/// Warnings any user of the mount can cause, each at most once per
+/// interval (see [`crate::ratelimit`]).
+static LENT_IO: RateLimited = RateLimited::new(Duration::from_secs(10));
+static RELEASE_FAILED: RateLimited = RateLimited::new(Duration::from_secs(10));
 
 /// The `fuser::Filesystem` implementation.
 pub struct Adapter(Arc<Shared>);
@@ -455,10 +461,13 @@ impl Shared {
     fn data_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>> {
         let file = self.open_file(fh)?;
         if file.lent.load(Ordering::Acquire) {
-            warn!(
-                fh = fh.0,
-                "I/O through the mount on an open a shim client is executing; refused"
-            );
+            LENT_IO.log(|held_back| {
+                warn!(
+                    fh = fh.0,
+                    held_back,
+                    "I/O through the mount on an open a shim client is executing; refused"
+                )
+            });
             return Err(Error::from_errno(libc::EIO));
         }
         Ok(file)
@@ -650,7 +659,13 @@ impl Shared {
         drop(file);
         self.handles.prune_backing(ino);
         if let Err(e) = &res {
-            warn!(path = %self.inodes.path(ino).unwrap_or_default().display(), "release failed: {e}");
+            RELEASE_FAILED.log(|held_back| {
+                warn!(
+                    path = %self.inodes.path(ino).unwrap_or_default().display(),
+                    held_back,
+                    "release failed: {e}"
+                )
+            });
         }
         Ok(())
     }

@@ -46,10 +46,18 @@
 //!   fails with `EMFILE` gets them back: the shim empties its map cache,
 //!   releases the kept opens that hold no lock, and makes the open again.
 //! - Nothing is adopted on a daemon-mode mount with the kernel writeback
-//!   cache (`--data daemon`, default `--writeback-cache on`; `mapfs run`
-//!   detects it and says so): the kernel would keep its own stale sizes of
-//!   files written natively. Use `--writeback-cache off` or a passthrough
-//!   mount for the fast path.
+//!   cache (`--data daemon`, default `--writeback-cache on`; the daemon says
+//!   so at Hello, refuses adoptions there, and `mapfs run` warns): the
+//!   kernel would keep its own stale sizes of files written natively. Use
+//!   `--writeback-cache off` or a passthrough mount for the fast path.
+//!
+//! # Security
+//!
+//! The shim asks the daemon only for opens it holds, and proves it with an
+//! ioctl on the application's own descriptor of the mount file
+//! ([`mapfs::control::prove`]): the kernel, not the shim, tells the daemon
+//! which open that is. The daemon hands back a descriptor with that open's
+//! access mode, so a process never gets a file its uid could not open.
 
 #![warn(missing_docs)]
 

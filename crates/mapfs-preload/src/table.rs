@@ -5,7 +5,7 @@
 //!
 //! Every descriptor the application holds stays a real kernel descriptor.
 //! An `open` goes through the mount first (the kernel checks permissions,
-//! the daemon records the open with the caller's pid); a regular file on an
+//! the daemon records the open); a regular file on an
 //! attached mount becomes [`PENDING`]. Once it is used for real (the
 //! [`Policy`]: a few data calls, one large call, or any mmap, lock,
 //! fadvise, fallocate, sendfile/splice/copy_file_range, stdio stream), the
@@ -24,12 +24,11 @@
 //!
 //! Adoption is lazy so that metadata-only opens (`create`+`close`,
 //! `open`+`fstat`) and small ones cost no daemon round trip beyond the
-//! mount's own. The kernel names a FUSE request's opener by its thread id,
-//! so the daemon finds an open only while its opener thread lives: a file
-//! opened by a thread that is gone before the file is used is served
-//! through the mount. A file the shim cannot serve (daemon unreachable,
-//! refused) becomes [`MOUNT`]: it keeps working through the mount, never an
-//! error.
+//! mount's own. An adoption proves possession of the open with an ioctl on
+//! the descriptor itself, so it works whichever thread or process opened it
+//! (inherited across `fork`/`exec`, received over a socket). A file the
+//! shim cannot serve (daemon unreachable, refused) becomes [`MOUNT`]: it
+//! keeps working through the mount, never an error.
 //!
 //! A map that is not whole-file 1-to-1 (an append log per open, as `plfs`
 //! gives, or read-only pieces) is *lent* instead ([`ENGINE`]): the

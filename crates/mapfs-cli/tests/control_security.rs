@@ -355,7 +355,10 @@ fn assert_adopt_refused(v: &Victim, line: &Value) {
 /// killed and reaped, and it tries again. `None` when it never got it.
 fn spawn_with_pid(want: i32, mut make: impl FnMut() -> Command) -> Option<Child> {
     for _ in 0..200 {
-        fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", want - 1)).ok()?;
+        if let Err(e) = fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", want - 1)) {
+            eprintln!("!!!!! cannot write /proc/sys/kernel/ns_last_pid: {e} !!!!!");
+            return None;
+        }
         let mut child = make().spawn().unwrap();
         if child.id() as i32 == want {
             return Some(child);
@@ -369,8 +372,9 @@ fn spawn_with_pid(want: i32, mut make: impl FnMut() -> Command) -> Option<Child>
 /// Says loudly that a pid could not be forced; the caller returns.
 fn pid_not_forced(test: &str, what: &str) {
     eprintln!(
-        "!!!!! SKIPPED {test}: could not give the attacker {what} after 200 tries \
-         (other processes kept taking it); THIS ATTACK WAS NOT TRIED !!!!!"
+        "!!!!! SKIPPED {test}: could not give the attacker {what} \
+         (ns_last_pid not writable, or other processes took the pid 200 times); \
+         THIS ATTACK WAS NOT TRIED !!!!!"
     );
 }
 
@@ -675,12 +679,12 @@ fn descriptor_exhaustion() {
         "{test}: {accepted} connections accepted, cap {limits:?}: {got}"
     );
     assert!(accepted >= 1, "{test}: nothing accepted at all: {got}");
-    // Refused ones are told EUSERS, or find the connection reset when the
-    // daemon closed it before reading their Hello.
-    let refused = got["refused_eusers"].as_u64().unwrap()
-        + got["outcomes"][format!("error:{}", libc::ECONNRESET)]
-            .as_u64()
-            .unwrap_or(0);
+    // Refused ones are told EUSERS, or find the connection reset or
+    // closed when the daemon closed it before reading their Hello.
+    let eusers = got["refused_eusers"].as_u64().unwrap();
+    assert!(eusers >= 1, "{test}: nobody was told EUSERS: {got}");
+    let other = |k: String| got["outcomes"][k].as_u64().unwrap_or(0);
+    let refused = eusers + other(format!("error:{}", libc::ECONNRESET)) + other("closed".into());
     assert_eq!(
         accepted as u64 + refused,
         2000,
@@ -789,7 +793,7 @@ fn pid_file_does_not_steer_writeback_decision() {
         "{test}"
     );
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("writeback cache on"),
+        String::from_utf8_lossy(&out.stderr).contains("writeback cache"),
         "{test}: mapfs run did not say the mount is served through the mount: {}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -802,6 +806,52 @@ fn pid_file_does_not_steer_writeback_decision() {
     let backing = fs::read(v.backing().join("drop/written")).unwrap();
     assert_eq!(backing.len(), 700000, "{test}: backing size");
     v.assert_serves();
+}
+
+/// A forged pid in the pid file must not steer `mapfs umount`: with `1`
+/// (init, always alive) it must not wait 30 s, and with garbage it must
+/// still wait until the daemon is gone; the pid file must not be writable
+/// by others. Ignored until the pid-file branch lands: on this branch the
+/// pid file is 0666 and `mapfs umount` waits on whatever pid it holds.
+#[test]
+#[ignore = "fails until the pid-file branch lands (0666 pid files; umount trusts them)"]
+fn pid_file_does_not_steer_umount() {
+    let test = "pid file / umount";
+    if !ready(test, &[]) {
+        return;
+    }
+    for forged in ["1", "garbage"] {
+        let mut v = Victim::mount(test, DataMode::Auto);
+        let daemon = v.status().pid;
+        let pidfile =
+            PathBuf::from("/run/mapfs").join(format!("{}.pid", control::escape(v.mountpoint())));
+        let mode = fs::metadata(&pidfile).unwrap().permissions().mode() & 0o777;
+        fs::write(&pidfile, format!("{forged}\n")).unwrap();
+        let start = Instant::now();
+        let out = v.session.as_mut().unwrap().umount_settled().unwrap();
+        let took = start.elapsed();
+        let alive = fs::read_to_string(format!("/proc/{daemon}/stat")).is_ok_and(|st| {
+            !st.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        });
+        assert!(out.success(), "{test}: umount with {forged:?}: {out:?}");
+        assert!(
+            !alive,
+            "{test}: umount returned before the daemon exited (pid file {forged:?})"
+        );
+        assert!(
+            took < Duration::from_secs(15),
+            "{test}: umount took {took:?} with pid file {forged:?}"
+        );
+        assert_eq!(
+            mode & 0o022,
+            0,
+            "{test}: the pid file is writable by others ({mode:o})"
+        );
+    }
 }
 
 /// 20,000 connect + garbage + close cycles (and a burst of refused

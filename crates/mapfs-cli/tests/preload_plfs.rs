@@ -48,10 +48,17 @@ fn plfs(test: &str) -> Option<MountSession> {
 /// The Python exerciser under the shim; `skip` leaves operations out.
 /// Returns the shim's totals.
 fn pyfsx(s: &MountSession, test: &str, seed: u64, skip: &str) -> (String, Totals) {
+    pyfsx_with(s, test, seed, skip, false)
+}
+
+/// [`pyfsx`], with `raw`: copy_file_range and some preads by `syscall(2)`
+/// and a reopen every 8 operations (`PYFSX_RAW`).
+fn pyfsx_with(s: &MountSession, test: &str, seed: u64, skip: &str, raw: bool) -> (String, Totals) {
     let report = report_path(s, &format!("pyfsx-{seed}"));
     let file = s.mountpoint().join(format!("fsx.{seed}"));
     let model = s.scratch().unwrap().join(format!("model.{seed}"));
     let out = ok(attached(s, &report, "python3")
+        .env("PYFSX_RAW", if raw { "1" } else { "0" })
         .arg("-c")
         .arg(EXERCISER)
         .arg(&file)
@@ -112,6 +119,124 @@ fn python_fsx_plfs_hand_back() {
     assert!(
         t.fallbacks > 0 && t.mount_calls > 0,
         "{test}: nothing was handed back: {t:?}"
+    );
+}
+
+/// System calls the shim cannot see (made with `syscall(2)`, as Go, static
+/// and io_uring programs do) on lent writers: each either fails the
+/// documented way on the placeholder (`EBADF`; `ESPIPE` for `pread`) or,
+/// on a descriptor that is not lent, returns the model's bytes; never a
+/// short or zero copy that contradicts the program's own writes (issue 16).
+/// Several seeds, a reopen every 8 operations.
+#[test]
+fn python_fsx_plfs_raw_calls() {
+    let test = "preload python fsx plfs (raw system calls)";
+    let Some(s) = plfs(test) else { return };
+    if !have("python3") {
+        return;
+    }
+    let mut refused = 0;
+    for seed in [20_261_201, 20_261_202, 20_261_203] {
+        let (line, t) = pyfsx_with(&s, test, seed, "", true);
+        assert!(
+            t.adopted > 1,
+            "{test}: seed {seed}: nothing was lent: {t:?}"
+        );
+        refused +=
+            line.matches("('copy_file_range', ").count() + line.matches("('pread', ").count();
+    }
+    assert!(
+        refused > 0,
+        "{test}: no raw call ever met a lent descriptor, so the placeholder was not exercised"
+    );
+}
+
+/// Each data call made outside libc on a lent writer, after writes the
+/// daemon has not seen: the documented error, the same every time, and the
+/// file's bytes are the program's at its close.
+#[test]
+fn raw_calls_on_a_lent_writer_fail_the_documented_way() {
+    let test = "preload plfs raw calls on a lent writer";
+    let Some(s) = plfs(test) else { return };
+    if !have("python3") {
+        return;
+    }
+    const SCRIPT: &str = r#"
+import os, sys, ctypes, errno, fcntl
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+path, other = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+data = bytes(range(256)) * 400
+for i in range(0, len(data), 10000):
+    os.write(fd, data[i:i + 10000])
+assert libc.mapfs_preload_fd_status(fd) == 6, 'not lent'
+fd2 = os.open(other, os.O_RDWR | os.O_CREAT, 0o644)
+buf = ctypes.create_string_buffer(4096)
+L = ctypes.c_longlong
+calls = {
+    'read': (0, fd, buf, 4096),
+    'pread64': (17, fd, buf, 4096, L(0)),
+    'pwrite64': (18, fd, buf, 4096, L(0)),
+    'write': (1, fd, buf, 4096),
+    'lseek_end': (8, fd, L(0), 2),
+    'lseek_data': (8, fd, L(0), 3),
+    'fallocate': (285, fd, 0, L(0), L(8192)),
+    'ftruncate': (77, fd, L(10)),
+    'cfr_from': (326, fd, None, fd2, None, ctypes.c_size_t(4096), 0),
+    'cfr_into': (326, fd2, None, fd, None, ctypes.c_size_t(4096), 0),
+    'fsync': (74, fd),
+}
+for name, args in sorted(calls.items()):
+    seen = set()
+    for _ in range(3):
+        ctypes.set_errno(0)
+        r = libc.syscall(*args)
+        seen.add((r, errno.errorcode.get(ctypes.get_errno(), ctypes.get_errno())))
+    assert len(seen) == 1, (name, seen)
+    print(name, *seen.pop())
+assert os.fstat(fd).st_size == len(data), os.fstat(fd).st_size
+assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR
+fcntl.lockf(fd, fcntl.LOCK_EX, 100)
+os.fsync(fd)
+os.close(fd); os.close(fd2)
+"#;
+    let report = report_path(&s, "raw");
+    let file = s.mountpoint().join("raw.bin");
+    let other = s.mountpoint().join("other.bin");
+    let out = ok(attached(&s, &report, "python3")
+        .env("MAPFS_PRELOAD_ADOPT_CALLS", "1")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(&file)
+        .arg(&other));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{test}:\n{text}");
+    let answer = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{test}: no answer for {name}"))
+            .to_string()
+    };
+    for (name, want) in [
+        ("read", "-1 EBADF"),
+        ("write", "-1 EBADF"),
+        ("pread64", "-1 ESPIPE"),
+        ("pwrite64", "-1 ESPIPE"),
+        ("lseek_end", "-1 ESPIPE"),
+        ("lseek_data", "-1 ESPIPE"),
+        ("fallocate", "-1 EBADF"),
+        ("ftruncate", "-1 EINVAL"),
+        ("cfr_from", "-1 EBADF"),
+        ("cfr_into", "-1 EBADF"),
+        ("fsync", "-1 EIO"),
+    ] {
+        assert_eq!(answer(name), want, "{test}: {name}");
+    }
+    let want: Vec<u8> = (0..400).flat_map(|_| 0..=255u8).collect();
+    assert!(
+        std::fs::read(&file).unwrap() == want,
+        "{test}: bytes after close differ from what the program wrote"
     );
 }
 

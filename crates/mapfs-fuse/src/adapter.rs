@@ -144,6 +144,9 @@ pub struct Shared {
     started: SystemTime,
 }
 
+/// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
+pub const PLACEHOLDER_ACCESS: i32 = 3;
+
 /// Warnings any user of the mount can cause, each at most once per
 /// interval (see [`crate::ratelimit`]).
 static LENT_IO: RateLimited = RateLimited::new(Duration::from_secs(10));
@@ -449,6 +452,25 @@ impl Shared {
     }
 
     /// The open file of a FUSE handle (`EBADF` for an unknown one).
+    /// Opens a *placeholder* of `ino` (an `open(2)` with access mode 3,
+    /// neither read nor write, which needs permission for both): the
+    /// descriptor a shim client puts under the application's number while
+    /// it runs a writable open's map itself. Metadata calls (`fstat`,
+    /// `fchmod`, locks, `ioctl`) work on it; reads, writes,
+    /// `copy_file_range`, `fallocate`, `ftruncate` and `mmap` fail in the
+    /// kernel (`EBADF`/`EACCES`), `lseek` and `pread` with `ESPIPE`
+    /// (non-seekable), and `fsync` here with `EIO`: a call the client
+    /// cannot see never gets an answer older than the client's writes. The
+    /// file system is not asked to open anything.
+    fn open_placeholder(&self, c: &Ctx, ino: u64, path: &Path) -> Result<u64> {
+        let attr = self.fs.getattr(c, path)?;
+        if attr.kind != FileKind::File {
+            return Err(Error::from_errno(libc::EINVAL));
+        }
+        self.fs.access(c, path, libc::R_OK | libc::W_OK)?;
+        Ok(self.handles.add_placeholder(ino))
+    }
+
     fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>> {
         self.handles
             .file(fh.0)
@@ -456,11 +478,16 @@ impl Shared {
     }
 
     /// The open file of a FUSE handle, for a data call through the mount:
-    /// `EIO` while a shim client executes it (see [`OpenFile::lent`]), which
-    /// only a call the shim cannot see (io_uring, a raw syscall) can reach.
+    /// `EIO` while a shim client executes it with writes the daemon has not
+    /// seen (see [`OpenFile::lent`]). The client's descriptor is then a
+    /// placeholder (see [`Shared::open_placeholder`]) on which such calls
+    /// fail in the kernel; only the client's own kept open could get here.
     fn data_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>> {
         let file = self.open_file(fh)?;
-        if file.lent.load(Ordering::Acquire) {
+        // A read-only lent open's map cannot change in the client, so the
+        // daemon's copy answers as the client would; a writable one's may be
+        // older than the client's writes.
+        if file.lent.load(Ordering::Acquire) && file.flags & libc::O_ACCMODE != libc::O_RDONLY {
             LENT_IO.log(|held_back| {
                 warn!(
                     fh = fh.0,
@@ -1078,6 +1105,11 @@ impl Filesystem for Adapter {
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.path(ino));
+        if flags.0 & libc::O_ACCMODE == PLACEHOLDER_ACCESS {
+            let fh = tri!(reply, s.open_placeholder(&c, ino.0, &path));
+            reply.opened(FileHandle(fh), FopenFlags::FOPEN_NONSEEKABLE);
+            return;
+        }
         let fs_flags = s.open_flags_for_fs(flags.0);
         let opened = tri!(
             reply,
@@ -1155,6 +1187,10 @@ impl Filesystem for Adapter {
         // Writes reach the backing files synchronously; only a map that is
         // not whole-file has something to persist (whole-file opens ask the
         // kernel for no FLUSH at all).
+        if self.0.handles.is_placeholder(fh.0) {
+            reply.ok();
+            return;
+        }
         let file = tri!(reply, self.0.open_file(fh));
         tri!(reply, self.0.persist_map(&file));
         reply.ok();
@@ -1170,6 +1206,10 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.0.handles.remove_placeholder(fh.0) {
+            reply.ok();
+            return;
+        }
         tri!(reply, self.0.release_file(fh.0));
         reply.ok();
     }
@@ -1182,6 +1222,12 @@ impl Filesystem for Adapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.0.handles.is_placeholder(fh.0) {
+            // The client's writes are in its map until it pushes it: a sync
+            // of the placeholder alone would claim durability it lacks.
+            reply.error(Errno::EIO);
+            return;
+        }
         let file = tri!(reply, self.0.open_file(fh));
         tri!(reply, file.data.fsync(datasync));
         tri!(reply, self.0.persist_map(&file));

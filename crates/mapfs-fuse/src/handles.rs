@@ -68,6 +68,8 @@ pub struct Handles {
     /// `unflushed.len()`, a lock-free "none" for [`Handles::written_size`]
     /// (asked at every attribute reply).
     unflushed_count: AtomicUsize,
+    /// Placeholder opens (no data), by handle, with their inode.
+    placeholders: Mutex<HashMap<u64, u64>>,
 }
 
 /// The size of an inode as changes through non-whole-file opens left it,
@@ -115,6 +117,23 @@ impl Handles {
     /// The open file `fh`.
     pub fn file(&self, fh: u64) -> Option<Arc<OpenFile>> {
         self.files.read().get(&fh).cloned()
+    }
+
+    /// Registers a placeholder open of `ino`; returns its handle.
+    pub fn add_placeholder(&self, ino: u64) -> u64 {
+        let fh = self.next_fh();
+        self.placeholders.lock().insert(fh, ino);
+        fh
+    }
+
+    /// True if `fh` is a placeholder open.
+    pub fn is_placeholder(&self, fh: u64) -> bool {
+        self.placeholders.lock().contains_key(&fh)
+    }
+
+    /// Forgets the placeholder open `fh`; false if it is not one.
+    pub fn remove_placeholder(&self, fh: u64) -> bool {
+        self.placeholders.lock().remove(&fh).is_some()
     }
 
     /// Number of open files.

@@ -25,9 +25,9 @@
 //!   in `MAPFS_PRELOAD_ADOPTED` and the new image re-adopts them.
 //! - `close_range`/`closefrom`, `openat2` (no glibc wrapper), `io_uring`,
 //!   POSIX AIO: nothing to do for adopted descriptors; others go through
-//!   the mount. (The daemon answers `EIO` to data calls through the mount
-//!   on a lent open, so such a call fails rather than miss or overwrite the
-//!   shim's writes.)
+//!   the mount. (A writably lent descriptor is a placeholder open with
+//!   neither read nor write access, so such a call fails with `EBADF`
+//!   rather than miss or overwrite the shim's writes; see [`crate::lent`].)
 //!
 //! Variadic C functions (`open`, `openat`, `fcntl`) are defined here with
 //! their optional argument as a fixed one: on the x86-64 and AArch64 Linux
@@ -386,12 +386,20 @@ fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             }
         }
         libc::F_SETFL => {
+            // A writably lent descriptor's own open is kept aside; its
+            // number holds a placeholder whose flags do not matter.
+            let target = table::engine_target(fd).unwrap_or(fd);
             // SAFETY: as above.
-            let r = unsafe { real(fd, cmd, arg) };
+            let r = unsafe { real(target, cmd, arg) };
             if r == 0 {
                 lent_calls::flags_set(fd);
             }
             r
+        }
+        libc::F_GETFL => {
+            let target = table::engine_target(fd).unwrap_or(fd);
+            // SAFETY: as above.
+            unsafe { real(target, cmd, arg) }
         }
         // SAFETY: as above.
         _ => unsafe { real(fd, cmd, arg) },
@@ -402,10 +410,10 @@ fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// [`table::lock_target`]), or `None` to lock `fd` itself.
 fn lock_target(fd: c_int, posix: bool) -> Option<c_int> {
     if table::state(fd) == table::ENGINE {
-        // The descriptor is the mount's open, but its offset (and the size
-        // its writes gave the file) are the shim's: lock it itself, with
-        // offsets made absolute here.
-        return Some(fd);
+        // The mount's open (kept aside under a writable lending's
+        // placeholder), but its offset (and the size its writes gave the
+        // file) are the shim's: lock it, with offsets made absolute here.
+        return Some(table::engine_target(fd).unwrap_or(fd));
     }
     if table::state(fd) != ADOPTED {
         return None;
@@ -773,13 +781,13 @@ hooks! {
     fn fsync(fd: c_int) -> c_int = |real| {
         match lent_calls::fsync(fd, false) {
             Some(r) => r,
-            None => real(fd),
+            None => real(table::engine_target(fd).unwrap_or(fd)),
         }
     }
     fn fdatasync(fd: c_int) -> c_int = |real| {
         match lent_calls::fsync(fd, true) {
             Some(r) => r,
-            None => real(fd),
+            None => real(table::engine_target(fd).unwrap_or(fd)),
         }
     }
 

@@ -1,14 +1,27 @@
 //! Opens lent to this process: maps that are not whole-file 1-to-1 (an
 //! append log, read-only pieces), executed by the data engine in-process.
 //!
-//! The application's descriptor stays its open through the mount (the
-//! *placeholder*, libplfs's idea): locks, `fstat`'s identity, `fcntl` flags
+//! The application's descriptor stays a descriptor of the mount file (the
+//! *placeholder*, libplfs's idea): `fstat`'s identity, `fchmod`, `ioctl`
 //! and the final `close` are the mount's. Only the data calls the shim hooks
 //! run here, against the map and backing descriptors the daemon lent
 //! ([`mapfs::control::Request::Adopt`] with `engine`). The offset lives here
 //! too, shared by the descriptors `dup`ed from the one open (as the kernel
-//! shares it); the placeholder's own offset is set from it when the open is
+//! shares it); the open's own offset is set from it when the open is
 //! handed back to the mount.
+//!
+//! For a *writable* lending the placeholder is a second open of the file
+//! with access mode 3 (neither read nor write), and the open itself is kept
+//! at a high descriptor number, where locks, `F_GETFL`/`F_SETFL` and the
+//! sync after a pushed map go. A call the shim cannot see (a raw system
+//! call, io_uring) on the application's number then fails the same way
+//! every time: `read`/`write`/`pread`/`pwrite`/`copy_file_range`/
+//! `fallocate`/`ftruncate` with `EBADF`, `lseek` with `ESPIPE`, `mmap`
+//! with `EACCES`, `fsync` with `EIO`, instead of reaching the daemon, or the
+//! kernel's cached size, with a map older than the program's writes. A
+//! read-only lending keeps the open itself under the application's number:
+//! its map cannot change here, so the daemon answers such calls exactly as
+//! the shim would. Hand-back puts the open back under every number.
 //!
 //! An open is handed back (its map pushed to the daemon, the kernel offset
 //! set, the lending ended) before anything the shim cannot run itself sees

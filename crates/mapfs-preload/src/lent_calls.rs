@@ -240,7 +240,8 @@ pub fn flags_set(fd: RawFd) {
         return;
     }
     if let Some(_g) = Guard::enter() {
-        if let (Some(l), Ok(f)) = (table::lent(fd), rustix::fs::fcntl_getfl(sys::fd(fd))) {
+        let target = table::engine_target(fd).unwrap_or(fd);
+        if let (Some(l), Ok(f)) = (table::lent(fd), rustix::fs::fcntl_getfl(sys::fd(target))) {
             l.set_flags(f.bits() as i32);
         }
     }

@@ -331,7 +331,10 @@ pub fn hand_back(entry: &Entry, why: &str) {
     let Some(lent) = inner.lent.take() else {
         return;
     };
-    if let Some(&fd) = inner.fds.first() {
+    // A writable lending put placeholders under the application's numbers
+    // and kept the open itself aside: it comes back now.
+    let open = inner.kept.take().and_then(|k| k.live(entry.dev, entry.ino));
+    if let Some(fd) = open.or(inner.fds.first().copied()) {
         let _ = rustix::fs::seek(sys::fd(fd), rustix::fs::SeekFrom::Start(lent.offset()));
     }
     if let Some(m) = mounts::all().get(entry.mount) {
@@ -340,6 +343,16 @@ pub fn hand_back(entry: &Entry, why: &str) {
             handle: lent.handle,
             wrote: lent.wrote(),
         });
+    }
+    if let Some(k) = open {
+        for &fd in &inner.fds {
+            if let Err(e) = sys::dup_over(sys::fd(k), fd, sys::cloexec(fd)) {
+                sys::log(format_args!(
+                    "fd {fd}: cannot put the mount's open back ({e}); it stays a placeholder"
+                ));
+            }
+        }
+        close_kept(Kept { fd: k }, entry.dev, entry.ino);
     }
     if let Some(&fd) = inner.fds.first() {
         // The daemon dropped the kernel's cached attributes, but the kernel
@@ -526,6 +539,16 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
             files,
             handle: 0,
         });
+        if writable {
+            if let Err(why) = put_placeholders(entry, inner) {
+                // Nothing was written: end the lending, stay on the mount.
+                let _ = mount.call(&Request::Closed {
+                    handle,
+                    wrote: false,
+                });
+                return Err(why);
+            }
+        }
         inner.lent = Some(Arc::new(Lent::new(handle, data, offset, flags)));
         return Ok(Status::Lent);
     }
@@ -564,6 +587,51 @@ fn install(
     }
     inner.kept = kept;
     Ok(())
+}
+
+/// Puts a placeholder under every descriptor of a writably lent entry and
+/// keeps the open itself at a high number (see [`crate::lent`]): calls the
+/// shim cannot see (raw system calls, io_uring) then fail on the
+/// placeholder instead of reaching the mount with a map older than the
+/// shim's writes.
+fn put_placeholders(entry: &Entry, inner: &mut Inner) -> Result<(), String> {
+    let &first = inner.fds.first().ok_or("no descriptor")?;
+    let kept = keep_mount_open(first).ok_or("no descriptor number to keep the mount's open")?;
+    // Access mode 3: neither read nor write (the daemon's placeholder open).
+    let access = rustix::fs::OFlags::from_bits_retain(3) | rustix::fs::OFlags::CLOEXEC;
+    let placeholder = match rustix::fs::open(
+        format!("/proc/self/fd/{first}").as_str(),
+        access,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            close_kept(kept, entry.dev, entry.ino);
+            return Err(format!("no placeholder for a writable lending: {e}"));
+        }
+    };
+    for (i, &fd) in inner.fds.iter().enumerate() {
+        if let Err(e) = sys::dup_over(placeholder.as_fd(), fd, sys::cloexec(fd)) {
+            for &done in &inner.fds[..i] {
+                let _ = sys::dup_over(sys::fd(kept.fd), done, sys::cloexec(done));
+            }
+            close_kept(kept, entry.dev, entry.ino);
+            return Err(format!("dup3 over fd {fd}: {e}"));
+        }
+    }
+    inner.kept = Some(kept);
+    Ok(())
+}
+
+/// The open behind a lent descriptor whose number holds a placeholder:
+/// where its locks, status flags and syncs go.
+pub fn engine_target(fd: RawFd) -> Option<RawFd> {
+    if state(fd) != ENGINE {
+        return None;
+    }
+    let e = get(fd)?;
+    let inner = e.inner.lock();
+    inner.kept.and_then(|k| k.live(e.dev, e.ino))
 }
 
 /// A duplicate of the application's mount descriptor `fd`, kept for its
@@ -763,7 +831,9 @@ pub fn reclaim() -> bool {
     let mut freed = false;
     for e in entries {
         let mut inner = e.inner.lock();
-        if inner.locked {
+        // A lent open's kept descriptor is the open itself (the
+        // application's number holds a placeholder).
+        if inner.locked || inner.lent.is_some() {
             continue;
         }
         if let Some(k) = inner.kept.take() {

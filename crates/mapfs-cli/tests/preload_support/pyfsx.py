@@ -1,10 +1,20 @@
 # fsx-style random operations against a byte model, through libc (see
 # preload_fsx.rs). Arguments: path seed ops model_out [skipped,ops]
+# With PYFSX_RAW=1: copy_file_range and an extra 'rawpread' go through
+# syscall(2), which the shim cannot see, and the file is closed and
+# reopened every 8 operations. On a writably lent descriptor (status 6) such
+# a call must fail the documented way (EBADF, ESPIPE for positioned calls);
+# anywhere else it must succeed with the model's bytes.
 import os, sys, mmap, random, ctypes, errno
 path, seed, nops, model_out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 # Optional: operations to leave out, comma-separated.
 skip = set(sys.argv[5].split(',')) if len(sys.argv) > 5 else set()
+raw = os.environ.get('PYFSX_RAW') == '1'
 libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+SYS_PREAD64, SYS_COPY_FILE_RANGE = 17, 326
+LENT = 6
+documented = {}
 status = libc.mapfs_preload_fd_status
 libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 KEEP, PUNCH, ZERO = 1, 2, 16
@@ -37,9 +47,21 @@ def rand_range(grow=True):
     n = rnd.randrange(1, MAXOP + 1)
     return off, min(n, MAXLEN - off) or 1
 
+def raw_refused(name, lent):
+    # The documented answer on a lent writer's placeholder; a failure
+    # anywhere else is a bug.
+    e = ctypes.get_errno()
+    allowed = (errno.EBADF, errno.ESPIPE) if name == 'pread' else (errno.EBADF,)
+    if not lent or e not in allowed:
+        fail('raw %s failed with %s (lent: %s)' % (name, errno.errorcode.get(e, e), lent))
+    documented[name] = documented.get(name, 0) + 1
+
+OPS = ['pwrite', 'write', 'pread', 'read', 'trunc', 'mapread', 'mapwrite',
+       'falloc', 'punch', 'zero', 'copy', 'fsync', 'reopen', 'dup', 'stat']
+if raw: OPS.append('rawpread')
 for i in range(nops):
-    op = rnd.choice([o for o in ['pwrite', 'write', 'pread', 'read', 'trunc', 'mapread', 'mapwrite',
-                     'falloc', 'punch', 'zero', 'copy', 'fsync', 'reopen', 'dup', 'stat'] if o not in skip])
+    op = rnd.choice([o for o in OPS if o not in skip])
+    if raw and i % 8 == 7: op = 'reopen'
     counts[op] = counts.get(op, 0) + 1
     log.append(op)
     size = len(model)
@@ -104,9 +126,29 @@ for i in range(nops):
         src = rnd.randrange(0, size - n + 1)
         dst = rnd.randrange(0, MAXLEN - n)
         if abs(src - dst) < n: continue
-        done = os.copy_file_range(fd, fd, n, src, dst)
+        if raw:
+            lent = status(fd) == LENT
+            a, b = ctypes.c_longlong(src), ctypes.c_longlong(dst)
+            ctypes.set_errno(0)
+            done = libc.syscall(SYS_COPY_FILE_RANGE, fd, ctypes.byref(a), fd, ctypes.byref(b),
+                                ctypes.c_size_t(n), ctypes.c_uint(0))
+            if done < 0:
+                raw_refused('copy_file_range', lent)
+                continue
+        else:
+            done = os.copy_file_range(fd, fd, n, src, dst)
         if done != min(n, size - src): fail('copy_file_range returned %d' % done)
         set_range(dst, bytes(model[src:src + done]))
+    elif op == 'rawpread':
+        off, n = rand_range(False)
+        lent = status(fd) == LENT
+        buf = ctypes.create_string_buffer(n)
+        ctypes.set_errno(0)
+        got = libc.syscall(SYS_PREAD64, fd, buf, ctypes.c_size_t(n), ctypes.c_longlong(off))
+        if got < 0:
+            raw_refused('pread', lent)
+            continue
+        check(off, buf.raw[:got], n)
     elif op == 'fsync':
         (os.fsync if rnd.random() < 0.5 else os.fdatasync)(fd)
     elif op == 'reopen':
@@ -129,4 +171,4 @@ check(0, os.pread(fd, MAXLEN + 1, 0), MAXLEN + 1)
 st = status(fd)
 os.close(fd)
 open(model_out, 'wb').write(model)
-print('fsx ok seed=%d ops=%d size=%d status=%d %s' % (seed, nops, len(model), st, sorted(counts.items())))
+print('fsx ok seed=%d ops=%d size=%d status=%d %s documented=%s' % (seed, nops, len(model), st, sorted(counts.items()), sorted(documented.items())))

@@ -690,6 +690,45 @@ fn default_policy_adopts_busy_descriptors_only() {
     assert_eq!(t.mount_calls, 3, "{test}: {t:?}");
 }
 
+/// Processes that only read small files (`cat`, `head`) never contact the
+/// daemon: `posix_fadvise` is a hint, and a few small calls are cheaper
+/// through the mount than an adoption (issue 15). Counted with the daemon's
+/// own connection counter. (A shell redirection still adopts in the shell
+/// before its fork, so parent and child share one open file description.)
+#[test]
+fn small_file_readers_never_contact_the_daemon() {
+    let test = "preload small-file readers";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    for mode in [DataMode::Passthrough, DataMode::DaemonNoWriteback] {
+        let s = mount(mode, &[]);
+        let f = s.mountpoint().join("small.txt");
+        let want = pattern(8000, 3);
+        std::fs::write(&f, &want).unwrap();
+        let socket = mapfs::control::socket_path(s.mountpoint());
+        let connections = || mapfs::control::status(&socket).unwrap().connections;
+        let before = connections();
+        let report = report_path(&s, "small");
+        let out = ok(attached_default(&s, &report, "sh")
+            .arg("-c")
+            .arg("for i in 1 2 3 4 5 6 7 8 9 10; do cat \"$1\" >/dev/null; done; head -c 100 \"$1\" >/dev/null; cat \"$1\"")
+            .arg("sh")
+            .arg(&f));
+        let after = connections();
+        assert!(out.stdout.ends_with(&want), "{test} ({mode}): bytes");
+        // `mapfs run` asks the daemon once whether its writeback cache is
+        // on; the second status call above is the other.
+        assert_eq!(
+            after - before,
+            2,
+            "{test} ({mode}): a process connected to the control socket"
+        );
+        let t = totals(&report, "cat");
+        assert!(t.tracked >= 10 && t.adopted == 0, "{test} ({mode}): {t:?}");
+    }
+}
+
 /// A change made by someone else through the mount (rename over, unlink,
 /// truncate, write+close) is seen by a shim process at its next open, even
 /// while it still holds the old file adopted.

@@ -737,6 +737,7 @@ impl OpenRegistry for Shared {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             clients: 0,
+            connections: 0,
             open_files: self.handles.open_files() as u64,
         }
     }

@@ -961,12 +961,14 @@ hooks! {
         real(fd, off, len)
     }
     fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int = |real| {
-        data_now(fd);
+        // Advice is a hint: it never makes a descriptor worth adopting
+        // (`cat` advises sequential reads of every file, however small).
         if let Some(r) = lent_calls::fadvise(fd) { return r; }
         real(fd, off, len, advice)
     }
     fn posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, advice: c_int) -> c_int = |real| {
-        data_now(fd);
+        // Advice is a hint: it never makes a descriptor worth adopting
+        // (`cat` advises sequential reads of every file, however small).
         if let Some(r) = lent_calls::fadvise(fd) { return r; }
         real(fd, off, len, advice)
     }

@@ -249,8 +249,10 @@ fn classify(fd: RawFd) -> u8 {
 /// Adoption policy: a pending descriptor is adopted at its
 /// `MAPFS_PRELOAD_ADOPT_CALLS`th data call (default 4), or at once for a
 /// call moving at least `MAPFS_PRELOAD_ADOPT_BYTES` (default 1 MiB), or for
-/// calls that must see the final file (mmap, locks, fallocate, fadvise,
+/// calls that must see the final file (mmap, locks, fallocate,
 /// sendfile/splice/copy_file_range, stdio streams: `len` = `usize::MAX`).
+/// `posix_fadvise` is a hint and adopts nothing: a process that reads a
+/// small file and exits never contacts the daemon.
 /// An adoption costs a round trip to the daemon and a descriptor for the
 /// mount's open, more than a few small calls through the mount (kernel
 /// passthrough, or the daemon) cost; a file used for more than that pays

@@ -213,6 +213,9 @@ pub struct MountStatus {
     pub started_unix: u64,
     /// Control connections open now.
     pub clients: u32,
+    /// Control connections accepted since the daemon started (a `Status`
+    /// request's own included).
+    pub connections: u64,
     /// Files open through the mount now (the kernel's RELEASE of an open
     /// arrives after its `close(2)` returned; this shows when it did).
     pub open_files: u64,
@@ -385,10 +388,13 @@ pub fn call(sock: BorrowedFd<'_>, req: &Request) -> io::Result<(Response, Vec<Ow
         }
         return Err(e);
     }
-    match recv(sock)? {
-        Some(answer) => Ok(answer),
-        None => Err(io::Error::from_raw_os_error(libc::ECONNRESET)),
-    }
+    let answer = match recv(sock) {
+        // A refusal followed by a close while our request was in flight:
+        // the reset is reported first (once), the answer is still queued.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => recv(sock).map_err(|_| e)?,
+        other => other?,
+    };
+    answer.ok_or_else(|| io::Error::from_raw_os_error(libc::ECONNRESET))
 }
 
 /// A new, unconnected control socket (`SOCK_SEQPACKET`, close-on-exec).

@@ -184,6 +184,7 @@ pub fn spawn_with(
         passrights_off,
         stopping: Arc::clone(&stopping),
         clients: Arc::clone(&clients),
+        accepted: 0,
         closer: None,
         buf: vec![0; control::MAX_PACKET],
     };
@@ -300,6 +301,8 @@ struct Server {
     passrights_off: bool,
     stopping: Arc<AtomicBool>,
     clients: Arc<AtomicU64>,
+    /// Connections accepted since start.
+    accepted: u64,
     /// Closes descriptors clients sent (kernels without `SO_PASSRIGHTS`),
     /// started at the first.
     closer: Option<SyncSender<Vec<OwnedFd>>>,
@@ -465,6 +468,7 @@ impl Server {
                 continue;
             }
             *self.per_uid.entry(peer.uid).or_default() += 1;
+            self.accepted += 1;
             self.conns.insert(
                 id,
                 Conn {
@@ -490,7 +494,7 @@ impl Server {
         }
         if flags.contains(epoll::EventFlags::IN) {
             loop {
-                let clients = self.conns.len() as u32;
+                let counts = (self.conns.len() as u32, self.accepted);
                 let conn = self.conns.get_mut(&id).expect("checked above");
                 let got = control::recv_packet(conn.sock.as_fd(), &mut self.buf);
                 let next = match got {
@@ -511,7 +515,7 @@ impl Server {
                     Ok(Some((len, _))) => {
                         conn.last_active = Instant::now();
                         let req = control::decode::<Request>(&self.buf[..len]);
-                        let answer = serve(&*self.registry, conn, req, clients);
+                        let answer = serve(&*self.registry, conn, req, counts);
                         let sock = conn.sock.as_fd();
                         let (sent, next) = match &answer {
                             Answer::Reply(resp, fds) => {
@@ -611,7 +615,7 @@ fn serve(
     registry: &dyn OpenRegistry,
     conn: &mut Conn,
     req: io::Result<Request>,
-    clients: u32,
+    (clients, connections): (u32, u64),
 ) -> Answer {
     match req {
         Err(_) => {
@@ -641,6 +645,7 @@ fn serve(
             let mut status = registry.status();
             status.pid = std::process::id();
             status.clients = clients;
+            status.connections = connections;
             Response::Status(status).into()
         }
         Ok(Request::Adopt {

@@ -50,6 +50,7 @@ impl OpenRegistry for Fake {
             writeback_cache: self.writeback,
             started_unix: 0,
             clients: 0,
+            connections: 0,
             open_files: self.opens.lock().len() as u64,
         }
     }
@@ -731,6 +732,7 @@ fn hello_status_and_a_writeback_cache_mount() {
     assert!(st.writeback_cache);
     assert_eq!(st.open_files, 1);
     assert_eq!(st.clients, 2, "this connection and the status one");
+    assert_eq!(st.connections, 2);
 }
 
 #[test]

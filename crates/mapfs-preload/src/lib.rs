@@ -160,9 +160,9 @@ extern "C" fn fork_prepare() {
     sys::keep_errno(|| {
         if !mounts::loaded().is_empty() {
             // Parent and child must not both run one map: the open goes
-            // back to the mount, which both then share.
+            // back to the mount, which both then share; so do pending ones.
             table::hand_back_all("fork");
-            table::adopt_all_pending();
+            table::pin_all_pending();
         }
         table::lock_for_fork();
     });

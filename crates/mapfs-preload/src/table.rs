@@ -39,8 +39,9 @@
 //!
 //! Descriptors duplicated before adoption share one [`Entry`], so adoption
 //! replaces all of them with one backing description (shared offset); and
-//! before `fork` every pending entry is adopted, so parent and child keep
-//! sharing it.
+//! before `fork` every pending entry is pinned to the mount
+//! ([`pin_all_pending`], also across `exec`), so parent and child keep
+//! sharing the mount's description without a daemon round trip.
 //!
 //! Lock order: the table lock, then an entry's lock, then the map cache's
 //! ([`mcache`]), then a mount's connection lock.
@@ -866,9 +867,17 @@ pub fn duped(old: RawFd, new: RawFd) {
     }
 }
 
-/// Adopts every pending entry (before `fork`, so parent and child share the
-/// backing descriptions like they share everything else).
-pub fn adopt_all_pending() {
+/// Why a descriptor shared with another process stays on the mount.
+pub const SHARED: &str = "shared with a forked process";
+
+/// Pins every pending entry to the mount (before `fork`): parent and child
+/// then share the mount's open file description, offset included, as
+/// without the shim, and neither adopts it later (an adoption gives one
+/// process a description of its own). Adopting here instead would make
+/// every fork of a process holding a mount file (a shell's redirection)
+/// pay a daemon round trip. The pin follows the descriptors across `exec`
+/// ([`export_adopted`]).
+pub fn pin_all_pending() {
     let pending: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
         Some(t) => t
             .values()
@@ -878,7 +887,15 @@ pub fn adopt_all_pending() {
         None => return,
     };
     for e in pending {
-        adopt(&e, false);
+        let mut inner = e.inner.lock();
+        if inner.status != Status::Pending {
+            continue;
+        }
+        inner.status = Status::Mount(SHARED.to_string());
+        for &fd in &inner.fds {
+            set_state(fd, MOUNT);
+        }
+        report::count_fallback(SHARED);
     }
 }
 
@@ -1032,7 +1049,7 @@ pub const HANDOFF_ENV: &str = "MAPFS_PRELOAD_ADOPTED";
 
 /// Describes the adopted descriptors that survive `exec` (no `FD_CLOEXEC`):
 /// `fd,mount_dev,ino,backing_dev,backing_ino,writable,kept;...` (`kept` 0
-/// when none). After `exec` they are plain backing-file descriptors; the new
+/// when none), and those pinned to the mount as `fd,mount_dev,ino`. After `exec` they are plain backing-file descriptors; the new
 /// image re-adopts them from this, so `fstat` keeps the mount's identity and
 /// the last close still tells the daemon. The mount's open kept for such a
 /// descriptor is handed on too (its `FD_CLOEXEC` is cleared here; the
@@ -1050,8 +1067,13 @@ pub fn export_adopted() -> (String, Vec<RawFd>) {
     for (&fd, e) in t {
         let (writable, kept) = {
             let inner = e.inner.lock();
-            match inner.status {
-                Status::Adopted { writable, .. } => (writable, inner.kept),
+            match &inner.status {
+                Status::Adopted { writable, .. } => (*writable, inner.kept),
+                Status::Mount(why) if why == SHARED && !sys::cloexec(fd) => {
+                    // Pinned to the mount: the new image keeps it there.
+                    parts.push(format!("{fd},{},{}", e.dev, e.ino));
+                    continue;
+                }
                 _ => continue,
             }
         };
@@ -1095,6 +1117,10 @@ pub fn import_adopted(spec: &str) {
     let mut by_kept: HashMap<RawFd, Arc<Entry>> = HashMap::new();
     for part in spec.split(';').filter(|p| !p.is_empty()) {
         let v: Vec<u64> = part.split(',').filter_map(|x| x.parse().ok()).collect();
+        if let [fd, dev, ino] = v[..] {
+            import_pinned(fd, dev, ino);
+            continue;
+        }
         let [fd, dev, ino, bdev, bino, w, kept] = v[..] else {
             continue;
         };
@@ -1148,6 +1174,36 @@ pub fn import_adopted(spec: &str) {
         }
         set_state(fd, ADOPTED);
     }
+}
+
+/// A descriptor the previous image had pinned to the mount (see
+/// [`pin_all_pending`]), if it still is that mount file.
+fn import_pinned(fd: u64, dev: u64, ino: u64) {
+    let Ok(fd) = RawFd::try_from(fd) else {
+        return;
+    };
+    match sys::identity(fd) {
+        Ok(id) if id.dev == dev && id.ino == ino && state(fd) == UNKNOWN => {}
+        _ => return,
+    }
+    let Some(mount) = mounts::by_dev(dev) else {
+        return;
+    };
+    let e = Arc::new(Entry {
+        mount,
+        dev,
+        ino,
+        calls: std::sync::atomic::AtomicU32::new(0),
+        inner: Mutex::new(Inner {
+            fds: vec![fd],
+            status: Status::Mount(SHARED.to_string()),
+            kept: None,
+            locked: false,
+            lent: None,
+        }),
+    });
+    insert(fd, e);
+    set_state(fd, MOUNT);
 }
 
 /// Marks `fd` as the shim's own.

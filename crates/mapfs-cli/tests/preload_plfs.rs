@@ -166,6 +166,12 @@ import os, sys, ctypes, errno, fcntl
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 path, other = sys.argv[1], sys.argv[2]
+import struct, subprocess
+# Another process, started before the file is open (a fork hands lent opens
+# back to the mount), stats it on a signal.
+watcher = subprocess.Popen(['sh', '-c', 'read x; stat -c %s "$1"', 'sh', path],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           env={k: v for k, v in os.environ.items() if k != 'LD_PRELOAD'})
 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 data = bytes(range(256)) * 400
 for i in range(0, len(data), 10000):
@@ -187,6 +193,14 @@ calls = {
     'cfr_into': (326, fd2, None, fd, None, ctypes.c_size_t(4096), 0),
     'fsync': (74, fd),
 }
+# stat outside libc, and by another process: the size of the writes the
+# daemon has not been handed yet (the shared size page).
+st = ctypes.create_string_buffer(256)
+assert libc.syscall(5, fd, st) == 0
+print('raw_fstat_size', struct.unpack_from('q', st, 48)[0])
+out, _ = watcher.communicate(b'go\n')
+print('other_stat_size', int(out))
+assert libc.mapfs_preload_fd_status(fd) == 6, 'no longer lent'
 for name, args in sorted(calls.items()):
     seen = set()
     for _ in range(3):
@@ -233,6 +247,12 @@ os.close(fd); os.close(fd2)
     ] {
         assert_eq!(answer(name), want, "{test}: {name}");
     }
+    assert_eq!(answer("raw_fstat_size"), "102400", "{test}: raw fstat");
+    assert_eq!(
+        answer("other_stat_size"),
+        "102400",
+        "{test}: stat by another process"
+    );
     let want: Vec<u8> = (0..400).flat_map(|_| 0..=255u8).collect();
     assert!(
         std::fs::read(&file).unwrap() == want,

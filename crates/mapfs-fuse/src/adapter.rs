@@ -352,7 +352,11 @@ impl Shared {
     /// learns it only at flush.
     fn fuse_attr(&self, ino: u64, a: &Attr) -> FileAttr {
         let size = match a.kind {
-            FileKind::File => self.handles.written_size(ino, a.size).unwrap_or(a.size),
+            FileKind::File => self
+                .handles
+                .lent_size(ino)
+                .or_else(|| self.handles.written_size(ino, a.size))
+                .unwrap_or(a.size),
             _ => a.size,
         };
         FileAttr {
@@ -402,7 +406,19 @@ impl Shared {
     /// Replies with a new entry and records the kernel's reference.
     fn entry(&self, parent: INodeNo, name: &OsStr, attr: &Attr, reply: ReplyEntry) {
         let fa = self.enter(parent, name, attr);
-        reply.entry_with_ttls(&self.opts.entry_ttl, &self.opts.ttl, &fa, Generation(0));
+        let ttl = self.attr_ttl(fa.ino.0);
+        reply.entry_with_ttls(&self.opts.entry_ttl, &ttl, &fa, Generation(0));
+    }
+
+    /// How long the kernel may cache the attributes of `ino`: not at all
+    /// while a shim client writes it through its own map (its size changes
+    /// where only the shared size page shows it).
+    fn attr_ttl(&self, ino: u64) -> Duration {
+        if self.handles.lent_size(ino).is_some() {
+            Duration::ZERO
+        } else {
+            self.opts.ttl
+        }
     }
 
     fn getattr_inner(&self, c: &Ctx, ino: INodeNo, fh: Option<FileHandle>) -> Result<Attr> {
@@ -670,6 +686,8 @@ impl Shared {
         let Some(file) = self.handles.remove_file(fh) else {
             return Err(Error::from_errno(libc::EBADF));
         };
+        // A client that vanished without ending its lending.
+        self.handles.lent_with_size(file.ino, fh, None);
         let res = {
             let _one = file.persisting.lock();
             let map = file.data.map();
@@ -758,9 +776,19 @@ impl OpenRegistry for Shared {
         self.tokens.adopting(open.ino, &open.map, &open.files);
     }
 
-    fn lend(&self, fh: u64, lent: bool) {
+    fn lend(&self, fh: u64, lent: bool, size: Option<Arc<mapfs::lentsize::LentSize>>) {
         if let Some(f) = self.handles.file(fh) {
             f.lent.store(lent, Ordering::Release);
+            let sized = lent && size.is_some();
+            self.handles
+                .lent_with_size(f.ino, fh, size.filter(|_| lent));
+            if sized {
+                // Attributes the kernel cached before the lending would hide
+                // the client's size for up to a TTL.
+                if let Some(n) = self.notifier.get() {
+                    let _ = n.inval_inode(INodeNo(f.ino), -1, 0);
+                }
+            }
         }
     }
 
@@ -878,7 +906,7 @@ impl Filesystem for Adapter {
         let s = &self.0;
         let _names = s.names.read();
         let attr = tri!(reply, s.getattr_inner(&ctx(req), ino, fh));
-        reply.attr(&s.opts.ttl, &s.fuse_attr(ino.0, &attr));
+        reply.attr(&s.attr_ttl(ino.0), &s.fuse_attr(ino.0, &attr));
     }
 
     fn setattr(
@@ -981,7 +1009,7 @@ impl Filesystem for Adapter {
             }
             tri!(reply, res)
         };
-        reply.attr(&s.opts.ttl, &s.fuse_attr(ino.0, &attr));
+        reply.attr(&s.attr_ttl(ino.0), &s.fuse_attr(ino.0, &attr));
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {

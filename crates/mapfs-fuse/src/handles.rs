@@ -15,6 +15,7 @@ use std::sync::{Arc, Weak};
 
 use fuser::BackingId;
 use mapfs::engine::DataFile;
+use mapfs::lentsize::LentSize;
 use mapfs::DirEntry;
 use parking_lot::{Mutex, RwLock};
 
@@ -70,6 +71,11 @@ pub struct Handles {
     unflushed_count: AtomicUsize,
     /// Placeholder opens (no data), by handle, with their inode.
     placeholders: Mutex<HashMap<u64, u64>>,
+    /// Writable opens lent to shim clients, by inode: their handles and the
+    /// pages where the clients keep their maps' sizes.
+    lent_sizes: Mutex<HashMap<u64, Vec<(u64, Arc<LentSize>)>>>,
+    /// `lent_sizes.len()`, a lock-free "none" for [`Handles::lent_size`].
+    lent_count: AtomicUsize,
 }
 
 /// The size of an inode as changes through non-whole-file opens left it,
@@ -117,6 +123,36 @@ impl Handles {
     /// The open file `fh`.
     pub fn file(&self, fh: u64) -> Option<Arc<OpenFile>> {
         self.files.read().get(&fh).cloned()
+    }
+
+    /// Records (`Some`) or forgets (`None`) the size page of the writable
+    /// open `fh` of `ino` lent to a shim client.
+    pub fn lent_with_size(&self, ino: u64, fh: u64, size: Option<Arc<LentSize>>) {
+        let mut all = self.lent_sizes.lock();
+        match size {
+            Some(s) => all.entry(ino).or_default().push((fh, s)),
+            None => {
+                if let Some(v) = all.get_mut(&ino) {
+                    v.retain(|(h, _)| *h != fh);
+                    if v.is_empty() {
+                        all.remove(&ino);
+                    }
+                }
+            }
+        }
+        self.lent_count.store(all.len(), Ordering::Relaxed);
+    }
+
+    /// The size the shim clients writing `ino` through their own maps give
+    /// it (the largest, when several do).
+    pub fn lent_size(&self, ino: u64) -> Option<u64> {
+        if self.lent_count.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.lent_sizes
+            .lock()
+            .get(&ino)
+            .and_then(|v| v.iter().map(|(_, s)| s.get()).max())
     }
 
     /// Registers a placeholder open of `ino`; returns its handle.

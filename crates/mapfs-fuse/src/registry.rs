@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use mapfs::control::MountStatus;
 use mapfs::engine::DataFile;
+use mapfs::lentsize::LentSize;
 use mapfs::mapcache::Generations;
 use mapfs::DataMap;
 
@@ -66,8 +67,10 @@ pub trait OpenRegistry: Send + Sync + 'static {
     fn client_released(&self, fh: u64, map: DataMap);
 
     /// Marks the open `fh` as lent to a shim client (or not any more): see
-    /// [`mapfs::control::Request::Adopt`]'s `engine`.
-    fn lend(&self, fh: u64, lent: bool);
+    /// [`mapfs::control::Request::Adopt`]'s `engine`. A writable lending
+    /// comes with the page where the client keeps its map's size, which
+    /// attribute replies then report.
+    fn lend(&self, fh: u64, lent: bool, size: Option<Arc<LentSize>>);
 
     /// The map-cache generation table to send with a connection's first
     /// adoption, if there is one.

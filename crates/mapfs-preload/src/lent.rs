@@ -18,7 +18,9 @@
 //! every time: `read`/`write`/`pread`/`pwrite`/`copy_file_range`/
 //! `fallocate`/`ftruncate` with `EBADF`, `lseek` with `ESPIPE`, `mmap`
 //! with `EACCES`, `fsync` with `EIO`, instead of reaching the daemon, or the
-//! kernel's cached size, with a map older than the program's writes. A
+//! kernel's cached size, with a map older than the program's writes; and
+//! the map's size is kept in a page shared with the daemon
+//! ([`mapfs::lentsize`]), so a `stat` the shim does not see reports it. A
 //! read-only lending keeps the open itself under the application's number:
 //! its map cannot change here, so the daemon answers such calls exactly as
 //! the shim would. Hand-back puts the open back under every number.
@@ -29,9 +31,10 @@
 //! `copy_file_range`, `fork`, `exec`, and a write the map cannot place
 //! (it needs the file system's `remap`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use mapfs::engine::DataFile;
+use mapfs::lentsize::LentSize;
 use mapfs::DataMap;
 use parking_lot::Mutex;
 
@@ -64,6 +67,10 @@ pub struct Lent {
     writable: bool,
     append: AtomicBool,
     wrote: AtomicBool,
+    /// Where the daemon reads this open's size (writable lendings).
+    size_page: Option<LentSize>,
+    /// The size last stored in `size_page` (the map's size).
+    published: AtomicU64,
 }
 
 impl Lent {
@@ -78,6 +85,35 @@ impl Lent {
             writable: access != libc::O_RDONLY,
             append: AtomicBool::new(flags & libc::O_APPEND != 0),
             wrote: AtomicBool::new(false),
+            size_page: None,
+            published: AtomicU64::new(0),
+        }
+    }
+
+    /// Keeps this open's size in `page`, where the daemon reads it.
+    pub fn with_size_page(mut self, page: LentSize) -> Self {
+        let size = self.data.size().unwrap_or(0);
+        page.set(size);
+        self.published.store(size, Ordering::Relaxed);
+        self.size_page = Some(page);
+        self
+    }
+
+    /// After a write ending at `end`: the size grew only if `end` passed it.
+    fn grew_to(&self, end: u64) {
+        if let Some(p) = &self.size_page {
+            if end > self.published.load(Ordering::Relaxed) {
+                self.published.store(end, Ordering::Relaxed);
+                p.set(end);
+            }
+        }
+    }
+
+    /// After a change that may set the size anywhere (truncate, allocate).
+    fn resized(&self) {
+        if let (Some(p), Ok(size)) = (&self.size_page, self.data.size()) {
+            self.published.store(size, Ordering::Relaxed);
+            p.set(size);
         }
     }
 
@@ -160,7 +196,9 @@ impl Lent {
         match self.data.write(at, data, &mut remap) {
             Ok(n) => {
                 self.wrote.store(true, Ordering::Relaxed);
-                Ok((n, at + n as u64))
+                let end = at + n as u64;
+                self.grew_to(end);
+                Ok((n, end))
             }
             Err(_) if needs_mount => Err(Refusal::NeedsMount),
             Err(e) => Err(e.into()),
@@ -218,6 +256,7 @@ impl Lent {
         }
         self.data.truncate(size)?;
         self.wrote.store(true, Ordering::Relaxed);
+        self.resized();
         Ok(())
     }
 
@@ -226,6 +265,7 @@ impl Lent {
         self.check_write()?;
         self.data.fallocate(mode, offset, len)?;
         self.wrote.store(true, Ordering::Relaxed);
+        self.resized();
         Ok(())
     }
 

@@ -518,15 +518,30 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
             engine,
         })
         .map_err(|e| format!("daemon unreachable: {e}"))?;
-    let (handle, map) = match resp {
+    let (handle, map, size_page) = match resp {
         Response::Adopted {
             handle,
             map,
             files,
+            size_slot,
             generations,
         } => {
             mount.keep_generations(&mut backing, files, generations);
-            (handle, map)
+            let page = if size_slot {
+                match mapfs::control::take_size_slot(&mut backing, files, size_slot) {
+                    Some(p) => Some(p),
+                    None => {
+                        let _ = mount.call(&Request::Closed {
+                            handle,
+                            wrote: false,
+                        });
+                        return Err("the daemon's size page is unusable".into());
+                    }
+                }
+            } else {
+                None
+            };
+            (handle, map, page)
         }
         Response::Refused { reason, .. } => return Err(format!("refused: {reason}")),
         other => return Err(format!("unexpected answer {other:?}")),
@@ -552,7 +567,11 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
                 return Err(why);
             }
         }
-        inner.lent = Some(Arc::new(Lent::new(handle, data, offset, flags)));
+        let mut lent = Lent::new(handle, data, offset, flags);
+        if let Some(p) = size_page {
+            lent = lent.with_size_page(p);
+        }
+        inner.lent = Some(Arc::new(lent));
         return Ok(Status::Lent);
     }
     if backing.len() != 1 {

@@ -86,6 +86,7 @@ use rustix::net::{
 use serde::{Deserialize, Serialize};
 
 use crate::datamap::DataMap;
+use crate::lentsize::LentSize;
 use crate::mapcache::Generations;
 
 /// Protocol version, the first byte of every packet. Bumped on any change of
@@ -237,8 +238,8 @@ pub enum Response {
     Status(MountStatus),
     /// Answer to [`Request::Adopt`]; `files` descriptors are attached, one
     /// per backing file of `map`, each a private open file description
-    /// (own offset and status flags), close-on-exec, then the generation
-    /// table when `generations`.
+    /// (own offset and status flags), close-on-exec, then the size page
+    /// when `size_slot`, then the generation table when `generations`.
     Adopted {
         /// Names this adoption in later requests on the same connection.
         handle: u64,
@@ -246,6 +247,9 @@ pub enum Response {
         map: DataMap,
         /// Number of backing descriptors attached.
         files: u32,
+        /// A writable lending: a [`LentSize`] page follows the backing
+        /// files, where the client keeps its map's size.
+        size_slot: bool,
         /// A descriptor of the daemon's generation table ([`Generations`])
         /// follows the backing files (the first adoption on a connection).
         generations: bool,
@@ -499,15 +503,15 @@ pub fn prove(mount_file: BorrowedFd<'_>, key: &ConnKey) -> io::Result<Proof> {
 }
 
 /// Splits the generation table off the descriptors of a
-/// [`Response::Adopted`] that said `generations` (it follows the `files`
-/// backing descriptors). `None` when there is none, or it is not a valid
-/// table: the client then caches nothing across opens.
+/// [`Response::Adopted`] that said `generations` (it is the last one).
+/// `None` when there is none, or it is not a valid table: the client then
+/// caches nothing across opens. Call before [`take_size_slot`].
 pub fn take_generations(
     fds: &mut Vec<OwnedFd>,
     files: u32,
     generations: bool,
 ) -> Option<Generations> {
-    if !generations || fds.len() != files as usize + 1 {
+    if !generations || fds.len() <= files as usize {
         return None;
     }
     let fd = fds.pop()?;
@@ -518,6 +522,18 @@ pub fn take_generations(
             None
         }
     }
+}
+
+/// Splits the size page off the descriptors of a [`Response::Adopted`]
+/// that said `size_slot` (it follows the backing files; take the
+/// generation table first). `None` when there is none or it is not a valid
+/// page: the client must then not run the open (the daemon would answer
+/// `stat` from an old size).
+pub fn take_size_slot(fds: &mut Vec<OwnedFd>, files: u32, size_slot: bool) -> Option<LentSize> {
+    if !size_slot || fds.len() != files as usize + 1 {
+        return None;
+    }
+    LentSize::attach(fds.pop()?).ok()
 }
 
 /// The control socket of the mount at `mountpoint` (an absolute path, as in

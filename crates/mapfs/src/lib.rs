@@ -17,6 +17,7 @@ pub mod datamap;
 pub mod engine;
 pub mod error;
 pub mod fs;
+pub mod lentsize;
 pub mod mapcache;
 
 pub use datamap::{DataMap, Extent, Growth, Placement, Segment};

@@ -61,6 +61,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mapfs::control::{self, ConnKey, Proof, Request, Response};
+use mapfs::lentsize::LentSize;
 use mapfs::Growth;
 use rustix::event::epoll;
 use rustix::fs::Mode;
@@ -660,7 +661,7 @@ fn serve(
             Some(a) => {
                 conn.claimed.remove(&a.fh);
                 if a.lent {
-                    registry.lend(a.fh, false);
+                    registry.lend(a.fh, false, None);
                 }
                 if wrote || a.writable || a.lent {
                     registry.invalidate(a.ino);
@@ -788,9 +789,24 @@ impl Conn {
             registry.adopting(&open);
             (open.map.clone(), vec![fd], false)
         } else {
-            let fds = lend_files(&open, flags, engine)?;
+            let mut fds = lend_files(&open, flags, engine)?;
+            let size = if writable {
+                let page = LentSize::create(open.map.size()).map_err(|e| {
+                    refused(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                        &format!("cannot share the size: {e}"),
+                    )
+                })?;
+                match page.fd().map(|f| f.try_clone_to_owned()) {
+                    Some(Ok(fd)) => fds.push(fd),
+                    _ => return Err(refused(libc::EIO, "cannot share the size")),
+                }
+                Some(Arc::new(page))
+            } else {
+                None
+            };
             registry.adopting(&open);
-            registry.lend(open.fh, true);
+            registry.lend(open.fh, true, size);
             (open.map.clone(), fds, true)
         };
         let handle = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
@@ -806,7 +822,8 @@ impl Conn {
             );
             self.claimed.insert(open.fh);
         }
-        let files = fds.len() as u32;
+        let size_slot = lent && writable;
+        let files = fds.len() as u32 - u32::from(size_slot);
         let mut generations = false;
         if !self.table_sent {
             if let Some(t) = registry.generations().and_then(|t| t.fd()) {
@@ -831,6 +848,7 @@ impl Conn {
                 handle,
                 map,
                 files,
+                size_slot,
                 generations,
             },
             fds,
@@ -845,7 +863,7 @@ impl Conn {
                 // Writes the client made since its last Release are in the
                 // logs but in no map: lost, like a killed process's
                 // unflushed buffers.
-                registry.lend(a.fh, false);
+                registry.lend(a.fh, false, None);
             }
             registry.invalidate(a.ino);
         }

@@ -31,6 +31,8 @@ struct Fake {
     lent: Mutex<Vec<(u64, bool)>>,
     proofs: Proofs,
     writeback: bool,
+    /// Size pages of writable lendings.
+    size_pages: Mutex<Vec<Arc<mapfs::lentsize::LentSize>>>,
 }
 
 impl OpenRegistry for Fake {
@@ -60,8 +62,11 @@ impl OpenRegistry for Fake {
     fn client_released(&self, fh: u64, map: DataMap) {
         self.released.lock().push((fh, map));
     }
-    fn lend(&self, fh: u64, lent: bool) {
+    fn lend(&self, fh: u64, lent: bool, size: Option<Arc<mapfs::lentsize::LentSize>>) {
         self.lent.lock().push((fh, lent));
+        if let Some(s) = size {
+            self.size_pages.lock().push(s);
+        }
     }
     fn generations(&self) -> Option<&Generations> {
         self.generations.as_ref()
@@ -205,6 +210,7 @@ fn adopts_a_proven_open_with_a_private_description() {
         handle,
         map,
         files,
+        size_slot: false,
         generations: false,
     } = resp
     else {
@@ -470,15 +476,27 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
     let (resp, fds) = s.adopt(&conn, 5, libc::O_WRONLY, false);
     assert_eq!(errno_of(&resp), Some(libc::EOPNOTSUPP), "{resp:?}");
     assert!(fds.is_empty());
-    // Write-only: the other writer's log is withheld (an empty stand-in).
-    let (resp, fds) = s.adopt(&conn, 5, libc::O_WRONLY, true);
+    // Write-only: the other writer's log is withheld (an empty stand-in);
+    // the size page follows the files.
+    let (resp, mut fds) = s.adopt(&conn, 5, libc::O_WRONLY, true);
     let Response::Adopted {
-        handle, files: 2, ..
+        handle,
+        files: 2,
+        size_slot: true,
+        ..
     } = resp
     else {
-        panic!("not lent: {resp:?}");
+        panic!("not lent with a size page: {resp:?}");
     };
+    let page = control::take_size_slot(&mut fds, 2, true).expect("a usable size page");
     assert_eq!(fds.len(), 2);
+    assert_eq!(page.get(), 20, "the page starts at the map's size");
+    page.set(28);
+    assert_eq!(
+        s.fake.size_pages.lock()[0].get(),
+        28,
+        "the daemon sees the client's size"
+    );
     let mut got = String::new();
     File::from(fds[0].try_clone().unwrap())
         .read_to_string(&mut got)

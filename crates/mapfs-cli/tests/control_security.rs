@@ -733,6 +733,42 @@ fn descriptor_exhaustion() {
     });
 }
 
+/// Idle connections with nothing adopted are closed (after a minute), so
+/// held connections do not keep their slots forever; the mount serves
+/// throughout.
+#[test]
+fn idle_connections_are_closed() {
+    let test = "idle connections";
+    if !ready(test, &[]) {
+        return;
+    }
+    let v = Victim::mount(test, DataMode::Auto);
+    let mut cmd = command_as_nobody(attack_bin());
+    cmd.arg("--mount")
+        .arg(v.mountpoint())
+        .args(["conns", "10", "--hold", "150"]);
+    let mut attacker = Program::start(cmd);
+    let got: Value = serde_json::from_str(&attacker.line()).unwrap();
+    assert_eq!(got["accepted"], 10, "{test}: {got}");
+    let start = Instant::now();
+    // The status connection itself is the one client left.
+    assert_eq!(v.status().clients, 11, "{test}: clients while held");
+    while v.status().clients != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "{test}: idle connections still open after {:?}",
+            start.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // End of input ends its hold.
+    drop(attacker.to.take());
+    let released: Value = serde_json::from_str(&attacker.line()).unwrap();
+    assert_eq!(released["alive_at_release"], 0, "{test}: {released}");
+    assert!(attacker.finish().success());
+    v.assert_serves();
+}
+
 /// A decoy's pid in the pid file, its argv claiming the writeback cache is
 /// off: `mapfs run` and the shim ask the daemon, adopt nothing on this
 /// writeback-cache mount, and a program reads back what it wrote.

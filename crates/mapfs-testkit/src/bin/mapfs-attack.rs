@@ -144,11 +144,14 @@ fn answer(what: &str, got: std::io::Result<(Response, Vec<OwnedFd>)>) -> Value {
                 Response::Refused { errno, reason } => {
                     json!({"answer": "Refused", "errno": errno, "reason": reason})
                 }
+                // `..`: fields the protocol may gain do not matter here;
+                // the descriptors are what the tests look at.
                 Response::Adopted {
                     handle,
                     files,
                     generations,
                     map,
+                    ..
                 } => json!({
                     "answer": "Adopted", "handle": handle, "files": files,
                     "generations": generations, "size": map.size(),
@@ -391,7 +394,9 @@ fn conns(path: &Path, n: usize, hold_secs: u64) -> Result<()> {
         "outcomes": outcomes,
         "elapsed_ms": start.elapsed().as_millis() as u64,
     }));
+    let since = Instant::now();
     hold(hold_secs);
+    let held_ms = since.elapsed().as_millis() as u64;
     // Still connected after the hold? (The daemon closes idle connections.)
     let alive = held
         .iter()
@@ -403,7 +408,12 @@ fn conns(path: &Path, n: usize, hold_secs: u64) -> Result<()> {
             )
         })
         .count();
-    emit(json!({"cmd": "conns", "released": held.len(), "alive_at_release": alive}));
+    emit(json!({
+        "cmd": "conns",
+        "released": held.len(),
+        "alive_at_release": alive,
+        "held_ms": held_ms,
+    }));
     Ok(())
 }
 

@@ -19,6 +19,10 @@ use mapfs::lentsize::LentSize;
 use mapfs::DirEntry;
 use parking_lot::{Mutex, RwLock};
 
+/// A writable open lent to a shim client: its handle and the page where
+/// the client keeps its map's size.
+type LentWriter = (u64, Arc<LentSize>);
+
 /// One open of a regular file.
 #[derive(Debug)]
 pub struct OpenFile {
@@ -73,7 +77,7 @@ pub struct Handles {
     placeholders: Mutex<HashMap<u64, u64>>,
     /// Writable opens lent to shim clients, by inode: their handles and the
     /// pages where the clients keep their maps' sizes.
-    lent_sizes: Mutex<HashMap<u64, Vec<(u64, Arc<LentSize>)>>>,
+    lent_sizes: Mutex<HashMap<u64, Vec<LentWriter>>>,
     /// `lent_sizes.len()`, a lock-free "none" for [`Handles::lent_size`].
     lent_count: AtomicUsize,
 }

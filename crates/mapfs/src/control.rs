@@ -384,10 +384,15 @@ pub fn recv_packet(
 pub fn call(sock: BorrowedFd<'_>, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
     if let Err(e) = send(sock, req, &[]) {
         // A daemon that refuses a connection (too many) answers before the
-        // client speaks and closes: its answer is still queued.
+        // client speaks and closes: its answer is still queued, possibly
+        // behind a reset that is reported once.
         if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) {
-            if let Ok(Some(answer)) = recv(sock) {
-                return Ok(answer);
+            for _ in 0..2 {
+                match recv(sock) {
+                    Ok(Some(answer)) => return Ok(answer),
+                    Err(r) if r.raw_os_error() == Some(libc::ECONNRESET) => continue,
+                    _ => break,
+                }
             }
         }
         return Err(e);

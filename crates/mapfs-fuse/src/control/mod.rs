@@ -448,8 +448,16 @@ impl Server {
                     )
                 });
                 // Nonblocking and fresh: the answer fits or is lost, and the
-                // client falls back to the mount either way.
+                // client falls back to the mount either way. What the client
+                // sent already is read first: closing a socket with unread
+                // data resets the peer, which then reports the reset before
+                // the answer.
                 let _ = control::send(sock.as_fd(), &refused(libc::EUSERS, why), &[]);
+                let _ = rustix::net::shutdown(&sock, rustix::net::Shutdown::Write);
+                let mut sink = [0u8; 64];
+                while rustix::net::recv(&sock, &mut sink, rustix::net::RecvFlags::DONTWAIT)
+                    .is_ok_and(|(n, _)| n > 0)
+                {}
                 continue;
             }
             if !self.passrights_off {

@@ -60,8 +60,8 @@ impl Proofs {
         let mut inner = self.inner.lock();
         loop {
             let key: ConnKey = rand::random();
-            if !inner.keys.contains_key(&key) {
-                inner.keys.insert(key, Vec::new());
+            if let std::collections::hash_map::Entry::Vacant(e) = inner.keys.entry(key) {
+                e.insert(Vec::new());
                 return key;
             }
         }

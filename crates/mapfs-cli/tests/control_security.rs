@@ -121,10 +121,23 @@ impl Victim {
     }
 
     fn mount_fs(test: &'static str, fs: &'static str, data: DataMode) -> Victim {
-        let s = MountSession::builder(mapfs_bin())
+        Victim::mount_with(test, fs, data, &[])
+    }
+
+    fn mount_with(
+        test: &'static str,
+        fs: &'static str,
+        data: DataMode,
+        envs: &[(&str, &str)],
+    ) -> Victim {
+        let mut b = MountSession::builder(mapfs_bin())
             .fs(fs)
             .data(data)
-            .option("allow_other")
+            .option("allow_other");
+        for (k, v) in envs {
+            b = b.env(k, v);
+        }
+        let s = b
             .mount()
             .unwrap_or_else(|e| panic!("{test}: mounting: {e:#}"));
         let v = Victim {
@@ -742,7 +755,13 @@ fn idle_connections_are_closed() {
     if !ready(test, &[]) {
         return;
     }
-    let v = Victim::mount(test, DataMode::Auto);
+    // A short idle limit (the default is a minute) keeps the test short.
+    let v = Victim::mount_with(
+        test,
+        "passthrough",
+        DataMode::Auto,
+        &[(mapfs_fuse::control::IDLE_ENV, "3")],
+    );
     let mut cmd = command_as_nobody(attack_bin());
     cmd.arg("--mount")
         .arg(v.mountpoint())
@@ -755,7 +774,7 @@ fn idle_connections_are_closed() {
     assert_eq!(v.status().clients, 11, "{test}: clients while held");
     while v.status().clients != 1 {
         assert!(
-            start.elapsed() < Duration::from_secs(90),
+            start.elapsed() < Duration::from_secs(60),
             "{test}: idle connections still open after {:?}",
             start.elapsed()
         );

@@ -181,6 +181,7 @@ pub struct MountBuilder {
     backing: Option<PathBuf>,
     mountpoint: Option<PathBuf>,
     extra_args: Vec<String>,
+    envs: Vec<(String, String)>,
 }
 
 impl MountBuilder {
@@ -214,6 +215,13 @@ impl MountBuilder {
         self.mountpoint = Some(dir.into());
         self
     }
+    /// Sets an environment variable of `mapfs mount` (and so of the daemon
+    /// it starts).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.to_string(), value.to_string()));
+        self
+    }
+
     /// Extra raw arguments appended to the `mapfs mount` command line.
     pub fn arg(mut self, arg: &str) -> Self {
         self.extra_args.push(arg.to_string());
@@ -259,6 +267,7 @@ impl MountBuilder {
             cmd.arg("-o").arg(self.options.join(","));
         }
         cmd.args(&self.extra_args);
+        cmd.envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let out = run_captured(&mut cmd)?;
         let mut session = MountSession {
             mapfs: self.mapfs.clone(),
@@ -315,6 +324,7 @@ impl MountSession {
             backing: None,
             mountpoint: None,
             extra_args: Vec::new(),
+            envs: Vec::new(),
         }
     }
 

@@ -123,8 +123,20 @@ pub struct ControlServer {
 /// by proofs and credentials, not by file permissions.
 pub fn spawn(registry: Arc<dyn OpenRegistry>, socket: &Path) -> io::Result<ControlServer> {
     let nofile = raise_descriptor_limit();
-    spawn_with(registry, socket, Limits::for_descriptor_limit(nofile))
+    let mut limits = Limits::for_descriptor_limit(nofile);
+    if let Some(secs) = std::env::var(IDLE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&s| s > 0)
+    {
+        limits.idle = Duration::from_secs(secs);
+    }
+    spawn_with(registry, socket, limits)
 }
+
+/// Environment variable overriding [`Limits::idle`] in seconds (for
+/// operators with many short-lived clients, and for tests).
+pub const IDLE_ENV: &str = "MAPFS_CONTROL_IDLE_SECS";
 
 /// [`spawn`] with explicit limits (and the descriptor limit left alone).
 pub fn spawn_with(

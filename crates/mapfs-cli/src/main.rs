@@ -2,9 +2,8 @@
 //! daemon, run programs on them, and measure them.
 
 mod bench;
-mod mount_cmd;
-mod mounts;
-mod run;
+
+use mapfs_cli::{mount_cmd, run};
 
 use clap::{Parser, Subcommand};
 

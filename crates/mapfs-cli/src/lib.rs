@@ -1,0 +1,5 @@
+//! The `mapfs` command line as a library.
+
+pub mod mount_cmd;
+pub mod mounts;
+pub mod run;

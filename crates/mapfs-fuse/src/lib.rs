@@ -12,4 +12,4 @@ pub mod mount;
 pub mod registry;
 
 pub use adapter::{AdapterOptions, DataMode};
-pub use mount::{mount, parse_options, MountOptions, Mounted};
+pub use mount::{mount, parse_options, MountOptions, Mounted, Unmounter, FSTYPE};

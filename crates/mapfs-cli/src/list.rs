@@ -13,6 +13,8 @@ pub struct ListArgs {
     /// Print a JSON array instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Only these mountpoints.
+    pub mountpoints: Vec<PathBuf>,
 }
 
 /// One mount as `list` reports it (the JSON object of `list --json`).
@@ -92,7 +94,15 @@ pub fn listed() -> Vec<ListedMount> {
 
 /// `list`.
 pub fn list(args: ListArgs) -> Result<()> {
-    let all = listed();
+    let wanted: Vec<PathBuf> = args
+        .mountpoints
+        .iter()
+        .map(|m| std::fs::canonicalize(m).unwrap_or_else(|_| m.clone()))
+        .collect();
+    let mut all = listed();
+    if !wanted.is_empty() {
+        all.retain(|m| wanted.contains(&m.mountpoint));
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());

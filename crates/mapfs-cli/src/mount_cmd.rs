@@ -465,8 +465,14 @@ impl RuntimeFiles {
 
 impl Drop for RuntimeFiles {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.info);
-        let _ = std::fs::remove_file(&self.pid);
+        // After `umount`, a new daemon may already serve the mountpoint and
+        // own these names: remove them only while they are still ours.
+        let ours = std::fs::read_to_string(&self.pid)
+            .is_ok_and(|p| p.trim() == std::process::id().to_string());
+        if ours {
+            let _ = std::fs::remove_file(&self.info);
+            let _ = std::fs::remove_file(&self.pid);
+        }
     }
 }
 

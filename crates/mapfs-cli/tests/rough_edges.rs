@@ -216,3 +216,57 @@ fn foreground_mount_stops_cleanly_on_sigterm() {
     assert!(err.contains("kernel passthrough is"), "{err}");
     drop(guard);
 }
+
+/// A user who may not open /dev/fuse is told which file and the fix. The
+/// device is replaced, in a private mount namespace only, by a root-only
+/// file.
+#[test]
+fn dev_fuse_without_permission_names_the_fix() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("!!!!! SKIPPED dev_fuse_without_permission: needs root to switch users !!!!!");
+        return;
+    }
+    let tmp = native_dir();
+    let (b, m, fake) = (
+        tmp.path().join("b"),
+        tmp.path().join("m"),
+        tmp.path().join("fuse"),
+    );
+    for d in [&b, &m] {
+        fs::create_dir(d).unwrap();
+        std::os::unix::fs::chown(
+            d,
+            Some(mapfs_testkit::NOBODY_UID),
+            Some(mapfs_testkit::NOBODY_GID),
+        )
+        .unwrap();
+    }
+    fs::write(&fake, b"").unwrap();
+    fs::set_permissions(&fake, fs::Permissions::from_mode(0o600)).unwrap();
+    let script = format!(
+        "mount --bind {fake} /dev/fuse || exit 98; \
+         setpriv --reuid={uid} --regid={gid} --clear-groups {bin} mount passthrough {b} {m}",
+        fake = fake.display(),
+        uid = mapfs_testkit::NOBODY_UID,
+        gid = mapfs_testkit::NOBODY_GID,
+        bin = mapfs_bin(),
+        b = b.display(),
+        m = m.display()
+    );
+    let out = run_captured(Command::new("unshare").args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+    ]))
+    .unwrap();
+    assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out:?}");
+    assert_eq!(
+        out.stderr.trim(),
+        "mapfs: error: no permission to open /dev/fuse for reading and writing: ask an \
+         administrator to `chmod 0666 /dev/fuse` (the Debian default) or run as root"
+    );
+    assert!(mounts_under(tmp.path()).is_empty());
+}

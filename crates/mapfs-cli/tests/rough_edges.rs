@@ -7,7 +7,7 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,16 +15,22 @@ use common::*;
 use mapfs_cli::mounts;
 use mapfs_testkit::mount::{is_mounted, mounts_under, run_captured};
 
+/// A temp dir with an empty backing dir `b` and mountpoint `m` in it.
+fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = native_dir();
+    let (b, m) = (tmp.path().join("b"), tmp.path().join("m"));
+    fs::create_dir(&b).unwrap();
+    fs::create_dir(&m).unwrap();
+    (tmp, b, m)
+}
+
 fn mapfs(args: &[&str]) -> mapfs_testkit::mount::CmdOutput {
     run_captured(Command::new(mapfs_bin()).args(args)).unwrap()
 }
 
 #[test]
 fn bad_input_is_one_line_and_status_1() {
-    let tmp = native_dir();
-    let (b, m) = (tmp.path().join("b"), tmp.path().join("m"));
-    fs::create_dir(&b).unwrap();
-    fs::create_dir(&m).unwrap();
+    let (tmp, b, m) = dirs();
     let (b, m) = (b.to_str().unwrap(), m.to_str().unwrap());
     let cases: &[(&[&str], &str)] = &[
         (&["mount", "passthrough", b, m, "--ttl", "1e30"], "invalid value '1e30' for '--ttl <TTL>': must be a number of seconds from 0 to 31536000 (one year)"),
@@ -74,10 +80,7 @@ fn non_empty_mountpoint_needs_nonempty() {
     if !fuse_or_skip("non-empty mountpoint") {
         return;
     }
-    let tmp = native_dir();
-    let (b, m) = (tmp.path().join("b"), tmp.path().join("m"));
-    fs::create_dir(&b).unwrap();
-    fs::create_dir(&m).unwrap();
+    let (_tmp, b, m) = dirs();
     fs::write(m.join("hidden-by-a-mount"), b"x").unwrap();
     let out = mapfs(&[
         "mount",
@@ -107,10 +110,7 @@ fn runtime_files_are_private_rotated_and_stale_ones_go() {
     if !fuse_or_skip("runtime files") {
         return;
     }
-    let tmp = native_dir();
-    let (b, m) = (tmp.path().join("b"), tmp.path().join("m"));
-    fs::create_dir(&b).unwrap();
-    fs::create_dir(&m).unwrap();
+    let (tmp, b, m) = dirs();
     let m = m.canonicalize().unwrap();
     // A stale pid file (of a process that has exited) for another mountpoint
     // and a log of a previous mount of this one.
@@ -170,10 +170,7 @@ fn foreground_mount_stops_cleanly_on_sigterm() {
     if !fuse_or_skip("foreground SIGTERM") {
         return;
     }
-    let tmp = native_dir();
-    let (b, m) = (tmp.path().join("b"), tmp.path().join("m"));
-    fs::create_dir(&b).unwrap();
-    fs::create_dir(&m).unwrap();
+    let (tmp, b, m) = dirs();
     let err_path = tmp.path().join("stderr");
     let mut child = Command::new(mapfs_bin())
         .args(["mount", "passthrough"])
@@ -253,15 +250,7 @@ fn dev_fuse_without_permission_names_the_fix() {
         b = b.display(),
         m = m.display()
     );
-    let out = run_captured(Command::new("unshare").args([
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        &script,
-    ]))
-    .unwrap();
+    let out = in_private_mount_ns(&script, &[]).expect("unshare(1) (util-linux) is missing");
     assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out:?}");
     assert_eq!(
         out.stderr.trim(),

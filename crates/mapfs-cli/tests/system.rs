@@ -28,13 +28,9 @@ fn in_namespace(script: &str, bin: &Path, vars: &[(&str, &Path)]) -> (bool, Stri
         "set -e\ntrap 'umount -l \"$M\" 2>/dev/null || true' EXIT\n\
          mount --bind \"$BIN\" /usr/local/bin\n{script}"
     );
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &full])
-        .env("BIN", bin);
-    for (k, v) in vars {
-        cmd.env(k, v);
-    }
-    let out = run_captured(&mut cmd).unwrap();
+    let mut env = vars.to_vec();
+    env.push(("BIN", bin));
+    let out = in_private_mount_ns(&full, &env).expect("unshare(1) (util-linux) is missing");
     (out.success(), out.stdout, out.stderr)
 }
 

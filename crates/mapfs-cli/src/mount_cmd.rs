@@ -358,8 +358,8 @@ fn serve(reg: &Registry, args: &MountArgs, c: Checked) -> Result<()> {
         },
         writeback_cache: args.writeback_cache == "on",
     };
-    let source = c.backing.to_string_lossy();
-    let mut mounted = match mapfs_fuse::mount(fs, &source, &c.mountpoint, adapter, &c.opts) {
+    let mounted = mapfs_fuse::mount(fs, c.spec.name, &c.backing, &c.mountpoint, adapter, &c.opts);
+    let mut mounted = match mounted {
         Ok(m) => m,
         Err(e) => {
             let e = anyhow!("cannot mount {}: {e}", c.mountpoint.display());

@@ -116,17 +116,21 @@ pub struct Mounted {
 /// Mounts `fs` at `mountpoint`. Returns once the kernel has completed the
 /// FUSE handshake, so the mount is usable as soon as [`Mounted::run`] starts.
 ///
-/// The mount's type is [`FSTYPE`] and its source `source` (the backing
-/// directory, as `findmnt` shows it), for root mounts too: fuser mounts
-/// those as plain `fuse` (it keeps the subtype for fusermount3 only), so
-/// as root we call mount(2) ourselves and hand the descriptor to fuser.
+/// The mount's type is [`FSTYPE`] and its source the backing directory (as
+/// `findmnt` shows it), for root mounts too: fuser mounts those as plain
+/// `fuse` (it keeps the subtype for fusermount3 only), so as root we call
+/// mount(2) ourselves and hand the descriptor to fuser. `fs_name` is the
+/// file system's name.
 pub fn mount(
     fs: Arc<dyn FileSystem>,
-    source: &str,
+    fs_name: &str,
+    backing: &Path,
     mountpoint: &Path,
     adapter: AdapterOptions,
     opts: &MountOptions,
 ) -> io::Result<Mounted> {
+    let source = backing.to_string_lossy();
+    tracing::debug!(fs = fs_name, backing = %source, "mounting on {}", mountpoint.display());
     let adapter = Adapter::new(fs, adapter).map_err(io::Error::from)?;
     let shared = adapter.shared();
     let mut cfg = Config::default();
@@ -142,7 +146,7 @@ pub fn mount(
             .max(2),
     );
     cfg.clone_fd = true;
-    let (session, dev, own_mount) = match mount_as_root(source, mountpoint, opts)? {
+    let (session, dev, own_mount) = match mount_as_root(&source, mountpoint, opts)? {
         Some(fd) => {
             let dev = fd.try_clone().ok();
             match Session::from_fd(adapter, fd, opts.acl, cfg) {

@@ -44,6 +44,7 @@
 
 #![warn(missing_docs)]
 
+mod helper;
 pub mod list;
 pub mod mount_cmd;
 pub mod mounts;
@@ -177,7 +178,7 @@ fn run_args<E: Subcommand>(
             .any(|s| s.get_name() == first || s.get_all_aliases().any(|a| a == first))
             || first == "help";
         if !is_sub && !first.starts_with('-') {
-            let margs = mount_cmd::helper_args(registry, &args[1..])?;
+            let margs = helper::helper_args(registry, &args[1..])?;
             return mount_cmd::mount(registry, margs);
         }
     }

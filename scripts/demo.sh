@@ -23,7 +23,7 @@ mkdir -p "$work/backing" "$work/mnt"
 echo "== mapfs mount passthrough $work/backing $work/mnt"
 "$MAPFS" mount passthrough "$work/backing" "$work/mnt"
 findmnt -t fuse.mapfs "$work/mnt"
-"$MAPFS" list
+"$MAPFS" list "$work/mnt"
 echo "hello through mapfs" > "$work/mnt/hello.txt"
 echo "== written through the mount, read from the backing dir:"
 cat "$work/backing/hello.txt"

@@ -177,7 +177,10 @@ fn run_args<E: Subcommand>(
             .get_subcommands()
             .any(|s| s.get_name() == first || s.get_all_aliases().any(|a| a == first))
             || first == "help";
-        if !is_sub && !first.starts_with('-') {
+        // mount.fuse3 passes the source as written (a path); anything else
+        // is a mistyped subcommand, which clap explains better.
+        let is_path = first.contains('/') || std::path::Path::new(first).exists();
+        if !is_sub && !first.starts_with('-') && is_path {
             let margs = helper::helper_args(registry, &args[1..])?;
             return mount_cmd::mount(registry, margs);
         }

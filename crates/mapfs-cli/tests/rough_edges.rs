@@ -40,7 +40,8 @@ fn bad_input_is_one_line_and_status_1() {
         (&["mount", "nope", b, m], "unknown file system \"nope\" (available: passthrough, plfs)"),
         (&["mount", "passthrough", b], "the following required arguments were not provided"),
         (&["run", "cp", "a", "b"], "unexpected argument 'cp' found; put `--` before the program: mapfs run -- CMD [ARGS...]"),
-        (&["frobnicate"], "expected a subcommand, or BACKING MOUNTPOINT -o fs=NAME"),
+        (&["mout", "passthrough", b, m], "unrecognized subcommand 'mout' tip: some similar subcommands exist: 'umount', 'mount'"),
+        (&[b], "expected a subcommand, or BACKING MOUNTPOINT -o fs=NAME"),
         (&[b, m, "-o", "data=fast"], "invalid data=\"fast\" (auto, daemon or passthrough)"),
     ];
     for (args, want) in cases {

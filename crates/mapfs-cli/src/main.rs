@@ -1,52 +1,18 @@
 //! `mapfs`: mount stackable user-space file systems whose data path skips the
-//! daemon, run programs on them, and measure them.
+//! daemon, run programs on them, and measure them. The built-in file systems
+//! on the library's command line ([`mapfs_cli::main_with`]), plus `bench`.
 
 mod bench;
-mod mount_cmd;
-mod mounts;
-mod run;
 
-use clap::{Parser, Subcommand};
-
-/// mapfs: user-space file systems as fast as the file system underneath.
-#[derive(Parser)]
-#[command(
-    name = "mapfs",
-    version,
-    after_help = "Examples:\n  \
-      mapfs mount passthrough /srv/data /mnt/data            # mount in the background\n  \
-      mapfs mount passthrough /srv/data /mnt/data --data daemon -o allow_other\n  \
-      mapfs umount /mnt/data\n  \
-      mapfs run -- sqlite3 /mnt/data/db.sqlite 'select 1'  # data path inside the process\n  \
-      mapfs bench --quick                                   # compare native, FUSE, passthrough"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Mount a file system (in the background; returns once it is ready).
-    Mount(mount_cmd::MountArgs),
-    /// Unmount a mapfs file system and wait for its daemon to finish.
-    Umount(mount_cmd::UmountArgs),
-    /// Run a program with its mapfs data path inside the process (preload shim).
-    Run(run::RunArgs),
+/// What `mapfs` has beyond every mapfs-based program.
+#[derive(clap::Subcommand)]
+enum Extra {
     /// Benchmark native, FUSE daemon, kernel passthrough (and references) side by side.
     Bench(bench::BenchArgs),
 }
 
 fn main() {
-    let cli = Cli::parse();
-    let res = match cli.command {
-        Command::Mount(args) => mount_cmd::mount(args),
-        Command::Umount(args) => mount_cmd::umount(args),
-        Command::Run(args) => run::run(args),
-        Command::Bench(args) => bench::run(args),
-    };
-    if let Err(e) = res {
-        eprintln!("mapfs: error: {e:#}");
-        std::process::exit(1);
-    }
+    mapfs_cli::main_with(mapfs_cli::builtins(), |e: Extra| match e {
+        Extra::Bench(args) => bench::run(args),
+    })
 }

@@ -1,43 +1,52 @@
-//! `mapfs mount` and `mapfs umount`.
+//! `mount` and `umount`, for every program built on this library.
 //!
 //! `mount` checks everything it can before touching the kernel, so bad input
 //! gets a clear error and nothing is mounted. Without `--foreground` it starts
 //! itself again as a detached daemon and returns only when that daemon reports
-//! the mount ready (or prints the daemon's error).
+//! the mount ready (or prints the daemon's error). The daemon keeps its pid
+//! and info files (see [`crate::mounts`]) while it serves, and unmounts on
+//! SIGTERM, SIGINT and SIGHUP.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use mapfs_fuse::{AdapterOptions, DataMode};
 
 use crate::mounts;
+use crate::registry::{FsOptions, FsSpec, Registry};
 
-/// Arguments of `mapfs mount`.
+/// The longest `--ttl` accepted: a year is "forever" for a cache, and far
+/// below where the kernel's and the standard library's time types overflow.
+const MAX_TTL_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// Arguments of `mount`.
 #[derive(Args, Debug)]
 pub struct MountArgs {
-    /// File system to mount (built in: passthrough, plfs).
+    /// File system to mount (see the list below the options).
     pub fs: String,
-    /// Backing directory holding the data.
+    /// Backing directory holding the data (`UPPER:LOWER...` for layered file systems).
     pub backing: PathBuf,
-    /// Empty directory to mount on.
+    /// Empty directory to mount on (`-o nonempty` to mount over files).
     pub mountpoint: PathBuf,
     /// Data executor: auto (kernel passthrough where possible), daemon, or passthrough.
     #[arg(long, default_value = "auto", value_parser = ["auto", "daemon", "passthrough"])]
     pub data: String,
     /// Mount options, comma separated: allow_other, allow_root, default_permissions, ro,
-    /// rw, exec, noexec, suid, nosuid, dev, nodev, atime, noatime, sync, async, dirsync.
+    /// rw, exec, noexec, suid, nosuid, dev, nodev, atime, noatime, sync, async, dirsync,
+    /// nonempty, and the file system's own.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Stay in the foreground and log to stderr.
     #[arg(long)]
     pub foreground: bool,
-    /// Attribute and entry cache time in seconds.
-    #[arg(long, default_value_t = 1.0)]
+    /// Attribute and entry cache time in seconds (0 to 31536000).
+    #[arg(long, default_value = "1", value_parser = parse_ttl, allow_hyphen_values = true)]
     pub ttl: f64,
     /// With `--data daemon`: let the kernel buffer writes (fast small writes;
     /// sizes changed outside this mount show late). `off` for strict
@@ -48,6 +57,16 @@ pub struct MountArgs {
     /// Internal: set by the background starter.
     #[arg(long, hide = true)]
     pub daemonized: bool,
+}
+
+/// `--ttl`: a finite number of seconds in 0..=one year.
+pub(crate) fn parse_ttl(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=MAX_TTL_SECS).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "must be a number of seconds from 0 to {MAX_TTL_SECS} (one year)"
+        )),
+    }
 }
 
 /// Arguments of `mapfs umount`.
@@ -61,10 +80,14 @@ pub struct UmountArgs {
 }
 
 struct Checked {
+    spec: FsSpec,
+    /// The canonical backing path as the file system gets it (layers joined
+    /// with `:`), also the mount's source.
     backing: PathBuf,
     mountpoint: PathBuf,
     data: DataMode,
     opts: mapfs_fuse::MountOptions,
+    fs_opts: FsOptions,
 }
 
 fn check_dir(path: &Path, what: &str) -> Result<PathBuf> {
@@ -85,37 +108,55 @@ fn check_dir(path: &Path, what: &str) -> Result<PathBuf> {
     }
 }
 
-fn check(args: &MountArgs) -> Result<Checked> {
-    if !mapfs_fs::NAMES.contains(&args.fs.as_str()) {
+fn check(reg: &Registry, args: &MountArgs) -> Result<Checked> {
+    let Some(spec) = reg.get(&args.fs) else {
         bail!(
-            "unknown file system {:?} (built in: {})",
+            "unknown file system {:?} (available: {})",
             args.fs,
-            mapfs_fs::NAMES.join(", ")
+            reg.names().join(", ")
         );
-    }
+    };
     let data: DataMode = args.data.parse().map_err(|e: String| anyhow!(e))?;
-    let opts = mapfs_fuse::parse_options(&args.options).map_err(|e| anyhow!(e))?;
-    if !(args.ttl.is_finite() && args.ttl >= 0.0) {
-        bail!("--ttl must be a number of seconds >= 0");
+    let mut kernel_opts = Vec::new();
+    let mut fs_opts = FsOptions::default();
+    let mut nonempty = false;
+    for o in args.options.iter().flat_map(|o| o.split(',')) {
+        let key = o.split_once('=').map_or(o, |(k, _)| k);
+        if o == "nonempty" {
+            nonempty = true;
+        } else if spec.options.contains(&key) {
+            fs_opts.custom.push(o.to_string());
+        } else {
+            kernel_opts.push(o.to_string());
+        }
     }
-    let backing = check_dir(&args.backing, "backing directory")?;
+    let opts = mapfs_fuse::parse_options(&kernel_opts).map_err(|e| anyhow!(e))?;
+    fs_opts.read_only = opts.kernel.contains(&fuser::MountOption::RO);
+    let layers: Vec<PathBuf> = if spec.layered {
+        args.backing
+            .as_os_str()
+            .as_bytes()
+            .split(|&b| b == b':')
+            .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+            .collect()
+    } else {
+        vec![args.backing.clone()]
+    };
+    let what = if spec.layered {
+        "layer"
+    } else {
+        "backing directory"
+    };
+    for layer in &layers {
+        fs_opts.layers.push(check_dir(layer, what)?);
+    }
+    let backing = PathBuf::from(
+        std::env::join_paths(&fs_opts.layers)
+            .map_err(|_| anyhow!("a backing directory contains ':'"))?,
+    );
     let mountpoint = check_dir(&args.mountpoint, "mountpoint")?;
-    if mountpoint == backing {
-        bail!("mountpoint and backing directory are the same directory");
-    }
-    if mountpoint.starts_with(&backing) {
-        bail!(
-            "mountpoint {} is inside the backing directory {}: the file system would contain itself",
-            mountpoint.display(),
-            backing.display()
-        );
-    }
-    if backing.starts_with(&mountpoint) {
-        bail!(
-            "backing directory {} is inside the mountpoint {}: it would be hidden by the mount",
-            backing.display(),
-            mountpoint.display()
-        );
+    for layer in &fs_opts.layers {
+        check_apart(layer, &mountpoint)?;
     }
     if let Some(m) = mounts::mounted_at(&mountpoint) {
         bail!(
@@ -125,18 +166,68 @@ fn check(args: &MountArgs) -> Result<Checked> {
             m.fstype
         );
     }
-    if !Path::new("/dev/fuse").exists() {
-        bail!("/dev/fuse is missing: load the fuse module (modprobe fuse) or run where FUSE is available");
+    if !nonempty
+        && std::fs::read_dir(&mountpoint)
+            .with_context(|| format!("cannot list mountpoint {}", mountpoint.display()))?
+            .next()
+            .is_some()
+    {
+        bail!(
+            "mountpoint {} is not empty: the mount would hide its files (add -o nonempty to mount anyway)",
+            mountpoint.display()
+        );
     }
+    check_dev_fuse()?;
     if !rustix::process::geteuid().is_root() && which("fusermount3").is_none() {
         bail!("fusermount3 not found in PATH: install it (Debian: apt-get install fuse3)");
     }
     Ok(Checked {
+        spec: spec.clone(),
         backing,
         mountpoint,
         data,
         opts,
+        fs_opts,
     })
+}
+
+/// Refuses a mountpoint and backing directory that are the same or nested.
+fn check_apart(backing: &Path, mountpoint: &Path) -> Result<()> {
+    if mountpoint == backing {
+        bail!("mountpoint and backing directory are the same directory");
+    }
+    if mountpoint.starts_with(backing) {
+        bail!(
+            "mountpoint {} is inside the backing directory {}: the file system would contain itself",
+            mountpoint.display(),
+            backing.display()
+        );
+    }
+    if backing.starts_with(mountpoint) {
+        bail!(
+            "backing directory {} is inside the mountpoint {}: it would be hidden by the mount",
+            backing.display(),
+            mountpoint.display()
+        );
+    }
+    Ok(())
+}
+
+/// `/dev/fuse` must exist and, for a non-root user, be readable and
+/// writable: say which and how to fix it rather than a bare EACCES later.
+fn check_dev_fuse() -> Result<()> {
+    let dev = Path::new("/dev/fuse");
+    if !dev.exists() {
+        bail!("/dev/fuse is missing: load the fuse module (modprobe fuse) or run where FUSE is available");
+    }
+    let access = rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK;
+    if rustix::fs::access(dev, access).is_err() {
+        bail!(
+            "no permission to open /dev/fuse for reading and writing: ask an administrator to \
+             `chmod 0666 /dev/fuse` (the Debian default) or run as root"
+        );
+    }
+    Ok(())
 }
 
 fn which(prog: &str) -> Option<PathBuf> {
@@ -147,30 +238,29 @@ fn which(prog: &str) -> Option<PathBuf> {
     })
 }
 
-/// `mapfs mount`.
-pub fn mount(mut args: MountArgs) -> Result<()> {
-    if args.fs != "passthrough" {
+/// `mount`: checks everything, then mounts in the background (or serves
+/// in the foreground with `--foreground`).
+pub fn mount(reg: &Registry, mut args: MountArgs) -> Result<()> {
+    let c = check(reg, &args)?;
+    if !c.spec.whole_file_maps {
         // Several opens of one file with maps that are not whole-file (one
         // log per writer) must not share the kernel's dirty pages: a page
         // written back through one open carries another open's bytes.
         args.writeback_cache = "off".to_string();
     }
-    let c = check(&args)?;
     if args.foreground {
-        serve(&args, c)
+        serve(reg, &args, c)
     } else {
-        start_background(&args, &c)
+        start_background(reg, &args, &c)
     }
 }
 
-fn start_background(args: &MountArgs, c: &Checked) -> Result<()> {
-    let runtime = mounts::runtime_dir();
-    std::fs::create_dir_all(&runtime)
-        .with_context(|| format!("cannot create {}", runtime.display()))?;
-    let log = mounts::log_path(&c.mountpoint);
-    let log_file =
-        File::create(&log).with_context(|| format!("cannot create log {}", log.display()))?;
-    let exe = std::env::current_exe().context("cannot find the mapfs executable")?;
+fn start_background(reg: &Registry, args: &MountArgs, c: &Checked) -> Result<()> {
+    mounts::ensure_runtime_dir()?;
+    mounts::remove_stale();
+    let (log, log_file) = mounts::new_log(&c.mountpoint)?;
+    let exe = std::env::current_exe()
+        .with_context(|| format!("cannot find the {} executable", reg.program))?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount")
         .arg(&args.fs)
@@ -192,7 +282,7 @@ fn start_background(args: &MountArgs, c: &Checked) -> Result<()> {
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log_file))
         .spawn()
-        .context("cannot start the mapfs daemon")?;
+        .with_context(|| format!("cannot start the {} daemon", reg.program))?;
     let stdout = child.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();
     match lines.next() {
@@ -229,15 +319,32 @@ fn init_logging() {
         .try_init();
 }
 
-fn serve(args: &MountArgs, c: Checked) -> Result<()> {
+fn serve(reg: &Registry, args: &MountArgs, c: Checked) -> Result<()> {
     init_logging();
     if args.daemonized {
         // Leave the caller's session so its terminal closing does not kill us.
         let _ = rustix::process::setsid();
     }
-    // Modes from the kernel already carry the caller's umask.
+    // Modes from the kernel already carry the caller's umask. Files the
+    // daemon makes for itself (pid, info) get explicit modes.
     rustix::process::umask(rustix::fs::Mode::empty());
-    let fs = mapfs_fs::build(&args.fs, &c.backing).map_err(|e| anyhow!("{e}"))?;
+    let report_err = |e: &dyn std::fmt::Display| {
+        if args.daemonized {
+            println!("{e}");
+        }
+    };
+    let fs = match (c.spec.build)(&c.backing, &c.fs_opts) {
+        Ok(fs) => fs,
+        Err(e) => {
+            let e = anyhow!(
+                "cannot start {} on {}: {e}",
+                c.spec.name,
+                c.backing.display()
+            );
+            report_err(&e);
+            return Err(e);
+        }
+    };
     let adapter = AdapterOptions {
         data: c.data,
         ttl: Duration::from_secs_f64(args.ttl),
@@ -252,13 +359,8 @@ fn serve(args: &MountArgs, c: Checked) -> Result<()> {
         },
         writeback_cache: args.writeback_cache == "on",
     };
-    let report_err = |e: &dyn std::fmt::Display| {
-        if args.daemonized {
-            println!("{e}");
-        }
-    };
-    let mounted = match mapfs_fuse::mount(fs, &args.fs, &c.backing, &c.mountpoint, adapter, &c.opts)
-    {
+    let mounted = mapfs_fuse::mount(fs, c.spec.name, &c.backing, &c.mountpoint, adapter, &c.opts);
+    let mut mounted = match mounted {
         Ok(m) => m,
         Err(e) => {
             let e = anyhow!("cannot mount {}: {e}", c.mountpoint.display());
@@ -266,16 +368,16 @@ fn serve(args: &MountArgs, c: Checked) -> Result<()> {
             return Err(e);
         }
     };
-    let _ = std::fs::create_dir_all(mounts::runtime_dir());
-    let pidfile = mounts::pid_path(&c.mountpoint);
-    let _ = std::fs::write(&pidfile, format!("{}\n", std::process::id()));
+    let passthrough_active = c.data != DataMode::Daemon && mounted.passthrough_works();
     tracing::info!(
         mountpoint = %c.mountpoint.display(),
         backing = %c.backing.display(),
         data = %args.data,
-        "mounted {}",
-        args.fs
+        "mounted {}; {}",
+        c.spec.name,
+        executor_line(c.data, passthrough_active)
     );
+    let files = RuntimeFiles::write(reg, args, &c, passthrough_active);
     if args.daemonized {
         println!("ready");
         let _ = std::io::stdout().flush();
@@ -285,12 +387,14 @@ fn serve(args: &MountArgs, c: Checked) -> Result<()> {
         }
     } else {
         eprintln!(
-            "mapfs: {} mounted on {}; Ctrl-C or `mapfs umount` to stop",
-            args.fs,
-            c.mountpoint.display()
+            "{}: {} mounted on {}; Ctrl-C or `{} umount` to stop",
+            reg.program,
+            c.spec.name,
+            c.mountpoint.display(),
+            reg.program
         );
     }
-    spawn_signal_unmounter(c.mountpoint.clone())?;
+    spawn_signal_unmounter(c.mountpoint.clone(), mounted.unmounter())?;
     // Shim clients (`mapfs run`) attach here; a mount without it still works.
     let control_path = mapfs::control::socket_path(&c.mountpoint);
     let _control = match mapfs_fuse::control::spawn(mounted.shared(), &control_path) {
@@ -304,7 +408,7 @@ fn serve(args: &MountArgs, c: Checked) -> Result<()> {
         }
     };
     let res = mounted.run();
-    let _ = std::fs::remove_file(&pidfile);
+    drop(files);
     tracing::info!("unmounted {}", c.mountpoint.display());
     if res.is_ok() && args.daemonized {
         // A clean exit leaves nothing worth reading; a crash keeps its log.
@@ -313,8 +417,68 @@ fn serve(args: &MountArgs, c: Checked) -> Result<()> {
     res.context("FUSE session failed")
 }
 
+/// The one log line saying which executor runs the data.
+fn executor_line(data: DataMode, passthrough_active: bool) -> &'static str {
+    match (data, passthrough_active) {
+        (DataMode::Daemon, _) => "data executor: daemon (--data daemon)",
+        (_, true) => "data executor: kernel passthrough is active for whole-file maps; the daemon runs the others",
+        (_, false) => "data executor: daemon; kernel passthrough is NOT active (the kernel or this process's privileges refuse backing files)",
+    }
+}
+
+/// The pid and info files of a serving daemon, removed when it stops.
+struct RuntimeFiles {
+    pid: PathBuf,
+    info: PathBuf,
+}
+
+impl RuntimeFiles {
+    /// Writes them; a failure is logged, not fatal: the mount works
+    /// without them, only `umount` and `list` know less.
+    fn write(reg: &Registry, args: &MountArgs, c: &Checked, passthrough_active: bool) -> Self {
+        let files = RuntimeFiles {
+            pid: mounts::pid_path(&c.mountpoint),
+            info: mounts::info_path(&c.mountpoint),
+        };
+        let info = mounts::MountInfo {
+            pid: std::process::id(),
+            program: reg.program.to_string(),
+            fs: c.spec.name.to_string(),
+            backing: c.backing.to_string_lossy().into_owned(),
+            data: args.data.clone(),
+            passthrough_active,
+            writeback_cache: c.data == DataMode::Daemon && args.writeback_cache == "on",
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        let res = mounts::ensure_runtime_dir().and_then(|_| {
+            mounts::remove_stale();
+            mounts::write_private(&files.pid, format!("{}\n", info.pid).as_bytes())?;
+            mounts::write_private(&files.info, &serde_json::to_vec(&info)?)
+        });
+        if let Err(e) = res {
+            tracing::warn!("{e:#}; `umount` and `list` will know less of this mount");
+        }
+        files
+    }
+}
+
+impl Drop for RuntimeFiles {
+    fn drop(&mut self) {
+        // After `umount`, a new daemon may already serve the mountpoint and
+        // own these names: remove them only while they are still ours.
+        let ours = std::fs::read_to_string(&self.pid)
+            .is_ok_and(|p| p.trim() == std::process::id().to_string());
+        if ours {
+            let _ = std::fs::remove_file(&self.info);
+            let _ = std::fs::remove_file(&self.pid);
+        }
+    }
+}
+
 /// SIGINT/SIGTERM/SIGHUP unmount cleanly instead of leaving a dead mount.
-fn spawn_signal_unmounter(mountpoint: PathBuf) -> Result<()> {
+fn spawn_signal_unmounter(mountpoint: PathBuf, mut unmounter: mapfs_fuse::Unmounter) -> Result<()> {
     use nix::sys::signal::{SigSet, Signal};
     let mut set = SigSet::empty();
     set.add(Signal::SIGINT);
@@ -326,8 +490,8 @@ fn spawn_signal_unmounter(mountpoint: PathBuf) -> Result<()> {
         .spawn(move || {
             if let Ok(sig) = set.wait() {
                 tracing::info!("{sig:?}: unmounting {}", mountpoint.display());
-                if let Err(e) = unmount_path(&mountpoint, true) {
-                    tracing::error!("cannot unmount {}: {e:#}", mountpoint.display());
+                if let Err(e) = unmounter.unmount() {
+                    tracing::error!("cannot unmount {}: {e}", mountpoint.display());
                     std::process::exit(1);
                 }
             }
@@ -370,7 +534,8 @@ fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
     }
 }
 
-/// `mapfs umount`.
+/// `umount`: unmounts and waits for the daemon to exit, so everything it
+/// was writing has reached the backing store when this returns.
 pub fn umount(args: UmountArgs) -> Result<()> {
     // A dead mount cannot be canonicalized (stat fails), so fall back to the
     // absolute path as given.
@@ -388,34 +553,29 @@ pub fn umount(args: UmountArgs) -> Result<()> {
         ),
         None => bail!("{} is not mounted", mp.display()),
     }
-    let pid = std::fs::read_to_string(mounts::pid_path(&mp))
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok());
+    // Taken before unmounting: the socket and pid file go with the daemon.
+    let daemon = crate::pidfd::daemon_of(&mp);
     unmount_path(&mp, args.lazy)?;
-    // Wait for the daemon so everything it was writing has reached the
-    // backing store when we return.
-    if let Some(pid) = pid {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline && process_alive(pid) {
-            std::thread::sleep(Duration::from_millis(10));
+    if let Some(pidfd) = daemon {
+        if !crate::pidfd::wait_exit(&pidfd, Duration::from_secs(30)) {
+            eprintln!(
+                "warning: the daemon of {} is still running after 30 s (still writing?)",
+                mp.display()
+            );
         }
     }
     Ok(())
 }
 
-fn process_alive(pid: i32) -> bool {
-    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
-        return false;
-    };
-    // Zombies count as gone: the daemon has finished.
-    rustix::process::test_kill_process(pid).is_ok()
-        && std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))
-            .map(|s| {
-                !s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(false)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_bounds() {
+        assert_eq!(parse_ttl("0.5"), Ok(0.5));
+        for bad in ["-1", "1e30", "nan", "inf", "x"] {
+            assert!(parse_ttl(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -1,6 +1,17 @@
 //! The mount table (`/proc/self/mountinfo`) and per-mount runtime files.
+//!
+//! Runtime files live in a directory only their owner can write
+//! ([`runtime_dir`]): `/run/mapfs` (root, 0755) or a per-user directory.
+//! Per mount: `<escaped mountpoint>.pid` (the daemon's pid, 0644),
+//! `.json` (what `list` shows: [`MountInfo`]) and `.log` (the daemon's
+//! log, rotated to `.log.1` at the next mount).
 
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
 
 use mapfs::control::{escape, unescape_mountinfo};
 
@@ -11,22 +22,24 @@ pub struct MountEntry {
     pub mountpoint: PathBuf,
     /// File system type (`fuse.mapfs` for ours).
     pub fstype: String,
-    /// Mount source (`mapfs-passthrough:/backing` for ours).
+    /// Mount source (the backing directory for ours).
     pub source: String,
 }
 
-/// The file system type of mapfs mounts made through fusermount3 (a root
-/// daemon mounts directly and the kernel then reports plain `fuse`).
-pub const MAPFS_FSTYPE: &str = "fuse.mapfs";
+/// The file system type of every mapfs mount, root-made ones included.
+pub const MAPFS_FSTYPE: &str = mapfs_fuse::FSTYPE;
 
-/// Prefix of the mount source of every mapfs mount (`mapfs-<fs>:<backing>`).
+/// Prefix of the source of mounts made by older mapfs versions
+/// (`mapfs-<fs>:<backing>`, type plain `fuse` when made by root).
 pub const MAPFS_SOURCE_PREFIX: &str = "mapfs-";
 
 impl MountEntry {
-    /// True for mounts served by a mapfs daemon.
+    /// True for mounts served by a mapfs daemon. The same rule as the
+    /// preload shim's (`mapfs-preload/src/mounts.rs`): type `fuse.mapfs`, or
+    /// an older root mount, plain `fuse` with a `mapfs-` source.
     pub fn is_mapfs(&self) -> bool {
-        (self.fstype == "fuse" || self.fstype == MAPFS_FSTYPE)
-            && self.source.starts_with(MAPFS_SOURCE_PREFIX)
+        self.fstype == MAPFS_FSTYPE
+            || (self.fstype == "fuse" && self.source.starts_with(MAPFS_SOURCE_PREFIX))
     }
 }
 
@@ -63,7 +76,7 @@ pub fn mounted_at(path: &Path) -> Option<MountEntry> {
         .find(|m| m.mountpoint == path)
 }
 
-/// Directory for daemon logs and pid files.
+/// Directory for daemon logs and pid files (see [`ensure_runtime_dir`]).
 pub fn runtime_dir() -> PathBuf {
     if rustix::process::geteuid().is_root() {
         PathBuf::from("/run/mapfs")
@@ -82,6 +95,123 @@ pub fn log_path(mountpoint: &Path) -> PathBuf {
 /// Pid file of the daemon serving `mountpoint`.
 pub fn pid_path(mountpoint: &Path) -> PathBuf {
     runtime_dir().join(format!("{}.pid", escape(mountpoint)))
+}
+
+/// Creates [`runtime_dir`] if needed and checks that nobody else can write
+/// to it, since `umount` and `list` trust what is in it: owned by us, 0755
+/// (root) or 0700 (a per-user directory), not writable by group or others.
+pub fn ensure_runtime_dir() -> Result<PathBuf> {
+    let dir = runtime_dir();
+    let root = rustix::process::geteuid().is_root();
+    let mode = if root { 0o755 } else { 0o700 };
+    match std::fs::DirBuilder::new().mode(mode).create(&dir) {
+        Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("cannot set the mode of {}", dir.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(&dir)
+        .with_context(|| format!("cannot stat {}", dir.display()))?;
+    let me = rustix::process::geteuid().as_raw();
+    if !meta.is_dir() || meta.uid() != me {
+        bail!(
+            "{} is not a directory owned by uid {me}: remove it and mount again",
+            dir.display()
+        );
+    }
+    if meta.mode() & 0o022 != 0 {
+        // Ours, but others could plant pid files: tighten it.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
+    }
+    Ok(dir)
+}
+
+/// What the daemon of a mount records for `list`, next to its pid file.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct MountInfo {
+    /// The daemon's pid.
+    pub pid: u32,
+    /// The program serving it (`mapfs`, or a file system's own binary).
+    pub program: String,
+    /// File system name.
+    pub fs: String,
+    /// Backing directory (directories, `:`-separated, for layered ones).
+    pub backing: String,
+    /// `--data` as given: auto, daemon or passthrough.
+    pub data: String,
+    /// Whether the kernel accepted backing files on the connection at mount
+    /// (kernel passthrough really in use for whole-file maps).
+    pub passthrough_active: bool,
+    /// Kernel writeback cache requested (`--data daemon` only).
+    pub writeback_cache: bool,
+    /// Mount time, seconds since the epoch.
+    pub started_unix: u64,
+}
+
+/// Info file of the daemon serving `mountpoint`.
+pub fn info_path(mountpoint: &Path) -> PathBuf {
+    runtime_dir().join(format!("{}.json", escape(mountpoint)))
+}
+
+/// Writes `contents` to a new `path` readable by all and writable by its
+/// owner only, whatever the umask (the daemon runs with umask 0).
+pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+    let _ = std::fs::remove_file(path);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    f.write_all(contents)?;
+    Ok(())
+}
+
+/// Starts a new log for the daemon of `mountpoint`, keeping the previous one
+/// as `.log.1`, so a remount after a crash does not erase what happened.
+pub fn new_log(mountpoint: &Path) -> Result<(PathBuf, File)> {
+    let log = log_path(mountpoint);
+    let mut old = log.clone().into_os_string();
+    old.push(".1");
+    let _ = std::fs::rename(&log, &old);
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&log)
+        .with_context(|| format!("cannot create log {}", log.display()))?;
+    Ok((log, f))
+}
+
+/// Removes the pid and info files of daemons that are gone (a crash, a
+/// kill): `umount` and `list` must not find them.
+pub fn remove_stale() {
+    let Ok(entries) = std::fs::read_dir(runtime_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "pid") {
+            continue;
+        }
+        let alive = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+            .is_some_and(|p| rustix::process::test_kill_process(p).is_ok());
+        if !alive {
+            let _ = std::fs::remove_file(path.with_extension("json"));
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// The daemon's record of `mountpoint`, if it left one.
+pub fn read_info(mountpoint: &Path) -> Option<MountInfo> {
+    let text = std::fs::read_to_string(info_path(mountpoint)).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 #[cfg(test)]

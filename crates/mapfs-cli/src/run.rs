@@ -108,18 +108,22 @@ fn uses_writeback_cache(mountpoint: &Path) -> bool {
         .is_ok_and(|s| s.writeback_cache)
 }
 
-/// The shim next to the running `mapfs` binary (the same target dir).
-fn shim_path() -> Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the mapfs binary")?;
+/// The shim, found relative to the running binary: installed
+/// (`PREFIX/bin/mapfs` with `PREFIX/lib/mapfs/libmapfs_preload.so`) or in
+/// the cargo target dir (next to it, or one level up for test binaries in
+/// `deps/` and examples in `examples/`).
+pub fn shim_path() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the running binary")?;
     let dir = exe.parent().unwrap_or(Path::new("."));
-    // Test binaries live one level down, in deps/.
-    for cand in [dir.join(SHIM), dir.join("..").join(SHIM)] {
+    let installed = dir.join("../lib/mapfs").join(SHIM);
+    for cand in [dir.join(SHIM), dir.join("..").join(SHIM), installed] {
         if cand.exists() {
             return Ok(cand.canonicalize()?);
         }
     }
     bail!(
-        "{SHIM} not found next to {}; build it with `cargo build --workspace` (same profile)",
+        "{SHIM} not found next to {} nor in ../lib/mapfs/; install with `bash scripts/install.sh` \
+         or build it with `cargo build --workspace` (same profile)",
         exe.display()
     )
 }

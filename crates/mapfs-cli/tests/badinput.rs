@@ -323,13 +323,6 @@ fn non_root_without_fusermount3() {
 /// No /dev/fuse (hidden in a private mount namespace).
 #[test]
 fn no_dev_fuse() {
-    let unshare = ["/usr/bin/unshare", "/bin/unshare"]
-        .into_iter()
-        .find(|p| Path::new(p).exists());
-    let Some(unshare) = unshare else {
-        eprintln!("!!!!! SKIPPED no_dev_fuse: unshare(1) not installed !!!!!");
-        return;
-    };
     let d = Dirs::new();
     let b = d.dir("backing");
     let m = d.dir("mnt");
@@ -344,15 +337,10 @@ fn no_dev_fuse() {
         b = b.display(),
         m = m.display()
     );
-    let out = run_captured(Command::new(unshare).args([
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        &script,
-    ]))
-    .unwrap();
+    let Some(out) = in_private_mount_ns(&script, &[]) else {
+        eprintln!("!!!!! SKIPPED no_dev_fuse: unshare(1) not installed !!!!!");
+        return;
+    };
     assert_ne!(
         out.status.and_then(|s| s.code()),
         Some(98),

@@ -902,17 +902,12 @@ fn fsyncdir_and_release() {
 }
 
 #[test]
-fn build_by_name() {
+fn new_refuses_a_missing_backing_dir() {
     let t = Twin::new(basic);
-    assert!(mapfs_fs::NAMES.contains(&"passthrough"));
-    let fs = mapfs_fs::build("passthrough", &t.mirror).unwrap();
+    let fs = mapfs_fs::passthrough::Passthrough::new(&t.mirror).unwrap();
     assert_eq!(fs.getattr(&ROOT, p("/a/f")).unwrap().size, 5);
     assert_eq!(
-        mapfs_fs::build("nope", &t.mirror).err().unwrap().errno(),
-        libc::EINVAL
-    );
-    assert_eq!(
-        mapfs_fs::build("passthrough", &t.m("/nope"))
+        mapfs_fs::passthrough::Passthrough::new(&t.m("/nope"))
             .err()
             .unwrap()
             .errno(),

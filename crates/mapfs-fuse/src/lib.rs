@@ -13,4 +13,4 @@ pub mod ratelimit;
 pub mod registry;
 
 pub use adapter::{AdapterOptions, DataMode};
-pub use mount::{mount, parse_options, MountOptions, Mounted};
+pub use mount::{mount, parse_options, MountOptions, Mounted, Unmounter, FSTYPE};

@@ -5,7 +5,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fuser::{Config, MountOption, Session, SessionACL};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use mapfs::FileSystem;
 
 use crate::adapter::{Adapter, AdapterOptions, Shared};
@@ -94,15 +96,31 @@ pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
     Ok(MountOptions { kernel, acl })
 }
 
+/// The mount type every mapfs mount shows in `/proc/self/mountinfo`: what
+/// `mapfs list`, `mapfs run` and the preload shim recognise mounts by.
+pub const FSTYPE: &str = "fuse.mapfs";
+
 /// A mounted, initialised file system that is not yet serving requests.
 pub struct Mounted {
     session: Session<Adapter>,
     shared: Arc<Shared>,
     mountpoint: PathBuf,
+    /// A duplicate of the session's `/dev/fuse` descriptor (same
+    /// connection), for the passthrough probe.
+    dev: Option<OwnedFd>,
+    /// True when we called mount(2) ourselves (root): fuser then knows of no
+    /// mount and we unmount it; otherwise fuser's own unmounter does.
+    own_mount: bool,
 }
 
 /// Mounts `fs` at `mountpoint`. Returns once the kernel has completed the
 /// FUSE handshake, so the mount is usable as soon as [`Mounted::run`] starts.
+///
+/// The mount's type is [`FSTYPE`] and its source the backing directory (as
+/// `findmnt` shows it), for root mounts too: fuser mounts those as plain
+/// `fuse` (it keeps the subtype for fusermount3 only), so as root we call
+/// mount(2) ourselves and hand the descriptor to fuser. `fs_name` is the
+/// file system's name.
 pub fn mount(
     fs: Arc<dyn FileSystem>,
     fs_name: &str,
@@ -111,15 +129,15 @@ pub fn mount(
     adapter: AdapterOptions,
     opts: &MountOptions,
 ) -> io::Result<Mounted> {
+    let source = backing.to_string_lossy();
+    tracing::debug!(fs = fs_name, backing = %source, "mounting on {}", mountpoint.display());
     let adapter = Adapter::new(fs, adapter).map_err(io::Error::from)?;
     let shared = adapter.shared();
     shared.describe(fs_name, backing);
     let mut cfg = Config::default();
     cfg.mount_options = opts.kernel.clone();
-    cfg.mount_options.push(MountOption::FSName(format!(
-        "mapfs-{fs_name}:{}",
-        backing.display()
-    )));
+    cfg.mount_options
+        .push(MountOption::FSName(source.to_string()));
     cfg.mount_options.push(MountOption::Subtype("mapfs".into()));
     cfg.acl = opts.acl;
     // One event loop per core, each with its own /dev/fuse clone.
@@ -129,13 +147,113 @@ pub fn mount(
             .max(2),
     );
     cfg.clone_fd = true;
-    let session = Session::new(adapter, mountpoint, &cfg)?;
+    let (session, dev, own_mount) = match mount_as_root(&source, mountpoint, opts)? {
+        Some(fd) => {
+            let dev = fd.try_clone().ok();
+            match Session::from_fd(adapter, fd, opts.acl, cfg) {
+                Ok(s) => (s, dev, true),
+                Err(e) => {
+                    let _ = rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH);
+                    return Err(e);
+                }
+            }
+        }
+        None => {
+            let s = Session::new(adapter, mountpoint, &cfg)?;
+            let dev = s.as_fd().try_clone_to_owned().ok();
+            (s, dev, false)
+        }
+    };
     shared.set_notifier(session.notifier());
     Ok(Mounted {
         session,
         shared,
         mountpoint: mountpoint.to_path_buf(),
+        dev,
+        own_mount,
     })
+}
+
+/// As root, mounts a `fuse.mapfs` file system on `mountpoint` with mount(2)
+/// and returns its `/dev/fuse` descriptor; `None` when not root or when the
+/// kernel refuses (EPERM in a user namespace), so fusermount3 is tried.
+fn mount_as_root(
+    source: &str,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> io::Result<Option<OwnedFd>> {
+    use rustix::fs::{Mode, OFlags};
+    use rustix::mount::MountFlags;
+    if !rustix::process::geteuid().is_root() {
+        return Ok(None);
+    }
+    let dev = rustix::fs::open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
+    let root_mode = rustix::fs::stat(mountpoint)?.st_mode & libc::S_IFMT;
+    let mut data = format!(
+        "fd={},rootmode={:o},user_id={},group_id={}",
+        dev.as_raw_fd(),
+        root_mode,
+        rustix::process::getuid().as_raw(),
+        rustix::process::getgid().as_raw()
+    );
+    if opts.kernel.contains(&MountOption::DefaultPermissions) {
+        data.push_str(",default_permissions");
+    }
+    if opts.acl != SessionACL::Owner {
+        // The kernel knows only allow_other; fuser enforces allow_root.
+        data.push_str(",allow_other");
+    }
+    // Like fusermount3: nodev and nosuid unless asked for.
+    let mut flags = MountFlags::empty();
+    let has = |o: MountOption| opts.kernel.contains(&o);
+    if !has(MountOption::Dev) {
+        flags |= MountFlags::NODEV;
+    }
+    if !has(MountOption::Suid) {
+        flags |= MountFlags::NOSUID;
+    }
+    for (o, f) in [
+        (MountOption::RO, MountFlags::RDONLY),
+        (MountOption::NoExec, MountFlags::NOEXEC),
+        (MountOption::NoAtime, MountFlags::NOATIME),
+        (MountOption::Sync, MountFlags::SYNCHRONOUS),
+        (MountOption::DirSync, MountFlags::DIRSYNC),
+        (MountOption::NoDev, MountFlags::NODEV),
+        (MountOption::NoSuid, MountFlags::NOSUID),
+    ] {
+        if has(o) {
+            flags |= f;
+        }
+    }
+    let data = std::ffi::CString::new(data).map_err(|_| io::ErrorKind::InvalidInput)?;
+    match rustix::mount::mount(source, mountpoint, FSTYPE, flags, data.as_c_str()) {
+        Ok(()) => Ok(Some(dev)),
+        Err(rustix::io::Errno::PERM) => Ok(None),
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!("mount(2) of {} failed: {e}", mountpoint.display()),
+        )),
+    }
+}
+
+/// Unmounts a mount served by this process, from another thread (the signal
+/// handler) while [`Mounted::run`] serves it.
+pub struct Unmounter {
+    mountpoint: PathBuf,
+    fuser: Option<SessionUnmounter>,
+}
+
+impl Unmounter {
+    /// Detaches the mount; [`Mounted::run`] then returns once the kernel has
+    /// closed the connection. Going through fuser's own unmounter where fuser
+    /// made the mount keeps it from trying again (and failing) on exit.
+    pub fn unmount(&mut self) -> io::Result<()> {
+        match &mut self.fuser {
+            Some(u) => u.unmount(),
+            None => rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH)
+                .map_err(io::Error::from),
+        }
+    }
 }
 
 impl Mounted {
@@ -149,10 +267,83 @@ impl Mounted {
         &self.mountpoint
     }
 
+    /// A handle that unmounts this mount from another thread.
+    pub fn unmounter(&mut self) -> Unmounter {
+        Unmounter {
+            mountpoint: self.mountpoint.clone(),
+            fuser: (!self.own_mount).then(|| self.session.unmount_callable()),
+        }
+    }
+
+    /// Whether the kernel accepts backing files on this connection, i.e.
+    /// kernel passthrough is really in use (negotiated at the handshake, and
+    /// this process has the privilege to register backing files). Asked
+    /// once, by registering and dropping a scratch memfd.
+    pub fn passthrough_works(&self) -> bool {
+        let Some(dev) = &self.dev else {
+            return false;
+        };
+        let Ok(probe) = rustix::fs::memfd_create("mapfs-probe", rustix::fs::MemfdFlags::CLOEXEC)
+        else {
+            return false;
+        };
+        match backing_open(dev.as_fd(), probe.as_fd()) {
+            Ok(id) => {
+                let _ = backing_close(dev.as_fd(), id);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Serves requests until the file system is unmounted.
     pub fn run(self) -> io::Result<()> {
         self.session.run()
     }
+}
+
+/// `struct fuse_backing_map` of `<linux/fuse.h>`.
+#[repr(C)]
+struct BackingMap {
+    fd: i32,
+    flags: u32,
+    padding: u64,
+}
+
+/// `FUSE_DEV_IOC_BACKING_OPEN`: `_IOW(229, 1, struct fuse_backing_map)`.
+const BACKING_OPEN: libc::c_ulong = ioc_write(1, std::mem::size_of::<BackingMap>());
+/// `FUSE_DEV_IOC_BACKING_CLOSE`: `_IOW(229, 2, uint32_t)`.
+const BACKING_CLOSE: libc::c_ulong = ioc_write(2, std::mem::size_of::<u32>());
+
+/// `_IOW(FUSE_DEV_IOC_MAGIC, nr, size)` on the generic ioctl encoding.
+const fn ioc_write(nr: u64, size: usize) -> libc::c_ulong {
+    ((1u64 << 30) | ((size as u64) << 16) | (229 << 8) | nr) as libc::c_ulong
+}
+
+/// Registers `file` as a backing file of the connection; its id.
+fn backing_open(dev: BorrowedFd<'_>, file: BorrowedFd<'_>) -> io::Result<i32> {
+    let map = BackingMap {
+        fd: file.as_raw_fd(),
+        flags: 0,
+        padding: 0,
+    };
+    // SAFETY: the kernel reads one `struct fuse_backing_map`, which
+    // `BackingMap` lays out exactly, through a pointer valid for the call.
+    let id = unsafe { libc::ioctl(dev.as_raw_fd(), BACKING_OPEN as _, &map) };
+    if id < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(id)
+}
+
+/// Drops backing file `id` of the connection.
+fn backing_close(dev: BorrowedFd<'_>, id: i32) -> io::Result<()> {
+    let id = id as u32;
+    // SAFETY: the kernel reads one `u32` through a pointer valid for the call.
+    if unsafe { libc::ioctl(dev.as_raw_fd(), BACKING_CLOSE as _, &id) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

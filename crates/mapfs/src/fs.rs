@@ -4,7 +4,7 @@
 //! joined onto a host path by mapfs. The trait knows nothing of FUSE or of the
 //! preload shim: every executor translates into these calls.
 //!
-//! Consistency contract (DESIGN.md): close-to-open. `release` receives the
+//! Consistency contract (docs/architecture.md): close-to-open. `release` receives the
 //! final [`DataMap`] of an open; the next `open` of the same path must see it.
 
 use std::ffi::{OsStr, OsString};

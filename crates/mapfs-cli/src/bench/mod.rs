@@ -1,5 +1,5 @@
 //! `mapfs bench`: the data workloads (fio) and `create-stat-unlink` of
-//! WORKLOADS.md on every configuration, with ratios to native.
+//! docs/workloads.md on every configuration, with ratios to native.
 //!
 //! One backing directory is shared by all configurations (they show the same
 //! files), so read files are preallocated once, natively. All configurations

@@ -1,4 +1,4 @@
-//! The workload catalogue (../shared/WORKLOADS.md) and name selection.
+//! The workload catalogue (docs/workloads.md) and name selection.
 
 use anyhow::{bail, Result};
 

@@ -111,3 +111,21 @@ pub fn flock_struct(kind: i32, start: i64, len: i64) -> libc::flock {
     fl.l_len = len;
     fl
 }
+
+/// Runs `sh -c script` in a private mount namespace (`unshare -m`), with
+/// `env` set: what it mounts there never reaches the machine's own mount
+/// table. `None` when unshare(1) is not installed.
+pub fn in_private_mount_ns(
+    script: &str,
+    env: &[(&str, &Path)],
+) -> Option<mapfs_testkit::mount::CmdOutput> {
+    let unshare = ["/usr/bin/unshare", "/bin/unshare"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())?;
+    let mut cmd = std::process::Command::new(unshare);
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", script]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Some(mapfs_testkit::mount::run_captured(&mut cmd).expect("running unshare"))
+}

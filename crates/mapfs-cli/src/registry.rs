@@ -1,0 +1,190 @@
+//! The file systems a program can mount, by name.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use mapfs::FileSystem;
+
+/// Builds a file system over its (checked, canonical) backing path.
+///
+/// `backing` is one directory, or for a [`FsSpec::layered`] file system the
+/// directories joined with `:` (split it with [`FsOptions::layers`]).
+pub type Build = fn(backing: &Path, options: &FsOptions) -> mapfs::Result<Arc<dyn FileSystem>>;
+
+/// What a file system's constructor is told besides its backing path.
+#[derive(Debug, Clone, Default)]
+pub struct FsOptions {
+    /// The mount is read-only (`-o ro`).
+    pub read_only: bool,
+    /// The backing directories, in the order given (one unless layered).
+    pub layers: Vec<PathBuf>,
+    /// The `-o` options the file system declared with [`FsSpec::options`],
+    /// as given (`name` or `name=value`), in order.
+    pub custom: Vec<String>,
+}
+
+impl FsOptions {
+    /// The value of custom option `name` (`Some("")` for a bare `name`).
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.custom
+            .iter()
+            .rev()
+            .find_map(|o| match o.split_once('=') {
+                Some((k, v)) if k == name => Some(v),
+                None if o == name => Some(""),
+                _ => None,
+            })
+    }
+}
+
+/// One mountable file system: its name, a one-line description and its
+/// constructor, plus what the mount machinery must know about it.
+#[derive(Debug, Clone)]
+pub struct FsSpec {
+    pub(crate) name: &'static str,
+    pub(crate) about: &'static str,
+    pub(crate) build: Build,
+    pub(crate) whole_file_maps: bool,
+    pub(crate) layered: bool,
+    pub(crate) options: &'static [&'static str],
+}
+
+impl FsSpec {
+    /// A file system called `name` (what `mount NAME ...` and `-o fs=NAME`
+    /// select), described by `about` in `--help` and `list`.
+    pub fn new(name: &'static str, about: &'static str, build: Build) -> Self {
+        FsSpec {
+            name,
+            about,
+            build,
+            whole_file_maps: false,
+            layered: false,
+            options: &[],
+        }
+    }
+
+    /// Every map this file system returns is whole-file 1-to-1, so several
+    /// opens of a file share one backing file and the kernel's writeback
+    /// cache is safe with `--data daemon`. Without this the writeback cache
+    /// stays off: a page written back through one open would carry another
+    /// open's bytes into its log.
+    pub fn whole_file_maps(mut self) -> Self {
+        self.whole_file_maps = true;
+        self
+    }
+
+    /// The backing argument is several directories separated by `:`
+    /// (`UPPER:LOWER`); each is checked like a single backing directory.
+    pub fn layered(mut self) -> Self {
+        self.layered = true;
+        self
+    }
+
+    /// `-o` option names this file system understands itself; they reach
+    /// its constructor in [`FsOptions::custom`] instead of the kernel.
+    pub fn options(mut self, names: &'static [&'static str]) -> Self {
+        self.options = names;
+        self
+    }
+
+    /// The name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The one-line description.
+    pub fn about(&self) -> &'static str {
+        self.about
+    }
+}
+
+/// The file systems of one program, and the program's name (used in
+/// messages, `--help`, and as the mount's program in `list`).
+#[derive(Debug, Clone)]
+pub struct Registry {
+    pub(crate) program: &'static str,
+    pub(crate) about: &'static str,
+    pub(crate) specs: Vec<FsSpec>,
+}
+
+impl Registry {
+    /// An empty registry for the program `program` (its binary's name).
+    pub fn new(program: &'static str, about: &'static str) -> Self {
+        Registry {
+            program,
+            about,
+            specs: Vec::new(),
+        }
+    }
+
+    /// Adds a file system; a later one with the same name replaces it.
+    pub fn register(mut self, spec: FsSpec) -> Self {
+        self.specs.retain(|s| s.name != spec.name);
+        self.specs.push(spec);
+        self
+    }
+
+    /// The file system called `name`.
+    pub fn get(&self, name: &str) -> Option<&FsSpec> {
+        self.specs.iter().find(|s| s.name == name)
+    }
+
+    /// Names of every registered file system, in registration order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.specs.iter().map(|s| s.name).collect()
+    }
+
+    /// The program name.
+    pub fn program(&self) -> &'static str {
+        self.program
+    }
+}
+
+/// The `mapfs` binary's registry: the built-in file systems of `mapfs-fs`,
+/// registered exactly as an outside file system registers itself.
+pub fn builtins() -> Registry {
+    use mapfs_fs::{passthrough::Passthrough, plfs::Plfs};
+    Registry::new(
+        "mapfs",
+        "mapfs: user-space file systems as fast as the file system underneath.",
+    )
+    .register(
+        FsSpec::new("passthrough", "a 1-to-1 mirror of BACKING", |b, _| {
+            Ok(Arc::new(Passthrough::new(b)?))
+        })
+        .whole_file_maps(),
+    )
+    .register(FsSpec::new(
+        "plfs",
+        "one append log per writer, for N-1 checkpoints",
+        |b, _| Ok(Arc::new(Plfs::new(b)?)),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_lookup_takes_the_last_value() {
+        let o = FsOptions {
+            custom: vec!["x=1".into(), "flag".into(), "x=2".into()],
+            ..FsOptions::default()
+        };
+        assert_eq!(o.get("x"), Some("2"));
+        assert_eq!(o.get("flag"), Some(""));
+        assert_eq!(o.get("y"), None);
+    }
+
+    #[test]
+    fn builtins_are_registered_by_name() {
+        let r = builtins();
+        assert_eq!(r.names(), ["passthrough", "plfs"]);
+        assert!(r.get("passthrough").unwrap().whole_file_maps);
+        assert!(!r.get("plfs").unwrap().whole_file_maps);
+        let r = r.register(FsSpec::new("plfs", "replaced", |b, _| {
+            Ok(Arc::new(mapfs_fs::passthrough::Passthrough::new(b)?))
+        }));
+        assert_eq!(r.get("plfs").unwrap().about(), "replaced");
+    }
+}

@@ -1,0 +1,262 @@
+//! What a new user runs into: every bad input is one line and exit status
+//! 1 with nothing mounted; a non-empty mountpoint needs `-o nonempty`; the
+//! runtime files are private and tidy; a foreground mount stops cleanly on
+//! SIGTERM and says whether kernel passthrough is active.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use mapfs_cli::mounts;
+use mapfs_testkit::mount::{is_mounted, mounts_under, run_captured};
+
+/// A temp dir with an empty backing dir `b` and mountpoint `m` in it.
+fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = native_dir();
+    let (b, m) = (tmp.path().join("b"), tmp.path().join("m"));
+    fs::create_dir(&b).unwrap();
+    fs::create_dir(&m).unwrap();
+    (tmp, b, m)
+}
+
+fn mapfs(args: &[&str]) -> mapfs_testkit::mount::CmdOutput {
+    run_captured(Command::new(mapfs_bin()).args(args)).unwrap()
+}
+
+#[test]
+fn bad_input_is_one_line_and_status_1() {
+    let (tmp, b, m) = dirs();
+    let (b, m) = (b.to_str().unwrap(), m.to_str().unwrap());
+    let cases: &[(&[&str], &str)] = &[
+        (&["mount", "passthrough", b, m, "--ttl", "1e30"], "invalid value '1e30' for '--ttl <TTL>': must be a number of seconds from 0 to 31536000 (one year)"),
+        (&["mount", "passthrough", b, m, "--ttl", "-1"], "invalid value '-1' for '--ttl <TTL>'"),
+        (&["mount", "passthrough", b, m, "--ttl=nan"], "invalid value 'nan'"),
+        (&["mount", "passthrough", b, m, "--data", "fast"], "invalid value 'fast' for '--data <DATA>' [possible values: auto, daemon, passthrough]"),
+        (&["mount", "nope", b, m], "unknown file system \"nope\" (available: passthrough, plfs)"),
+        (&["mount", "passthrough", b], "the following required arguments were not provided"),
+        (&["run", "cp", "a", "b"], "unexpected argument 'cp' found; put `--` before the program: mapfs run -- CMD [ARGS...]"),
+        (&["mout", "passthrough", b, m], "unrecognized subcommand 'mout' tip: some similar subcommands exist: 'umount', 'mount'"),
+        (&[b], "expected a subcommand, or BACKING MOUNTPOINT -o fs=NAME"),
+        (&[b, m, "-o", "data=fast"], "invalid data=\"fast\" (auto, daemon or passthrough)"),
+    ];
+    for (args, want) in cases {
+        let out = mapfs(args);
+        assert_eq!(
+            out.status.and_then(|s| s.code()),
+            Some(1),
+            "{args:?}: {out:?}"
+        );
+        let lines: Vec<&str> = out.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: not one line: {:?}", out.stderr);
+        assert!(
+            lines[0].starts_with("mapfs: error: "),
+            "{args:?}: {}",
+            lines[0]
+        );
+        assert!(
+            lines[0].contains(want),
+            "{args:?}: want {want:?} in {:?}",
+            lines[0]
+        );
+        assert!(
+            mounts_under(tmp.path()).is_empty(),
+            "{args:?} mounted something"
+        );
+    }
+    // Help is not an error.
+    let out = mapfs(&["mount", "--help"]);
+    assert!(
+        out.success() && out.stdout.contains("File systems:"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn non_empty_mountpoint_needs_nonempty() {
+    if !fuse_or_skip("non-empty mountpoint") {
+        return;
+    }
+    let (_tmp, b, m) = dirs();
+    fs::write(m.join("hidden-by-a-mount"), b"x").unwrap();
+    let out = mapfs(&[
+        "mount",
+        "passthrough",
+        b.to_str().unwrap(),
+        m.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("is not empty: the mount would hide its files (add -o nonempty"),
+        "{}",
+        out.stderr
+    );
+    assert!(!is_mounted(&m));
+    let s = MountSession::builder(mapfs_bin())
+        .backing(&b)
+        .mountpoint(&m)
+        .option("nonempty")
+        .mount()
+        .unwrap_or_else(|e| panic!("-o nonempty: {e:#}"));
+    assert!(!s.mountpoint().join("hidden-by-a-mount").exists());
+}
+
+#[test]
+fn runtime_files_are_private_rotated_and_stale_ones_go() {
+    if !fuse_or_skip("runtime files") {
+        return;
+    }
+    let (tmp, b, m) = dirs();
+    let m = m.canonicalize().unwrap();
+    // A stale pid file (of a process that has exited) for another mountpoint
+    // and a log of a previous mount of this one.
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    fs::create_dir_all(mounts::runtime_dir()).unwrap();
+    let stale = mounts::pid_path(&tmp.path().join("gone-mount"));
+    fs::write(&stale, format!("{dead_pid}\n")).unwrap();
+    fs::write(mounts::log_path(&m), "the previous mount's log\n").unwrap();
+
+    let s = MountSession::builder(mapfs_bin())
+        .backing(&b)
+        .mountpoint(&m)
+        .mount()
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let dir = fs::metadata(mounts::runtime_dir()).unwrap();
+    assert_eq!(dir.uid(), rustix::process::geteuid().as_raw());
+    assert_eq!(
+        dir.mode() & 0o022,
+        0,
+        "runtime dir writable by others: {:o}",
+        dir.mode()
+    );
+    let pid = fs::metadata(mounts::pid_path(&m)).unwrap();
+    assert_eq!(pid.permissions().mode() & 0o777, 0o644);
+    let info = mounts::read_info(&m).expect("info file");
+    let pid_text = fs::read_to_string(mounts::pid_path(&m)).unwrap();
+    assert_eq!(pid_text.trim(), info.pid.to_string());
+    assert_eq!(info.fs, "passthrough");
+    assert!(!stale.exists(), "stale pid file of a dead daemon kept");
+    let mut old = mounts::log_path(&m).into_os_string();
+    old.push(".1");
+    assert_eq!(
+        fs::read_to_string(&old).unwrap(),
+        "the previous mount's log\n"
+    );
+    drop(s);
+    assert!(!mounts::pid_path(&m).exists(), "pid file left after umount");
+    let _ = fs::remove_file(old);
+}
+
+/// Waits until `cond`; gives up after 2 minutes, reached only on a hang.
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "gave up waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn foreground_mount_stops_cleanly_on_sigterm() {
+    if !fuse_or_skip("foreground SIGTERM") {
+        return;
+    }
+    let (tmp, b, m) = dirs();
+    let err_path = tmp.path().join("stderr");
+    let mut child = Command::new(mapfs_bin())
+        .args(["mount", "passthrough"])
+        .args([&b, &m])
+        .arg("--foreground")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    struct Reap<'a>(&'a mut std::process::Child, &'a Path);
+    impl Drop for Reap<'_> {
+        fn drop(&mut self) {
+            if is_mounted(self.1) {
+                let _ = Command::new("umount").arg("-l").arg(self.1).status();
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let guard = Reap(&mut child, &m);
+    wait_until("the foreground mount", || {
+        fs::read_to_string(&err_path).is_ok_and(|e| e.contains("Ctrl-C"))
+    });
+    let pid = rustix::process::Pid::from_raw(guard.0.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = guard.0.wait().unwrap();
+    let err = fs::read_to_string(&err_path).unwrap();
+    assert!(status.success(), "{status:?}: {err}");
+    assert!(!is_mounted(&m));
+    assert!(
+        !err.contains("Failed to umount"),
+        "spurious unmount error: {err}"
+    );
+    let executor_lines = err.lines().filter(|l| l.contains("data executor:")).count();
+    assert_eq!(
+        executor_lines, 1,
+        "the executor is named once at info level: {err}"
+    );
+    assert!(err.contains("kernel passthrough is"), "{err}");
+    drop(guard);
+}
+
+/// A user who may not open /dev/fuse is told which file and the fix. The
+/// device is replaced, in a private mount namespace only, by a root-only
+/// file.
+#[test]
+fn dev_fuse_without_permission_names_the_fix() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("!!!!! SKIPPED dev_fuse_without_permission: needs root to switch users !!!!!");
+        return;
+    }
+    let tmp = native_dir();
+    let (b, m, fake) = (
+        tmp.path().join("b"),
+        tmp.path().join("m"),
+        tmp.path().join("fuse"),
+    );
+    for d in [&b, &m] {
+        fs::create_dir(d).unwrap();
+        std::os::unix::fs::chown(
+            d,
+            Some(mapfs_testkit::NOBODY_UID),
+            Some(mapfs_testkit::NOBODY_GID),
+        )
+        .unwrap();
+    }
+    fs::write(&fake, b"").unwrap();
+    fs::set_permissions(&fake, fs::Permissions::from_mode(0o600)).unwrap();
+    let script = format!(
+        "mount --bind {fake} /dev/fuse || exit 98; \
+         setpriv --reuid={uid} --regid={gid} --clear-groups {bin} mount passthrough {b} {m}",
+        fake = fake.display(),
+        uid = mapfs_testkit::NOBODY_UID,
+        gid = mapfs_testkit::NOBODY_GID,
+        bin = mapfs_bin(),
+        b = b.display(),
+        m = m.display()
+    );
+    let out = in_private_mount_ns(&script, &[]).expect("unshare(1) (util-linux) is missing");
+    assert_eq!(out.status.and_then(|s| s.code()), Some(1), "{out:?}");
+    assert_eq!(
+        out.stderr.trim(),
+        "mapfs: error: no permission to open /dev/fuse for reading and writing: ask an \
+         administrator to `chmod 0666 /dev/fuse` (the Debian default) or run as root"
+    );
+    assert!(mounts_under(tmp.path()).is_empty());
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs mapfs under PREFIX (default /usr/local):
+#   PREFIX/bin/mapfs
+#   PREFIX/lib/mapfs/libmapfs_preload.so   (found by `mapfs run` relative to bin/)
+#   PREFIX/share/man/man1/mapfs*.1
+#   PREFIX/share/{bash-completion,zsh,fish}/... completions
+#   PREFIX/lib/systemd/system/mapfs@.service
+# Builds a release first; MAPFS_BUILD_DIR=DIR installs binaries already
+# built there instead (the tests use their debug build).
+# With mapfs in root's PATH (PREFIX/bin for /usr/local), `mount -t fuse.mapfs`
+# and fstab lines work through mount.fuse3 (package fuse3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PREFIX="${1:-/usr/local}"
+if [ -n "${MAPFS_BUILD_DIR:-}" ]; then
+    build="$MAPFS_BUILD_DIR"
+else
+    export PATH="$HOME/.cargo/bin:$PATH"
+    cargo build --release -p mapfs-cli -p mapfs-preload
+    build=target/release
+fi
+for f in mapfs libmapfs_preload.so; do
+    [ -f "$build/$f" ] || { echo "install: $build/$f is missing (cargo build --workspace)" >&2; exit 1; }
+done
+install -d "$PREFIX/bin" "$PREFIX/lib/mapfs" "$PREFIX/share/man/man1" \
+    "$PREFIX/share/bash-completion/completions" "$PREFIX/share/zsh/site-functions" \
+    "$PREFIX/share/fish/vendor_completions.d" "$PREFIX/lib/systemd/system"
+install -m 0755 "$build/mapfs" "$PREFIX/bin/mapfs"
+install -m 0644 "$build/libmapfs_preload.so" "$PREFIX/lib/mapfs/libmapfs_preload.so"
+mapfs="$PREFIX/bin/mapfs"
+"$mapfs" manpages "$PREFIX/share/man/man1"
+"$mapfs" completions bash > "$PREFIX/share/bash-completion/completions/mapfs"
+"$mapfs" completions zsh > "$PREFIX/share/zsh/site-functions/_mapfs"
+"$mapfs" completions fish > "$PREFIX/share/fish/vendor_completions.d/mapfs.fish"
+sed "s|/usr/local/bin/mapfs|$PREFIX/bin/mapfs|" contrib/mapfs@.service \
+    > "$PREFIX/lib/systemd/system/mapfs@.service"
+"$mapfs" --version
+echo "install: done; try \`$mapfs --help\`"

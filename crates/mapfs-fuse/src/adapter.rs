@@ -804,7 +804,11 @@ impl Filesystem for Adapter {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
-            | InitFlags::FUSE_MAX_PAGES;
+            | InitFlags::FUSE_MAX_PAGES
+            // The kernel checks permissions itself on every mount (see
+            // `crate::mount`, Permission checks); with this it honours POSIX
+            // ACLs there as the backing file system does.
+            | InitFlags::FUSE_POSIX_ACL;
         if s.opts.data == DataMode::Daemon {
             if s.opts.writeback_cache {
                 want |= InitFlags::FUSE_WRITEBACK_CACHE;

@@ -1,5 +1,26 @@
 //! Mounting: option parsing, the multi-threaded session, serving until the
 //! file system is unmounted.
+//!
+//! # Permission checks
+//!
+//! Every mount has `default_permissions`, given or not.
+//!
+//! The kernel sends no FUSE request when a FIFO, socket or device node is
+//! opened (or a socket connected): the inode's operations are the pipe's,
+//! the socket layer's or the driver's, so the daemon never sees the call.
+//! Without `default_permissions`, `fuse_permission` checks nothing for such
+//! files (only `access`/`chdir` and exec of regular files reach the daemon),
+//! so their mode bits would not hold: any user of an `allow_other` mount
+//! could open another user's `0600` FIFO, or a `0660 root:disk` block device
+//! on a mount with `dev`. There is no per-inode way to ask the kernel for a
+//! check, so the kernel checks every inode (`generic_permission` on its
+//! cached attributes, refreshed when the attribute TTL expired and once more
+//! before it denies), and the daemon still performs every backing operation
+//! as the caller: a call must pass both checks, which only adds checks to
+//! the configuration without it. The adapter also asks for `FUSE_POSIX_ACL`
+//! so that the kernel's check honours POSIX ACLs as the backing file system
+//! would (a kernel without it checks mode bits only; see the README's Safety
+//! section).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -50,7 +71,8 @@ impl MountOptions {
 }
 
 /// Parses a comma-separated option list (several `-o` may be given); an
-/// unknown option is an error naming it.
+/// unknown option is an error naming it. `default_permissions` is always
+/// among the kernel options (see the module docs).
 pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
     let mut kernel = Vec::new();
     let mut acl = SessionACL::Owner;
@@ -91,8 +113,14 @@ pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
         };
         kernel.push(o);
     }
+    // Always: see the module docs, Permission checks.
+    if !kernel.contains(&MountOption::DefaultPermissions) {
+        kernel.push(MountOption::DefaultPermissions);
+    }
     Ok(MountOptions { kernel, acl })
 }
+
+
 
 /// A mounted, initialised file system that is not yet serving requests.
 pub struct Mounted {
@@ -116,6 +144,10 @@ pub fn mount(
     shared.describe(fs_name, backing);
     let mut cfg = Config::default();
     cfg.mount_options = opts.kernel.clone();
+    // Also for options not made by `parse_options` (see the module docs).
+    if !cfg.mount_options.contains(&MountOption::DefaultPermissions) {
+        cfg.mount_options.push(MountOption::DefaultPermissions);
+    }
     cfg.mount_options.push(MountOption::FSName(format!(
         "mapfs-{fs_name}:{}",
         backing.display()

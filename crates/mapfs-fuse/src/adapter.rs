@@ -142,6 +142,12 @@ pub struct Shared {
     identity: OnceLock<(String, String)>,
     /// When the adapter was made (the mount's start).
     started: SystemTime,
+    /// The last attributes of open files whose name was removed (unlink,
+    /// rename over), by FUSE inode, until their last release: `fstat` of
+    /// such an open must keep working, and a file whose bytes are spread
+    /// over backing files (plfs) has no backing file that is the file, or
+    /// none at all (an open of an empty file).
+    unlinked: Mutex<std::collections::HashMap<u64, Attr>>,
 }
 
 /// Warnings any user of the mount can cause, each at most once per
@@ -170,6 +176,7 @@ impl Adapter {
             proofs: Proofs::default(),
             identity: OnceLock::new(),
             started: SystemTime::now(),
+            unlinked: Mutex::new(std::collections::HashMap::new()),
         })))
     }
 
@@ -417,18 +424,26 @@ impl Shared {
                     return Ok(attr);
                 }
                 // Its bytes are spread over backing files that are not the
-                // file: times from the first, owner from the opener, size
-                // from the map.
+                // file: mode, owner and times as the name last had them
+                // (else times from the first backing file, owner from the
+                // opener), size from the map.
                 let (map, files) = file.data.snapshot();
-                let first = files.first().ok_or_else(Error::not_found)?;
-                let mut attr = attr_from_metadata(&first.metadata()?);
+                let known = self.unlinked.lock().get(&ino.0).copied();
+                let mut attr = match (known, files.first()) {
+                    (Some(a), _) => a,
+                    (None, Some(first)) => {
+                        let mut a = attr_from_metadata(&first.metadata()?);
+                        a.uid = file.ctx.uid;
+                        a.gid = file.ctx.gid;
+                        a
+                    }
+                    (None, None) => return Err(Error::not_found()),
+                };
                 attr.ino = self.inodes.fs_ino(ino.0);
                 attr.kind = mapfs::FileKind::File;
                 attr.size = map.size();
                 attr.blocks = map.size().div_ceil(512);
                 attr.nlink = 0;
-                attr.uid = file.ctx.uid;
-                attr.gid = file.ctx.gid;
                 Ok(attr)
             }
             other => other,
@@ -440,6 +455,25 @@ impl Shared {
     /// name up before it unlinks or renames it).
     fn ino_at(&self, parent: INodeNo, name: &OsStr) -> Option<u64> {
         self.inodes.child(parent.0, name)
+    }
+
+    /// The attributes of `path`, the name of FUSE inode `victim`, if that
+    /// inode is open: taken before a call removes the name, for
+    /// [`Shared::keep_unlinked`].
+    fn attrs_if_open(&self, victim: Option<u64>, path: &Path) -> Option<(u64, Attr)> {
+        let v = victim?;
+        self.handles.any_file_of(v)?;
+        Some((v, self.fs.getattr(&ROOT_CTX, path).ok()?))
+    }
+
+    /// Keeps the attributes of an open inode whose name is gone (see
+    /// [`Shared::unlinked`]).
+    fn keep_unlinked(&self, before: Option<(u64, Attr)>) {
+        if let Some((v, a)) = before {
+            if a.kind == FileKind::File {
+                self.unlinked.lock().insert(v, a);
+            }
+        }
     }
 
     fn bump_opt(&self, ino: Option<u64>) {
@@ -650,6 +684,9 @@ impl Shared {
         };
         self.handles.forget_changes(&file);
         let ino = file.ino;
+        if self.handles.any_file_of(ino).is_none() {
+            self.unlinked.lock().remove(&ino);
+        }
         // Only a changed final map bumps here: a writable open bumped when
         // it was opened and daemon writes bump as they go, so a client that
         // re-opens after the write+close already misses; another bump now
@@ -785,9 +822,11 @@ impl Shared {
         let _names = self.names.write();
         let path = tri!(reply, self.child(parent, name));
         let victim = self.ino_at(parent, name);
+        let before = self.attrs_if_open(victim, &path);
         let res = remove(&path);
         self.bump_opt(victim);
         tri!(reply, res);
+        self.keep_unlinked(before);
         self.inodes.unlinked(parent.0, name);
         reply.ok();
     }
@@ -1052,10 +1091,16 @@ impl Filesystem for Adapter {
             exchange: flags.contains(FuseRenameFlags::RENAME_EXCHANGE),
         };
         let (moved, replaced) = (s.ino_at(parent, name), s.ino_at(newparent, newname));
+        let before = if rf.exchange {
+            None
+        } else {
+            s.attrs_if_open(replaced, &to)
+        };
         let res = s.fs.rename(&ctx(req), &from, &to, rf);
         s.bump_opt(moved);
         s.bump_opt(replaced);
         tri!(reply, res);
+        s.keep_unlinked(before);
         s.inodes
             .renamed(parent.0, name, newparent.0, newname, rf.exchange);
         reply.ok();

@@ -120,8 +120,6 @@ pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
     Ok(MountOptions { kernel, acl })
 }
 
-
-
 /// A mounted, initialised file system that is not yet serving requests.
 pub struct Mounted {
     session: Session<Adapter>,

@@ -216,8 +216,8 @@ impl Plfs {
         if let Some(b) = b {
             sticky(to_parent, &b.name)?;
         }
-        let moved_dirs = std::iter::once((&a.parent, a))
-            .chain(b.filter(|_| exchange).map(|b| (to_parent, b)));
+        let moved_dirs =
+            std::iter::once((&a.parent, a)).chain(b.filter(|_| exchange).map(|b| (to_parent, b)));
         for (dir, f) in moved_dirs {
             if matches!(f.node, Node::Dir) {
                 rustix::fs::accessat(dir, &f.name, rustix::fs::Access::WRITE_OK, AtFlags::EACCESS)?;

@@ -1,0 +1,395 @@
+//! Permission matrix (issue 9): owner/group/other x r/w/x x regular file,
+//! directory, FIFO, socket and character device, checked as two non-root
+//! users through real mounts and compared errno by errno with the same
+//! operations on a native directory.
+//!
+//! Every object is made by root with an owner that puts the test user in one
+//! class (owner; group through the primary or a supplementary group; other)
+//! and a mode that has one of the 8 bit patterns in that class and the
+//! complementary pattern in the two other classes, so a check made against
+//! the wrong class shows. The user then runs every operation on every object
+//! in one helper process (this test binary, re-executed through `setpriv`),
+//! which prints one line per operation.
+//!
+//! Configurations, each for `passthrough` and `plfs`, `--data auto` and
+//! `--data daemon`: `-o allow_other` and `-o allow_other,default_permissions`
+//! (compared with native); without `allow_other`, where the mount refuses
+//! every other user (every operation must be `EACCES`). All mounts have
+//! `-o dev`, so device nodes can really be opened (the dangerous case: a
+//! mode bit that does not hold opens the device).
+//!
+//! Opens of FIFOs never block: read-only and write-only opens use
+//! `O_NONBLOCK` (a write-only open without a reader is `ENXIO` when
+//! permitted), read-write opens never wait on Linux. A socket nobody listens
+//! on answers `connect` with `ECONNREFUSED` when permitted.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use rustix::fs::{Access, AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+/// Environment variable that turns the `helper` test into the helper.
+const HELPER_DIR: &str = "MAPFS_PERM_MATRIX_DIR";
+/// The user index the helper runs for (which objects it checks).
+const HELPER_USER: &str = "MAPFS_PERM_MATRIX_USER";
+/// Prefix of the helper's result lines on stdout.
+const RESULT: &str = "PERMRESULT ";
+
+/// A user the matrix runs as.
+struct User {
+    uid: u32,
+    gid: u32,
+    /// Supplementary groups.
+    groups: &'static [u32],
+    /// The group that puts it in an object's group class.
+    class_gid: u32,
+}
+
+/// nobody/nogroup (group class through its primary group), and a second
+/// user whose group class comes from a supplementary group.
+const USERS: [User; 2] = [
+    User {
+        uid: 65534,
+        gid: 65534,
+        groups: &[],
+        class_gid: 65534,
+    },
+    User {
+        uid: 1234,
+        gid: 1234,
+        groups: &[4321],
+        class_gid: 4321,
+    },
+];
+
+const CLASSES: [&str; 3] = ["owner", "group", "other"];
+const KINDS: [&str; 5] = ["file", "dir", "fifo", "sock", "chr"];
+
+/// The mode giving `bits` to `class` and `7 - bits` to the two others.
+fn mode_of(class: usize, bits: u32) -> u32 {
+    let rest = 7 - bits;
+    match class {
+        0 => (bits << 6) | (rest << 3) | rest,
+        1 => (rest << 6) | (bits << 3) | rest,
+        _ => (rest << 6) | (rest << 3) | bits,
+    }
+}
+
+/// Makes every object of the matrix in `dir` (as root).
+fn make_fixture(dir: &Path) {
+    for (ui, user) in USERS.iter().enumerate() {
+        for (ci, class) in CLASSES.iter().enumerate() {
+            let (uid, gid) = match ci {
+                0 => (user.uid, 0),
+                1 => (0, user.class_gid),
+                _ => (0, 0),
+            };
+            for bits in 0..8 {
+                for kind in KINDS {
+                    let p = dir.join(format!("u{ui}-{class}-{bits}-{kind}"));
+                    let what = || format!("fixture {} in {}", p.display(), dir.display());
+                    match kind {
+                        "file" => fs::write(&p, b"#!/bin/sh\n")
+                            .unwrap_or_else(|e| panic!("{}: {e}", what())),
+                        "dir" => {
+                            fs::create_dir(&p).unwrap_or_else(|e| panic!("{}: {e}", what()));
+                            fs::write(p.join("c"), b"c")
+                                .unwrap_or_else(|e| panic!("{}: {e}", what()));
+                        }
+                        "sock" => {
+                            // Bound and closed: the socket file stays, nobody listens.
+                            drop(
+                                std::os::unix::net::UnixListener::bind(&p)
+                                    .unwrap_or_else(|e| panic!("{}: {e}", what())),
+                            );
+                        }
+                        _ => {
+                            let (ft, dev) = if kind == "fifo" {
+                                (FileType::Fifo, 0)
+                            } else {
+                                // /dev/null's numbers.
+                                (FileType::CharacterDevice, rustix::fs::makedev(1, 3))
+                            };
+                            rustix::fs::mknodat(
+                                rustix::fs::CWD,
+                                &p,
+                                ft,
+                                Mode::from_raw_mode(0o600),
+                                dev,
+                            )
+                            .unwrap_or_else(|e| panic!("{}: {e}", what()));
+                        }
+                    }
+                    rustix::fs::chown(
+                        &p,
+                        Some(rustix::fs::Uid::from_raw(uid)),
+                        Some(rustix::fs::Gid::from_raw(gid)),
+                    )
+                    .unwrap_or_else(|e| panic!("{}: chown: {e}", what()));
+                    fs::set_permissions(&p, fs::Permissions::from_mode(mode_of(ci, bits)))
+                        .unwrap_or_else(|e| panic!("{}: chmod: {e}", what()));
+                }
+            }
+        }
+    }
+}
+
+/// Runs the helper as user `ui` on `dir`; returns `object op -> result`.
+fn run_helper(dir: &Path, ui: usize) -> BTreeMap<String, String> {
+    let u = &USERS[ui];
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--reuid={}", u.uid))
+        .arg(format!("--regid={}", u.gid));
+    if u.groups.is_empty() {
+        cmd.arg("--clear-groups");
+    } else {
+        let g: Vec<String> = u.groups.iter().map(|g| g.to_string()).collect();
+        cmd.arg(format!("--groups={}", g.join(",")));
+    }
+    cmd.arg("--")
+        .arg(exe)
+        .args(["--exact", "helper", "--nocapture", "--test-threads=1"])
+        .env(HELPER_DIR, dir)
+        .env(HELPER_USER, ui.to_string())
+        .current_dir("/");
+    let out = cmd.output().expect("running setpriv (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "helper as uid {} on {} failed: {}\n{stdout}\n{}",
+        u.uid,
+        dir.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let map: BTreeMap<String, String> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix(RESULT))
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    // 3 classes x 8 patterns x every kind, several operations each.
+    assert!(
+        map.len() >= CLASSES.len() * 8 * KINDS.len() * 3,
+        "helper as uid {} on {} reported only {} results:\n{stdout}",
+        u.uid,
+        dir.display(),
+        map.len()
+    );
+    map
+}
+
+/// The helper itself: only does something when re-executed by
+/// [`run_helper`] (the environment names its directory); a plain test run
+/// passes through it without checking anything.
+#[test]
+fn helper() {
+    let Some(dir) = std::env::var_os(HELPER_DIR) else {
+        return;
+    };
+    let ui: usize = std::env::var(HELPER_USER).unwrap().parse().unwrap();
+    let dir = Path::new(&dir);
+    // Named, not listed: without allow_other the user cannot list `dir`.
+    let mut names = Vec::new();
+    for class in CLASSES {
+        for bits in 0..8 {
+            for kind in KINDS {
+                names.push(format!("u{ui}-{class}-{bits}-{kind}"));
+            }
+        }
+    }
+    for name in names {
+        let kind = name.rsplit('-').next().unwrap().to_string();
+        let p = dir.join(&name);
+        let report = |op: &str, r: String| println!("{RESULT}{name} {op} {r}");
+        for (op, a) in [
+            ("access_r", Access::READ_OK),
+            ("access_w", Access::WRITE_OK),
+            ("access_x", Access::EXEC_OK),
+        ] {
+            report(op, outcome(&rustix::fs::access(&p, a)));
+        }
+        let open = |flags: OFlags| outcome(&rustix::fs::open(&p, flags, Mode::empty()));
+        match kind.as_str() {
+            "file" | "chr" => {
+                report("open_r", open(OFlags::RDONLY));
+                report("open_w", open(OFlags::WRONLY));
+                report("open_rw", open(OFlags::RDWR));
+            }
+            "fifo" => {
+                report("open_r", open(OFlags::RDONLY | OFlags::NONBLOCK));
+                report("open_w", open(OFlags::WRONLY | OFlags::NONBLOCK));
+                report("open_rw", open(OFlags::RDWR | OFlags::NONBLOCK));
+            }
+            "sock" => {
+                let r = rustix::net::socket(
+                    rustix::net::AddressFamily::UNIX,
+                    rustix::net::SocketType::STREAM,
+                    None,
+                )
+                .and_then(|s| {
+                    let addr = rustix::net::SocketAddrUnix::new(&p)?;
+                    rustix::net::connect(&s, &addr)
+                });
+                report("connect", outcome(&r));
+            }
+            "dir" => {
+                report("open_r", open(OFlags::RDONLY | OFlags::DIRECTORY));
+                let list = rustix::fs::open(&p, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+                    .and_then(|fd| {
+                        let mut d = rustix::fs::Dir::new(fd)?;
+                        let mut n = Vec::new();
+                        while let Some(e) = d.read() {
+                            n.push(String::from_utf8_lossy(e?.file_name().to_bytes()).into_owned());
+                        }
+                        n.sort();
+                        Ok(n.join(","))
+                    });
+                report(
+                    "list",
+                    match list {
+                        Ok(n) => format!("ok:{n}"),
+                        Err(e) => ename(e),
+                    },
+                );
+                report(
+                    "stat_child",
+                    outcome(&rustix::fs::statat(
+                        rustix::fs::CWD,
+                        &p.join("c"),
+                        AtFlags::empty(),
+                    )),
+                );
+                report(
+                    "read_child",
+                    match fs::read(p.join("c")) {
+                        Ok(b) => format!("ok:{}", String::from_utf8_lossy(&b)),
+                        Err(e) => ename(Errno::from_io_error(&e).unwrap()),
+                    },
+                );
+                let new = p.join("new");
+                let created = rustix::fs::open(
+                    &new,
+                    OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY,
+                    Mode::from_raw_mode(0o644),
+                );
+                report("create", outcome(&created));
+                if created.is_ok() {
+                    report("unlink", outcome(&rustix::fs::unlink(&new)));
+                }
+                let cd = rustix::process::chdir(&p);
+                report("chdir", outcome(&cd));
+                rustix::process::chdir("/").unwrap();
+            }
+            other => panic!("unknown kind {other}"),
+        }
+    }
+}
+
+/// The configurations of a mount.
+const CONFIGS: [&[&str]; 3] = [
+    &["dev"],
+    &["dev", "allow_other"],
+    &["dev", "allow_other", "default_permissions"],
+];
+
+fn matrix(fs_name: &str, mode: DataMode) {
+    let label = format!("perm matrix {fs_name} --data {mode}");
+    if !fuse_or_skip(&label) {
+        return;
+    }
+    let native = native_dir();
+    let ndir = native.path().join("m");
+    fs::create_dir(&ndir).unwrap();
+    fs::set_permissions(&ndir, fs::Permissions::from_mode(0o755)).unwrap();
+    make_fixture(&ndir);
+    let expected: Vec<_> = (0..USERS.len()).map(|ui| run_helper(&ndir, ui)).collect();
+    // The matrix must exercise both outcomes natively, or it proves nothing.
+    for (ui, e) in expected.iter().enumerate() {
+        let denied = e.values().filter(|v| *v == "EACCES").count();
+        assert!(
+            denied > 0 && denied < e.len(),
+            "native matrix for user {ui} is degenerate ({denied} of {} denied)",
+            e.len()
+        );
+    }
+    for opts in CONFIGS {
+        let s = MountSession::builder(mapfs_bin())
+            .fs(fs_name)
+            .data(mode)
+            .options(opts.iter().copied())
+            .mount()
+            .unwrap_or_else(|e| panic!("{label} -o {opts:?}: mount: {e:#}"));
+        let dir = s.mountpoint().join("m");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        make_fixture(&dir);
+        let others_allowed = opts.contains(&"allow_other");
+        for (ui, want) in expected.iter().enumerate() {
+            let got = run_helper(&dir, ui);
+            let mut diffs = Vec::new();
+            if others_allowed {
+                for (k, w) in want {
+                    let g = got.get(k).map_or("<missing>", |s| s.as_str());
+                    if g != w {
+                        diffs.push(format!("  {k}: native {w}, mapfs {g}"));
+                    }
+                }
+                for k in got.keys().filter(|k| !want.contains_key(*k)) {
+                    diffs.push(format!("  {k}: native <missing>, mapfs {}", got[k]));
+                }
+            } else {
+                // Without allow_other the kernel refuses every other user,
+                // whatever native would say (`create` fails, so there is no
+                // `unlink`).
+                for (k, g) in &got {
+                    if g != "EACCES" {
+                        diffs.push(format!("  {k}: mapfs {g}, want EACCES"));
+                    }
+                }
+            }
+            assert!(
+                diffs.is_empty(),
+                "{label} -o {}: uid {}: {} of {} results differ{}:\n{}",
+                opts.join(","),
+                USERS[ui].uid,
+                diffs.len(),
+                want.len(),
+                if others_allowed {
+                    " from native"
+                } else {
+                    " from EACCES (no allow_other)"
+                },
+                diffs.join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn passthrough_auto() {
+    matrix("passthrough", DataMode::Auto);
+}
+
+#[test]
+fn passthrough_daemon() {
+    matrix("passthrough", DataMode::Daemon);
+}
+
+#[test]
+fn plfs_auto() {
+    matrix("plfs", DataMode::Auto);
+}
+
+#[test]
+fn plfs_daemon() {
+    matrix("plfs", DataMode::Daemon);
+}

@@ -393,3 +393,198 @@ fn plfs_auto() {
 fn plfs_daemon() {
     matrix("plfs", DataMode::Daemon);
 }
+
+// ---- The plfs cases of issue 9 (each also on passthrough), compared with
+// native.
+
+/// Mounts `fs_name` in `mode` with `allow_other`.
+fn mount_fs(fs_name: &str, mode: DataMode) -> MountSession {
+    MountSession::builder(mapfs_bin())
+        .fs(fs_name)
+        .data(mode)
+        .options(["allow_other"])
+        .mount()
+        .unwrap_or_else(|e| panic!("mounting {fs_name} --data {mode}: {e:#}"))
+}
+
+/// Runs `check` in a fresh `work` dir natively and on `fs_name` in every
+/// data mode, and asserts the same observations.
+fn compare_native(test: &str, fs_names: &[&str], check: fn(&Path) -> Vec<String>) {
+    let native = native_dir();
+    let ndir = native.path().join("work");
+    fs::create_dir(&ndir).unwrap();
+    fs::set_permissions(&ndir, fs::Permissions::from_mode(0o755)).unwrap();
+    let want = check(&ndir);
+    if !fuse_or_skip(test) {
+        return;
+    }
+    for fs_name in fs_names {
+        for mode in [DataMode::Auto, DataMode::Daemon] {
+            let s = mount_fs(fs_name, mode);
+            let dir = s.mountpoint().join("work");
+            fs::create_dir(&dir).unwrap();
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+            let got = check(&dir);
+            assert_eq!(
+                got, want,
+                "{test} on {fs_name} --data {mode}: observations differ from native \
+                 (left: mapfs, right: native)"
+            );
+        }
+    }
+}
+
+/// Renames by nobody, who may write both directories but owns neither the
+/// files nor (but one) the directories, sticky directories included.
+fn renames_by_non_owner(dir: &Path) -> Vec<String> {
+    let mk = |d: &str, mode: u32, uid: u32| {
+        let p = dir.join(d);
+        fs::create_dir(&p).unwrap();
+        rustix::fs::chown(&p, Some(rustix::fs::Uid::from_raw(uid)), None).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+    };
+    mk("a", 0o777, 0);
+    mk("b", 0o777, 0);
+    mk("c", 0o755, 0);
+    mk("s", 0o1777, mapfs_testkit::NOBODY_UID);
+    mk("t", 0o1777, 0);
+    for f in [
+        "a/f1", "s/f2", "t/f3", "a/f4", "a/f5", "t/f5", "a/f6", "b/f6", "a/f7", "b/f7x", "a/f8",
+    ] {
+        fs::write(dir.join(f), f.as_bytes()).unwrap();
+        fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    mk("a/d9", 0o755, 0);
+    let cases: &[(&str, &str, bool)] = &[
+        ("a/f1", "b/f1", false), // plain move to another directory: ok
+        ("s/f2", "b/f2", false), // out of a sticky dir nobody owns: ok
+        ("t/f3", "b/f3", false), // out of root's sticky dir: EPERM
+        ("a/f4", "t/f4", false), // into root's sticky dir: ok
+        ("a/f5", "t/f5", false), // over root's file in root's sticky dir: EPERM
+        ("a/f6", "b/f6", false), // over a file in another directory: ok
+        ("a/f7", "b/f7x", true), // exchange across directories: ok
+        ("a/f8", "c/f8", false), // into a directory nobody may not write: EACCES
+        ("a/d9", "b/d9", false), // a real directory nobody may not write: EACCES
+    ];
+    let mut out = Vec::new();
+    for (from, to, exchange) in cases {
+        let (cf, ct) = (cpath(&dir.join(from)), cpath(&dir.join(to)));
+        let flags = if *exchange {
+            rustix::fs::RenameFlags::EXCHANGE
+        } else {
+            rustix::fs::RenameFlags::empty()
+        };
+        let r = mapfs_testkit::run_as_nobody(|| {
+            rustix::fs::renameat_with(
+                rustix::fs::CWD,
+                cf.as_c_str(),
+                rustix::fs::CWD,
+                ct.as_c_str(),
+                flags,
+            )
+        });
+        out.push(format!("rename {from} {to}: {}", outcome(&r)));
+    }
+    for f in [
+        "a/f1", "b/f1", "b/f2", "t/f3", "t/f4", "a/f5", "t/f5", "b/f6", "a/f7", "b/f7x",
+    ] {
+        let content = fs::read(dir.join(f)).map_or_else(
+            |e| ename(Errno::from_io_error(&e).unwrap()),
+            |b| String::from_utf8_lossy(&b).into_owned(),
+        );
+        out.push(format!("{f}: {content}"));
+    }
+    out
+}
+
+#[test]
+fn rename_by_non_owner_matches_native() {
+    compare_native(
+        "rename_by_non_owner_matches_native",
+        &["plfs", "passthrough"],
+        renames_by_non_owner,
+    );
+}
+
+/// What `fstat` and I/O through a descriptor say after its name is gone.
+fn fstat_after_unlink(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let st = |fd: &rustix::fd::OwnedFd| match rustix::fs::fstat(fd) {
+        Ok(s) => format!(
+            "size {} nlink {} mode {:o} uid {}",
+            s.st_size,
+            s.st_nlink,
+            s.st_mode & 0o7777,
+            s.st_uid
+        ),
+        Err(e) => ename(e),
+    };
+    // A temporary file: created, unlinked, then used.
+    let p = dir.join("tmp");
+    let fd = rustix::fs::open(
+        &p,
+        OFlags::CREATE | OFlags::EXCL | OFlags::RDWR,
+        Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    out.push(format!("new, unlinked: {}", {
+        rustix::fs::unlink(&p).unwrap();
+        st(&fd)
+    }));
+    rustix::io::write(&fd, b"hello").unwrap();
+    out.push(format!("written: {}", st(&fd)));
+    rustix::io::pwrite(&fd, b" world", 5).unwrap();
+    let mut buf = [0u8; 32];
+    let n = rustix::io::pread(&fd, &mut buf, 0).unwrap();
+    out.push(format!("read: {}", String::from_utf8_lossy(&buf[..n])));
+    rustix::fs::ftruncate(&fd, 3).unwrap();
+    out.push(format!("truncated: {}", st(&fd)));
+    let n = rustix::io::pread(&fd, &mut buf, 0).unwrap();
+    out.push(format!("read: {}", String::from_utf8_lossy(&buf[..n])));
+    drop(fd);
+    // An empty file opened read-only, then unlinked.
+    let p = dir.join("empty");
+    fs::write(&p, b"").unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o640)).unwrap();
+    let fd = rustix::fs::open(&p, OFlags::RDONLY, Mode::empty()).unwrap();
+    rustix::fs::unlink(&p).unwrap();
+    out.push(format!("empty, unlinked: {}", st(&fd)));
+    // A file replaced by a rename while open.
+    let (p, q) = (dir.join("old"), dir.join("new"));
+    fs::write(&p, b"old bytes").unwrap();
+    fs::write(&q, b"new").unwrap();
+    let fd = rustix::fs::open(&p, OFlags::RDONLY, Mode::empty()).unwrap();
+    fs::rename(&q, &p).unwrap();
+    out.push(format!("renamed over: {}", st(&fd)));
+    let n = rustix::io::pread(&fd, &mut buf, 0).unwrap();
+    out.push(format!("read: {}", String::from_utf8_lossy(&buf[..n])));
+    out
+}
+
+#[test]
+fn fstat_after_unlink_matches_native() {
+    compare_native(
+        "fstat_after_unlink_matches_native",
+        &["plfs", "passthrough"],
+        fstat_after_unlink,
+    );
+}
+
+/// plfs has no hard links (a container directory cannot have two names):
+/// `link` is `EPERM`, documented in the README and plfs's module docs, and
+/// changes nothing.
+#[test]
+fn plfs_link_is_eperm() {
+    if !fuse_or_skip("plfs_link_is_eperm") {
+        return;
+    }
+    for mode in [DataMode::Auto, DataMode::Daemon] {
+        let s = mount_fs("plfs", mode);
+        let (f, l) = (s.mountpoint().join("f"), s.mountpoint().join("l"));
+        fs::write(&f, b"x").unwrap();
+        let r = rustix::fs::link(&f, &l);
+        assert_eq!(outcome(&r), "EPERM", "plfs --data {mode}: link");
+        assert!(!l.exists(), "plfs --data {mode}: failed link left a name");
+        assert_eq!(rustix::fs::stat(&f).unwrap().st_nlink, 1);
+    }
+}

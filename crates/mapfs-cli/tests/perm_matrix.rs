@@ -264,7 +264,7 @@ fn helper() {
                     "stat_child",
                     outcome(&rustix::fs::statat(
                         rustix::fs::CWD,
-                        &p.join("c"),
+                        p.join("c"),
                         AtFlags::empty(),
                     )),
                 );

@@ -18,6 +18,14 @@
 //! Locks (`flock`, POSIX) are handled by the kernel locally on the mount: they
 //! are not negotiated with the daemon.
 //!
+//! Permissions are checked twice: every callback acts on the backing store
+//! as the caller ([`Ctx`]), and the kernel checks mode bits and ACLs first
+//! (`FUSE_POSIX_ACL`, which also turns on `default_permissions`; every
+//! mount has that option too, see [`crate::mount`]): opens of FIFOs,
+//! sockets and device nodes never reach the daemon, so only the kernel can
+//! check them. An open file whose name is removed keeps the attributes the
+//! name last had for `fstat` ([`Shared`]'s `unlinked`).
+//!
 //! Map-cache tokens (shim clients, [`mapfs::mapcache`]): the adapter owns the
 //! generation table ([`MapTokens`]) and keeps the rule *a token read after
 //! the `open(2)` through the mount returned equals the token a client cached
@@ -95,7 +103,8 @@ pub struct AdapterOptions {
     pub ttl: Duration,
     /// How long the kernel may cache names. Without `default_permissions`
     /// the kernel checks no directory search permission on a cached name, so
-    /// a mount shared by several users needs 0 here.
+    /// a mount shared by several users would need 0 here (mapfs mounts
+    /// always have it, see [`crate::mount`]).
     pub entry_ttl: Duration,
     /// In daemon mode, let the kernel buffer writes (much faster small
     /// writes). The kernel then owns file sizes and never takes them from the

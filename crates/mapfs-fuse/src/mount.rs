@@ -19,8 +19,8 @@
 //! as the caller: a call must pass both checks, which only adds checks to
 //! the configuration without it. The adapter also asks for `FUSE_POSIX_ACL`
 //! so that the kernel's check honours POSIX ACLs as the backing file system
-//! would (a kernel without it checks mode bits only; see the README's Safety
-//! section).
+//! would (the kernel then turns `default_permissions` on by itself; a kernel
+//! without it checks mode bits only; see the README's Safety section).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -64,7 +64,8 @@ impl MountOptions {
     /// True when users other than the owner may use the mount while the
     /// kernel does no permission checks of its own (no `default_permissions`):
     /// cached names would then skip directory search checks, so the adapter
-    /// must not cache names.
+    /// must not cache names. Never for options from [`parse_options`], which
+    /// always include `default_permissions`.
     pub fn needs_uncached_names(&self) -> bool {
         self.acl != SessionACL::Owner && !self.kernel.contains(&MountOption::DefaultPermissions)
     }

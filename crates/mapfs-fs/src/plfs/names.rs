@@ -96,7 +96,7 @@ impl Plfs {
         }
         let (a, b, to_parent) = as_caller(ctx, || {
             let a = self.find(from)?;
-            let (to_parent, _) = self.parent_for_new(to)?;
+            let to_parent = self.parent_for_new(to)?;
             let b = match self.find(to) {
                 Ok(b) => Some(b),
                 Err(e) if e.errno() == libc::ENOENT => None,
@@ -105,7 +105,7 @@ impl Plfs {
             Ok((a, b, to_parent))
         })?;
         let rename = |flags: RenameFlags, b: Option<&Found>| {
-            self.rename_as_file(ctx, from, to, flags, &a, b, &to_parent)
+            self.rename_as_file(ctx, from, to, flags, &a, b, (&to_parent.0, &to_parent.1))
         };
         if flags.exchange || flags.noreplace {
             return rename(flags, b.as_ref());
@@ -140,13 +140,6 @@ impl Plfs {
     }
 }
 
-/// The daemon acting for itself.
-const DAEMON: Ctx = Ctx {
-    uid: 0,
-    gid: 0,
-    pid: 0,
-};
-
 impl Plfs {
     /// Renames `from` (found as `a`) to `to` (in `to_parent`, holding `b`
     /// if it exists) as the caller. A file is a container *directory*, and
@@ -156,7 +149,12 @@ impl Plfs {
     /// not own the file would get `EACCES` where native succeeds. When the
     /// caller's rename fails with `EACCES` and a container changes parents,
     /// the rules of `rename(2)` for a file are checked as the caller
-    /// ([`Plfs::may_rename_as_file`]) and the rename is done by the daemon.
+    /// ([`Plfs::may_rename_as_file`]) and the daemon renames, on the
+    /// directory descriptors that were checked, once it has seen that the
+    /// names still hold the nodes that were checked (`ESTALE` otherwise, on
+    /// which the kernel looks the names up again and retries): what was
+    /// judged is what moves, but for a swap in the instant between that last
+    /// look and the rename.
     #[allow(clippy::too_many_arguments)]
     fn rename_as_file(
         &self,
@@ -166,7 +164,7 @@ impl Plfs {
         flags: RenameFlags,
         a: &Found,
         b: Option<&Found>,
-        to_parent: &OwnedFd,
+        (to_parent, to_name): (&OwnedFd, &OsStr),
     ) -> Result<()> {
         let err = match self.pt.rename(ctx, from, to, flags) {
             Err(e) if e.errno() == libc::EACCES => e,
@@ -176,10 +174,26 @@ impl Plfs {
         if !(is_file(a) || b.is_some_and(is_file)) || same_dir(&a.parent, to_parent)? {
             return Err(err);
         }
-        as_caller(ctx, || {
+        let checked = as_caller(ctx, || {
             self.may_rename_as_file(ctx, a, b, to_parent, flags.exchange)
         })?;
-        self.pt.rename(&DAEMON, from, to, flags)
+        let mut now = vec![node_id(&a.parent, &a.name)?];
+        if let Some(b) = b {
+            now.push(node_id(to_parent, &b.name)?);
+        }
+        if now != checked {
+            return Err(Error::from_errno(libc::ESTALE));
+        }
+        let mut f = rustix::fs::RenameFlags::empty();
+        if flags.noreplace {
+            f |= rustix::fs::RenameFlags::NOREPLACE;
+        }
+        if flags.exchange {
+            f |= rustix::fs::RenameFlags::EXCHANGE;
+        }
+        Ok(rustix::fs::renameat_with(
+            &a.parent, &a.name, to_parent, to_name, f,
+        )?)
     }
 
     /// What the kernel checks when a non-directory `a` moves to another
@@ -189,6 +203,8 @@ impl Plfs {
     /// and write permission on a real directory that changes parents (an
     /// exchanged one). Run as the caller; a root caller never gets here
     /// (its rename succeeds or fails for reasons these checks share).
+    /// Returns the backing identities of `a` and `b` as checked (`ESTALE`
+    /// when a file's name no longer holds its container).
     fn may_rename_as_file(
         &self,
         ctx: &Ctx,
@@ -196,7 +212,19 @@ impl Plfs {
         b: Option<&Found>,
         to_parent: &OwnedFd,
         exchange: bool,
-    ) -> Result<()> {
+    ) -> Result<Vec<(u64, u64)>> {
+        // Identities first: the checks below look at what these name.
+        let mut ids = Vec::new();
+        for (dir, f) in std::iter::once((&a.parent, a)).chain(b.map(|b| (to_parent, b))) {
+            let id = node_id(dir, &f.name)?;
+            if let Node::File(c) = &f.node {
+                let st = rustix::fs::fstat(c)?;
+                if id != (st.st_dev, st.st_ino) {
+                    return Err(Error::from_errno(libc::ESTALE));
+                }
+            }
+            ids.push(id);
+        }
         let wx = rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK;
         for dir in [&a.parent, to_parent] {
             rustix::fs::accessat(dir, ".", wx, AtFlags::EACCESS)?;
@@ -223,7 +251,7 @@ impl Plfs {
                 rustix::fs::accessat(dir, &f.name, rustix::fs::Access::WRITE_OK, AtFlags::EACCESS)?;
             }
         }
-        Ok(())
+        Ok(ids)
     }
 
     /// Removes container `dir`, now named `name` in `parent`, holding its
@@ -246,6 +274,12 @@ impl Plfs {
             }
         }
     }
+}
+
+/// The backing device and inode of `name` in `dir`.
+fn node_id(dir: &OwnedFd, name: &OsStr) -> Result<(u64, u64)> {
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok((st.st_dev, st.st_ino))
 }
 
 /// True when both fds are the same backing directory.

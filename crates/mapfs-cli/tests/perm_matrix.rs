@@ -187,6 +187,18 @@ fn run_helper(dir: &Path, ui: usize) -> BTreeMap<String, String> {
     map
 }
 
+/// `truncate(2)` of a path to 0 bytes (rustix has only `ftruncate`, which
+/// would check the open instead).
+fn truncate_path(p: &Path) -> Result<(), Errno> {
+    let c = cpath(p);
+    // SAFETY: truncate(2) with a valid NUL-terminated path.
+    if unsafe { libc::truncate(c.as_ptr(), 0) } == 0 {
+        Ok(())
+    } else {
+        Err(Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO))
+    }
+}
+
 /// The helper itself: only does something when re-executed by
 /// [`run_helper`] (the environment names its directory); a plain test run
 /// passes through it without checking anything.
@@ -217,12 +229,33 @@ fn helper() {
         ] {
             report(op, outcome(&rustix::fs::access(&p, a)));
         }
+        // `touch`: times set to now need ownership or write permission.
+        let now = rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_NOW,
+        };
+        let times = rustix::fs::Timestamps {
+            last_access: now,
+            last_modification: now,
+        };
+        report(
+            "touch",
+            outcome(&rustix::fs::utimensat(
+                rustix::fs::CWD,
+                &p,
+                &times,
+                AtFlags::empty(),
+            )),
+        );
         let open = |flags: OFlags| outcome(&rustix::fs::open(&p, flags, Mode::empty()));
         match kind.as_str() {
             "file" | "chr" => {
                 report("open_r", open(OFlags::RDONLY));
                 report("open_w", open(OFlags::WRONLY));
                 report("open_rw", open(OFlags::RDWR));
+                if kind == "file" {
+                    report("truncate", outcome(&truncate_path(&p)));
+                }
             }
             "fifo" => {
                 report("open_r", open(OFlags::RDONLY | OFlags::NONBLOCK));

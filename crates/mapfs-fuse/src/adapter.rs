@@ -287,6 +287,26 @@ fn utime_now_under_writeback(atime: Option<TimeSet>, mtime: Option<TimeSet>) -> 
     }
 }
 
+/// With the writeback cache the kernel also sends its own mtime (explicit,
+/// "now") with every `truncate(2)` by path. Setting an explicit time needs
+/// ownership, so a user who may write the file but does not own it would
+/// get `EPERM`; the backing truncate, done as the caller, sets mtime and
+/// ctime itself, as a native truncate does. So that mtime is dropped.
+fn truncate_mtime_under_writeback(set: &SetAttr) -> Option<TimeSet> {
+    match (set.size, set.atime, set.mtime) {
+        (Some(_), None, Some(TimeSet::At(t))) => {
+            let now = SystemTime::now();
+            let skew = now.duration_since(t).unwrap_or_else(|e| e.duration());
+            if skew < Duration::from_secs(1) {
+                None
+            } else {
+                set.mtime
+            }
+        }
+        _ => set.mtime,
+    }
+}
+
 fn timespec(t: Option<TimeSet>) -> rustix::fs::Timespec {
     match t {
         None => rustix::fs::Timespec {
@@ -937,6 +957,7 @@ impl Filesystem for Adapter {
         };
         if fh.is_none() && s.writeback.load(Ordering::Relaxed) {
             set.mtime = utime_now_under_writeback(set.atime, set.mtime);
+            set.mtime = truncate_mtime_under_writeback(&set);
         }
         let handle = fh.and_then(|fh| s.handles.file(fh.0));
         // A size change on an open file goes through the engine, so a map

@@ -255,6 +255,19 @@ fn helper() {
                 report("open_rw", open(OFlags::RDWR));
                 if kind == "file" {
                     report("truncate", outcome(&truncate_path(&p)));
+                    // The file is an empty `#!/bin/sh` script (truncated
+                    // or not): running it needs `x` (and `r` for the shell).
+                    let ran = Command::new(&p)
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .status();
+                    report(
+                        "exec",
+                        match ran {
+                            Ok(st) => format!("ok:{}", st.code().unwrap_or(-1)),
+                            Err(e) => ename(Errno::from_io_error(&e).unwrap()),
+                        },
+                    );
                 }
             }
             "fifo" => {

@@ -236,6 +236,13 @@ const ROOT_CTX: Ctx = Ctx {
     pid: 0,
 };
 
+/// The kernel's open of a file for `execve` (`__FMODE_EXEC` among the open
+/// flags FUSE passes on), read-only.
+fn is_exec_open(flags: i32) -> bool {
+    const FMODE_EXEC: i32 = 0x20;
+    flags & FMODE_EXEC != 0 && flags & libc::O_ACCMODE == libc::O_RDONLY
+}
+
 fn ctx(req: &Request) -> Ctx {
     Ctx {
         uid: req.uid(),
@@ -1158,10 +1165,19 @@ impl Filesystem for Adapter {
         let c = ctx(req);
         let path = tri!(reply, s.path(ino));
         let fs_flags = s.open_flags_for_fs(flags.0);
-        let opened = tri!(
-            reply,
-            s.open_with_fallback(fs_flags, |f| s.fs.open(&c, &path, f), flags.0)
-        );
+        let opened = match s.open_with_fallback(fs_flags, |f| s.fs.open(&c, &path, f), flags.0) {
+            Err(e) if e.errno() == libc::EACCES && is_exec_open(flags.0) => {
+                // `execve` of a file its caller may execute but not read:
+                // the kernel reads it with its own rights, as it does
+                // natively (and marks the process undumpable). Checked as
+                // the caller: execute permission (the kernel checked it
+                // too); then opened read-only by the daemon.
+                tri!(reply, s.fs.access(&c, &path, libc::X_OK));
+                s.fs.open(&ROOT_CTX, &path, OpenFlags(fs_flags))
+            }
+            r => r,
+        };
+        let opened = tri!(reply, opened);
         let (fh, backing, fopen) =
             s.register_open(&c, ino.0, path, flags.0, opened, |f| reply.open_backing(f));
         match backing {

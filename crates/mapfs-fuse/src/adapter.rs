@@ -23,8 +23,13 @@
 //! (`FUSE_POSIX_ACL`, which also turns on `default_permissions`; every
 //! mount has that option too, see [`crate::mount`]): opens of FIFOs,
 //! sockets and device nodes never reach the daemon, so only the kernel can
-//! check them. An open file whose name is removed keeps the attributes the
-//! name last had for `fstat` ([`Shared`]'s `unlinked`).
+//! check them. Two kernel habits are undone where they would make the
+//! daemon's check stricter than native: the open for `execve` of a file the
+//! caller may execute but not read is made by the daemon after an execute
+//! check as the caller, and the explicit mtime the writeback cache adds to
+//! a `truncate` by path (which needs ownership) is dropped. An open file
+//! whose name is removed keeps the attributes the name last had for
+//! `fstat` ([`Shared`]'s `unlinked`).
 //!
 //! Map-cache tokens (shim clients, [`mapfs::mapcache`]): the adapter owns the
 //! generation table ([`MapTokens`]) and keeps the rule *a token read after

@@ -78,10 +78,7 @@ fn map_cache(mode: DataMode) {
     // The first adoption brings the table; nothing could be cached with it.
     let (h, got) = read(&mut r, "r");
     assert!(got == want, "{test}: bytes of the first open");
-    assert_eq!(
-        h, 0,
-        "{test}: the first open cannot be cached (no table yet)"
-    );
+    assert_eq!(h, 0, "{test}: the first open cannot be cached (no table yet)");
     step(&mut r, "the first open", &want, &mut hits);
     // A writable open may change the file: it asks the daemon, and its
     // close invalidates what anyone cached (the size may have changed).

@@ -184,13 +184,7 @@ impl Plfs {
         if now != checked {
             return Err(Error::from_errno(libc::ESTALE));
         }
-        let mut f = rustix::fs::RenameFlags::empty();
-        if flags.noreplace {
-            f |= rustix::fs::RenameFlags::NOREPLACE;
-        }
-        if flags.exchange {
-            f |= rustix::fs::RenameFlags::EXCHANGE;
-        }
+        let f = crate::passthrough::backing_rename_flags(flags);
         Ok(rustix::fs::renameat_with(
             &a.parent, &a.name, to_parent, to_name, f,
         )?)

@@ -18,6 +18,19 @@
 //! Locks (`flock`, POSIX) are handled by the kernel locally on the mount: they
 //! are not negotiated with the daemon.
 //!
+//! Permissions are checked twice: every callback acts on the backing store
+//! as the caller ([`Ctx`]), and the kernel checks mode bits and ACLs first
+//! (`FUSE_POSIX_ACL`, which also turns on `default_permissions`; every
+//! mount has that option too, see [`crate::mount`]): opens of FIFOs,
+//! sockets and device nodes never reach the daemon, so only the kernel can
+//! check them. Two kernel habits are undone where they would make the
+//! daemon's check stricter than native: the open for `execve` of a file the
+//! caller may execute but not read is made by the daemon after an execute
+//! check as the caller, and the explicit mtime the writeback cache adds to
+//! a `truncate` by path (which needs ownership) is dropped. An open file
+//! whose name is removed keeps the attributes the name last had for
+//! `fstat` ([`Shared`]'s `unlinked`).
+//!
 //! Map-cache tokens (shim clients, [`mapfs::mapcache`]): the adapter owns the
 //! generation table ([`MapTokens`]) and keeps the rule *a token read after
 //! the `open(2)` through the mount returned equals the token a client cached
@@ -95,7 +108,8 @@ pub struct AdapterOptions {
     pub ttl: Duration,
     /// How long the kernel may cache names. Without `default_permissions`
     /// the kernel checks no directory search permission on a cached name, so
-    /// a mount shared by several users needs 0 here.
+    /// a mount shared by several users would need 0 here (mapfs mounts
+    /// always have it, see [`crate::mount`]).
     pub entry_ttl: Duration,
     /// In daemon mode, let the kernel buffer writes (much faster small
     /// writes). The kernel then owns file sizes and never takes them from the
@@ -142,6 +156,12 @@ pub struct Shared {
     identity: OnceLock<(String, String)>,
     /// When the adapter was made (the mount's start).
     started: SystemTime,
+    /// The last attributes of open files whose name was removed (unlink,
+    /// rename over), by FUSE inode, until their last release: `fstat` of
+    /// such an open must keep working, and a file whose bytes are spread
+    /// over backing files (plfs) has no backing file that is the file, or
+    /// none at all (an open of an empty file).
+    unlinked: Mutex<std::collections::HashMap<u64, Attr>>,
 }
 
 /// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
@@ -173,6 +193,7 @@ impl Adapter {
             proofs: Proofs::default(),
             identity: OnceLock::new(),
             started: SystemTime::now(),
+            unlinked: Mutex::new(std::collections::HashMap::new()),
         })))
     }
 
@@ -223,6 +244,13 @@ const ROOT_CTX: Ctx = Ctx {
     pid: 0,
 };
 
+/// The kernel's open of a file for `execve` (`__FMODE_EXEC` among the open
+/// flags FUSE passes on), read-only.
+fn is_exec_open(flags: i32) -> bool {
+    const FMODE_EXEC: i32 = 0x20;
+    flags & FMODE_EXEC != 0 && flags & libc::O_ACCMODE == libc::O_RDONLY
+}
+
 fn ctx(req: &Request) -> Ctx {
     Ctx {
         uid: req.uid(),
@@ -271,6 +299,26 @@ fn utime_now_under_writeback(atime: Option<TimeSet>, mtime: Option<TimeSet>) -> 
             }
         }
         _ => mtime,
+    }
+}
+
+/// With the writeback cache the kernel also sends its own mtime (explicit,
+/// "now") with every `truncate(2)` by path. Setting an explicit time needs
+/// ownership, so a user who may write the file but does not own it would
+/// get `EPERM`; the backing truncate, done as the caller, sets mtime and
+/// ctime itself, as a native truncate does. So that mtime is dropped.
+fn truncate_mtime_under_writeback(set: &SetAttr) -> Option<TimeSet> {
+    match (set.size, set.atime, set.mtime) {
+        (Some(_), None, Some(TimeSet::At(t))) => {
+            let now = SystemTime::now();
+            let skew = now.duration_since(t).unwrap_or_else(|e| e.duration());
+            if skew < Duration::from_secs(1) {
+                None
+            } else {
+                set.mtime
+            }
+        }
+        _ => set.mtime,
     }
 }
 
@@ -436,18 +484,26 @@ impl Shared {
                     return Ok(attr);
                 }
                 // Its bytes are spread over backing files that are not the
-                // file: times from the first, owner from the opener, size
-                // from the map.
+                // file: mode, owner and times as the name last had them
+                // (else times from the first backing file, owner from the
+                // opener), size from the map.
                 let (map, files) = file.data.snapshot();
-                let first = files.first().ok_or_else(Error::not_found)?;
-                let mut attr = attr_from_metadata(&first.metadata()?);
+                let known = self.unlinked.lock().get(&ino.0).copied();
+                let mut attr = match (known, files.first()) {
+                    (Some(a), _) => a,
+                    (None, Some(first)) => {
+                        let mut a = attr_from_metadata(&first.metadata()?);
+                        a.uid = file.ctx.uid;
+                        a.gid = file.ctx.gid;
+                        a
+                    }
+                    (None, None) => return Err(Error::not_found()),
+                };
                 attr.ino = self.inodes.fs_ino(ino.0);
                 attr.kind = mapfs::FileKind::File;
                 attr.size = map.size();
                 attr.blocks = map.size().div_ceil(512);
                 attr.nlink = 0;
-                attr.uid = file.ctx.uid;
-                attr.gid = file.ctx.gid;
                 Ok(attr)
             }
             other => other,
@@ -459,6 +515,25 @@ impl Shared {
     /// name up before it unlinks or renames it).
     fn ino_at(&self, parent: INodeNo, name: &OsStr) -> Option<u64> {
         self.inodes.child(parent.0, name)
+    }
+
+    /// The attributes of `path`, the name of FUSE inode `victim`, if that
+    /// inode is open: taken before a call removes the name, for
+    /// [`Shared::keep_unlinked`].
+    fn attrs_if_open(&self, victim: Option<u64>, path: &Path) -> Option<(u64, Attr)> {
+        let v = victim?;
+        self.handles.any_file_of(v)?;
+        Some((v, self.fs.getattr(&ROOT_CTX, path).ok()?))
+    }
+
+    /// Keeps the attributes of an open inode whose name is gone (see
+    /// [`Shared::unlinked`]).
+    fn keep_unlinked(&self, before: Option<(u64, Attr)>) {
+        if let Some((v, a)) = before {
+            if a.kind == FileKind::File {
+                self.unlinked.lock().insert(v, a);
+            }
+        }
     }
 
     fn bump_opt(&self, ino: Option<u64>) {
@@ -695,6 +770,9 @@ impl Shared {
         };
         self.handles.forget_changes(&file);
         let ino = file.ino;
+        if self.handles.any_file_of(ino).is_none() {
+            self.unlinked.lock().remove(&ino);
+        }
         // Only a changed final map bumps here: a writable open bumped when
         // it was opened and daemon writes bump as they go, so a client that
         // re-opens after the write+close already misses; another bump now
@@ -841,9 +919,11 @@ impl Shared {
         let _names = self.names.write();
         let path = tri!(reply, self.child(parent, name));
         let victim = self.ino_at(parent, name);
+        let before = self.attrs_if_open(victim, &path);
         let res = remove(&path);
         self.bump_opt(victim);
         tri!(reply, res);
+        self.keep_unlinked(before);
         self.inodes.unlinked(parent.0, name);
         reply.ok();
     }
@@ -860,7 +940,11 @@ impl Filesystem for Adapter {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_BIG_WRITES
-            | InitFlags::FUSE_MAX_PAGES;
+            | InitFlags::FUSE_MAX_PAGES
+            // The kernel checks permissions itself on every mount (see
+            // `crate::mount`, Permission checks); with this it honours POSIX
+            // ACLs there as the backing file system does.
+            | InitFlags::FUSE_POSIX_ACL;
         if s.opts.data == DataMode::Daemon {
             if s.opts.writeback_cache {
                 want |= InitFlags::FUSE_WRITEBACK_CACHE;
@@ -941,6 +1025,7 @@ impl Filesystem for Adapter {
         };
         if fh.is_none() && s.writeback.load(Ordering::Relaxed) {
             set.mtime = utime_now_under_writeback(set.atime, set.mtime);
+            set.mtime = truncate_mtime_under_writeback(&set);
         }
         let handle = fh.and_then(|fh| s.handles.file(fh.0));
         // A size change on an open file goes through the engine, so a map
@@ -1104,10 +1189,16 @@ impl Filesystem for Adapter {
             exchange: flags.contains(FuseRenameFlags::RENAME_EXCHANGE),
         };
         let (moved, replaced) = (s.ino_at(parent, name), s.ino_at(newparent, newname));
+        let before = if rf.exchange {
+            None
+        } else {
+            s.attrs_if_open(replaced, &to)
+        };
         let res = s.fs.rename(&ctx(req), &from, &to, rf);
         s.bump_opt(moved);
         s.bump_opt(replaced);
         tri!(reply, res);
+        s.keep_unlinked(before);
         s.inodes
             .renamed(parent.0, name, newparent.0, newname, rf.exchange);
         reply.ok();
@@ -1140,10 +1231,19 @@ impl Filesystem for Adapter {
             return;
         }
         let fs_flags = s.open_flags_for_fs(flags.0);
-        let opened = tri!(
-            reply,
-            s.open_with_fallback(fs_flags, |f| s.fs.open(&c, &path, f), flags.0)
-        );
+        let opened = match s.open_with_fallback(fs_flags, |f| s.fs.open(&c, &path, f), flags.0) {
+            Err(e) if e.errno() == libc::EACCES && is_exec_open(flags.0) => {
+                // `execve` of a file its caller may execute but not read:
+                // the kernel reads it with its own rights, as it does
+                // natively (and marks the process undumpable). Checked as
+                // the caller: execute permission (the kernel checked it
+                // too); then opened read-only by the daemon.
+                tri!(reply, s.fs.access(&c, &path, libc::X_OK));
+                s.fs.open(&ROOT_CTX, &path, OpenFlags(fs_flags))
+            }
+            r => r,
+        };
+        let opened = tri!(reply, opened);
         let (fh, backing, fopen) =
             s.register_open(&c, ino.0, path, flags.0, opened, |f| reply.open_backing(f));
         match backing {

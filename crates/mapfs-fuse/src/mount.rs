@@ -1,5 +1,26 @@
 //! Mounting: option parsing, the multi-threaded session, serving until the
 //! file system is unmounted.
+//!
+//! # Permission checks
+//!
+//! Every mount has `default_permissions`, given or not.
+//!
+//! The kernel sends no FUSE request when a FIFO, socket or device node is
+//! opened (or a socket connected): the inode's operations are the pipe's,
+//! the socket layer's or the driver's, so the daemon never sees the call.
+//! Without `default_permissions`, `fuse_permission` checks nothing for such
+//! files (only `access`/`chdir` and exec of regular files reach the daemon),
+//! so their mode bits would not hold: any user of an `allow_other` mount
+//! could open another user's `0600` FIFO, or a `0660 root:disk` block device
+//! on a mount with `dev`. There is no per-inode way to ask the kernel for a
+//! check, so the kernel checks every inode (`generic_permission` on its
+//! cached attributes, refreshed when the attribute TTL expired and once more
+//! before it denies), and the daemon still performs every backing operation
+//! as the caller: a call must pass both checks, which only adds checks to
+//! the configuration without it. The adapter also asks for `FUSE_POSIX_ACL`
+//! so that the kernel's check honours POSIX ACLs as the backing file system
+//! would (the kernel then turns `default_permissions` on by itself; a kernel
+//! without it checks mode bits only; see the README's Safety section).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -45,14 +66,16 @@ impl MountOptions {
     /// True when users other than the owner may use the mount while the
     /// kernel does no permission checks of its own (no `default_permissions`):
     /// cached names would then skip directory search checks, so the adapter
-    /// must not cache names.
+    /// must not cache names. Never for options from [`parse_options`], which
+    /// always include `default_permissions`.
     pub fn needs_uncached_names(&self) -> bool {
         self.acl != SessionACL::Owner && !self.kernel.contains(&MountOption::DefaultPermissions)
     }
 }
 
 /// Parses a comma-separated option list (several `-o` may be given); an
-/// unknown option is an error naming it.
+/// unknown option is an error naming it. `default_permissions` is always
+/// among the kernel options (see the module docs).
 pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
     let mut kernel = Vec::new();
     let mut acl = SessionACL::Owner;
@@ -92,6 +115,10 @@ pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
             }
         };
         kernel.push(o);
+    }
+    // Always: see the module docs, Permission checks.
+    if !kernel.contains(&MountOption::DefaultPermissions) {
+        kernel.push(MountOption::DefaultPermissions);
     }
     Ok(MountOptions { kernel, acl })
 }
@@ -136,6 +163,10 @@ pub fn mount(
     shared.describe(fs_name, backing);
     let mut cfg = Config::default();
     cfg.mount_options = opts.kernel.clone();
+    // Also for options not made by `parse_options` (see the module docs).
+    if !cfg.mount_options.contains(&MountOption::DefaultPermissions) {
+        cfg.mount_options.push(MountOption::DefaultPermissions);
+    }
     cfg.mount_options
         .push(MountOption::FSName(source.to_string()));
     cfg.mount_options.push(MountOption::Subtype("mapfs".into()));
@@ -196,9 +227,9 @@ fn mount_as_root(
         rustix::process::getuid().as_raw(),
         rustix::process::getgid().as_raw()
     );
-    if opts.kernel.contains(&MountOption::DefaultPermissions) {
-        data.push_str(",default_permissions");
-    }
+    // Always (see the module docs): the kernel sends no request for the
+    // open of a special file, so only its own check can hold the mode bits.
+    data.push_str(",default_permissions");
     if opts.acl != SessionACL::Owner {
         // The kernel knows only allow_other; fuser enforces allow_root.
         data.push_str(",allow_other");

@@ -36,7 +36,10 @@ impl Passthrough {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
             Mode::empty(),
         )?;
-        let mut dir = rustix::fs::Dir::read_from(&fd)?;
+        // `Dir::new`, not `read_from`: that opens "." again through the
+        // directory, which needs search permission, and a directory its
+        // caller may read but not search lists natively (mode 0477 ...).
+        let mut dir = rustix::fs::Dir::new(rustix::io::dup(&fd)?)?;
         let mut out = Vec::new();
         while let Some(e) = dir.read() {
             let e = e?;

@@ -41,6 +41,8 @@ mod node;
 mod open;
 mod xattr;
 
+pub(crate) use node::backing_rename_flags;
+
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path};

@@ -59,19 +59,12 @@ impl Passthrough {
     pub(super) fn do_rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> Result<()> {
         let a = self.loc(from)?;
         let b = self.loc(to)?;
-        let mut f = rustix::fs::RenameFlags::empty();
-        if flags.noreplace {
-            f |= rustix::fs::RenameFlags::NOREPLACE;
-        }
-        if flags.exchange {
-            f |= rustix::fs::RenameFlags::EXCHANGE;
-        }
         Ok(rustix::fs::renameat_with(
             a.dir(),
             a.name(),
             b.dir(),
             b.name(),
-            f,
+            backing_rename_flags(flags),
         )?)
     }
 
@@ -83,4 +76,16 @@ impl Passthrough {
         rustix::fs::linkat(a.dir(), a.name(), b.dir(), b.name(), AtFlags::empty())?;
         stat_loc(&b)
     }
+}
+
+/// The `renameat2` flags of `flags`.
+pub(crate) fn backing_rename_flags(flags: RenameFlags) -> rustix::fs::RenameFlags {
+    let mut f = rustix::fs::RenameFlags::empty();
+    if flags.noreplace {
+        f |= rustix::fs::RenameFlags::NOREPLACE;
+    }
+    if flags.exchange {
+        f |= rustix::fs::RenameFlags::EXCHANGE;
+    }
+    f
 }

@@ -116,13 +116,18 @@
 //! name up again (`ESTALE` internally), so a reader of a name replaced by
 //! `rename` sees the old or the new file whole, never a half-removed one.
 //!
+//! Renaming a file into another directory: the kernel lets a directory
+//! change parents only with write permission on the directory itself, which
+//! a file does not need, so when the caller's rename of a container to
+//! another directory fails with `EACCES`, the rules of `rename(2)` for a
+//! file (write and search permission on both directories, sticky bits) are
+//! checked as the caller and the daemon renames (`names.rs`). A permission
+//! changed between that check and the rename is not seen.
+//!
 //! # Not supported, and why
 //!
 //! - Hard links (`link` is `EPERM`): a container directory cannot have two
 //!   names.
-//! - Renaming a file into another directory by someone other than its owner
-//!   needs write permission on the container directory (the kernel rule for
-//!   moving directories), where a plain file would not.
 //! - Names starting with `.plfs-new.` or `.plfs-gone.` are reserved (hidden,
 //!   and `EPERM` to create). A crash in the middle of `unlink` leaves a
 //!   hidden `.plfs-gone.*` container, removed by a later `rmdir` of its

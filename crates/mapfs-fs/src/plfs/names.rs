@@ -94,21 +94,24 @@ impl Plfs {
         if super::is_root(from) || super::is_root(to) {
             return self.pt.rename(ctx, from, to, flags);
         }
-        let (a, b) = as_caller(ctx, || {
+        let (a, b, to_parent) = as_caller(ctx, || {
             let a = self.find(from)?;
-            self.parent_for_new(to)?;
+            let to_parent = self.parent_for_new(to)?;
             let b = match self.find(to) {
                 Ok(b) => Some(b),
                 Err(e) if e.errno() == libc::ENOENT => None,
                 Err(e) => return Err(e),
             };
-            Ok((a, b))
+            Ok((a, b, to_parent))
         })?;
+        let rename = |flags: RenameFlags, b: Option<&Found>| {
+            self.rename_as_file(ctx, from, to, flags, &a, b, (&to_parent.0, &to_parent.1))
+        };
         if flags.exchange || flags.noreplace {
-            return self.pt.rename(ctx, from, to, flags);
+            return rename(flags, b.as_ref());
         }
         let Some(b) = b else {
-            return self.pt.rename(ctx, from, to, flags);
+            return rename(flags, None);
         };
         if same_entry(&a, &b)? {
             return Ok(());
@@ -118,13 +121,13 @@ impl Plfs {
             (Node::Dir, Node::File(_)) => return Err(Error::from_errno(libc::ENOTDIR)),
             (Node::File(_), Node::File(_)) | (Node::Other, Node::File(_)) => true,
             (Node::File(_), Node::Other) => false,
-            _ => return self.pt.rename(ctx, from, to, flags),
+            _ => return rename(flags, Some(&b)),
         };
         let swap = RenameFlags {
             exchange: true,
             noreplace: false,
         };
-        self.pt.rename(ctx, from, to, swap)?;
+        rename(swap, Some(&b))?;
         // The replaced node now sits at the source name.
         let res = match &b.node {
             Node::File(d) if replace_file => self.remove_container(a.parent.as_fd(), &a.name, d),
@@ -138,6 +141,113 @@ impl Plfs {
 }
 
 impl Plfs {
+    /// Renames `from` (found as `a`) to `to` (in `to_parent`, holding `b`
+    /// if it exists) as the caller. A file is a container *directory*, and
+    /// the kernel lets a directory change parents only with write
+    /// permission on the directory itself (its `..` changes), which a plain
+    /// file does not need: a user who may write both directories but does
+    /// not own the file would get `EACCES` where native succeeds. When the
+    /// caller's rename fails with `EACCES` and a container changes parents,
+    /// the rules of `rename(2)` for a file are checked as the caller
+    /// ([`Plfs::may_rename_as_file`]) and the daemon renames, on the
+    /// directory descriptors that were checked, once it has seen that the
+    /// names still hold the nodes that were checked (`ESTALE` otherwise, on
+    /// which the kernel looks the names up again and retries): what was
+    /// judged is what moves, but for a swap in the instant between that last
+    /// look and the rename.
+    #[allow(clippy::too_many_arguments)]
+    fn rename_as_file(
+        &self,
+        ctx: &Ctx,
+        from: &Path,
+        to: &Path,
+        flags: RenameFlags,
+        a: &Found,
+        b: Option<&Found>,
+        (to_parent, to_name): (&OwnedFd, &OsStr),
+    ) -> Result<()> {
+        let err = match self.pt.rename(ctx, from, to, flags) {
+            Err(e) if e.errno() == libc::EACCES => e,
+            r => return r,
+        };
+        let is_file = |f: &Found| matches!(f.node, Node::File(_));
+        if !(is_file(a) || b.is_some_and(is_file)) || same_dir(&a.parent, to_parent)? {
+            return Err(err);
+        }
+        let checked = as_caller(ctx, || {
+            self.may_rename_as_file(ctx, a, b, to_parent, flags.exchange)
+        })?;
+        let mut now = vec![node_id(&a.parent, &a.name)?];
+        if let Some(b) = b {
+            now.push(node_id(to_parent, &b.name)?);
+        }
+        if now != checked {
+            return Err(Error::from_errno(libc::ESTALE));
+        }
+        let f = crate::passthrough::backing_rename_flags(flags);
+        Ok(rustix::fs::renameat_with(
+            &a.parent, &a.name, to_parent, to_name, f,
+        )?)
+    }
+
+    /// What the kernel checks when a non-directory `a` moves to another
+    /// directory `to_parent` (replacing `b`, or exchanged with it): write
+    /// and search permission on both directories (`EACCES`), the sticky bit
+    /// of each (`EPERM` unless the caller owns the entry or the directory),
+    /// and write permission on a real directory that changes parents (an
+    /// exchanged one). Run as the caller; a root caller never gets here
+    /// (its rename succeeds or fails for reasons these checks share).
+    /// Returns the backing identities of `a` and `b` as checked (`ESTALE`
+    /// when a file's name no longer holds its container).
+    fn may_rename_as_file(
+        &self,
+        ctx: &Ctx,
+        a: &Found,
+        b: Option<&Found>,
+        to_parent: &OwnedFd,
+        exchange: bool,
+    ) -> Result<Vec<(u64, u64)>> {
+        // Identities first: the checks below look at what these name.
+        let mut ids = Vec::new();
+        for (dir, f) in std::iter::once((&a.parent, a)).chain(b.map(|b| (to_parent, b))) {
+            let id = node_id(dir, &f.name)?;
+            if let Node::File(c) = &f.node {
+                let st = rustix::fs::fstat(c)?;
+                if id != (st.st_dev, st.st_ino) {
+                    return Err(Error::from_errno(libc::ESTALE));
+                }
+            }
+            ids.push(id);
+        }
+        let wx = rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK;
+        for dir in [&a.parent, to_parent] {
+            rustix::fs::accessat(dir, ".", wx, AtFlags::EACCESS)?;
+        }
+        let sticky = |dir: &OwnedFd, name: &OsStr| -> Result<()> {
+            let d = rustix::fs::fstat(dir)?;
+            if d.st_mode & libc::S_ISVTX == 0 || d.st_uid == ctx.uid {
+                return Ok(());
+            }
+            let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+            if st.st_uid == ctx.uid {
+                return Ok(());
+            }
+            Err(Error::from_errno(libc::EPERM))
+        };
+        sticky(&a.parent, &a.name)?;
+        if let Some(b) = b {
+            sticky(to_parent, &b.name)?;
+        }
+        let moved_dirs =
+            std::iter::once((&a.parent, a)).chain(b.filter(|_| exchange).map(|b| (to_parent, b)));
+        for (dir, f) in moved_dirs {
+            if matches!(f.node, Node::Dir) {
+                rustix::fs::accessat(dir, &f.name, rustix::fs::Access::WRITE_OK, AtFlags::EACCESS)?;
+            }
+        }
+        Ok(ids)
+    }
+
     /// Removes container `dir`, now named `name` in `parent`, holding its
     /// lock: an open or merge of it that raced the unlink either completed
     /// before (and keeps its logs open) or finds it gone and looks the name
@@ -158,6 +268,18 @@ impl Plfs {
             }
         }
     }
+}
+
+/// The backing device and inode of `name` in `dir`.
+fn node_id(dir: &OwnedFd, name: &OsStr) -> Result<(u64, u64)> {
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// True when both fds are the same backing directory.
+fn same_dir(a: &OwnedFd, b: &OwnedFd) -> Result<bool> {
+    let (sa, sb) = (rustix::fs::fstat(a)?, rustix::fs::fstat(b)?);
+    Ok(sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino)
 }
 
 /// True when both names are the same backing node (renaming a name onto

@@ -43,12 +43,27 @@ pub struct ListedMount {
 }
 
 /// What the daemon of `mountpoint` says about itself over its control
-/// socket. Always `None` for now: this is where a `Request::Status` query
-/// goes once the control protocol has it; `list` then prefers its answer
-/// to the daemon's info file.
+/// socket (`Request::Status`), with the program name from its info file.
+/// `list` prefers it to the info file alone: a pid file or info file can be
+/// stale, a connected daemon cannot. Kernel passthrough counts as active
+/// only if the check at mount said so and the kernel has not refused it
+/// since.
 pub fn status(mountpoint: &Path) -> Option<MountInfo> {
-    let _ = mountpoint;
-    None
+    let st = mapfs::control::status(&mapfs::control::socket_path(mountpoint)).ok()?;
+    let info = mounts::read_info(mountpoint);
+    Some(MountInfo {
+        pid: st.pid,
+        program: info
+            .as_ref()
+            .map_or_else(|| "mapfs".to_string(), |i| i.program.clone()),
+        fs: st.fs,
+        backing: st.backing,
+        data: st.data,
+        passthrough_active: st.passthrough_active
+            && info.as_ref().is_none_or(|i| i.passthrough_active),
+        writeback_cache: st.writeback_cache,
+        started_unix: st.started_unix,
+    })
 }
 
 /// Every mapfs mount of this mount namespace, in mount order.

@@ -866,10 +866,8 @@ fn pid_file_does_not_steer_writeback_decision() {
 /// A forged pid in the pid file must not steer `mapfs umount`: with `1`
 /// (init, always alive) it must not wait 30 s, and with garbage it must
 /// still wait until the daemon is gone; the pid file must not be writable
-/// by others. Ignored until the pid-file branch lands: on this branch the
-/// pid file is 0666 and `mapfs umount` waits on whatever pid it holds.
+/// by others.
 #[test]
-#[ignore = "fails until the pid-file branch lands (0666 pid files; umount trusts them)"]
 fn pid_file_does_not_steer_umount() {
     let test = "pid file / umount";
     if !ready(test, &[]) {

@@ -11,6 +11,7 @@ mod config;
 mod fio;
 mod meta;
 mod process;
+mod procs;
 mod report;
 mod stats;
 mod workloads;
@@ -552,6 +553,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         match w.kind {
             Kind::Data { .. } => params.bs.iter().map(|b| fmt_size(*b)).collect(),
             Kind::CreateStatUnlink => META_PHASES.iter().map(|s| s.to_string()).collect(),
+            Kind::Procs(_) => vec![workloads::PROCS_COLUMN.to_string()],
         }
     };
     let units: u64 = wls
@@ -617,6 +619,44 @@ pub fn run(args: BenchArgs) -> Result<()> {
                             records.push(rec);
                             pb.inc(1);
                         }
+                    }
+                }
+            }
+            Kind::Procs(which) => {
+                for run in 0..params.runs {
+                    for (c, p) in round_order(&ready, run) {
+                        if interrupted() {
+                            break 'workloads;
+                        }
+                        pb.set_message(format!(
+                            "{} run {}/{} {}",
+                            w.name,
+                            run + 1,
+                            params.runs,
+                            c.name
+                        ));
+                        settler.settle();
+                        let dir = p.root.join(&data_name);
+                        let mut rec = empty_record(w.name, c.name, workloads::PROCS_COLUMN, run);
+                        let res = match which {
+                            workloads::Procs::SpawnRead => procs::spawn_read(p, &dir),
+                            workloads::Procs::Build => procs::build(p, &dir),
+                        };
+                        match res {
+                            Ok(r) => {
+                                rec.value = Some(r.rate());
+                                rec.iops = Some(r.rate());
+                                rec.amount = Some(r.units);
+                                rec.secs = Some(r.secs);
+                            }
+                            Err(e) => {
+                                let e = format!("{e:#}");
+                                pb.suspend(|| eprintln!("mapfs bench: {} {}: {e}", w.name, c.name));
+                                rec.error = Some(e);
+                            }
+                        }
+                        records.push(rec);
+                        pb.inc(1);
                     }
                 }
             }
@@ -693,7 +733,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 .map(|word| if word == "N" { n.as_str() } else { word })
                 .collect();
             let about = about.join(" ");
-            let unit = if w.is_data() { "MB/s" } else { "ops/s" };
+            let unit = match w.kind {
+                Kind::Data { .. } => "MB/s",
+                Kind::CreateStatUnlink => "ops/s",
+                Kind::Procs(workloads::Procs::SpawnRead) => "processes/s",
+                Kind::Procs(workloads::Procs::Build) => "files/s",
+            };
             report::build_table(w.name, &about, unit, &columns_of(w), &rows, &records)
         })
         .collect();

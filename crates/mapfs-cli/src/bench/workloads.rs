@@ -34,7 +34,22 @@ pub enum Kind {
     },
     /// The in-process create/stat/unlink loop; one column per phase.
     CreateStatUnlink,
+    /// Many short-lived processes (`spawn-read`: 1,000 `cat`s of a small
+    /// file; `build`: `make -j2` of a generated C project); one column.
+    Procs(Procs),
 }
+
+/// The process-heavy workloads ([`Kind::Procs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Procs {
+    /// A shell loop of `cat`s of one small file.
+    SpawnRead,
+    /// `make -j2` of a generated C project.
+    Build,
+}
+
+/// The column label of the process workloads.
+pub const PROCS_COLUMN: &str = "run";
 
 /// One workload: a name for the command line and tables, and what it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +142,16 @@ pub const WORKLOADS: &[Workload] = &[
         name: "create-stat-unlink",
         about: "create --files empty files in one directory, stat them, unlink them",
         kind: Kind::CreateStatUnlink,
+    },
+    Workload {
+        name: "spawn-read",
+        about: "a shell loop of 1000 processes, each reading one 8 KiB file (processes/s)",
+        kind: Kind::Procs(Procs::SpawnRead),
+    },
+    Workload {
+        name: "build",
+        about: "make -j2 of a generated 41-file C project, then run it (files compiled/s)",
+        kind: Kind::Procs(Procs::Build),
     },
 ];
 

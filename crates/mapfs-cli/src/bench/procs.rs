@@ -1,0 +1,169 @@
+//! The process-heavy workloads (`spawn-read`, `build`): many short-lived
+//! processes, each touching a few files, the way shells, builds and test
+//! suites use a file system. They measure what a configuration costs per
+//! process (for `preload`, the shim's start-up and any daemon contact), not
+//! per byte.
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use super::config::Prepared;
+use super::process;
+
+/// Processes `spawn-read` starts.
+pub const SPAWN_PROCESSES: usize = 1000;
+
+/// C files in the `build` project (plus `main.c`).
+pub const BUILD_UNITS: usize = 40;
+
+/// One run: how many units of work it did and how long it took.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcsResult {
+    /// Processes started (`spawn-read`) or C files compiled (`build`).
+    pub units: u64,
+    /// Wall time in seconds.
+    pub secs: f64,
+}
+
+impl ProcsResult {
+    /// Units per second (higher is better, like every other table).
+    pub fn rate(&self) -> f64 {
+        self.units as f64 / self.secs
+    }
+}
+
+/// Runs `script` with `sh -c` under the configuration's prefix, timing it.
+fn timed_shell(p: &Prepared, script: &str, args: &[&Path], limit: Duration) -> Result<f64> {
+    let mut cmd = p.command("sh");
+    cmd.arg("-c").arg(script).arg("sh");
+    for a in args {
+        cmd.arg(a);
+    }
+    let start = Instant::now();
+    let out = process::run(cmd, limit)?;
+    let secs = start.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!("sh exited with {}: {}", out.status, out.error_line());
+    }
+    Ok(secs)
+}
+
+/// `spawn-read`: a shell loop of [`SPAWN_PROCESSES`] `cat`s, each reading
+/// one 8 KiB file of the mount.
+pub fn spawn_read(p: &Prepared, dir: &Path) -> Result<ProcsResult> {
+    let d = dir.join("spawn");
+    fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    let file = d.join("small.txt");
+    let line = b"a small file read whole by a short-lived process\n";
+    let body: Vec<u8> = line.iter().copied().cycle().take(8192).collect();
+    fs::write(&file, &body).with_context(|| format!("writing {}", file.display()))?;
+    let script = format!(
+        "i=0; while [ $i -lt {SPAWN_PROCESSES} ]; do cat \"$1\" >/dev/null || exit 1; i=$((i+1)); done"
+    );
+    let secs = timed_shell(p, &script, &[&file], Duration::from_secs(600));
+    let _ = fs::remove_dir_all(&d);
+    Ok(ProcsResult {
+        units: SPAWN_PROCESSES as u64,
+        secs: secs?,
+    })
+}
+
+/// `build`: `make -j2` of a generated C project of [`BUILD_UNITS`] files
+/// (each compiled and linked into one program, which is then run), from a
+/// clean tree.
+pub fn build(p: &Prepared, dir: &Path) -> Result<ProcsResult> {
+    let d = dir.join("build");
+    if d.exists() {
+        fs::remove_dir_all(&d).with_context(|| format!("removing stale {}", d.display()))?;
+    }
+    fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    let res = (|| -> Result<f64> {
+        generate_project(&d)?;
+        timed_shell(
+            p,
+            "make -s -j2 -C \"$1\" && \"$1/prog\" >/dev/null",
+            &[&d],
+            Duration::from_secs(900),
+        )
+    })();
+    let _ = fs::remove_dir_all(&d);
+    Ok(ProcsResult {
+        units: BUILD_UNITS as u64 + 1,
+        secs: res?,
+    })
+}
+
+/// Writes the project: `uN.c` with a function and a header each, `main.c`
+/// calling them all, and a Makefile with one object per source.
+fn generate_project(d: &Path) -> Result<()> {
+    let write = |name: &str, text: String| -> Result<()> {
+        fs::write(d.join(name), text).with_context(|| format!("writing {name}"))
+    };
+    let mut main = String::from("#include <stdio.h>\n");
+    for i in 0..BUILD_UNITS {
+        main.push_str(&format!("#include \"u{i}.h\"\n"));
+        write(&format!("u{i}.h"), format!("long u{i}(long x);\n"))?;
+        write(
+            &format!("u{i}.c"),
+            format!(
+                "#include \"u{i}.h\"\n\
+                 long u{i}(long x) {{\n  long s = 0;\n  for (long k = 0; k < x; k++) s += (k ^ {i}) % 7;\n  return s;\n}}\n"
+            ),
+        )?;
+    }
+    main.push_str("int main(void) {\n  long t = 0;\n");
+    for i in 0..BUILD_UNITS {
+        main.push_str(&format!("  t += u{i}({});\n", 100 + i));
+    }
+    main.push_str("  printf(\"%ld\\n\", t);\n  return 0;\n}\n");
+    write("main.c", main)?;
+    let objs: Vec<String> = (0..BUILD_UNITS)
+        .map(|i| format!("u{i}.o"))
+        .chain(std::iter::once("main.o".to_string()))
+        .collect();
+    write(
+        "Makefile",
+        format!(
+            "CFLAGS = -O1\nprog: {objs}\n\t$(CC) -o $@ $^\n%.o: %.c\n\t$(CC) $(CFLAGS) -c -o $@ $<\n",
+            objs = objs.join(" ")
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generated_project_builds_and_runs() {
+        if which("make").is_none() || which("cc").is_none() {
+            eprintln!("SKIPPED: make or cc is not installed (scripts/deps.sh installs them)");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        generate_project(d.path()).unwrap();
+        let st = std::process::Command::new("make")
+            .args(["-s", "-j2", "-C"])
+            .arg(d.path())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let out = std::process::Command::new(d.path().join("prog"))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let n: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!(n > 0);
+    }
+
+    fn which(prog: &str) -> Option<std::path::PathBuf> {
+        std::env::var_os("PATH").and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(prog))
+                .find(|f| f.is_file())
+        })
+    }
+}

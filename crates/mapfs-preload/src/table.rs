@@ -176,6 +176,30 @@ type Table = HashMap<RawFd, Arc<Entry>>;
 
 static TABLE: RwLock<Option<Table>> = RwLock::new(None);
 
+/// A new entry for descriptor `fd` of file `(dev, ino)` on mount `mount`.
+fn new_entry(
+    mount: usize,
+    dev: u64,
+    ino: u64,
+    fd: RawFd,
+    status: Status,
+    kept: Option<Kept>,
+) -> Arc<Entry> {
+    Arc::new(Entry {
+        mount,
+        dev,
+        ino,
+        calls: std::sync::atomic::AtomicU32::new(0),
+        inner: Mutex::new(Inner {
+            fds: vec![fd],
+            status,
+            kept,
+            locked: false,
+            lent: None,
+        }),
+    })
+}
+
 fn get(fd: RawFd) -> Option<Arc<Entry>> {
     TABLE.read().as_ref()?.get(&fd).cloned()
 }
@@ -228,19 +252,7 @@ fn classify(fd: RawFd) -> u8 {
             return OTHER;
         }
     };
-    let entry = Arc::new(Entry {
-        mount,
-        dev: id.dev,
-        ino: id.ino,
-        calls: std::sync::atomic::AtomicU32::new(0),
-        inner: Mutex::new(Inner {
-            fds: vec![fd],
-            status: Status::Pending,
-            kept: None,
-            locked: false,
-            lent: None,
-        }),
-    });
+    let entry = new_entry(mount, id.dev, id.ino, fd, Status::Pending, None);
     insert(fd, entry);
     set_state(fd, PENDING);
     report::count_tracked();
@@ -1168,22 +1180,11 @@ pub fn import_adopted(spec: &str) {
             _ => None,
         };
         let writable = w == 1;
-        let e = Arc::new(Entry {
-            mount,
-            dev,
-            ino,
-            calls: std::sync::atomic::AtomicU32::new(0),
-            inner: Mutex::new(Inner {
-                fds: vec![fd],
-                status: Status::Adopted {
-                    handle: 0,
-                    writable,
-                },
-                kept,
-                locked: false,
-                lent: None,
-            }),
-        });
+        let status = Status::Adopted {
+            handle: 0,
+            writable,
+        };
+        let e = new_entry(mount, dev, ino, fd, status, kept);
         if let Some(k) = kept {
             by_kept.insert(k.fd, e.clone());
         }
@@ -1208,19 +1209,7 @@ fn import_pinned(fd: u64, dev: u64, ino: u64) {
     let Some(mount) = mounts::by_dev(dev) else {
         return;
     };
-    let e = Arc::new(Entry {
-        mount,
-        dev,
-        ino,
-        calls: std::sync::atomic::AtomicU32::new(0),
-        inner: Mutex::new(Inner {
-            fds: vec![fd],
-            status: Status::Mount(SHARED.to_string()),
-            kept: None,
-            locked: false,
-            lent: None,
-        }),
-    });
+    let e = new_entry(mount, dev, ino, fd, Status::Mount(SHARED.to_string()), None);
     insert(fd, e);
     set_state(fd, MOUNT);
 }

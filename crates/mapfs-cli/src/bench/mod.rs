@@ -421,6 +421,24 @@ fn run_meta(
     serde_json::from_str(out.stdout.trim()).context("parsing the metadata worker's output")
 }
 
+/// Before one run of a workload on a configuration: says so on the progress
+/// bar and lets the machine settle; false once interrupted.
+fn begin_unit(
+    pb: &ProgressBar,
+    settler: &Settler,
+    workload: &str,
+    run: usize,
+    runs: usize,
+    config: &str,
+) -> bool {
+    if interrupted() {
+        return false;
+    }
+    pb.set_message(format!("{workload} run {}/{runs} {config}", run + 1));
+    settler.settle();
+    true
+}
+
 fn empty_record(w: &str, c: &str, col: &str, run: usize) -> Record {
     Record {
         workload: w.into(),
@@ -625,17 +643,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Kind::Procs(which) => {
                 for run in 0..params.runs {
                     for (c, p) in round_order(&ready, run) {
-                        if interrupted() {
+                        if !begin_unit(&pb, &settler, w.name, run, params.runs, c.name) {
                             break 'workloads;
                         }
-                        pb.set_message(format!(
-                            "{} run {}/{} {}",
-                            w.name,
-                            run + 1,
-                            params.runs,
-                            c.name
-                        ));
-                        settler.settle();
                         let dir = p.root.join(&data_name);
                         let mut rec = empty_record(w.name, c.name, workloads::PROCS_COLUMN, run);
                         let res = match which {
@@ -663,17 +673,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Kind::CreateStatUnlink => {
                 for run in 0..params.runs {
                     for (c, p) in round_order(&ready, run) {
-                        if interrupted() {
+                        if !begin_unit(&pb, &settler, w.name, run, params.runs, c.name) {
                             break 'workloads;
                         }
-                        pb.set_message(format!(
-                            "{} run {}/{} {}",
-                            w.name,
-                            run + 1,
-                            params.runs,
-                            c.name
-                        ));
-                        settler.settle();
                         let dir = p.root.join(&data_name);
                         match run_meta(p, &dir, params.files, &mapfs) {
                             Ok(phases) => {

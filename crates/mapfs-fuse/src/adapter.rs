@@ -72,6 +72,7 @@ use crate::control::tokens::MapTokens;
 use crate::handles::{Handles, OpenDir, OpenFile, SizeChange};
 use crate::inodes::{Inodes, ROOT};
 use crate::ratelimit::RateLimited;
+use crate::stats::{failed, Counters, Event, Op};
 use crate::registry::{OpenInfo, OpenRegistry};
 
 /// How data requests are executed.
@@ -162,6 +163,8 @@ pub struct Shared {
     /// over backing files (plfs) has no backing file that is the file, or
     /// none at all (an open of an empty file).
     unlinked: Mutex<std::collections::HashMap<u64, Attr>>,
+    /// Request counters and latencies (`mapfs stats`).
+    stats: Counters,
 }
 
 /// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
@@ -194,6 +197,7 @@ impl Adapter {
             identity: OnceLock::new(),
             started: SystemTime::now(),
             unlinked: Mutex::new(std::collections::HashMap::new()),
+            stats: Counters::default(),
         })))
     }
 
@@ -215,6 +219,12 @@ impl Shared {
         let _ = self
             .identity
             .set((fs.to_string(), backing.display().to_string()));
+    }
+
+    /// Names where the mount is, so `Stats` can find the kernel's view of
+    /// its connection.
+    pub fn set_mountpoint(&self, mountpoint: &Path) {
+        self.stats.set_mountpoint(mountpoint);
     }
 }
 
@@ -259,8 +269,16 @@ fn ctx(req: &Request) -> Ctx {
     }
 }
 
+/// The errno to reply with for `e`; every error reply goes through here or
+/// [`fail`], which is how the request's counters learn it failed.
 fn errno(e: &Error) -> Errno {
-    Errno::from_i32(e.errno())
+    Errno::from_i32(failed(e.errno()))
+}
+
+/// `e`, noted as the current request's error (see [`errno`]).
+fn fail(e: Errno) -> Errno {
+    failed(e.code());
+    e
 }
 
 fn file_type(kind: FileKind) -> FileType {
@@ -691,6 +709,11 @@ impl Shared {
             ctx: *c,
             lent: AtomicBool::new(false),
         });
+        let executor = match backing {
+            Some(_) => Event::PassthroughOpen,
+            None => Event::DaemonOpen,
+        };
+        self.stats.add(executor, 1);
         (fh, backing, fopen)
     }
 
@@ -842,8 +865,15 @@ impl OpenRegistry for Shared {
         if let Some(n) = self.notifier.get() {
             // Errors only mean the kernel has nothing cached for it.
             let _ = n.inval_inode(INodeNo(ino), 0, 0);
+            self.stats.add(Event::Invalidation, 1);
         }
         self.tokens.bump(ino);
+    }
+
+    fn stats(&self, reset: bool) -> mapfs::stats::MountStats {
+        let mut stats = self.stats.snapshot(reset);
+        stats.token_bumps = self.tokens.bumps(reset);
+        stats
     }
 
     fn generations(&self) -> Option<&mapfs::mapcache::Generations> {
@@ -851,10 +881,14 @@ impl OpenRegistry for Shared {
     }
 
     fn adopting(&self, open: &OpenInfo) {
+        self.stats.add(Event::Adoption, 1);
         self.tokens.adopting(open.ino, &open.map, &open.files);
     }
 
     fn lend(&self, fh: u64, lent: bool, size: Option<Arc<mapfs::lentsize::LentSize>>) {
+        if lent {
+            self.stats.add(Event::Lending, 1);
+        }
         if let Some(f) = self.handles.file(fh) {
             f.lent.store(lent, Ordering::Release);
             let sized = lent && size.is_some();
@@ -865,6 +899,7 @@ impl OpenRegistry for Shared {
                 // the client's size for up to a TTL.
                 if let Some(n) = self.notifier.get() {
                     let _ = n.inval_inode(INodeNo(f.ino), -1, 0);
+                    self.stats.add(Event::Invalidation, 1);
                 }
             }
         }
@@ -974,6 +1009,7 @@ impl Filesystem for Adapter {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Lookup);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.getattr(&ctx(req), &path));
@@ -982,12 +1018,14 @@ impl Filesystem for Adapter {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Forget);
         s.inodes.forget(ino.0, nlookup);
         s.tokens.forgotten(ino.0, || s.inodes.path(ino.0).is_none());
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Getattr);
         let _names = s.names.read();
         let attr = tri!(reply, s.getattr_inner(&ctx(req), ino, fh));
         reply.attr(&s.attr_ttl(ino.0), &s.fuse_attr(ino.0, &attr));
@@ -1012,6 +1050,7 @@ impl Filesystem for Adapter {
         reply: ReplyAttr,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Setattr);
         let _names = s.names.read();
         let c = ctx(req);
         let path = s.path(ino);
@@ -1099,6 +1138,7 @@ impl Filesystem for Adapter {
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Readlink);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let target = tri!(reply, s.fs.readlink(&ctx(req), &path));
@@ -1116,6 +1156,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Mknod);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mknod(&ctx(req), &path, mode, u64::from(rdev)));
@@ -1135,6 +1176,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Mkdir);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mkdir(&ctx(req), &path, mode));
@@ -1143,11 +1185,13 @@ impl Filesystem for Adapter {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Unlink);
         s.remove_name(parent, name, reply, |path| s.fs.unlink(&ctx(req), path));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Rmdir);
         s.remove_name(parent, name, reply, |path| s.fs.rmdir(&ctx(req), path));
     }
 
@@ -1160,6 +1204,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Symlink);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, link_name));
         let attr = tri!(reply, s.fs.symlink(&ctx(req), target.as_os_str(), &path));
@@ -1177,8 +1222,9 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Rename);
         if flags.contains(FuseRenameFlags::RENAME_WHITEOUT) {
-            reply.error(Errno::EINVAL);
+            reply.error(fail(Errno::EINVAL));
             return;
         }
         let _names = s.names.write();
@@ -1213,6 +1259,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Link);
         let _names = s.names.read();
         let from = tri!(reply, s.path(ino));
         let to = tri!(reply, s.child(newparent, newname));
@@ -1222,6 +1269,7 @@ impl Filesystem for Adapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Open);
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.path(ino));
@@ -1264,6 +1312,7 @@ impl Filesystem for Adapter {
         reply: ReplyData,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Read);
         let file = tri!(reply, s.data_file(fh));
         // One buffer per worker thread: a fresh zeroed buffer per request
         // (up to 1 MiB) costs a memset on every read.
@@ -1274,7 +1323,10 @@ impl Filesystem for Adapter {
                 buf.resize(size, 0);
             }
             match file.data.read(offset, &mut buf[..size]) {
-                Ok(n) => reply.data(&buf[..n]),
+                Ok(n) => {
+                    s.stats.add(Event::DaemonReadBytes, n as u64);
+                    reply.data(&buf[..n])
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -1293,6 +1345,7 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Write);
         let file = tri!(reply, s.data_file(fh));
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             tri!(reply, s.kill_suidgid(&file.path, &ctx(req)));
@@ -1301,6 +1354,7 @@ impl Filesystem for Adapter {
         let res = file.data.write(offset, data, &mut remap);
         s.tokens.bump(file.ino);
         let n = tri!(reply, res);
+        s.stats.add(Event::DaemonWriteBytes, n as u64);
         s.changed(&file, SizeChange::Extend(offset + n as u64));
         reply.written(n as u32);
     }
@@ -1313,6 +1367,7 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Flush);
         // Writes reach the backing files synchronously; only a map that is
         // not whole-file has something to persist (whole-file opens ask the
         // kernel for no FLUSH at all).
@@ -1335,6 +1390,7 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Release);
         if self.0.handles.remove_placeholder(fh.0) {
             reply.ok();
             return;
@@ -1351,10 +1407,11 @@ impl Filesystem for Adapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Fsync);
         if self.0.handles.is_placeholder(fh.0) {
             // The client's writes are in its map until it pushes it: a sync
             // of the placeholder alone would claim durability it lacks.
-            reply.error(Errno::EIO);
+            reply.error(fail(Errno::EIO));
             return;
         }
         let file = tri!(reply, self.0.open_file(fh));
@@ -1365,6 +1422,7 @@ impl Filesystem for Adapter {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Opendir);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let entries = tri!(reply, s.fs.readdir(&ctx(req), &path));
@@ -1381,8 +1439,9 @@ impl Filesystem for Adapter {
         mut reply: ReplyDirectory,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Readdir);
         let Some(dir) = s.handles.dir(fh.0) else {
-            reply.error(Errno::EBADF);
+            reply.error(fail(Errno::EBADF));
             return;
         };
         // Offsets: 1 = ".", 2 = "..", 3.. = entries.
@@ -1413,10 +1472,11 @@ impl Filesystem for Adapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Readdirplus);
         let _names = s.names.read();
         let c = ctx(req);
         let Some(dir) = s.handles.dir(fh.0) else {
-            reply.error(Errno::EBADF);
+            reply.error(fail(Errno::EBADF));
             return;
         };
         let dir_path = tri!(reply, s.path(ino));
@@ -1470,6 +1530,7 @@ impl Filesystem for Adapter {
         _flags: FuseOpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Releasedir);
         self.0.handles.remove_dir(fh.0);
         reply.ok();
     }
@@ -1483,6 +1544,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Fsyncdir);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.fsyncdir(&ctx(req), &path, datasync));
@@ -1491,6 +1553,7 @@ impl Filesystem for Adapter {
 
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Statfs);
         let _names = s.names.read();
         let path = s.path(ino).unwrap_or_else(|_| PathBuf::from("/"));
         let st = tri!(reply, s.fs.statfs(&ctx(req), &path));
@@ -1510,6 +1573,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Setxattr);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.setxattr(&ctx(req), &path, name, value, flags));
@@ -1518,6 +1582,7 @@ impl Filesystem for Adapter {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Getxattr);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let value = tri!(reply, s.fs.getxattr(&ctx(req), &path, name));
@@ -1526,6 +1591,7 @@ impl Filesystem for Adapter {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Listxattr);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let names = tri!(reply, s.fs.listxattr(&ctx(req), &path));
@@ -1539,6 +1605,7 @@ impl Filesystem for Adapter {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Removexattr);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.removexattr(&ctx(req), &path, name));
@@ -1547,6 +1614,7 @@ impl Filesystem for Adapter {
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Access);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.access(&ctx(req), &path, mask.bits()));
@@ -1564,6 +1632,7 @@ impl Filesystem for Adapter {
         reply: ReplyCreate,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Create);
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.child(parent, name));
@@ -1594,6 +1663,7 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Fallocate);
         let file = tri!(reply, self.0.data_file(fh));
         // Like write, fallocate by an unprivileged caller drops setuid/setgid;
         // the kernel sends no flag for it.
@@ -1621,9 +1691,10 @@ impl Filesystem for Adapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        let _t = self.0.stats.timer(Op::Lseek);
         let file = tri!(reply, self.0.data_file(fh));
         if offset < 0 {
-            reply.error(Errno::ENXIO);
+            reply.error(fail(Errno::ENXIO));
             return;
         }
         let pos = tri!(reply, file.data.seek(offset as u64, whence));
@@ -1645,22 +1716,23 @@ impl Filesystem for Adapter {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        let _t = self.0.stats.timer(Op::Ioctl);
         if cmd != mapfs::control::PROVE_IOCTL {
-            reply.error(Errno::ENOTTY);
+            reply.error(fail(Errno::ENOTTY));
             return;
         }
         let (Ok(key), 16) = (<mapfs::control::ConnKey>::try_from(in_data), out_size) else {
-            reply.error(Errno::EINVAL);
+            reply.error(fail(Errno::EINVAL));
             return;
         };
         let s = &self.0;
         if s.handles.file(fh.0).is_none() {
-            reply.error(Errno::EBADF);
+            reply.error(fail(Errno::EBADF));
             return;
         }
         match s.proofs.issue(&key, fh.0, req.uid(), req.gid()) {
             Some(proof) => reply.ioctl(0, &proof),
-            None => reply.error(Errno::EPERM),
+            None => reply.error(fail(Errno::EPERM)),
         }
     }
 
@@ -1678,6 +1750,7 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::CopyFileRange);
         let src = tri!(reply, s.data_file(fh_in));
         let dst = tri!(reply, s.data_file(fh_out));
         let mut remap = s.remap_for(&dst);
@@ -1687,6 +1760,7 @@ impl Filesystem for Adapter {
         s.tokens.bump(dst.ino);
         let n = tri!(reply, res);
         s.changed(&dst, SizeChange::Extend(offset_out + n as u64));
+        s.stats.add(Event::DaemonWriteBytes, n as u64);
         reply.written(n as u32);
     }
 }
@@ -1695,7 +1769,7 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
     if size == 0 {
         reply.size(value.len() as u32);
     } else if value.len() > size as usize {
-        reply.error(Errno::ERANGE);
+        reply.error(fail(Errno::ERANGE));
     } else {
         reply.data(value);
     }

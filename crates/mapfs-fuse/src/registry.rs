@@ -56,6 +56,14 @@ pub trait OpenRegistry: Send + Sync + 'static {
     /// `clients`).
     fn status(&self) -> MountStatus;
 
+    /// The request counters (see [`crate::stats`]); with `reset`, counting
+    /// starts again from zero after this snapshot. The default, for
+    /// registries that count nothing, is empty.
+    fn stats(&self, reset: bool) -> mapfs::stats::MountStats {
+        let _ = reset;
+        mapfs::stats::MountStats::default()
+    }
+
     /// Drops the kernel's cached attributes and pages of `ino` (after a shim
     /// client wrote to it), so the next `stat`/`read` through the mount sees
     /// the new size and bytes, and bumps its map-cache token.

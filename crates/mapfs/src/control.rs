@@ -88,12 +88,14 @@ use serde::{Deserialize, Serialize};
 use crate::datamap::DataMap;
 use crate::lentsize::LentSize;
 use crate::mapcache::Generations;
+use crate::stats::MountStats;
 
 /// Protocol version, the first byte of every packet. Bumped on any change of
 /// the message types; a peer seeing another version refuses the message.
 /// Version 4: proof of possession replaces pid/tid identity; `Status`,
 /// `Changed`; the generation table comes with the first adoption.
-pub const VERSION: u8 = 4;
+/// Version 5: `Stats` (request counters, [`crate::stats`]).
+pub const VERSION: u8 = 5;
 
 /// Largest packet either side sends or accepts.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -139,6 +141,12 @@ pub enum Request {
     },
     /// What the daemon serves ([`Response::Status`]); needs no Hello.
     Status,
+    /// The daemon's request counters ([`Response::Stats`]); needs no Hello.
+    Stats {
+        /// Start counting afresh after this answer. Only the mount's owner
+        /// (the daemon's uid) or root may; others get `EPERM`.
+        reset: bool,
+    },
     /// Hand over the open proven by `proof` (see the module docs).
     Adopt {
         /// From [`prove`] on the application's descriptor of the open, with
@@ -236,6 +244,8 @@ pub enum Response {
     },
     /// Answer to [`Request::Status`].
     Status(MountStatus),
+    /// Answer to [`Request::Stats`]: the counters before any reset.
+    Stats(MountStats),
     /// Answer to [`Request::Adopt`]; `files` descriptors are attached, one
     /// per backing file of `map`, each a private open file description
     /// (own offset and status flags), close-on-exec, then the size page
@@ -453,6 +463,17 @@ pub fn status(path: &Path) -> io::Result<MountStatus> {
     let sock = open_socket(path)?;
     match call(sock.as_fd(), &Request::Status)? {
         (Response::Status(s), _) => Ok(s),
+        (Response::Refused { errno, .. }, _) => Err(io::Error::from_raw_os_error(errno)),
+        _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+    }
+}
+
+/// Asks the daemon behind the control socket at `path` for its request
+/// counters, and to reset them after answering when `reset`.
+pub fn stats(path: &Path, reset: bool) -> io::Result<MountStats> {
+    let sock = open_socket(path)?;
+    match call(sock.as_fd(), &Request::Stats { reset })? {
+        (Response::Stats(s), _) => Ok(s),
         (Response::Refused { errno, .. }, _) => Err(io::Error::from_raw_os_error(errno)),
         _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
     }

@@ -669,6 +669,20 @@ fn serve(
             status.connections = connections;
             Response::Status(status).into()
         }
+        Ok(Request::Stats { reset }) => {
+            // Counts only (see `mapfs::stats`), so anyone may read them; a
+            // reset takes them from the owner's tools, so only the owner
+            // (the daemon's uid) or root may.
+            if reset && conn.peer.uid != 0 && conn.peer.uid != rustix::process::geteuid().as_raw()
+            {
+                return refused(
+                    libc::EPERM,
+                    "only the mount's owner or root may reset its counters",
+                )
+                .into();
+            }
+            Response::Stats(registry.stats(reset)).into()
+        }
         Ok(Request::Adopt {
             proof,
             flags,

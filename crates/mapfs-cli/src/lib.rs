@@ -52,6 +52,7 @@ mod pidfd;
 pub mod registry;
 pub mod run;
 pub mod stats;
+pub mod trace;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -82,6 +83,8 @@ pub enum Command {
     /// Show where a mount's time goes: requests per FUSE opcode, ops/s,
     /// p50/p99 latency, share of time, bytes by executor.
     Stats(stats::StatsArgs),
+    /// Log the requests a mount serves as they finish (owner or root).
+    Trace(trace::TraceArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(hide = true)]
     Completions {
@@ -203,6 +206,7 @@ fn run_args<E: Subcommand>(
         Command::Run(a) => run::run(a),
         Command::List(a) => list::list(a),
         Command::Stats(a) => stats::stats(a),
+        Command::Trace(a) => trace::trace(a),
         Command::Completions { shell } => {
             let mut app = app;
             clap_complete::generate(shell, &mut app, registry.program, &mut std::io::stdout());

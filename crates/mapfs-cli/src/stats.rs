@@ -383,16 +383,28 @@ fn print(mountpoint: &Path, args: &StatsArgs, s: &MountStats, interval: bool) ->
     Ok(())
 }
 
+/// The mountpoint of a mapfs mount named by `path`, as the mount table
+/// has it. A path that is already the mount table's is taken without
+/// touching it: resolving it would send the mount's root a GETATTR, which
+/// `stats` would then count.
+pub fn mapfs_mountpoint(path: &Path) -> Result<PathBuf> {
+    let table = crate::mounts::mount_table();
+    let is_mapfs = |p: &Path| table.iter().any(|m| m.mountpoint == p && m.is_mapfs());
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if is_mapfs(&absolute) {
+        return Ok(absolute);
+    }
+    let resolved = std::fs::canonicalize(path)
+        .with_context(|| format!("no such mountpoint {}", path.display()))?;
+    if !is_mapfs(&resolved) {
+        bail!("{} is not a mapfs mount", resolved.display());
+    }
+    Ok(resolved)
+}
+
 /// `stats`.
 pub fn stats(args: StatsArgs) -> Result<()> {
-    let mountpoint = std::fs::canonicalize(&args.mountpoint)
-        .with_context(|| format!("no such mountpoint {}", args.mountpoint.display()))?;
-    if !crate::mounts::mount_table()
-        .iter()
-        .any(|m| m.mountpoint == mountpoint && m.is_mapfs())
-    {
-        bail!("{} is not a mapfs mount", mountpoint.display());
-    }
+    let mountpoint = mapfs_mountpoint(&args.mountpoint)?;
     let mut last = fetch(&mountpoint, args.reset)?;
     print(&mountpoint, &args, &last, false)?;
     let Some(secs) = args.watch else {

@@ -876,6 +876,50 @@ impl OpenRegistry for Shared {
         stats
     }
 
+    fn trace(
+        &self,
+        conn: u64,
+        op: Option<&str>,
+        pid: Option<u32>,
+    ) -> Option<(Vec<mapfs::stats::TraceEvent>, u64)> {
+        let tracer = &self.stats.tracer;
+        if !tracer.subscribe(conn, op, pid) {
+            return None;
+        }
+        // Enough for one packet even with long paths: events are taken a
+        // few at a time until about half a packet is filled.
+        let budget = mapfs::control::MAX_PACKET / 2;
+        let (mut events, mut dropped, mut size) = (Vec::new(), 0, 0);
+        while size < budget {
+            let (batch, d) = tracer.take(conn, 64);
+            dropped += d;
+            if batch.is_empty() {
+                break;
+            }
+            for t in batch {
+                let path = self
+                    .inodes
+                    .path(t.nodeid)
+                    .map(|p| p.to_string_lossy().into_owned());
+                size += 64 + path.as_ref().map_or(0, |p| p.len());
+                events.push(mapfs::stats::TraceEvent {
+                    at_ns: t.at_ns,
+                    op: crate::stats::OP_NAMES[t.op as usize].to_string(),
+                    nodeid: t.nodeid,
+                    path,
+                    pid: t.pid,
+                    latency_ns: t.latency_ns,
+                    errno: t.errno,
+                });
+            }
+        }
+        Some((events, dropped))
+    }
+
+    fn trace_end(&self, conn: u64) {
+        self.stats.tracer.unsubscribe(conn);
+    }
+
     fn generations(&self) -> Option<&mapfs::mapcache::Generations> {
         self.tokens.generations()
     }
@@ -1009,7 +1053,7 @@ impl Filesystem for Adapter {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Lookup);
+        let _t = s.stats.timer(Op::Lookup, req.pid(), parent.0);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.getattr(&ctx(req), &path));
@@ -1018,14 +1062,14 @@ impl Filesystem for Adapter {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Forget);
+        let _t = s.stats.timer(Op::Forget, _req.pid(), ino.0);
         s.inodes.forget(ino.0, nlookup);
         s.tokens.forgotten(ino.0, || s.inodes.path(ino.0).is_none());
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Getattr);
+        let _t = s.stats.timer(Op::Getattr, req.pid(), ino.0);
         let _names = s.names.read();
         let attr = tri!(reply, s.getattr_inner(&ctx(req), ino, fh));
         reply.attr(&s.attr_ttl(ino.0), &s.fuse_attr(ino.0, &attr));
@@ -1050,7 +1094,7 @@ impl Filesystem for Adapter {
         reply: ReplyAttr,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Setattr);
+        let _t = s.stats.timer(Op::Setattr, req.pid(), ino.0);
         let _names = s.names.read();
         let c = ctx(req);
         let path = s.path(ino);
@@ -1138,7 +1182,7 @@ impl Filesystem for Adapter {
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Readlink);
+        let _t = s.stats.timer(Op::Readlink, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let target = tri!(reply, s.fs.readlink(&ctx(req), &path));
@@ -1156,7 +1200,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Mknod);
+        let _t = s.stats.timer(Op::Mknod, req.pid(), parent.0);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mknod(&ctx(req), &path, mode, u64::from(rdev)));
@@ -1176,7 +1220,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Mkdir);
+        let _t = s.stats.timer(Op::Mkdir, req.pid(), parent.0);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mkdir(&ctx(req), &path, mode));
@@ -1185,13 +1229,13 @@ impl Filesystem for Adapter {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Unlink);
+        let _t = s.stats.timer(Op::Unlink, req.pid(), parent.0);
         s.remove_name(parent, name, reply, |path| s.fs.unlink(&ctx(req), path));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Rmdir);
+        let _t = s.stats.timer(Op::Rmdir, req.pid(), parent.0);
         s.remove_name(parent, name, reply, |path| s.fs.rmdir(&ctx(req), path));
     }
 
@@ -1204,7 +1248,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Symlink);
+        let _t = s.stats.timer(Op::Symlink, req.pid(), parent.0);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, link_name));
         let attr = tri!(reply, s.fs.symlink(&ctx(req), target.as_os_str(), &path));
@@ -1222,7 +1266,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Rename);
+        let _t = s.stats.timer(Op::Rename, req.pid(), parent.0);
         if flags.contains(FuseRenameFlags::RENAME_WHITEOUT) {
             reply.error(fail(Errno::EINVAL));
             return;
@@ -1259,7 +1303,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Link);
+        let _t = s.stats.timer(Op::Link, req.pid(), ino.0);
         let _names = s.names.read();
         let from = tri!(reply, s.path(ino));
         let to = tri!(reply, s.child(newparent, newname));
@@ -1269,7 +1313,7 @@ impl Filesystem for Adapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Open);
+        let _t = s.stats.timer(Op::Open, req.pid(), ino.0);
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.path(ino));
@@ -1312,7 +1356,7 @@ impl Filesystem for Adapter {
         reply: ReplyData,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Read);
+        let _t = s.stats.timer(Op::Read, _req.pid(), _ino.0);
         let file = tri!(reply, s.data_file(fh));
         // One buffer per worker thread: a fresh zeroed buffer per request
         // (up to 1 MiB) costs a memset on every read.
@@ -1345,7 +1389,7 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Write);
+        let _t = s.stats.timer(Op::Write, req.pid(), _ino.0);
         let file = tri!(reply, s.data_file(fh));
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             tri!(reply, s.kill_suidgid(&file.path, &ctx(req)));
@@ -1367,7 +1411,7 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let _t = self.0.stats.timer(Op::Flush);
+        let _t = self.0.stats.timer(Op::Flush, _req.pid(), _ino.0);
         // Writes reach the backing files synchronously; only a map that is
         // not whole-file has something to persist (whole-file opens ask the
         // kernel for no FLUSH at all).
@@ -1390,7 +1434,7 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let _t = self.0.stats.timer(Op::Release);
+        let _t = self.0.stats.timer(Op::Release, _req.pid(), _ino.0);
         if self.0.handles.remove_placeholder(fh.0) {
             reply.ok();
             return;
@@ -1407,7 +1451,7 @@ impl Filesystem for Adapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _t = self.0.stats.timer(Op::Fsync);
+        let _t = self.0.stats.timer(Op::Fsync, _req.pid(), _ino.0);
         if self.0.handles.is_placeholder(fh.0) {
             // The client's writes are in its map until it pushes it: a sync
             // of the placeholder alone would claim durability it lacks.
@@ -1422,7 +1466,7 @@ impl Filesystem for Adapter {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Opendir);
+        let _t = s.stats.timer(Op::Opendir, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let entries = tri!(reply, s.fs.readdir(&ctx(req), &path));
@@ -1439,7 +1483,7 @@ impl Filesystem for Adapter {
         mut reply: ReplyDirectory,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Readdir);
+        let _t = s.stats.timer(Op::Readdir, _req.pid(), ino.0);
         let Some(dir) = s.handles.dir(fh.0) else {
             reply.error(fail(Errno::EBADF));
             return;
@@ -1472,7 +1516,7 @@ impl Filesystem for Adapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Readdirplus);
+        let _t = s.stats.timer(Op::Readdirplus, req.pid(), ino.0);
         let _names = s.names.read();
         let c = ctx(req);
         let Some(dir) = s.handles.dir(fh.0) else {
@@ -1530,7 +1574,7 @@ impl Filesystem for Adapter {
         _flags: FuseOpenFlags,
         reply: ReplyEmpty,
     ) {
-        let _t = self.0.stats.timer(Op::Releasedir);
+        let _t = self.0.stats.timer(Op::Releasedir, _req.pid(), _ino.0);
         self.0.handles.remove_dir(fh.0);
         reply.ok();
     }
@@ -1544,7 +1588,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Fsyncdir);
+        let _t = s.stats.timer(Op::Fsyncdir, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.fsyncdir(&ctx(req), &path, datasync));
@@ -1553,7 +1597,7 @@ impl Filesystem for Adapter {
 
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Statfs);
+        let _t = s.stats.timer(Op::Statfs, req.pid(), ino.0);
         let _names = s.names.read();
         let path = s.path(ino).unwrap_or_else(|_| PathBuf::from("/"));
         let st = tri!(reply, s.fs.statfs(&ctx(req), &path));
@@ -1573,7 +1617,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Setxattr);
+        let _t = s.stats.timer(Op::Setxattr, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.setxattr(&ctx(req), &path, name, value, flags));
@@ -1582,7 +1626,7 @@ impl Filesystem for Adapter {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Getxattr);
+        let _t = s.stats.timer(Op::Getxattr, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let value = tri!(reply, s.fs.getxattr(&ctx(req), &path, name));
@@ -1591,7 +1635,7 @@ impl Filesystem for Adapter {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Listxattr);
+        let _t = s.stats.timer(Op::Listxattr, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let names = tri!(reply, s.fs.listxattr(&ctx(req), &path));
@@ -1605,7 +1649,7 @@ impl Filesystem for Adapter {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Removexattr);
+        let _t = s.stats.timer(Op::Removexattr, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.removexattr(&ctx(req), &path, name));
@@ -1614,7 +1658,7 @@ impl Filesystem for Adapter {
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Access);
+        let _t = s.stats.timer(Op::Access, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.access(&ctx(req), &path, mask.bits()));
@@ -1632,7 +1676,7 @@ impl Filesystem for Adapter {
         reply: ReplyCreate,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Create);
+        let _t = s.stats.timer(Op::Create, req.pid(), parent.0);
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.child(parent, name));
@@ -1663,7 +1707,7 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let _t = self.0.stats.timer(Op::Fallocate);
+        let _t = self.0.stats.timer(Op::Fallocate, req.pid(), _ino.0);
         let file = tri!(reply, self.0.data_file(fh));
         // Like write, fallocate by an unprivileged caller drops setuid/setgid;
         // the kernel sends no flag for it.
@@ -1691,7 +1735,7 @@ impl Filesystem for Adapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let _t = self.0.stats.timer(Op::Lseek);
+        let _t = self.0.stats.timer(Op::Lseek, _req.pid(), _ino.0);
         let file = tri!(reply, self.0.data_file(fh));
         if offset < 0 {
             reply.error(fail(Errno::ENXIO));
@@ -1716,7 +1760,7 @@ impl Filesystem for Adapter {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        let _t = self.0.stats.timer(Op::Ioctl);
+        let _t = self.0.stats.timer(Op::Ioctl, req.pid(), _ino.0);
         if cmd != mapfs::control::PROVE_IOCTL {
             reply.error(fail(Errno::ENOTTY));
             return;
@@ -1750,7 +1794,7 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::CopyFileRange);
+        let _t = s.stats.timer(Op::CopyFileRange, _req.pid(), _ino_out.0);
         let src = tri!(reply, s.data_file(fh_in));
         let dst = tri!(reply, s.data_file(fh_out));
         let mut remap = s.remap_for(&dst);

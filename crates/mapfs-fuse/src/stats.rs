@@ -14,6 +14,14 @@
 //! requests finish may see one's bucket and not yet its time; the drift is
 //! one request.
 //!
+//! # Tracing
+//!
+//! `mapfs trace` subscribes a control connection ([`Tracer`]); while none
+//! is subscribed, a request pays one relaxed atomic load for it. While one
+//! is, each finished request is copied into every matching subscriber's
+//! bounded queue under a lock; a subscriber that does not read in time
+//! loses the newest events and is told how many.
+//!
 //! # Errors
 //!
 //! A callback replies with an error through [`failed`] (the adapter's
@@ -22,10 +30,13 @@
 //! callback: the fuser reply types offer no hook of their own.
 
 use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use mapfs::stats::{bucket_of, KernelConnection, MountStats, OpStats, BUCKETS};
 
@@ -43,6 +54,9 @@ macro_rules! ops {
 
         /// The kernel's names of [`Op`]s, by index.
         pub const OP_NAMES: &[&str] = &[$($name),*];
+
+        /// Every [`Op`], by index.
+        const ALL_OPS: &[Op] = &[$(Op::$op),*];
     };
 }
 
@@ -144,6 +158,8 @@ pub struct Counters {
     reset_at: AtomicU64,
     /// Where the mount is, to find its FUSE connection in sysfs.
     mountpoint: OnceLock<PathBuf>,
+    /// `mapfs trace` subscribers.
+    pub tracer: Tracer,
 }
 
 impl Default for Counters {
@@ -154,6 +170,7 @@ impl Default for Counters {
             origin: Instant::now(),
             reset_at: AtomicU64::new(0),
             mountpoint: OnceLock::new(),
+            tracer: Tracer::default(),
         }
     }
 }
@@ -163,6 +180,8 @@ impl Default for Counters {
 pub struct Timer<'a> {
     counters: &'a Counters,
     op: Op,
+    pid: u32,
+    nodeid: u64,
     start: Instant,
 }
 
@@ -177,20 +196,33 @@ impl Drop for Timer<'_> {
         if errno != 0 {
             c.errors.fetch_add(1, Ordering::Relaxed);
         }
+        let tracer = &self.counters.tracer;
+        if tracer.on.load(Ordering::Relaxed) {
+            tracer.push(Traced {
+                at_ns: self.counters.origin.elapsed().as_nanos() as u64,
+                op: self.op,
+                nodeid: self.nodeid,
+                pid: self.pid,
+                latency_ns: ns,
+                errno,
+            });
+        }
     }
 }
 
 impl Counters {
-    /// Starts timing a request of type `op`; it is counted when the timer
-    /// is dropped.
+    /// Starts timing a request of type `op` from process `pid` about FUSE
+    /// node `nodeid`; it is counted when the timer is dropped.
     #[inline]
-    pub fn timer(&self, op: Op) -> Timer<'_> {
+    pub fn timer(&self, op: Op, pid: u32, nodeid: u64) -> Timer<'_> {
         // A callback that replied without a timer (none should) must not
         // make this one count as failed.
         REPLY_ERRNO.with(|c| c.set(0));
         Timer {
             counters: self,
             op,
+            pid,
+            nodeid,
             start: Instant::now(),
         }
     }
@@ -263,6 +295,104 @@ impl Counters {
     }
 }
 
+/// A finished request, as queued for `mapfs trace`.
+#[derive(Debug, Clone, Copy)]
+pub struct Traced {
+    /// When it finished, ns since the counters were made.
+    pub at_ns: u64,
+    /// Its type.
+    pub op: Op,
+    /// The node it was about.
+    pub nodeid: u64,
+    /// The calling process.
+    pub pid: u32,
+    /// Time in the daemon.
+    pub latency_ns: u64,
+    /// 0 or the errno of the reply.
+    pub errno: i32,
+}
+
+/// Events a subscriber may have waiting; more are dropped and counted.
+pub const TRACE_QUEUE: usize = 16 * 1024;
+
+struct Subscriber {
+    op: Option<Op>,
+    pid: Option<u32>,
+    queue: VecDeque<Traced>,
+    dropped: u64,
+}
+
+/// The `mapfs trace` subscribers of a mount, by control connection.
+#[derive(Default)]
+pub struct Tracer {
+    /// Some subscriber exists (the only thing a request reads when none).
+    on: AtomicBool,
+    subs: Mutex<HashMap<u64, Subscriber>>,
+}
+
+impl Tracer {
+    fn push(&self, ev: Traced) {
+        for sub in self.subs.lock().values_mut() {
+            if sub.op.is_some_and(|op| op != ev.op) || sub.pid.is_some_and(|p| p != ev.pid) {
+                continue;
+            }
+            if sub.queue.len() >= TRACE_QUEUE {
+                sub.dropped += 1;
+            } else {
+                sub.queue.push_back(ev);
+            }
+        }
+    }
+
+    /// Subscribes connection `id` (or changes its filter), keeping what it
+    /// has queued. `op` must be a name of [`OP_NAMES`] (else false is
+    /// returned and nothing changes).
+    pub fn subscribe(&self, id: u64, op: Option<&str>, pid: Option<u32>) -> bool {
+        let op = match op {
+            None => None,
+            Some(name) => match OP_NAMES.iter().position(|n| n.eq_ignore_ascii_case(name)) {
+                Some(i) => Some(ALL_OPS[i]),
+                None => return false,
+            },
+        };
+        let mut subs = self.subs.lock();
+        let sub = subs.entry(id).or_insert_with(|| Subscriber {
+            op,
+            pid,
+            queue: VecDeque::new(),
+            dropped: 0,
+        });
+        sub.op = op;
+        sub.pid = pid;
+        self.on.store(true, Ordering::Relaxed);
+        true
+    }
+
+    /// Takes up to `max` queued events of `id`, and the number dropped
+    /// since the last take.
+    pub fn take(&self, id: u64, max: usize) -> (Vec<Traced>, u64) {
+        let mut subs = self.subs.lock();
+        match subs.get_mut(&id) {
+            Some(sub) => {
+                let n = sub.queue.len().min(max);
+                (
+                    sub.queue.drain(..n).collect(),
+                    std::mem::take(&mut sub.dropped),
+                )
+            }
+            None => (Vec::new(), 0),
+        }
+    }
+
+    /// Ends the subscription of connection `id`, if any.
+    pub fn unsubscribe(&self, id: u64) {
+        let mut subs = self.subs.lock();
+        if subs.remove(&id).is_some() && subs.is_empty() {
+            self.on.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The kernel's view of the FUSE connection mounted at `mountpoint`: the
 /// connection is named by the mount's minor device number, found in
 /// `/proc/self/mountinfo` (a `stat` of the mountpoint would be a request to
@@ -308,10 +438,10 @@ mod tests {
     fn timers_count_requests_errors_and_reset() {
         let c = Counters::default();
         for _ in 0..3 {
-            let _t = c.timer(Op::Create);
+            let _t = c.timer(Op::Create, 1, 1);
         }
         {
-            let _t = c.timer(Op::Lookup);
+            let _t = c.timer(Op::Lookup, 1, 1);
             failed(libc::ENOENT);
         }
         c.add(Event::DaemonReadBytes, 4096);
@@ -323,6 +453,29 @@ mod tests {
         assert_eq!(s.requests(), 4);
         let after = c.snapshot(false);
         assert_eq!((after.requests(), after.daemon_read_bytes), (0, 0));
+    }
+
+    #[test]
+    fn tracing_filters_bounds_and_stops() {
+        let c = Counters::default();
+        assert!(!c.tracer.subscribe(7, Some("nosuchop"), None));
+        assert!(c.tracer.subscribe(7, Some("getattr"), Some(42)));
+        drop(c.timer(Op::Getattr, 42, 5));
+        drop(c.timer(Op::Getattr, 43, 5));
+        drop(c.timer(Op::Lookup, 42, 5));
+        let (evs, dropped) = c.tracer.take(7, 100);
+        assert_eq!(dropped, 0);
+        assert_eq!(evs.len(), 1);
+        assert_eq!((evs[0].op, evs[0].pid, evs[0].nodeid), (Op::Getattr, 42, 5));
+        for _ in 0..TRACE_QUEUE + 3 {
+            drop(c.timer(Op::Getattr, 42, 5));
+        }
+        let (evs, dropped) = c.tracer.take(7, usize::MAX);
+        assert_eq!((evs.len(), dropped), (TRACE_QUEUE, 3));
+        c.tracer.unsubscribe(7);
+        assert!(!c.tracer.on.load(Ordering::Relaxed));
+        drop(c.timer(Op::Getattr, 42, 5));
+        assert!(c.tracer.take(7, 10).0.is_empty());
     }
 
     #[test]

@@ -88,13 +88,13 @@ use serde::{Deserialize, Serialize};
 use crate::datamap::DataMap;
 use crate::lentsize::LentSize;
 use crate::mapcache::Generations;
-use crate::stats::MountStats;
+use crate::stats::{MountStats, TraceEvent};
 
 /// Protocol version, the first byte of every packet. Bumped on any change of
 /// the message types; a peer seeing another version refuses the message.
 /// Version 4: proof of possession replaces pid/tid identity; `Status`,
 /// `Changed`; the generation table comes with the first adoption.
-/// Version 5: `Stats` (request counters, [`crate::stats`]).
+/// Version 5: `Stats` (request counters, [`crate::stats`]) and `Trace`.
 pub const VERSION: u8 = 5;
 
 /// Largest packet either side sends or accepts.
@@ -146,6 +146,17 @@ pub enum Request {
         /// Start counting afresh after this answer. Only the mount's owner
         /// (the daemon's uid) or root may; others get `EPERM`.
         reset: bool,
+    },
+    /// The requests the daemon served since this connection's previous
+    /// `Trace` ([`Response::Trace`]); the first one starts tracing for the
+    /// connection, which lasts until it closes. Only the mount's owner (the
+    /// daemon's uid) or root may (`EPERM`): a trace shows who does what.
+    /// Needs no Hello.
+    Trace {
+        /// Only requests of this FUSE opcode (`GETATTR`...).
+        op: Option<String>,
+        /// Only requests of this process.
+        pid: Option<u32>,
     },
     /// Hand over the open proven by `proof` (see the module docs).
     Adopt {
@@ -246,6 +257,14 @@ pub enum Response {
     Status(MountStatus),
     /// Answer to [`Request::Stats`]: the counters before any reset.
     Stats(MountStats),
+    /// Answer to [`Request::Trace`].
+    Trace {
+        /// The requests served since the previous `Trace`, oldest first.
+        events: Vec<TraceEvent>,
+        /// Requests that matched but were dropped since then because this
+        /// client read too slowly (the daemon keeps a bounded queue).
+        dropped: u64,
+    },
     /// Answer to [`Request::Adopt`]; `files` descriptors are attached, one
     /// per backing file of `map`, each a private open file description
     /// (own offset and status flags), close-on-exec, then the size page

@@ -218,6 +218,28 @@ impl MountStats {
     }
 }
 
+/// One request as `mapfs trace` shows it ([`crate::control::Request::Trace`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    /// When it finished, in nanoseconds since the daemon started.
+    pub at_ns: u64,
+    /// The FUSE opcode's name.
+    pub op: String,
+    /// The FUSE node it was about (the parent directory for name
+    /// operations; 1 is the root).
+    pub nodeid: u64,
+    /// That node's path in the mount when the daemon sent the event, if it
+    /// still has one.
+    pub path: Option<String>,
+    /// The calling process (0 for requests the kernel makes itself, such
+    /// as writeback and release).
+    pub pid: u32,
+    /// Time in the daemon (ns).
+    pub latency_ns: u64,
+    /// 0, or the errno it was answered with.
+    pub errno: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -368,7 +368,9 @@ fn fetch(mountpoint: &Path, reset: bool) -> Result<MountStats> {
             "the daemon of {} speaks another protocol version (remount it with this mapfs)",
             mountpoint.display()
         ),
-        _ => anyhow::Error::new(e).context(format!("asking the daemon of {}", mountpoint.display())),
+        _ => {
+            anyhow::Error::new(e).context(format!("asking the daemon of {}", mountpoint.display()))
+        }
     })
 }
 
@@ -434,7 +436,10 @@ mod tests {
                 count: 4,
                 errors: 1,
                 total_ns: 4_000 + 3 * 2_000_000,
-                buckets: vec![(bucket_of(4_000) as u16, 1), (bucket_of(2_000_000) as u16, 3)],
+                buckets: vec![
+                    (bucket_of(4_000) as u16, 1),
+                    (bucket_of(2_000_000) as u16, 3),
+                ],
             }],
             daemon_read_bytes: 5 << 20,
             ..Default::default()

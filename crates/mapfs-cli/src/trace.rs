@@ -75,7 +75,10 @@ pub fn trace(args: TraceArgs) -> Result<()> {
         let (events, dropped) = match resp {
             Response::Trace { events, dropped } => (events, dropped),
             Response::Refused { errno, reason } => match errno {
-                libc::EPERM => bail!("only the owner of {} or root may trace it", mountpoint.display()),
+                libc::EPERM => bail!(
+                    "only the owner of {} or root may trace it",
+                    mountpoint.display()
+                ),
                 libc::EINVAL => bail!(
                     "unknown FUSE opcode {:?} (one of: {})",
                     args.op.as_deref().unwrap_or(""),
@@ -83,7 +86,10 @@ pub fn trace(args: TraceArgs) -> Result<()> {
                 ),
                 _ => bail!("the daemon refused: {reason}"),
             },
-            _ => bail!("the daemon of {} answered out of protocol", mountpoint.display()),
+            _ => bail!(
+                "the daemon of {} answered out of protocol",
+                mountpoint.display()
+            ),
         };
         if first {
             first = false;

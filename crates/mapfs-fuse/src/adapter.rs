@@ -72,8 +72,8 @@ use crate::control::tokens::MapTokens;
 use crate::handles::{Handles, OpenDir, OpenFile, SizeChange};
 use crate::inodes::{Inodes, ROOT};
 use crate::ratelimit::RateLimited;
-use crate::stats::{failed, Counters, Event, Op};
 use crate::registry::{OpenInfo, OpenRegistry};
+use crate::stats::{failed, Counters, Event, Op};
 
 /// How data requests are executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

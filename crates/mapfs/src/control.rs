@@ -256,7 +256,7 @@ pub enum Response {
     /// Answer to [`Request::Status`].
     Status(MountStatus),
     /// Answer to [`Request::Stats`]: the counters before any reset.
-    Stats(MountStats),
+    Stats(Box<MountStats>),
     /// Answer to [`Request::Trace`].
     Trace {
         /// The requests served since the previous `Trace`, oldest first.
@@ -492,7 +492,7 @@ pub fn status(path: &Path) -> io::Result<MountStatus> {
 pub fn stats(path: &Path, reset: bool) -> io::Result<MountStats> {
     let sock = open_socket(path)?;
     match call(sock.as_fd(), &Request::Stats { reset })? {
-        (Response::Stats(s), _) => Ok(s),
+        (Response::Stats(s), _) => Ok(*s),
         (Response::Refused { errno, .. }, _) => Err(io::Error::from_raw_os_error(errno)),
         _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
     }

@@ -267,7 +267,10 @@ mod tests {
             ..Default::default()
         };
         // 99 requests of 1 µs, one of 1 ms.
-        o.buckets = vec![(bucket_of(1000) as u16, 99), (bucket_of(1_000_000) as u16, 1)];
+        o.buckets = vec![
+            (bucket_of(1000) as u16, 99),
+            (bucket_of(1_000_000) as u16, 1),
+        ];
         o.count = 100;
         o.total_ns = 99 * 1000 + 1_000_000;
         let p50 = o.percentile(0.5);
@@ -277,7 +280,10 @@ mod tests {
         let later = OpStats {
             count: 101,
             total_ns: o.total_ns + 1000,
-            buckets: vec![(bucket_of(1000) as u16, 100), (bucket_of(1_000_000) as u16, 1)],
+            buckets: vec![
+                (bucket_of(1000) as u16, 100),
+                (bucket_of(1_000_000) as u16, 1),
+            ],
             ..o.clone()
         };
         let d = later.since(&o);

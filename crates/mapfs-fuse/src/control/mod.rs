@@ -686,7 +686,7 @@ fn serve(
                 )
                 .into();
             }
-            Response::Stats(registry.stats(reset)).into()
+            Response::Stats(Box::new(registry.stats(reset))).into()
         }
         Ok(Request::Trace { op, pid }) => {
             // A trace shows which process touches which file when: the

@@ -197,7 +197,7 @@ impl Adapter {
             identity: OnceLock::new(),
             started: SystemTime::now(),
             unlinked: Mutex::new(std::collections::HashMap::new()),
-            stats: Counters::default(),
+            stats: Counters::from_env(),
         })))
     }
 

@@ -14,6 +14,10 @@
 //! requests finish may see one's bucket and not yet its time; the drift is
 //! one request.
 //!
+//! `MAPFS_STATS=off` in the daemon's environment turns counting off (no
+//! clock reads, no atomics; `stats` then shows nothing), only so that a
+//! benchmark can measure what counting costs.
+//!
 //! # Tracing
 //!
 //! `mapfs trace` subscribes a control connection ([`Tracer`]); while none
@@ -160,7 +164,12 @@ pub struct Counters {
     mountpoint: OnceLock<PathBuf>,
     /// `mapfs trace` subscribers.
     pub tracer: Tracer,
+    /// Counting is on (see the module docs); fixed at start.
+    enabled: bool,
 }
+
+/// The environment variable that turns counting off (`off`).
+pub const STATS_ENV: &str = "MAPFS_STATS";
 
 impl Default for Counters {
     fn default() -> Self {
@@ -171,6 +180,7 @@ impl Default for Counters {
             reset_at: AtomicU64::new(0),
             mountpoint: OnceLock::new(),
             tracer: Tracer::default(),
+            enabled: true,
         }
     }
 }
@@ -182,13 +192,17 @@ pub struct Timer<'a> {
     op: Op,
     pid: u32,
     nodeid: u64,
-    start: Instant,
+    /// `None` when counting is off.
+    start: Option<Instant>,
 }
 
 impl Drop for Timer<'_> {
     #[inline]
     fn drop(&mut self) {
-        let ns = self.start.elapsed().as_nanos() as u64;
+        let Some(start) = self.start else {
+            return;
+        };
+        let ns = start.elapsed().as_nanos() as u64;
         let errno = REPLY_ERRNO.with(|c| c.replace(0));
         let c = &self.counters.ops[self.op as usize];
         c.buckets[bucket_of(ns)].fetch_add(1, Ordering::Relaxed);
@@ -223,7 +237,16 @@ impl Counters {
             op,
             pid,
             nodeid,
-            start: Instant::now(),
+            start: self.enabled.then(Instant::now),
+        }
+    }
+
+    /// Counters that count nothing when the daemon's environment has
+    /// [`STATS_ENV`]`=off`.
+    pub fn from_env() -> Self {
+        Counters {
+            enabled: std::env::var_os(STATS_ENV).is_none_or(|v| v != "off"),
+            ..Counters::default()
         }
     }
 

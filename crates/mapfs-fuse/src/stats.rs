@@ -250,6 +250,14 @@ impl Counters {
         }
     }
 
+    /// Counters that count nothing (what [`STATS_ENV`]`=off` gives).
+    pub fn disabled() -> Self {
+        Counters {
+            enabled: false,
+            ..Counters::default()
+        }
+    }
+
     /// Counts `n` of `event`.
     #[inline]
     pub fn add(&self, event: Event, n: u64) {

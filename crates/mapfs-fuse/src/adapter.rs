@@ -247,6 +247,28 @@ fn file_open_flags(data: &DataFile) -> FopenFlags {
     }
 }
 
+/// The entry of a name that does not exist: node id 0 tells the kernel so,
+/// and it keeps a negative dentry for the entry TTL.
+fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        flags: 0,
+        blksize: 0,
+    }
+}
+
 /// The daemon acting for itself (kernel-initiated changes).
 const ROOT_CTX: Ctx = Ctx {
     uid: 0,
@@ -473,7 +495,8 @@ impl Shared {
     fn entry(&self, parent: INodeNo, name: &OsStr, attr: &Attr, reply: ReplyEntry) {
         let fa = self.enter(parent, name, attr);
         let ttl = self.attr_ttl(fa.ino.0);
-        reply.entry_with_ttls(&self.opts.entry_ttl, &ttl, &fa, Generation(0));
+        // fuser takes the attribute TTL first, then the entry's.
+        reply.entry_with_ttls(&ttl, &self.opts.entry_ttl, &fa, Generation(0));
     }
 
     /// How long the kernel may cache the attributes of `ino`: not at all
@@ -1056,7 +1079,25 @@ impl Filesystem for Adapter {
         let _t = s.stats.timer(Op::Lookup, req.pid(), parent.0);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
-        let attr = tri!(reply, s.fs.getattr(&ctx(req), &path));
+        let attr = match s.fs.getattr(&ctx(req), &path) {
+            // A negative entry: the kernel caches that the name does not
+            // exist for the entry TTL, as it caches names that do (an
+            // ENOENT reply is not cached, so every stat or open of a
+            // missing name, and every PATH or include-path search, would
+            // cross into the daemon again). The kernel still checks the
+            // caller's search permission on the parent before it uses
+            // the cached answer, and a create through the mount replaces it.
+            Err(e) if e.errno() == libc::ENOENT && !s.opts.entry_ttl.is_zero() => {
+                reply.entry_with_ttls(
+                    &Duration::ZERO,
+                    &s.opts.entry_ttl,
+                    &negative_entry(),
+                    Generation(0),
+                );
+                return;
+            }
+            r => tri!(reply, r),
+        };
         s.entry(parent, name, &attr, reply);
     }
 
@@ -1207,7 +1248,7 @@ impl Filesystem for Adapter {
         let fa = s.enter(parent, name, &attr);
         // A new file may reuse the number of one a client still caches.
         s.tokens.bump(fa.ino.0);
-        reply.entry_with_ttls(&s.opts.entry_ttl, &s.opts.ttl, &fa, Generation(0));
+        reply.entry_with_ttls(&s.opts.ttl, &s.opts.entry_ttl, &fa, Generation(0));
     }
 
     fn mkdir(

@@ -51,6 +51,8 @@ pub mod mounts;
 mod pidfd;
 pub mod registry;
 pub mod run;
+pub mod stats;
+pub mod trace;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -78,6 +80,11 @@ pub enum Command {
     /// List mapfs mounts: file system, backing dir, executor, daemon pid, uptime.
     #[command(visible_alias = "status")]
     List(list::ListArgs),
+    /// Show where a mount's time goes: requests per FUSE opcode, ops/s,
+    /// p50/p99 latency, share of time, bytes by executor.
+    Stats(stats::StatsArgs),
+    /// Log the requests a mount serves as they finish (owner or root).
+    Trace(trace::TraceArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(hide = true)]
     Completions {
@@ -198,6 +205,8 @@ fn run_args<E: Subcommand>(
         Command::Umount(a) => mount_cmd::umount(a),
         Command::Run(a) => run::run(a),
         Command::List(a) => list::list(a),
+        Command::Stats(a) => stats::stats(a),
+        Command::Trace(a) => trace::trace(a),
         Command::Completions { shell } => {
             let mut app = app;
             clap_complete::generate(shell, &mut app, registry.program, &mut std::io::stdout());

@@ -73,6 +73,7 @@ use crate::handles::{Handles, OpenDir, OpenFile, SizeChange};
 use crate::inodes::{Inodes, ROOT};
 use crate::ratelimit::RateLimited;
 use crate::registry::{OpenInfo, OpenRegistry};
+use crate::stats::{failed, Counters, Event, Op};
 
 /// How data requests are executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +163,8 @@ pub struct Shared {
     /// over backing files (plfs) has no backing file that is the file, or
     /// none at all (an open of an empty file).
     unlinked: Mutex<std::collections::HashMap<u64, Attr>>,
+    /// Request counters and latencies (`mapfs stats`).
+    stats: Counters,
 }
 
 /// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
@@ -194,6 +197,7 @@ impl Adapter {
             identity: OnceLock::new(),
             started: SystemTime::now(),
             unlinked: Mutex::new(std::collections::HashMap::new()),
+            stats: Counters::from_env(),
         })))
     }
 
@@ -216,6 +220,12 @@ impl Shared {
             .identity
             .set((fs.to_string(), backing.display().to_string()));
     }
+
+    /// Names where the mount is, so `Stats` can find the kernel's view of
+    /// its connection.
+    pub fn set_mountpoint(&self, mountpoint: &Path) {
+        self.stats.set_mountpoint(mountpoint);
+    }
 }
 
 thread_local! {
@@ -234,6 +244,28 @@ fn file_open_flags(data: &DataFile) -> FopenFlags {
         FopenFlags::FOPEN_NOFLUSH
     } else {
         FopenFlags::empty()
+    }
+}
+
+/// The entry of a name that does not exist: node id 0 tells the kernel so,
+/// and it keeps a negative dentry for the entry TTL.
+fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        flags: 0,
+        blksize: 0,
     }
 }
 
@@ -259,8 +291,16 @@ fn ctx(req: &Request) -> Ctx {
     }
 }
 
+/// The errno to reply with for `e`; every error reply goes through here or
+/// [`fail`], which is how the request's counters learn it failed.
 fn errno(e: &Error) -> Errno {
-    Errno::from_i32(e.errno())
+    Errno::from_i32(failed(e.errno()))
+}
+
+/// `e`, noted as the current request's error (see [`errno`]).
+fn fail(e: Errno) -> Errno {
+    failed(e.code());
+    e
 }
 
 fn file_type(kind: FileKind) -> FileType {
@@ -455,7 +495,8 @@ impl Shared {
     fn entry(&self, parent: INodeNo, name: &OsStr, attr: &Attr, reply: ReplyEntry) {
         let fa = self.enter(parent, name, attr);
         let ttl = self.attr_ttl(fa.ino.0);
-        reply.entry_with_ttls(&self.opts.entry_ttl, &ttl, &fa, Generation(0));
+        // fuser takes the attribute TTL first, then the entry's.
+        reply.entry_with_ttls(&ttl, &self.opts.entry_ttl, &fa, Generation(0));
     }
 
     /// How long the kernel may cache the attributes of `ino`: not at all
@@ -691,6 +732,11 @@ impl Shared {
             ctx: *c,
             lent: AtomicBool::new(false),
         });
+        let executor = match backing {
+            Some(_) => Event::PassthroughOpen,
+            None => Event::DaemonOpen,
+        };
+        self.stats.add(executor, 1);
         (fh, backing, fopen)
     }
 
@@ -842,8 +888,59 @@ impl OpenRegistry for Shared {
         if let Some(n) = self.notifier.get() {
             // Errors only mean the kernel has nothing cached for it.
             let _ = n.inval_inode(INodeNo(ino), 0, 0);
+            self.stats.add(Event::Invalidation, 1);
         }
         self.tokens.bump(ino);
+    }
+
+    fn stats(&self, reset: bool) -> mapfs::stats::MountStats {
+        let mut stats = self.stats.snapshot(reset);
+        stats.token_bumps = self.tokens.bumps(reset);
+        stats
+    }
+
+    fn trace(
+        &self,
+        conn: u64,
+        op: Option<&str>,
+        pid: Option<u32>,
+    ) -> Option<(Vec<mapfs::stats::TraceEvent>, u64)> {
+        let tracer = &self.stats.tracer;
+        if !tracer.subscribe(conn, op, pid) {
+            return None;
+        }
+        // Enough for one packet even with long paths: events are taken a
+        // few at a time until about half a packet is filled.
+        let budget = mapfs::control::MAX_PACKET / 2;
+        let (mut events, mut dropped, mut size) = (Vec::new(), 0, 0);
+        while size < budget {
+            let (batch, d) = tracer.take(conn, 64);
+            dropped += d;
+            if batch.is_empty() {
+                break;
+            }
+            for t in batch {
+                let path = self
+                    .inodes
+                    .path(t.nodeid)
+                    .map(|p| p.to_string_lossy().into_owned());
+                size += 64 + path.as_ref().map_or(0, |p| p.len());
+                events.push(mapfs::stats::TraceEvent {
+                    at_ns: t.at_ns,
+                    op: crate::stats::OP_NAMES[t.op as usize].to_string(),
+                    nodeid: t.nodeid,
+                    path,
+                    pid: t.pid,
+                    latency_ns: t.latency_ns,
+                    errno: t.errno,
+                });
+            }
+        }
+        Some((events, dropped))
+    }
+
+    fn trace_end(&self, conn: u64) {
+        self.stats.tracer.unsubscribe(conn);
     }
 
     fn generations(&self) -> Option<&mapfs::mapcache::Generations> {
@@ -851,10 +948,14 @@ impl OpenRegistry for Shared {
     }
 
     fn adopting(&self, open: &OpenInfo) {
+        self.stats.add(Event::Adoption, 1);
         self.tokens.adopting(open.ino, &open.map, &open.files);
     }
 
     fn lend(&self, fh: u64, lent: bool, size: Option<Arc<mapfs::lentsize::LentSize>>) {
+        if lent {
+            self.stats.add(Event::Lending, 1);
+        }
         if let Some(f) = self.handles.file(fh) {
             f.lent.store(lent, Ordering::Release);
             let sized = lent && size.is_some();
@@ -865,6 +966,7 @@ impl OpenRegistry for Shared {
                 // the client's size for up to a TTL.
                 if let Some(n) = self.notifier.get() {
                     let _ = n.inval_inode(INodeNo(f.ino), -1, 0);
+                    self.stats.add(Event::Invalidation, 1);
                 }
             }
         }
@@ -974,20 +1076,41 @@ impl Filesystem for Adapter {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Lookup, req.pid(), parent.0);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
-        let attr = tri!(reply, s.fs.getattr(&ctx(req), &path));
+        let attr = match s.fs.getattr(&ctx(req), &path) {
+            // A negative entry: the kernel caches that the name does not
+            // exist for the entry TTL, as it caches names that do (an
+            // ENOENT reply is not cached, so every stat or open of a
+            // missing name, and every PATH or include-path search, would
+            // cross into the daemon again). The kernel still checks the
+            // caller's search permission on the parent before it uses
+            // the cached answer, and a create through the mount replaces it.
+            Err(e) if e.errno() == libc::ENOENT && !s.opts.entry_ttl.is_zero() => {
+                reply.entry_with_ttls(
+                    &Duration::ZERO,
+                    &s.opts.entry_ttl,
+                    &negative_entry(),
+                    Generation(0),
+                );
+                return;
+            }
+            r => tri!(reply, r),
+        };
         s.entry(parent, name, &attr, reply);
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Forget, _req.pid(), ino.0);
         s.inodes.forget(ino.0, nlookup);
         s.tokens.forgotten(ino.0, || s.inodes.path(ino.0).is_none());
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Getattr, req.pid(), ino.0);
         let _names = s.names.read();
         let attr = tri!(reply, s.getattr_inner(&ctx(req), ino, fh));
         reply.attr(&s.attr_ttl(ino.0), &s.fuse_attr(ino.0, &attr));
@@ -1012,6 +1135,7 @@ impl Filesystem for Adapter {
         reply: ReplyAttr,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Setattr, req.pid(), ino.0);
         let _names = s.names.read();
         let c = ctx(req);
         let path = s.path(ino);
@@ -1099,6 +1223,7 @@ impl Filesystem for Adapter {
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Readlink, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let target = tri!(reply, s.fs.readlink(&ctx(req), &path));
@@ -1116,13 +1241,14 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Mknod, req.pid(), parent.0);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mknod(&ctx(req), &path, mode, u64::from(rdev)));
         let fa = s.enter(parent, name, &attr);
         // A new file may reuse the number of one a client still caches.
         s.tokens.bump(fa.ino.0);
-        reply.entry_with_ttls(&s.opts.entry_ttl, &s.opts.ttl, &fa, Generation(0));
+        reply.entry_with_ttls(&s.opts.ttl, &s.opts.entry_ttl, &fa, Generation(0));
     }
 
     fn mkdir(
@@ -1135,6 +1261,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Mkdir, req.pid(), parent.0);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mkdir(&ctx(req), &path, mode));
@@ -1143,11 +1270,13 @@ impl Filesystem for Adapter {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Unlink, req.pid(), parent.0);
         s.remove_name(parent, name, reply, |path| s.fs.unlink(&ctx(req), path));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Rmdir, req.pid(), parent.0);
         s.remove_name(parent, name, reply, |path| s.fs.rmdir(&ctx(req), path));
     }
 
@@ -1160,6 +1289,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Symlink, req.pid(), parent.0);
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, link_name));
         let attr = tri!(reply, s.fs.symlink(&ctx(req), target.as_os_str(), &path));
@@ -1177,8 +1307,9 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Rename, req.pid(), parent.0);
         if flags.contains(FuseRenameFlags::RENAME_WHITEOUT) {
-            reply.error(Errno::EINVAL);
+            reply.error(fail(Errno::EINVAL));
             return;
         }
         let _names = s.names.write();
@@ -1213,6 +1344,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Link, req.pid(), ino.0);
         let _names = s.names.read();
         let from = tri!(reply, s.path(ino));
         let to = tri!(reply, s.child(newparent, newname));
@@ -1222,6 +1354,7 @@ impl Filesystem for Adapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Open, req.pid(), ino.0);
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.path(ino));
@@ -1264,6 +1397,7 @@ impl Filesystem for Adapter {
         reply: ReplyData,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Read, _req.pid(), _ino.0);
         let file = tri!(reply, s.data_file(fh));
         // One buffer per worker thread: a fresh zeroed buffer per request
         // (up to 1 MiB) costs a memset on every read.
@@ -1274,7 +1408,10 @@ impl Filesystem for Adapter {
                 buf.resize(size, 0);
             }
             match file.data.read(offset, &mut buf[..size]) {
-                Ok(n) => reply.data(&buf[..n]),
+                Ok(n) => {
+                    s.stats.add(Event::DaemonReadBytes, n as u64);
+                    reply.data(&buf[..n])
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -1293,6 +1430,7 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Write, req.pid(), _ino.0);
         let file = tri!(reply, s.data_file(fh));
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             tri!(reply, s.kill_suidgid(&file.path, &ctx(req)));
@@ -1301,6 +1439,7 @@ impl Filesystem for Adapter {
         let res = file.data.write(offset, data, &mut remap);
         s.tokens.bump(file.ino);
         let n = tri!(reply, res);
+        s.stats.add(Event::DaemonWriteBytes, n as u64);
         s.changed(&file, SizeChange::Extend(offset + n as u64));
         reply.written(n as u32);
     }
@@ -1313,6 +1452,7 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Flush, _req.pid(), _ino.0);
         // Writes reach the backing files synchronously; only a map that is
         // not whole-file has something to persist (whole-file opens ask the
         // kernel for no FLUSH at all).
@@ -1335,6 +1475,7 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Release, _req.pid(), _ino.0);
         if self.0.handles.remove_placeholder(fh.0) {
             reply.ok();
             return;
@@ -1351,10 +1492,11 @@ impl Filesystem for Adapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Fsync, _req.pid(), _ino.0);
         if self.0.handles.is_placeholder(fh.0) {
             // The client's writes are in its map until it pushes it: a sync
             // of the placeholder alone would claim durability it lacks.
-            reply.error(Errno::EIO);
+            reply.error(fail(Errno::EIO));
             return;
         }
         let file = tri!(reply, self.0.open_file(fh));
@@ -1365,6 +1507,7 @@ impl Filesystem for Adapter {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Opendir, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let entries = tri!(reply, s.fs.readdir(&ctx(req), &path));
@@ -1381,8 +1524,9 @@ impl Filesystem for Adapter {
         mut reply: ReplyDirectory,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Readdir, _req.pid(), ino.0);
         let Some(dir) = s.handles.dir(fh.0) else {
-            reply.error(Errno::EBADF);
+            reply.error(fail(Errno::EBADF));
             return;
         };
         // Offsets: 1 = ".", 2 = "..", 3.. = entries.
@@ -1413,10 +1557,11 @@ impl Filesystem for Adapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Readdirplus, req.pid(), ino.0);
         let _names = s.names.read();
         let c = ctx(req);
         let Some(dir) = s.handles.dir(fh.0) else {
-            reply.error(Errno::EBADF);
+            reply.error(fail(Errno::EBADF));
             return;
         };
         let dir_path = tri!(reply, s.path(ino));
@@ -1470,6 +1615,7 @@ impl Filesystem for Adapter {
         _flags: FuseOpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Releasedir, _req.pid(), _ino.0);
         self.0.handles.remove_dir(fh.0);
         reply.ok();
     }
@@ -1483,6 +1629,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Fsyncdir, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.fsyncdir(&ctx(req), &path, datasync));
@@ -1491,6 +1638,7 @@ impl Filesystem for Adapter {
 
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Statfs, req.pid(), ino.0);
         let _names = s.names.read();
         let path = s.path(ino).unwrap_or_else(|_| PathBuf::from("/"));
         let st = tri!(reply, s.fs.statfs(&ctx(req), &path));
@@ -1510,6 +1658,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Setxattr, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.setxattr(&ctx(req), &path, name, value, flags));
@@ -1518,6 +1667,7 @@ impl Filesystem for Adapter {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Getxattr, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let value = tri!(reply, s.fs.getxattr(&ctx(req), &path, name));
@@ -1526,6 +1676,7 @@ impl Filesystem for Adapter {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Listxattr, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         let names = tri!(reply, s.fs.listxattr(&ctx(req), &path));
@@ -1539,6 +1690,7 @@ impl Filesystem for Adapter {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Removexattr, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.removexattr(&ctx(req), &path, name));
@@ -1547,6 +1699,7 @@ impl Filesystem for Adapter {
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Access, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.access(&ctx(req), &path, mask.bits()));
@@ -1564,6 +1717,7 @@ impl Filesystem for Adapter {
         reply: ReplyCreate,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::Create, req.pid(), parent.0);
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.child(parent, name));
@@ -1594,6 +1748,7 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.0.stats.timer(Op::Fallocate, req.pid(), _ino.0);
         let file = tri!(reply, self.0.data_file(fh));
         // Like write, fallocate by an unprivileged caller drops setuid/setgid;
         // the kernel sends no flag for it.
@@ -1621,9 +1776,10 @@ impl Filesystem for Adapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        let _t = self.0.stats.timer(Op::Lseek, _req.pid(), _ino.0);
         let file = tri!(reply, self.0.data_file(fh));
         if offset < 0 {
-            reply.error(Errno::ENXIO);
+            reply.error(fail(Errno::ENXIO));
             return;
         }
         let pos = tri!(reply, file.data.seek(offset as u64, whence));
@@ -1645,22 +1801,23 @@ impl Filesystem for Adapter {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        let _t = self.0.stats.timer(Op::Ioctl, req.pid(), _ino.0);
         if cmd != mapfs::control::PROVE_IOCTL {
-            reply.error(Errno::ENOTTY);
+            reply.error(fail(Errno::ENOTTY));
             return;
         }
         let (Ok(key), 16) = (<mapfs::control::ConnKey>::try_from(in_data), out_size) else {
-            reply.error(Errno::EINVAL);
+            reply.error(fail(Errno::EINVAL));
             return;
         };
         let s = &self.0;
         if s.handles.file(fh.0).is_none() {
-            reply.error(Errno::EBADF);
+            reply.error(fail(Errno::EBADF));
             return;
         }
         match s.proofs.issue(&key, fh.0, req.uid(), req.gid()) {
             Some(proof) => reply.ioctl(0, &proof),
-            None => reply.error(Errno::EPERM),
+            None => reply.error(fail(Errno::EPERM)),
         }
     }
 
@@ -1678,6 +1835,7 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let s = &self.0;
+        let _t = s.stats.timer(Op::CopyFileRange, _req.pid(), _ino_out.0);
         let src = tri!(reply, s.data_file(fh_in));
         let dst = tri!(reply, s.data_file(fh_out));
         let mut remap = s.remap_for(&dst);
@@ -1687,6 +1845,7 @@ impl Filesystem for Adapter {
         s.tokens.bump(dst.ino);
         let n = tri!(reply, res);
         s.changed(&dst, SizeChange::Extend(offset_out + n as u64));
+        s.stats.add(Event::DaemonWriteBytes, n as u64);
         reply.written(n as u32);
     }
 }
@@ -1695,7 +1854,7 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
     if size == 0 {
         reply.size(value.len() as u32);
     } else if value.len() > size as usize {
-        reply.error(Errno::ERANGE);
+        reply.error(fail(Errno::ERANGE));
     } else {
         reply.data(value);
     }

@@ -11,6 +11,7 @@ pub mod inodes;
 pub mod mount;
 pub mod ratelimit;
 pub mod registry;
+pub mod stats;
 
 pub use adapter::{AdapterOptions, DataMode};
 pub use mount::{mount, parse_options, MountOptions, Mounted, Unmounter, FSTYPE};

@@ -161,6 +161,7 @@ pub fn mount(
     let adapter = Adapter::new(fs, adapter).map_err(io::Error::from)?;
     let shared = adapter.shared();
     shared.describe(fs_name, backing);
+    shared.set_mountpoint(mountpoint);
     let mut cfg = Config::default();
     cfg.mount_options = opts.kernel.clone();
     // Also for options not made by `parse_options` (see the module docs).

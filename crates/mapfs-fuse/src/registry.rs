@@ -56,6 +56,34 @@ pub trait OpenRegistry: Send + Sync + 'static {
     /// `clients`).
     fn status(&self) -> MountStatus;
 
+    /// The request counters (see [`crate::stats`]); with `reset`, counting
+    /// starts again from zero after this snapshot. The default, for
+    /// registries that count nothing, is empty.
+    fn stats(&self, reset: bool) -> mapfs::stats::MountStats {
+        let _ = reset;
+        mapfs::stats::MountStats::default()
+    }
+
+    /// Subscribes control connection `conn` to the request trace with a
+    /// filter (or changes its filter) and takes the requests it has
+    /// queued, with the number dropped (see [`crate::stats::Tracer`]).
+    /// `None` for an unknown opcode name, or from registries that trace
+    /// nothing (the default).
+    fn trace(
+        &self,
+        conn: u64,
+        op: Option<&str>,
+        pid: Option<u32>,
+    ) -> Option<(Vec<mapfs::stats::TraceEvent>, u64)> {
+        let _ = (conn, op, pid);
+        None
+    }
+
+    /// Control connection `conn`, subscribed to the trace, closed.
+    fn trace_end(&self, conn: u64) {
+        let _ = conn;
+    }
+
     /// Drops the kernel's cached attributes and pages of `ino` (after a shim
     /// client wrote to it), so the next `stat`/`read` through the mount sees
     /// the new size and bytes, and bumps its map-cache token.

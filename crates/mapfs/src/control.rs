@@ -88,12 +88,14 @@ use serde::{Deserialize, Serialize};
 use crate::datamap::DataMap;
 use crate::lentsize::LentSize;
 use crate::mapcache::Generations;
+use crate::stats::{MountStats, TraceEvent};
 
 /// Protocol version, the first byte of every packet. Bumped on any change of
 /// the message types; a peer seeing another version refuses the message.
 /// Version 4: proof of possession replaces pid/tid identity; `Status`,
 /// `Changed`; the generation table comes with the first adoption.
-pub const VERSION: u8 = 4;
+/// Version 5: `Stats` (request counters, [`crate::stats`]) and `Trace`.
+pub const VERSION: u8 = 5;
 
 /// Largest packet either side sends or accepts.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -139,6 +141,23 @@ pub enum Request {
     },
     /// What the daemon serves ([`Response::Status`]); needs no Hello.
     Status,
+    /// The daemon's request counters ([`Response::Stats`]); needs no Hello.
+    Stats {
+        /// Start counting afresh after this answer. Only the mount's owner
+        /// (the daemon's uid) or root may; others get `EPERM`.
+        reset: bool,
+    },
+    /// The requests the daemon served since this connection's previous
+    /// `Trace` ([`Response::Trace`]); the first one starts tracing for the
+    /// connection, which lasts until it closes. Only the mount's owner (the
+    /// daemon's uid) or root may (`EPERM`): a trace shows who does what.
+    /// Needs no Hello.
+    Trace {
+        /// Only requests of this FUSE opcode (`GETATTR`...).
+        op: Option<String>,
+        /// Only requests of this process.
+        pid: Option<u32>,
+    },
     /// Hand over the open proven by `proof` (see the module docs).
     Adopt {
         /// From [`prove`] on the application's descriptor of the open, with
@@ -236,6 +255,16 @@ pub enum Response {
     },
     /// Answer to [`Request::Status`].
     Status(MountStatus),
+    /// Answer to [`Request::Stats`]: the counters before any reset.
+    Stats(Box<MountStats>),
+    /// Answer to [`Request::Trace`].
+    Trace {
+        /// The requests served since the previous `Trace`, oldest first.
+        events: Vec<TraceEvent>,
+        /// Requests that matched but were dropped since then because this
+        /// client read too slowly (the daemon keeps a bounded queue).
+        dropped: u64,
+    },
     /// Answer to [`Request::Adopt`]; `files` descriptors are attached, one
     /// per backing file of `map`, each a private open file description
     /// (own offset and status flags), close-on-exec, then the size page
@@ -453,6 +482,17 @@ pub fn status(path: &Path) -> io::Result<MountStatus> {
     let sock = open_socket(path)?;
     match call(sock.as_fd(), &Request::Status)? {
         (Response::Status(s), _) => Ok(s),
+        (Response::Refused { errno, .. }, _) => Err(io::Error::from_raw_os_error(errno)),
+        _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+    }
+}
+
+/// Asks the daemon behind the control socket at `path` for its request
+/// counters, and to reset them after answering when `reset`.
+pub fn stats(path: &Path, reset: bool) -> io::Result<MountStats> {
+    let sock = open_socket(path)?;
+    match call(sock.as_fd(), &Request::Stats { reset })? {
+        (Response::Stats(s), _) => Ok(*s),
         (Response::Refused { errno, .. }, _) => Err(io::Error::from_raw_os_error(errno)),
         _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
     }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod fs;
 pub mod lentsize;
 pub mod mapcache;
+pub mod stats;
 
 pub use datamap::{DataMap, Extent, Growth, Placement, Segment};
 pub use error::{Error, Result};

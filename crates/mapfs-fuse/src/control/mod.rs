@@ -342,6 +342,8 @@ struct Adoption {
 }
 
 struct Conn {
+    /// The server's name for it (the epoll key).
+    id: u64,
     sock: OwnedFd,
     peer: Peer,
     /// Given at Hello.
@@ -353,6 +355,8 @@ struct Conn {
     /// FUSE handles this connection holds writable or lent adoptions of, so
     /// one open is not adopted twice.
     claimed: HashSet<u64>,
+    /// Subscribed to the request trace (see [`Request::Trace`]).
+    tracing: bool,
 }
 
 /// What the server does with a connection after a request.
@@ -493,6 +497,7 @@ impl Server {
             self.conns.insert(
                 id,
                 Conn {
+                    id,
                     sock,
                     peer,
                     key: None,
@@ -500,6 +505,7 @@ impl Server {
                     table_sent: false,
                     adopted: HashMap::new(),
                     claimed: HashSet::new(),
+                    tracing: false,
                 },
             );
             self.clients
@@ -668,6 +674,33 @@ fn serve(
             status.clients = clients;
             status.connections = connections;
             Response::Status(status).into()
+        }
+        Ok(Request::Stats { reset }) => {
+            // Counts only (see `mapfs::stats`), so anyone may read them; a
+            // reset takes them from the owner's tools, so only the owner
+            // (the daemon's uid) or root may.
+            if reset && !owner_or_root(conn.peer) {
+                return refused(
+                    libc::EPERM,
+                    "only the mount's owner or root may reset its counters",
+                )
+                .into();
+            }
+            Response::Stats(Box::new(registry.stats(reset))).into()
+        }
+        Ok(Request::Trace { op, pid }) => {
+            // A trace shows which process touches which file when: the
+            // owner's or root's business only.
+            if !owner_or_root(conn.peer) {
+                return refused(libc::EPERM, "only the mount's owner or root may trace it").into();
+            }
+            match registry.trace(conn.id, op.as_deref(), pid) {
+                Some((events, dropped)) => {
+                    conn.tracing = true;
+                    Response::Trace { events, dropped }.into()
+                }
+                None => refused(libc::EINVAL, "no such FUSE opcode").into(),
+            }
         }
         Ok(Request::Adopt {
             proof,
@@ -878,6 +911,9 @@ impl Conn {
     /// The client's connection is gone (closed, dropped, or the process
     /// died): what it may have written becomes visible through the mount.
     fn gone(&mut self, registry: &dyn OpenRegistry) {
+        if self.tracing {
+            registry.trace_end(self.id);
+        }
         for (_, a) in self.adopted.drain() {
             if a.lent {
                 // Writes the client made since its last Release are in the
@@ -891,6 +927,11 @@ impl Conn {
             registry.proofs().drop_key(&key);
         }
     }
+}
+
+/// True when `peer` is the mount's owner (the daemon's user) or root.
+fn owner_or_root(peer: Peer) -> bool {
+    peer.uid == 0 || peer.uid == rustix::process::geteuid().as_raw()
 }
 
 /// True when `peer` may act on what `uid`/`gid` did: the same user and

@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use mapfs::engine::DataFile;
@@ -59,6 +60,8 @@ impl Seen {
 pub struct MapTokens {
     table: Option<Generations>,
     last: Box<[Mutex<HashMap<u64, Seen>>]>,
+    /// Bumps made, for `mapfs stats`.
+    bumps: AtomicU64,
 }
 
 impl std::fmt::Debug for MapTokens {
@@ -94,6 +97,22 @@ impl MapTokens {
         MapTokens {
             table,
             last: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            bumps: AtomicU64::new(0),
+        }
+    }
+
+    fn bumped(&self, t: &Generations, ino: u64) {
+        t.bump(ino);
+        self.bumps.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The bumps made since the start or the last reset (`reset`: start
+    /// counting again from zero).
+    pub fn bumps(&self, reset: bool) -> u64 {
+        if reset {
+            self.bumps.swap(0, Ordering::Relaxed)
+        } else {
+            self.bumps.load(Ordering::Relaxed)
         }
     }
 
@@ -111,7 +130,7 @@ impl MapTokens {
     /// applied and before replying to the request that made it.
     pub fn bump(&self, ino: u64) {
         if let Some(t) = &self.table {
-            t.bump(ino);
+            self.bumped(t, ino);
         }
     }
 
@@ -132,7 +151,7 @@ impl MapTokens {
         let last = self.shard(ino).lock();
         let same = matches!((last.get(&ino), &seen), (Some(old), Some(s)) if old == s);
         if !same {
-            t.bump(ino);
+            self.bumped(t, ino);
         }
     }
 
@@ -160,7 +179,7 @@ impl MapTokens {
             None => last.remove(&ino).is_some(),
         };
         if differs || force {
-            t.bump(ino);
+            self.bumped(t, ino);
         }
     }
 
@@ -172,7 +191,7 @@ impl MapTokens {
         let mut last = self.shard(ino).lock();
         if last.contains_key(&ino) && gone() {
             last.remove(&ino);
-            t.bump(ino);
+            self.bumped(t, ino);
         }
     }
 

@@ -159,6 +159,8 @@ fn answer(what: &str, got: std::io::Result<(Response, Vec<OwnedFd>)>) -> Value {
                 Response::Done => json!({"answer": "Done"}),
                 Response::Hello { .. } => json!({"answer": "Hello"}),
                 Response::Status(_) => json!({"answer": "Status"}),
+                Response::Stats(_) => json!({"answer": "Stats"}),
+                Response::Trace { .. } => json!({"answer": "Trace"}),
             };
             v["what"] = json!(what);
             v["fds"] = json!(fds);

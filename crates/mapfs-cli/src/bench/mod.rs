@@ -651,6 +651,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         let res = match which {
                             workloads::Procs::SpawnRead => procs::spawn_read(p, &dir),
                             workloads::Procs::Build => procs::build(p, &dir),
+                            workloads::Procs::Untar => procs::untar(p, &dir),
                         };
                         match res {
                             Ok(r) => {
@@ -739,7 +740,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 Kind::Data { .. } => "MB/s",
                 Kind::CreateStatUnlink => "ops/s",
                 Kind::Procs(workloads::Procs::SpawnRead) => "processes/s",
-                Kind::Procs(workloads::Procs::Build) => "files/s",
+                Kind::Procs(workloads::Procs::Build | workloads::Procs::Untar) => "files/s",
             };
             report::build_table(w.name, &about, unit, &columns_of(w), &rows, &records)
         })

@@ -1,8 +1,8 @@
-//! The process-heavy workloads (`spawn-read`, `build`): many short-lived
-//! processes, each touching a few files, the way shells, builds and test
-//! suites use a file system. They measure what a configuration costs per
-//! process (for `preload`, the shim's start-up and any daemon contact), not
-//! per byte.
+//! The process-heavy workloads (`spawn-read`, `build`, `untar`): short-lived
+//! processes touching many files, the way shells, builds, package managers
+//! and test suites use a file system. They measure what a configuration
+//! costs per process and per metadata call (for `preload`, the shim's
+//! start-up and any daemon contact), not per byte.
 
 use std::fs;
 use std::path::Path;
@@ -18,6 +18,11 @@ pub const SPAWN_PROCESSES: usize = 1000;
 
 /// C files in the `build` project (plus `main.c`).
 pub const BUILD_UNITS: usize = 40;
+
+/// Directories and files per directory of the `untar` tree.
+pub const UNTAR_DIRS: usize = 40;
+/// Files per directory of the `untar` tree.
+pub const UNTAR_FILES_PER_DIR: usize = 50;
 
 /// One run: how many units of work it did and how long it took.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +98,56 @@ pub fn build(p: &Prepared, dir: &Path) -> Result<ProcsResult> {
     Ok(ProcsResult {
         units: BUILD_UNITS as u64 + 1,
         secs: res?,
+    })
+}
+
+/// `untar`: `tar xf` of an archive of [`UNTAR_DIRS`] directories of
+/// [`UNTAR_FILES_PER_DIR`] small files (0.5-8 KiB each), made natively
+/// outside the configuration beforehand; files extracted per second.
+pub fn untar(p: &Prepared, dir: &Path) -> Result<ProcsResult> {
+    let src = tempfile::Builder::new()
+        .prefix("mapfs-bench-untar.")
+        .tempdir()
+        .context("a directory for the archive")?;
+    let tree = src.path().join("tree");
+    let mut files = 0u64;
+    for d in 0..UNTAR_DIRS {
+        let sub = tree.join(format!("d{d:02}"));
+        fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
+        for f in 0..UNTAR_FILES_PER_DIR {
+            let len = 512 + (d * 131 + f * 977) % 7680;
+            let body: Vec<u8> = (0..len).map(|i| (i * 31 + d + f) as u8).collect();
+            fs::write(sub.join(format!("f{f:03}.txt")), body)?;
+            files += 1;
+        }
+    }
+    let tarball = src.path().join("tree.tar");
+    let st = std::process::Command::new("tar")
+        .arg("-cf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(src.path())
+        .arg("tree")
+        .status()
+        .context("running tar")?;
+    if !st.success() {
+        bail!("tar -cf failed: {st}");
+    }
+    let out = dir.join("untar");
+    if out.exists() {
+        fs::remove_dir_all(&out).with_context(|| format!("removing stale {}", out.display()))?;
+    }
+    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let secs = timed_shell(
+        p,
+        "tar -xf \"$1\" -C \"$2\"",
+        &[&tarball, &out],
+        Duration::from_secs(900),
+    );
+    let _ = fs::remove_dir_all(&out);
+    Ok(ProcsResult {
+        units: files,
+        secs: secs?,
     })
 }
 

@@ -46,6 +46,8 @@ pub enum Procs {
     SpawnRead,
     /// `make -j2` of a generated C project.
     Build,
+    /// `tar xf` of an archive of 2,000 small files.
+    Untar,
 }
 
 /// The column label of the process workloads.
@@ -147,6 +149,11 @@ pub const WORKLOADS: &[Workload] = &[
         name: "spawn-read",
         about: "a shell loop of 1000 processes, each reading one 8 KiB file (processes/s)",
         kind: Kind::Procs(Procs::SpawnRead),
+    },
+    Workload {
+        name: "untar",
+        about: "tar xf of 2000 small files in 40 directories (files/s)",
+        kind: Kind::Procs(Procs::Untar),
     },
     Workload {
         name: "build",

@@ -451,7 +451,25 @@ fn empty_record(w: &str, c: &str, col: &str, run: usize) -> Record {
         lat_p99_us: None,
         amount: None,
         secs: None,
+        requests_per_op: None,
         error: None,
+    }
+}
+
+/// Requests answered so far by the mapfs daemon serving `p` (`None` when no
+/// mapfs daemon serves it: native, bindfs).
+fn daemon_requests(p: &Prepared) -> Option<u64> {
+    let socket = mapfs::control::socket_path(&p.root);
+    mapfs::control::stats(&socket, false)
+        .ok()
+        .map(|s| s.requests())
+}
+
+/// Requests per operation between two readings of [`daemon_requests`].
+fn per_op(before: Option<u64>, after: Option<u64>, ops: u64) -> Option<f64> {
+    match (before, after) {
+        (Some(b), Some(a)) if ops > 0 => Some(a.saturating_sub(b) as f64 / ops as f64),
+        _ => None,
     }
 }
 
@@ -615,7 +633,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
                             settler.settle();
                             let dir = p.root.join(&data_name);
                             let mut rec = empty_record(w.name, c.name, &col, run);
-                            match run_fio(p, &dir, w, &job) {
+                            let before = daemon_requests(p);
+                            let res = run_fio(p, &dir, w, &job);
+                            let after = daemon_requests(p);
+                            match res {
                                 // fio stops early on the same SIGINT: not a result.
                                 Ok(_) if interrupted() => rec.error = Some("interrupted".into()),
                                 Ok(r) => {
@@ -625,6 +646,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                                     rec.lat_p99_us = r.clat_p99_ns.map(|v| v / 1e3);
                                     rec.amount = Some(r.io_bytes);
                                     rec.secs = Some(r.runtime_ms as f64 / 1e3);
+                                    rec.requests_per_op = per_op(before, after, r.io_bytes / bs);
                                 }
                                 Err(e) => {
                                     let e = format!("{e:#}");
@@ -648,13 +670,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         }
                         let dir = p.root.join(&data_name);
                         let mut rec = empty_record(w.name, c.name, workloads::PROCS_COLUMN, run);
+                        let before = daemon_requests(p);
                         let res = match which {
                             workloads::Procs::SpawnRead => procs::spawn_read(p, &dir),
                             workloads::Procs::Build => procs::build(p, &dir),
                             workloads::Procs::Untar => procs::untar(p, &dir),
                         };
+                        let after = daemon_requests(p);
                         match res {
                             Ok(r) => {
+                                rec.requests_per_op = per_op(before, after, r.units);
                                 rec.value = Some(r.rate());
                                 rec.iops = Some(r.rate());
                                 rec.amount = Some(r.units);
@@ -678,10 +703,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
                             break 'workloads;
                         }
                         let dir = p.root.join(&data_name);
-                        match run_meta(p, &dir, params.files, &mapfs) {
+                        let before = daemon_requests(p);
+                        let res = run_meta(p, &dir, params.files, &mapfs);
+                        let after = daemon_requests(p);
+                        match res {
                             Ok(phases) => {
+                                let ops: u64 = phases.iter().map(|ph| ph.ops).sum();
+                                let rpo = per_op(before, after, ops);
                                 for ph in phases {
                                     let mut rec = empty_record(w.name, c.name, &ph.phase, run);
+                                    rec.requests_per_op = rpo;
                                     rec.value = Some(ph.ops_per_sec());
                                     rec.iops = Some(ph.ops_per_sec());
                                     rec.lat_p50_us = Some(ph.lat_p50_ns / 1e3);
@@ -782,6 +813,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         full.push_str("## Latency\n\n");
         for t in &tables {
             full.push_str(&report::render_latency_markdown(t));
+            full.push('\n');
+            full.push_str(&report::render_requests_markdown(t));
             full.push('\n');
         }
         std::fs::write(out.join("results.md"), full)?;

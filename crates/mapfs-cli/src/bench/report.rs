@@ -32,6 +32,10 @@ pub struct Record {
     pub amount: Option<u64>,
     /// Duration of the measured part in seconds.
     pub secs: Option<f64>,
+    /// Requests the mount's daemon answered per application operation
+    /// during the run (`mapfs stats` before and after; `None` where there
+    /// is no mapfs daemon: native, bindfs).
+    pub requests_per_op: Option<f64>,
     /// Why the run failed.
     pub error: Option<String>,
 }
@@ -50,6 +54,9 @@ pub enum Cell {
         lat_p50_us: Option<f64>,
         /// Median over runs of the p99 latency (µs).
         lat_p99_us: Option<f64>,
+        /// Median over runs of the daemon's requests per application
+        /// operation.
+        requests_per_op: Option<f64>,
         /// Runs that failed besides.
         failed: usize,
     },
@@ -126,6 +133,7 @@ pub fn build_table(
                 ratio: None,
                 lat_p50_us: median_of(rs.iter().map(|r| r.lat_p50_us)),
                 lat_p99_us: median_of(rs.iter().map(|r| r.lat_p99_us)),
+                requests_per_op: median_of(rs.iter().map(|r| r.requests_per_op)),
                 failed: rs.len() - ok.len(),
             },
         }
@@ -271,6 +279,24 @@ pub fn render_latency_markdown(t: &Table) -> String {
     )
 }
 
+/// The daemon's requests per application operation, in Markdown (`–`
+/// where the configuration has no mapfs daemon): how many crossings into
+/// the daemon one read, write, create or process costs.
+pub fn render_requests_markdown(t: &Table) -> String {
+    render(
+        t,
+        &format!("{} — daemon requests per application operation", t.workload),
+        |_, c| match c {
+            Cell::Ok {
+                requests_per_op: Some(r),
+                ..
+            } => format!("{r:.2}"),
+            Cell::Ok { .. } | Cell::Missing => "–".into(),
+            Cell::Failed { .. } => "failed".into(),
+        },
+    )
+}
+
 /// The x axis of a grouped bar chart: `n` groups of width 1 with a tick
 /// (and label) at the centre of each.
 struct Groups(usize);
@@ -398,6 +424,8 @@ mod tests {
 
     fn rec(config: &str, column: &str, run: usize, value: Option<f64>) -> Record {
         Record {
+            // A daemon answers fuse's runs: 2 requests per operation.
+            requests_per_op: (config == "fuse" && value.is_some()).then_some(2.0),
             workload: "w".into(),
             config: config.into(),
             column: column.into(),
@@ -483,6 +511,9 @@ mod tests {
         assert_eq!(lines[6], "| bindfs | skipped: bindfs is not installed |  |");
         let lat = render_latency_markdown(&table());
         assert!(lat.contains("| native | 110 / 220 | 200 / 400 |"), "{lat}");
+        let req = render_requests_markdown(&table());
+        assert!(req.contains("| native | – | – |"), "{req}");
+        assert!(req.contains("| fuse | 2.00 | failed |"), "{req}");
     }
 
     #[test]

@@ -260,6 +260,41 @@ os.close(fd); os.close(fd2)
     );
 }
 
+/// io_uring on a lent writer (the shim cannot see it): reads and writes
+/// complete with `-EBADF` on the placeholder, and the file holds the
+/// program's own writes. A C program with raw io_uring system calls
+/// (`preload_support/uring_lent.c`), compiled by the test.
+#[test]
+fn io_uring_on_a_lent_writer_fails_the_documented_way() {
+    let test = "preload plfs io_uring on a lent writer";
+    let Some(s) = plfs(test) else { return };
+    if !have("cc") {
+        eprintln!("SKIPPED {test}: no C compiler (scripts/deps.sh installs gcc)");
+        return;
+    }
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload_support/uring_lent.c");
+    let bin = s.scratch().unwrap().join("uring_lent");
+    ok(Command::new("cc").arg("-O1").arg("-o").arg(&bin).arg(&src));
+    let report = report_path(&s, "uring");
+    let out = ok(&mut attached(&s, &report, &bin).arg(s.mountpoint().join("u.bin")));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    if text.contains("io_uring unavailable") {
+        eprintln!("SKIPPED {test}: io_uring_setup is refused on this machine");
+        return;
+    }
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            format!("status {LENT}").as_str(),
+            "read -9",
+            "write -9",
+            "size 32768 all_x 1"
+        ],
+        "{test}"
+    );
+}
+
 /// `mapfs-fsx` itself under the shim on plfs.
 #[test]
 fn fsx_binary_under_shim_plfs() {

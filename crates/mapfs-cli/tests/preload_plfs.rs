@@ -277,7 +277,7 @@ fn io_uring_on_a_lent_writer_fails_the_documented_way() {
     let bin = s.scratch().unwrap().join("uring_lent");
     ok(Command::new("cc").arg("-O1").arg("-o").arg(&bin).arg(&src));
     let report = report_path(&s, "uring");
-    let out = ok(&mut attached(&s, &report, &bin).arg(s.mountpoint().join("u.bin")));
+    let out = ok(attached(&s, &report, &bin).arg(s.mountpoint().join("u.bin")));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     if text.contains("io_uring unavailable") {
         eprintln!("SKIPPED {test}: io_uring_setup is refused on this machine");

@@ -267,9 +267,10 @@ fn classify(fd: RawFd) -> u8 {
 /// `posix_fadvise` is a hint and adopts nothing: a process that reads a
 /// small file and exits never contacts the daemon.
 ///
-/// The default is measured (2026-11-23, release build, `dd bs=4k` of a file
-/// on the mount, 100 processes, ms per process, adopt at the first call vs
-/// never): an adoption costs about 0.2 ms (connect, proof, adopt);
+/// The default is measured (`scripts/adopt-threshold.sh`, 2026-11-23,
+/// release build, `dd bs=4k` of a file on the mount, 100 processes, ms per
+/// process, adopt at the first call vs never, on a quiet machine): an
+/// adoption costs about 0.2 ms (connect, proof, adopt);
 /// 4k writes through a `--data daemon` mount cost about 12 µs each, so
 /// adoption pays from between 16 (1.2 vs 1.2 ms) and 64 writes (1.3 vs
 /// 1.8 ms), and from between 64 and 256 cached reads (1.4 vs 1.7 ms at

@@ -8,6 +8,7 @@
 //! machine does not favour one configuration.
 
 mod config;
+mod fileserver;
 mod fio;
 mod meta;
 mod process;
@@ -107,6 +108,15 @@ pub struct BenchArgs {
     /// run the loop under a configuration's command prefix)
     #[arg(long, value_name = "DIR", hide = true)]
     pub meta_worker: Option<PathBuf>,
+
+    /// Internal: run a fileserver workload of N threads in DIR (with
+    /// `--fileserver-dir`) and print its JSON
+    #[arg(long, value_name = "N", hide = true)]
+    pub fileserver_worker: Option<usize>,
+
+    /// Internal: the directory of `--fileserver-worker`
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub fileserver_dir: Option<PathBuf>,
 }
 
 /// Parses a size such as `4k`, `256M`, `1G` or `512` (binary units).
@@ -439,6 +449,38 @@ fn begin_unit(
     true
 }
 
+/// Runs a fileserver workload on a configuration: in-process when there is
+/// no command prefix, else as `PREFIX mapfs bench --fileserver-worker N`.
+fn run_fileserver(
+    p: &Prepared,
+    dir: &Path,
+    threads: usize,
+    runtime: u64,
+    mapfs: &Path,
+) -> Result<fileserver::FileserverResult> {
+    if p.prefix.is_empty() {
+        return fileserver::fileserver(dir, threads, Duration::from_secs(runtime));
+    }
+    let mut cmd = p.command(mapfs);
+    cmd.arg("bench")
+        .arg("--fileserver-worker")
+        .arg(threads.to_string())
+        .arg("--fileserver-dir")
+        .arg(dir)
+        .arg("--runtime")
+        .arg(runtime.to_string());
+    let out = process::run(cmd, Duration::from_secs(runtime + 600))?;
+    if !out.status.success() {
+        bail!(
+            "{} exited with {}: {}",
+            mapfs.display(),
+            out.status,
+            out.error_line()
+        );
+    }
+    serde_json::from_str(out.stdout.trim()).context("parsing the fileserver worker's output")
+}
+
 fn empty_record(w: &str, c: &str, col: &str, run: usize) -> Record {
     Record {
         workload: w.into(),
@@ -475,6 +517,12 @@ fn per_op(before: Option<u64>, after: Option<u64>, ops: u64) -> Option<f64> {
 
 /// Entry point of `mapfs bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
+    if let (Some(threads), Some(dir)) = (args.fileserver_worker, &args.fileserver_dir) {
+        let secs = args.runtime.unwrap_or(5).max(1);
+        let r = fileserver::fileserver(dir, threads, Duration::from_secs(secs))?;
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
     if let Some(dir) = &args.meta_worker {
         let r = meta::create_stat_unlink(dir, args.files.unwrap_or(10_000))?;
         println!("{}", serde_json::to_string(&r)?);
@@ -589,7 +637,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         match w.kind {
             Kind::Data { .. } => params.bs.iter().map(|b| fmt_size(*b)).collect(),
             Kind::CreateStatUnlink => META_PHASES.iter().map(|s| s.to_string()).collect(),
-            Kind::Procs(_) => vec![workloads::PROCS_COLUMN.to_string()],
+            Kind::Procs(_) | Kind::Fileserver { .. } => vec![workloads::PROCS_COLUMN.to_string()],
         }
     };
     let units: u64 = wls
@@ -696,6 +744,36 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     }
                 }
             }
+            Kind::Fileserver { threads } => {
+                for run in 0..params.runs {
+                    for (c, p) in round_order(&ready, run) {
+                        if !begin_unit(&pb, &settler, w.name, run, params.runs, c.name) {
+                            break 'workloads;
+                        }
+                        let dir = p.root.join(&data_name);
+                        let mut rec = empty_record(w.name, c.name, workloads::PROCS_COLUMN, run);
+                        let before = daemon_requests(p);
+                        let res = run_fileserver(p, &dir, threads, params.runtime, &mapfs);
+                        let after = daemon_requests(p);
+                        match res {
+                            Ok(r) => {
+                                rec.requests_per_op = per_op(before, after, r.ops);
+                                rec.value = Some(r.rate());
+                                rec.iops = Some(r.rate());
+                                rec.amount = Some(r.ops);
+                                rec.secs = Some(r.secs);
+                            }
+                            Err(e) => {
+                                let e = format!("{e:#}");
+                                pb.suspend(|| eprintln!("mapfs bench: {} {}: {e}", w.name, c.name));
+                                rec.error = Some(e);
+                            }
+                        }
+                        records.push(rec);
+                        pb.inc(1);
+                    }
+                }
+            }
             Kind::CreateStatUnlink => {
                 for run in 0..params.runs {
                     for (c, p) in round_order(&ready, run) {
@@ -769,7 +847,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let about = about.join(" ");
             let unit = match w.kind {
                 Kind::Data { .. } => "MB/s",
-                Kind::CreateStatUnlink => "ops/s",
+                Kind::CreateStatUnlink | Kind::Fileserver { .. } => "ops/s",
                 Kind::Procs(workloads::Procs::SpawnRead) => "processes/s",
                 Kind::Procs(workloads::Procs::Build | workloads::Procs::Untar) => "files/s",
             };

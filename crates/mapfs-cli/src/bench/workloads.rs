@@ -37,6 +37,12 @@ pub enum Kind {
     /// Many short-lived processes (`spawn-read`: 1,000 `cat`s of a small
     /// file; `build`: `make -j2` of a generated C project); one column.
     Procs(Procs),
+    /// Threads cycling delete/create/append/read/stat over a fileset, for
+    /// `--runtime` seconds; one column.
+    Fileserver {
+        /// Thread count.
+        threads: usize,
+    },
 }
 
 /// The process-heavy workloads ([`Kind::Procs`]).
@@ -144,6 +150,21 @@ pub const WORKLOADS: &[Workload] = &[
         name: "create-stat-unlink",
         about: "create --files empty files in one directory, stat them, unlink them",
         kind: Kind::CreateStatUnlink,
+    },
+    Workload {
+        name: "fileserver-1th",
+        about: "1 thread cycles delete, create 16 KiB, append 4 KiB, read, stat over 1000 files (ops/s)",
+        kind: Kind::Fileserver { threads: 1 },
+    },
+    Workload {
+        name: "fileserver-4th",
+        about: "4 threads cycle delete, create 16 KiB, append 4 KiB, read, stat over 1000 files (ops/s)",
+        kind: Kind::Fileserver { threads: 4 },
+    },
+    Workload {
+        name: "fileserver-16th",
+        about: "16 threads cycle delete, create 16 KiB, append 4 KiB, read, stat over 1000 files (ops/s)",
+        kind: Kind::Fileserver { threads: 16 },
     },
     Workload {
         name: "spawn-read",

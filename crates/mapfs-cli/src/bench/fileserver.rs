@@ -124,7 +124,7 @@ mod tests {
     fn runs_and_cleans_up() {
         let t = tempfile::tempdir().unwrap();
         let r = fileserver(t.path(), 3, Duration::from_millis(200)).unwrap();
-        assert!(r.ops > 0 && r.ops % OPS_PER_CYCLE == 0, "{r:?}");
+        assert!(r.ops > 0 && r.ops.is_multiple_of(OPS_PER_CYCLE), "{r:?}");
         assert!(r.rate() > 0.0);
         assert!(!t.path().join("fsrv").exists());
     }

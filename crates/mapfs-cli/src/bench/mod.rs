@@ -710,7 +710,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     }
                 }
             }
-            Kind::Procs(which) => {
+            Kind::Procs(_) | Kind::Fileserver { .. } => {
                 for run in 0..params.runs {
                     for (c, p) in round_order(&ready, run) {
                         if !begin_unit(&pb, &settler, w.name, run, params.runs, c.name) {
@@ -719,10 +719,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         let dir = p.root.join(&data_name);
                         let mut rec = empty_record(w.name, c.name, workloads::PROCS_COLUMN, run);
                         let before = daemon_requests(p);
-                        let res = match which {
-                            workloads::Procs::SpawnRead => procs::spawn_read(p, &dir),
-                            workloads::Procs::Build => procs::build(p, &dir),
-                            workloads::Procs::Untar => procs::untar(p, &dir),
+                        // (units of work, seconds)
+                        let res = match w.kind {
+                            Kind::Procs(workloads::Procs::SpawnRead) => procs::spawn_read(p, &dir),
+                            Kind::Procs(workloads::Procs::Build) => procs::build(p, &dir),
+                            Kind::Procs(workloads::Procs::Untar) => procs::untar(p, &dir),
+                            Kind::Fileserver { threads } => {
+                                run_fileserver(p, &dir, threads, params.runtime, &mapfs).map(|r| {
+                                    procs::ProcsResult {
+                                        units: r.ops,
+                                        secs: r.secs,
+                                    }
+                                })
+                            }
+                            Kind::Data { .. } | Kind::CreateStatUnlink => {
+                                unreachable!("matched by the arms above")
+                            }
                         };
                         let after = daemon_requests(p);
                         match res {
@@ -731,36 +743,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
                                 rec.value = Some(r.rate());
                                 rec.iops = Some(r.rate());
                                 rec.amount = Some(r.units);
-                                rec.secs = Some(r.secs);
-                            }
-                            Err(e) => {
-                                let e = format!("{e:#}");
-                                pb.suspend(|| eprintln!("mapfs bench: {} {}: {e}", w.name, c.name));
-                                rec.error = Some(e);
-                            }
-                        }
-                        records.push(rec);
-                        pb.inc(1);
-                    }
-                }
-            }
-            Kind::Fileserver { threads } => {
-                for run in 0..params.runs {
-                    for (c, p) in round_order(&ready, run) {
-                        if !begin_unit(&pb, &settler, w.name, run, params.runs, c.name) {
-                            break 'workloads;
-                        }
-                        let dir = p.root.join(&data_name);
-                        let mut rec = empty_record(w.name, c.name, workloads::PROCS_COLUMN, run);
-                        let before = daemon_requests(p);
-                        let res = run_fileserver(p, &dir, threads, params.runtime, &mapfs);
-                        let after = daemon_requests(p);
-                        match res {
-                            Ok(r) => {
-                                rec.requests_per_op = per_op(before, after, r.ops);
-                                rec.value = Some(r.rate());
-                                rec.iops = Some(r.rate());
-                                rec.amount = Some(r.ops);
                                 rec.secs = Some(r.secs);
                             }
                             Err(e) => {

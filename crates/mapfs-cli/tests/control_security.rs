@@ -454,6 +454,33 @@ fn pid_exists(pid: i32) -> bool {
 /// Root opens the secret O_RDWR, forks a grandchild that keeps it, and
 /// exits; the attacker (nobody) gets the dead opener's pid and tries to
 /// adopt. Nothing of the secret reaches it.
+/// Runs `mapfs-attack adopt` as nobody with process id `pid` (the number
+/// `what` names) and checks it got nothing and the mount still serves;
+/// false (said loudly) when that pid could not be forced.
+fn attack_as_pid(v: &Victim, test: &str, pid: i32, what: &str) -> bool {
+    let _guard = PIDS.lock().unwrap_or_else(|e| e.into_inner());
+    let child = spawn_with_pid(pid, || {
+        let mut c = command_as_nobody(attack_bin());
+        c.arg("--mount")
+            .arg(v.mountpoint())
+            .args(["adopt", "--file"])
+            .arg(v.path("public"))
+            .stdout(Stdio::piped());
+        c
+    });
+    let Some(child) = child else {
+        pid_not_forced(test, &format!("{what} {pid}"));
+        return false;
+    };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{test}: attacker set-up failed");
+    let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(lines[0]["pid"], pid, "{test}: attacker's pid");
+    assert_adopt_refused(v, &lines[0]);
+    v.assert_serves();
+    true
+}
+
 #[test]
 fn pid_reuse_opener_gone() {
     let test = "pid reuse, opener gone";
@@ -482,25 +509,9 @@ fn pid_reuse_opener_gone() {
     let st = p.child.wait().unwrap();
     assert!(st.success(), "{test}: opener failed");
     assert!(pid_exists(holder), "{test}: the holder is gone");
-    let _guard = PIDS.lock().unwrap_or_else(|e| e.into_inner());
-    let child = spawn_with_pid(opener, || {
-        let mut c = command_as_nobody(attack_bin());
-        c.arg("--mount")
-            .arg(v.mountpoint())
-            .args(["adopt", "--file"])
-            .arg(v.path("public"))
-            .stdout(Stdio::piped());
-        c
-    });
-    let Some(child) = child else {
-        return pid_not_forced(test, &format!("the dead opener's pid {opener}"));
-    };
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{test}: attacker set-up failed");
-    let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
-    assert_eq!(lines[0]["pid"], opener, "{test}: attacker's pid");
-    assert_adopt_refused(&v, &lines[0]);
-    v.assert_serves();
+    if !attack_as_pid(&v, test, opener, "the dead opener's pid") {
+        return;
+    }
     // The holder still has its open, untouched by the attack.
     assert!(pid_exists(holder));
     drop(p.to.take());
@@ -531,25 +542,9 @@ fn pid_reuse_opener_thread_gone() {
     eventually("the worker thread to be gone", || {
         !Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
     });
-    let _guard = PIDS.lock().unwrap_or_else(|e| e.into_inner());
-    let child = spawn_with_pid(tid, || {
-        let mut c = command_as_nobody(attack_bin());
-        c.arg("--mount")
-            .arg(v.mountpoint())
-            .args(["adopt", "--file"])
-            .arg(v.path("public"))
-            .stdout(Stdio::piped());
-        c
-    });
-    let Some(child) = child else {
-        return pid_not_forced(test, &format!("the dead thread's tid {tid}"));
-    };
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{test}: attacker set-up failed");
-    let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
-    assert_eq!(lines[0]["pid"], tid, "{test}: attacker's pid");
-    assert_adopt_refused(&v, &lines[0]);
-    v.assert_serves();
+    if !attack_as_pid(&v, test, tid, "the dead thread's tid") {
+        return;
+    }
     assert!(p.finish().success(), "{test}: the holder failed");
 }
 

@@ -594,13 +594,13 @@ impl Shared {
     /// (non-seekable), and `fsync` here with `EIO`: a call the client
     /// cannot see never gets an answer older than the client's writes. The
     /// file system is not asked to open anything.
-    fn open_placeholder(&self, c: &Ctx, ino: u64, path: &Path) -> Result<u64> {
+    fn open_placeholder(&self, c: &Ctx, path: &Path) -> Result<u64> {
         let attr = self.fs.getattr(c, path)?;
         if attr.kind != FileKind::File {
             return Err(Error::from_errno(libc::EINVAL));
         }
         self.fs.access(c, path, libc::R_OK | libc::W_OK)?;
-        Ok(self.handles.add_placeholder(ino))
+        Ok(self.handles.add_placeholder())
     }
 
     fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>> {
@@ -858,6 +858,10 @@ impl OpenRegistry for Shared {
 
     fn proofs(&self) -> &Proofs {
         &self.proofs
+    }
+
+    fn writeback_cache(&self) -> bool {
+        self.writeback.load(Ordering::Relaxed)
     }
 
     fn status(&self) -> mapfs::control::MountStatus {
@@ -1359,7 +1363,7 @@ impl Filesystem for Adapter {
         let c = ctx(req);
         let path = tri!(reply, s.path(ino));
         if flags.0 & libc::O_ACCMODE == PLACEHOLDER_ACCESS {
-            let fh = tri!(reply, s.open_placeholder(&c, ino.0, &path));
+            let fh = tri!(reply, s.open_placeholder(&c, &path));
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_NONSEEKABLE);
             return;
         }

@@ -8,7 +8,7 @@
 //!
 //! Lock order: `files` before `backing`; both are leaves otherwise.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -73,8 +73,8 @@ pub struct Handles {
     /// `unflushed.len()`, a lock-free "none" for [`Handles::written_size`]
     /// (asked at every attribute reply).
     unflushed_count: AtomicUsize,
-    /// Placeholder opens (no data), by handle, with their inode.
-    placeholders: Mutex<HashMap<u64, u64>>,
+    /// Handles of placeholder opens (no data).
+    placeholders: Mutex<HashSet<u64>>,
     /// Writable opens lent to shim clients, by inode: their handles and the
     /// pages where the clients keep their maps' sizes.
     lent_sizes: Mutex<HashMap<u64, Vec<LentWriter>>>,
@@ -159,21 +159,21 @@ impl Handles {
             .and_then(|v| v.iter().map(|(_, s)| s.get()).max())
     }
 
-    /// Registers a placeholder open of `ino`; returns its handle.
-    pub fn add_placeholder(&self, ino: u64) -> u64 {
+    /// Registers a placeholder open; returns its handle.
+    pub fn add_placeholder(&self) -> u64 {
         let fh = self.next_fh();
-        self.placeholders.lock().insert(fh, ino);
+        self.placeholders.lock().insert(fh);
         fh
     }
 
     /// True if `fh` is a placeholder open.
     pub fn is_placeholder(&self, fh: u64) -> bool {
-        self.placeholders.lock().contains_key(&fh)
+        self.placeholders.lock().contains(&fh)
     }
 
     /// Forgets the placeholder open `fh`; false if it is not one.
     pub fn remove_placeholder(&self, fh: u64) -> bool {
-        self.placeholders.lock().remove(&fh).is_some()
+        self.placeholders.lock().remove(&fh)
     }
 
     /// Number of open files.

@@ -56,6 +56,12 @@ pub trait OpenRegistry: Send + Sync + 'static {
     /// `clients`).
     fn status(&self) -> MountStatus;
 
+    /// The kernel writeback cache is on (nothing is adopted then). Asked at
+    /// every Hello and adoption, so cheaper than [`OpenRegistry::status`].
+    fn writeback_cache(&self) -> bool {
+        self.status().writeback_cache
+    }
+
     /// The request counters (see [`crate::stats`]); with `reset`, counting
     /// starts again from zero after this snapshot. The default, for
     /// registries that count nothing, is empty.

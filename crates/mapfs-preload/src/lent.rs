@@ -31,7 +31,7 @@
 //! `copy_file_range`, `fork`, `exec`, and a write the map cannot place
 //! (it needs the file system's `remap`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use mapfs::engine::DataFile;
 use mapfs::lentsize::LentSize;
@@ -67,10 +67,9 @@ pub struct Lent {
     writable: bool,
     append: AtomicBool,
     wrote: AtomicBool,
-    /// Where the daemon reads this open's size (writable lendings).
+    /// Where the daemon reads this open's size (writable lendings); it
+    /// holds the map's size.
     size_page: Option<LentSize>,
-    /// The size last stored in `size_page` (the map's size).
-    published: AtomicU64,
 }
 
 impl Lent {
@@ -86,7 +85,6 @@ impl Lent {
             append: AtomicBool::new(flags & libc::O_APPEND != 0),
             wrote: AtomicBool::new(false),
             size_page: None,
-            published: AtomicU64::new(0),
         }
     }
 
@@ -94,7 +92,6 @@ impl Lent {
     pub fn with_size_page(mut self, page: LentSize) -> Self {
         let size = self.data.size().unwrap_or(0);
         page.set(size);
-        self.published.store(size, Ordering::Relaxed);
         self.size_page = Some(page);
         self
     }
@@ -102,8 +99,7 @@ impl Lent {
     /// After a write ending at `end`: the size grew only if `end` passed it.
     fn grew_to(&self, end: u64) {
         if let Some(p) = &self.size_page {
-            if end > self.published.load(Ordering::Relaxed) {
-                self.published.store(end, Ordering::Relaxed);
+            if end > p.get() {
                 p.set(end);
             }
         }
@@ -112,7 +108,6 @@ impl Lent {
     /// After a change that may set the size anywhere (truncate, allocate).
     fn resized(&self) {
         if let (Some(p), Ok(size)) = (&self.size_page, self.data.size()) {
-            self.published.store(size, Ordering::Relaxed);
             p.set(size);
         }
     }

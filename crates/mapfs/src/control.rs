@@ -413,26 +413,25 @@ pub fn recv_packet(
 pub fn call(sock: BorrowedFd<'_>, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
     if let Err(e) = send(sock, req, &[]) {
         // A daemon that refuses a connection (too many) answers before the
-        // client speaks and closes: its answer is still queued, possibly
-        // behind a reset that is reported once.
+        // client speaks and closes: its answer may still be queued.
         if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) {
-            for _ in 0..2 {
-                match recv(sock) {
-                    Ok(Some(answer)) => return Ok(answer),
-                    Err(r) if r.raw_os_error() == Some(libc::ECONNRESET) => continue,
-                    _ => break,
-                }
+            if let Ok(Some(answer)) = recv_past_reset(sock) {
+                return Ok(answer);
             }
         }
         return Err(e);
     }
-    let answer = match recv(sock) {
-        // A refusal followed by a close while our request was in flight:
-        // the reset is reported first (once), the answer is still queued.
-        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => recv(sock).map_err(|_| e)?,
-        other => other?,
-    };
-    answer.ok_or_else(|| io::Error::from_raw_os_error(libc::ECONNRESET))
+    recv_past_reset(sock)?.ok_or_else(|| io::Error::from_raw_os_error(libc::ECONNRESET))
+}
+
+/// [`recv`] of a response, looking once past a reported reset: when the
+/// daemon refused and closed while a request was in flight, the reset is
+/// reported first (once) and the answer is still queued behind it.
+fn recv_past_reset(sock: BorrowedFd<'_>) -> io::Result<Option<(Response, Vec<OwnedFd>)>> {
+    match recv(sock) {
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => recv(sock).map_err(|_| e),
+        other => other,
+    }
 }
 
 /// A new, unconnected control socket (`SOCK_SEQPACKET`, close-on-exec).

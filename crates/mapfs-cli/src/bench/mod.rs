@@ -413,13 +413,27 @@ fn run_meta(
     if p.prefix.is_empty() {
         return meta::create_stat_unlink(dir, files);
     }
+    let args = [
+        OsString::from("--meta-worker"),
+        dir.into(),
+        "--files".into(),
+        files.to_string().into(),
+    ];
+    run_worker(p, mapfs, &args, Duration::from_secs(600), "metadata")
+}
+
+/// Runs `PREFIX mapfs bench ARGS` (an in-process workload's worker under the
+/// configuration's command prefix) and parses the JSON it prints.
+fn run_worker<T: serde::de::DeserializeOwned>(
+    p: &Prepared,
+    mapfs: &Path,
+    args: &[OsString],
+    limit: Duration,
+    what: &str,
+) -> Result<T> {
     let mut cmd = p.command(mapfs);
-    cmd.arg("bench")
-        .arg("--meta-worker")
-        .arg(dir)
-        .arg("--files")
-        .arg(files.to_string());
-    let out = process::run(cmd, Duration::from_secs(600))?;
+    cmd.arg("bench").args(args);
+    let out = process::run(cmd, limit)?;
     if !out.status.success() {
         bail!(
             "{} exited with {}: {}",
@@ -428,7 +442,8 @@ fn run_meta(
             out.error_line()
         );
     }
-    serde_json::from_str(out.stdout.trim()).context("parsing the metadata worker's output")
+    serde_json::from_str(out.stdout.trim())
+        .with_context(|| format!("parsing the {what} worker's output"))
 }
 
 /// Before one run of a workload on a configuration: says so on the progress
@@ -461,24 +476,21 @@ fn run_fileserver(
     if p.prefix.is_empty() {
         return fileserver::fileserver(dir, threads, Duration::from_secs(runtime));
     }
-    let mut cmd = p.command(mapfs);
-    cmd.arg("bench")
-        .arg("--fileserver-worker")
-        .arg(threads.to_string())
-        .arg("--fileserver-dir")
-        .arg(dir)
-        .arg("--runtime")
-        .arg(runtime.to_string());
-    let out = process::run(cmd, Duration::from_secs(runtime + 600))?;
-    if !out.status.success() {
-        bail!(
-            "{} exited with {}: {}",
-            mapfs.display(),
-            out.status,
-            out.error_line()
-        );
-    }
-    serde_json::from_str(out.stdout.trim()).context("parsing the fileserver worker's output")
+    let args = [
+        OsString::from("--fileserver-worker"),
+        threads.to_string().into(),
+        "--fileserver-dir".into(),
+        dir.into(),
+        "--runtime".into(),
+        runtime.to_string().into(),
+    ];
+    run_worker(
+        p,
+        mapfs,
+        &args,
+        Duration::from_secs(runtime + 600),
+        "fileserver",
+    )
 }
 
 fn empty_record(w: &str, c: &str, col: &str, run: usize) -> Record {

@@ -50,7 +50,7 @@
 //! map is no longer the inode's latest invalidates the token the client read
 //! after its open.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -351,10 +351,9 @@ struct Conn {
     last_active: Instant,
     /// The generation table went with an adoption already.
     table_sent: bool,
+    /// Writable and lent adoptions, by handle (an open is in here at most
+    /// once: it is not adopted twice on one connection).
     adopted: HashMap<u64, Adoption>,
-    /// FUSE handles this connection holds writable or lent adoptions of, so
-    /// one open is not adopted twice.
-    claimed: HashSet<u64>,
     /// Subscribed to the request trace (see [`Request::Trace`]).
     tracing: bool,
 }
@@ -504,7 +503,6 @@ impl Server {
                     last_active: Instant::now(),
                     table_sent: false,
                     adopted: HashMap::new(),
-                    claimed: HashSet::new(),
                     tracing: false,
                 },
             );
@@ -661,7 +659,7 @@ fn serve(
             Response::Hello {
                 version,
                 key,
-                writeback_cache: registry.status().writeback_cache,
+                writeback_cache: registry.writeback_cache(),
             }
             .into()
         }
@@ -710,15 +708,14 @@ fn serve(
             Ok((resp, fds)) => Answer::Reply(resp, fds),
             Err(resp) => resp.into(),
         },
-        Ok(Request::Closed { handle, wrote }) => match conn.adopted.remove(&handle) {
+        Ok(Request::Closed { handle, .. }) => match conn.adopted.remove(&handle) {
+            // Only writable or lent adoptions have handles here, and either
+            // may have changed the file: `wrote` adds nothing.
             Some(a) => {
-                conn.claimed.remove(&a.fh);
                 if a.lent {
                     registry.lend(a.fh, false, None);
                 }
-                if wrote || a.writable || a.lent {
-                    registry.invalidate(a.ino);
-                }
+                registry.invalidate(a.ino);
                 Response::Done.into()
             }
             None => refused(libc::EBADF, "no such handle on this connection").into(),
@@ -811,7 +808,7 @@ impl Conn {
         engine: bool,
     ) -> Result<(Response, Vec<OwnedFd>), Response> {
         let open = self.proven_open(registry, proof)?;
-        if registry.status().writeback_cache {
+        if registry.writeback_cache() {
             return Err(refused(
                 libc::EOPNOTSUPP,
                 "kernel writeback cache on: files are served through the mount",
@@ -821,7 +818,7 @@ impl Conn {
         if open.flags & libc::O_ACCMODE != access {
             return Err(refused(libc::EACCES, "access mode differs from the open's"));
         }
-        if self.claimed.contains(&open.fh) {
+        if self.adopted.values().any(|a| a.fh == open.fh) {
             return Err(refused(
                 libc::EBUSY,
                 "open already adopted on this connection",
@@ -873,7 +870,6 @@ impl Conn {
                     lent,
                 },
             );
-            self.claimed.insert(open.fh);
         }
         let size_slot = lent && writable;
         let files = fds.len() as u32 - u32::from(size_slot);

@@ -51,6 +51,7 @@ pub fn helper_args(reg: &Registry, args: &[OsString]) -> Result<MountArgs> {
         foreground: false,
         ttl: 1.0,
         writeback_cache: "on".into(),
+        no_supervisor: false,
         daemonized: false,
     };
     let mut kept = Vec::new();

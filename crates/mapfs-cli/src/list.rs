@@ -28,6 +28,8 @@ pub struct ListedMount {
     pub backing: String,
     /// Pid of the daemon serving it.
     pub daemon_pid: Option<u32>,
+    /// Pid of the supervisor that restarts the daemon if it dies.
+    pub supervisor_pid: Option<u32>,
     /// The program serving it (`mapfs` or a file system's own binary).
     pub program: Option<String>,
     /// `--data` as given: auto, daemon or passthrough.
@@ -63,6 +65,7 @@ pub fn status(mountpoint: &Path) -> Option<MountInfo> {
             && info.as_ref().is_none_or(|i| i.passthrough_active),
         writeback_cache: st.writeback_cache,
         started_unix: st.started_unix,
+        supervisor_pid: info.as_ref().and_then(|i| i.supervisor_pid),
     })
 }
 
@@ -95,6 +98,7 @@ pub fn listed() -> Vec<ListedMount> {
                     .map_or(m.source.clone(), |i| i.backing.clone()),
                 fs: info.as_ref().map(|i| i.fs.clone()),
                 daemon_pid: info.as_ref().map(|i| i.pid),
+                supervisor_pid: info.as_ref().and_then(|i| i.supervisor_pid),
                 program: info.as_ref().map(|i| i.program.clone()),
                 data: info.as_ref().map(|i| i.data.clone()),
                 passthrough_active: info.as_ref().map(|i| i.passthrough_active),

@@ -14,8 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use mapfs_fuse::failover::{Link, Start};
 use mapfs_fuse::{AdapterOptions, DataMode};
 
 use crate::mounts;
@@ -54,6 +58,11 @@ pub struct MountArgs {
     /// file systems whose maps are not whole-file (plfs).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub writeback_cache: String,
+    /// Serve without a supervisor: if the daemon dies, the mount is dead
+    /// until `umount` (the default restarts it on the same mount, with no
+    /// error seen by programs; see `mapfs restart`).
+    #[arg(long)]
+    pub no_supervisor: bool,
     /// Internal: set by the background starter.
     #[arg(long, hide = true)]
     pub daemonized: bool,
@@ -108,7 +117,9 @@ fn check_dir(path: &Path, what: &str) -> Result<PathBuf> {
     }
 }
 
-fn check(reg: &Registry, args: &MountArgs) -> Result<Checked> {
+/// Checks the arguments; `live`: the mountpoint is this mount's own live
+/// connection (a daemon taking over), used as given and not looked at.
+fn check(reg: &Registry, args: &MountArgs, live: bool) -> Result<Checked> {
     let Some(spec) = reg.get(&args.fs) else {
         bail!(
             "unknown file system {:?} (available: {})",
@@ -154,6 +165,16 @@ fn check(reg: &Registry, args: &MountArgs) -> Result<Checked> {
         std::env::join_paths(&fs_opts.layers)
             .map_err(|_| anyhow!("a backing directory contains ':'"))?,
     );
+    if live {
+        return Ok(Checked {
+            spec: spec.clone(),
+            backing,
+            mountpoint: args.mountpoint.clone(),
+            data,
+            opts,
+            fs_opts,
+        });
+    }
     let mountpoint = check_dir(&args.mountpoint, "mountpoint")?;
     for layer in &fs_opts.layers {
         check_apart(layer, &mountpoint)?;
@@ -241,18 +262,87 @@ fn which(prog: &str) -> Option<PathBuf> {
 /// `mount`: checks everything, then mounts in the background (or serves
 /// in the foreground with `--foreground`).
 pub fn mount(reg: &Registry, mut args: MountArgs) -> Result<()> {
-    let c = check(reg, &args)?;
+    // A daemon started by a supervisor: mount afresh, or take over a live
+    // connection (then the mountpoint must not be touched: every look at
+    // it would wait for this very daemon).
+    if let Some(link) = Link::from_env()? {
+        let link = Arc::new(link);
+        let start = link.start().context("cannot start under the supervisor")?;
+        let live = matches!(start, Start::Resume(_));
+        let c = check(reg, &args, live)?;
+        if !c.spec.whole_file_maps {
+            args.writeback_cache = "off".to_string();
+        }
+        return serve(reg, &args, c, Some((link, start)));
+    }
+    let c = check(reg, &args, false)?;
     if !c.spec.whole_file_maps {
         // Several opens of one file with maps that are not whole-file (one
         // log per writer) must not share the kernel's dirty pages: a page
         // written back through one open carries another open's bytes.
         args.writeback_cache = "off".to_string();
     }
-    if args.foreground {
-        serve(reg, &args, c)
+    if args.daemonized && !args.no_supervisor {
+        supervise(reg)
+    } else if args.foreground {
+        serve(reg, &args, c, None)
     } else {
         start_background(reg, &args, &c)
     }
+}
+
+/// The background process of a mount: starts the daemon (this program with
+/// the same arguments) and restarts it when it dies (see
+/// [`mapfs_fuse::failover`]).
+fn supervise(reg: &Registry) -> Result<()> {
+    init_logging();
+    let _ = rustix::process::setsid();
+    // Nothing of ours lives in the mount; a cwd there would keep it busy.
+    let _ = std::env::set_current_dir("/");
+    // The path, not /proc/self/exe: `mapfs restart` after an upgrade must
+    // start the new binary.
+    let exe = std::env::current_exe()
+        .with_context(|| format!("cannot find the {} executable", reg.program))?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let current: Arc<Mutex<Option<OwnedFd>>> = Arc::default();
+    forward_signals(current.clone())?;
+    let mut first = true;
+    let daemon = || {
+        let mut cmd = Command::new(&exe);
+        cmd.args(&args).stdin(Stdio::null());
+        if !first {
+            // Only the first daemon reports to `mount`, which has gone.
+            cmd.stdout(Stdio::null());
+        }
+        first = false;
+        cmd
+    };
+    let code = mapfs_fuse::failover::supervisor::supervise(daemon, current)?;
+    std::process::exit(code)
+}
+
+/// SIGINT, SIGTERM and SIGHUP to the supervisor go to its daemon (which
+/// unmounts), so the pair stops as one process did.
+fn forward_signals(current: Arc<Mutex<Option<OwnedFd>>>) -> Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGHUP);
+    set.thread_block().context("cannot block signals")?;
+    std::thread::Builder::new()
+        .name("mapfs-signals".into())
+        .spawn(move || {
+            while let Ok(sig) = set.wait() {
+                let Some(rsig) = rustix::process::Signal::from_named_raw(sig as i32) else {
+                    continue;
+                };
+                if let Some(pidfd) = current.lock().expect("pidfd lock").as_ref() {
+                    let _ = rustix::process::pidfd_send_signal(pidfd, rsig);
+                }
+            }
+        })?;
+    Ok(())
 }
 
 fn start_background(reg: &Registry, args: &MountArgs, c: &Checked) -> Result<()> {
@@ -274,6 +364,9 @@ fn start_background(reg: &Registry, args: &MountArgs, c: &Checked) -> Result<()>
         .arg(&args.writeback_cache)
         .arg("--foreground")
         .arg("--daemonized");
+    if args.no_supervisor {
+        cmd.arg("--no-supervisor");
+    }
     for o in &args.options {
         cmd.arg("-o").arg(o);
     }
@@ -319,9 +412,14 @@ fn init_logging() {
         .try_init();
 }
 
-fn serve(reg: &Registry, args: &MountArgs, c: Checked) -> Result<()> {
+fn serve(
+    reg: &Registry,
+    args: &MountArgs,
+    c: Checked,
+    supervised: Option<(Arc<Link>, Start)>,
+) -> Result<()> {
     init_logging();
-    if args.daemonized {
+    if args.daemonized && supervised.is_none() {
         // Leave the caller's session so its terminal closing does not kill us.
         let _ = rustix::process::setsid();
     }
@@ -359,7 +457,40 @@ fn serve(reg: &Registry, args: &MountArgs, c: Checked) -> Result<()> {
         },
         writeback_cache: args.writeback_cache == "on",
     };
-    let mounted = mapfs_fuse::mount(fs, c.spec.name, &c.backing, &c.mountpoint, adapter, &c.opts);
+    let resumed = matches!(supervised, Some((_, Start::Resume(_))));
+    let supervisor_pid = supervised
+        .is_some()
+        .then(|| rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32));
+    let mounted = match supervised {
+        Some((link, Start::Resume(state))) => mapfs_fuse::resume(
+            fs,
+            c.spec.name,
+            &c.backing,
+            &c.mountpoint,
+            adapter,
+            &c.opts,
+            link,
+            state,
+        ),
+        Some((link, Start::Fresh)) => mapfs_fuse::mount(
+            fs,
+            c.spec.name,
+            &c.backing,
+            &c.mountpoint,
+            adapter,
+            &c.opts,
+            Some(link),
+        ),
+        None => mapfs_fuse::mount(
+            fs,
+            c.spec.name,
+            &c.backing,
+            &c.mountpoint,
+            adapter,
+            &c.opts,
+            None,
+        ),
+    };
     let mut mounted = match mounted {
         Ok(m) => m,
         Err(e) => {
@@ -373,12 +504,13 @@ fn serve(reg: &Registry, args: &MountArgs, c: Checked) -> Result<()> {
         mountpoint = %c.mountpoint.display(),
         backing = %c.backing.display(),
         data = %args.data,
-        "mounted {}; {}",
+        "{} {}; {}",
+        if resumed { "took over" } else { "mounted" },
         c.spec.name,
         executor_line(c.data, passthrough_active)
     );
-    let files = RuntimeFiles::write(reg, args, &c, passthrough_active);
-    if args.daemonized {
+    let files = RuntimeFiles::write(reg, args, &c, passthrough_active, supervisor_pid);
+    if args.daemonized && !resumed {
         println!("ready");
         let _ = std::io::stdout().flush();
         // Nobody reads our stdout any more.
@@ -394,7 +526,11 @@ fn serve(reg: &Registry, args: &MountArgs, c: Checked) -> Result<()> {
             reg.program
         );
     }
-    spawn_signal_unmounter(c.mountpoint.clone(), mounted.unmounter())?;
+    spawn_signal_unmounter(
+        c.mountpoint.clone(),
+        mounted.unmounter(),
+        supervisor_pid.map(|_| mounted.shared()),
+    )?;
     // Shim clients (`mapfs run`) attach here; a mount without it still works.
     let control_path = mapfs::control::socket_path(&c.mountpoint);
     let _control = match mapfs_fuse::control::spawn(mounted.shared(), &control_path) {
@@ -435,7 +571,13 @@ struct RuntimeFiles {
 impl RuntimeFiles {
     /// Writes them; a failure is logged, not fatal: the mount works
     /// without them, only `umount` and `list` know less.
-    fn write(reg: &Registry, args: &MountArgs, c: &Checked, passthrough_active: bool) -> Self {
+    fn write(
+        reg: &Registry,
+        args: &MountArgs,
+        c: &Checked,
+        passthrough_active: bool,
+        supervisor_pid: Option<u32>,
+    ) -> Self {
         let files = RuntimeFiles {
             pid: mounts::pid_path(&c.mountpoint),
             info: mounts::info_path(&c.mountpoint),
@@ -451,6 +593,7 @@ impl RuntimeFiles {
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            supervisor_pid,
         };
         let res = mounts::ensure_runtime_dir().and_then(|_| {
             mounts::remove_stale();
@@ -478,26 +621,48 @@ impl Drop for RuntimeFiles {
 }
 
 /// SIGINT/SIGTERM/SIGHUP unmount cleanly instead of leaving a dead mount.
-fn spawn_signal_unmounter(mountpoint: PathBuf, mut unmounter: mapfs_fuse::Unmounter) -> Result<()> {
+/// Under a supervisor, [`RESTART_SIGNAL`] (`mapfs restart`) makes the
+/// daemon hand every written map to the file system and leave, for the
+/// supervisor to start its successor on the same connection.
+fn spawn_signal_unmounter(
+    mountpoint: PathBuf,
+    mut unmounter: mapfs_fuse::Unmounter,
+    supervised: Option<Arc<mapfs_fuse::adapter::Shared>>,
+) -> Result<()> {
     use nix::sys::signal::{SigSet, Signal};
     let mut set = SigSet::empty();
     set.add(Signal::SIGINT);
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGHUP);
+    set.add(RESTART_SIGNAL);
     set.thread_block().context("cannot block signals")?;
     std::thread::Builder::new()
         .name("mapfs-signals".into())
         .spawn(move || {
-            if let Ok(sig) = set.wait() {
+            while let Ok(sig) = set.wait() {
+                if sig == RESTART_SIGNAL {
+                    let Some(shared) = &supervised else {
+                        tracing::warn!("{sig:?}: no supervisor to restart this daemon; ignored");
+                        continue;
+                    };
+                    tracing::info!("{sig:?}: leaving for a new daemon (mapfs restart)");
+                    shared.persist_all();
+                    shared.journal_restarting();
+                    std::process::exit(mapfs_fuse::failover::supervisor::RESTART_EXIT);
+                }
                 tracing::info!("{sig:?}: unmounting {}", mountpoint.display());
                 if let Err(e) = unmounter.unmount() {
                     tracing::error!("cannot unmount {}: {e}", mountpoint.display());
                     std::process::exit(1);
                 }
+                break;
             }
         })?;
     Ok(())
 }
+
+/// The signal `mapfs restart` sends a daemon.
+pub const RESTART_SIGNAL: nix::sys::signal::Signal = nix::sys::signal::Signal::SIGUSR2;
 
 fn unmount_path(mountpoint: &Path, lazy: bool) -> Result<()> {
     if rustix::process::geteuid().is_root() {

@@ -147,6 +147,10 @@ pub struct MountInfo {
     pub writeback_cache: bool,
     /// Mount time, seconds since the epoch.
     pub started_unix: u64,
+    /// The supervisor that restarts the daemon if it dies (`None`: served
+    /// without one, e.g. `--foreground`).
+    #[serde(default)]
+    pub supervisor_pid: Option<u32>,
 }
 
 /// Info file of the daemon serving `mountpoint`.

@@ -67,8 +67,11 @@ use mapfs::{
 use parking_lot::{Mutex, RwLock};
 use tracing::{debug, info, warn};
 
+mod resume;
+
 use crate::control::proofs::Proofs;
 use crate::control::tokens::MapTokens;
+use crate::failover::records::OpenKind;
 use crate::handles::{Handles, OpenDir, OpenFile, SizeChange};
 use crate::inodes::{Inodes, ROOT};
 use crate::ratelimit::RateLimited;
@@ -165,6 +168,9 @@ pub struct Shared {
     unlinked: Mutex<std::collections::HashMap<u64, Attr>>,
     /// Request counters and latencies (`mapfs stats`).
     stats: Counters,
+    /// The supervisor, which keeps what the kernel is told for the next
+    /// daemon (see [`crate::failover`]).
+    link: OnceLock<Arc<crate::failover::Link>>,
 }
 
 /// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
@@ -198,6 +204,7 @@ impl Adapter {
             started: SystemTime::now(),
             unlinked: Mutex::new(std::collections::HashMap::new()),
             stats: Counters::from_env(),
+            link: OnceLock::new(),
         })))
     }
 
@@ -732,6 +739,9 @@ impl Shared {
             ctx: *c,
             lent: AtomicBool::new(false),
         });
+        if let Some(file) = self.handles.file(fh) {
+            self.journal_file(&file);
+        }
         let executor = match backing {
             Some(_) => Event::PassthroughOpen,
             None => Event::DaemonOpen,
@@ -1364,6 +1374,7 @@ impl Filesystem for Adapter {
         let path = tri!(reply, s.path(ino));
         if flags.0 & libc::O_ACCMODE == PLACEHOLDER_ACCESS {
             let fh = tri!(reply, s.open_placeholder(&c, &path));
+            s.journal_handle(fh, ino.0, OpenKind::Placeholder);
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_NONSEEKABLE);
             return;
         }
@@ -1480,11 +1491,15 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.0.stats.timer(Op::Release, _req.pid(), _ino.0);
-        if self.0.handles.remove_placeholder(fh.0) {
+        let s = &self.0;
+        if s.handles.remove_placeholder(fh.0) || s.handles.release_orphan(fh.0) {
+            s.journal_released(fh.0);
             reply.ok();
             return;
         }
-        tri!(reply, self.0.release_file(fh.0));
+        let res = s.release_file(fh.0);
+        s.journal_released(fh.0);
+        tri!(reply, res);
         reply.ok();
     }
 
@@ -1516,6 +1531,7 @@ impl Filesystem for Adapter {
         let path = tri!(reply, s.path(ino));
         let entries = tri!(reply, s.fs.readdir(&ctx(req), &path));
         let fh = s.handles.add_dir(OpenDir { entries });
+        s.journal_handle(fh, ino.0, OpenKind::Dir);
         reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
@@ -1621,6 +1637,7 @@ impl Filesystem for Adapter {
     ) {
         let _t = self.0.stats.timer(Op::Releasedir, _req.pid(), _ino.0);
         self.0.handles.remove_dir(fh.0);
+        self.0.journal_released(fh.0);
         reply.ok();
     }
 

@@ -73,6 +73,9 @@ pub struct Handles {
     /// `unflushed.len()`, a lock-free "none" for [`Handles::written_size`]
     /// (asked at every attribute reply).
     unflushed_count: AtomicUsize,
+    /// Backing ids of opens a resumed daemon could not reopen, kept until
+    /// their release (the kernel still does their I/O with them).
+    orphans: Mutex<HashMap<u64, Arc<BackingId>>>,
     /// Handles of placeholder opens (no data).
     placeholders: Mutex<HashSet<u64>>,
     /// Writable opens lent to shim clients, by inode: their handles and the
@@ -159,6 +162,50 @@ impl Handles {
             .and_then(|v| v.iter().map(|(_, s)| s.get()).max())
     }
 
+    /// Registers an open file under the handle an earlier daemon gave it
+    /// (failover); later handles are numbered above it.
+    pub fn restore_file(&self, fh: u64, mut file: OpenFile) {
+        self.next.fetch_max(fh, Ordering::Relaxed);
+        file.fh = fh;
+        self.files.write().insert(fh, Arc::new(file));
+    }
+
+    /// Registers a placeholder open under an earlier daemon's handle.
+    pub fn restore_placeholder(&self, fh: u64) {
+        self.next.fetch_max(fh, Ordering::Relaxed);
+        self.placeholders.lock().insert(fh);
+    }
+
+    /// Registers an open directory under an earlier daemon's handle.
+    pub fn restore_dir(&self, fh: u64, dir: OpenDir) {
+        self.next.fetch_max(fh, Ordering::Relaxed);
+        self.dirs.lock().insert(fh, Arc::new(dir));
+    }
+
+    /// The backing id an earlier daemon registered for `ino`, shared by
+    /// every restored open of it: the one already restored, or `wrap()`.
+    pub fn restore_backing(&self, ino: u64, wrap: impl FnOnce() -> BackingId) -> Arc<BackingId> {
+        let mut map = self.backing.lock();
+        if let Some(id) = map.get(&ino).and_then(Weak::upgrade) {
+            return id;
+        }
+        let id = Arc::new(wrap());
+        map.insert(ino, Arc::downgrade(&id));
+        id
+    }
+
+    /// Keeps `id` until handle `fh`, which could not be restored, is
+    /// released.
+    pub fn keep_orphan(&self, fh: u64, id: Arc<BackingId>) {
+        self.next.fetch_max(fh, Ordering::Relaxed);
+        self.orphans.lock().insert(fh, id);
+    }
+
+    /// Releases an unrestored handle; false if `fh` is not one.
+    pub fn release_orphan(&self, fh: u64) -> bool {
+        self.orphans.lock().remove(&fh).is_some()
+    }
+
     /// Registers a placeholder open; returns its handle.
     pub fn add_placeholder(&self) -> u64 {
         let fh = self.next_fh();
@@ -179,6 +226,11 @@ impl Handles {
     /// Number of open files.
     pub fn open_files(&self) -> usize {
         self.files.read().len()
+    }
+
+    /// Every open file.
+    pub fn all_files(&self) -> Vec<Arc<OpenFile>> {
+        self.files.read().values().cloned().collect()
     }
 
     /// Removes and returns the open file `fh`.

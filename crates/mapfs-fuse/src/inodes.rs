@@ -26,7 +26,12 @@
 //! name)`; its path is found by walking the first name up to the root. A
 //! rename therefore moves a whole subtree by changing one entry.
 //!
-//! Lock order: this table's lock is a leaf; nothing is called while holding it.
+//! Under a supervisor (see [`crate::failover`]) every change is also sent to
+//! it, while the table is locked so the supervisor replays them in the same
+//! order and ends with the same table; a new daemon starts from that copy.
+//!
+//! Lock order: this table's lock is a leaf; nothing is called while holding
+//! it but the journal's send.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -34,6 +39,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use parking_lot::RwLock;
+
+use crate::failover::records::{InodeOp, NodeSnap, TableSnap};
+
+/// Where an inode table reports its changes (the supervisor's link).
+pub trait InodeJournal: Send + Sync + std::fmt::Debug {
+    /// Records one change; called with the table locked.
+    fn inode(&self, op: InodeOp);
+}
 
 /// The FUSE root inode.
 pub const ROOT: u64 = 1;
@@ -69,6 +82,7 @@ struct Table {
 pub struct Inodes {
     root_fs_ino: u64,
     table: RwLock<Table>,
+    journal: std::sync::OnceLock<std::sync::Arc<dyn InodeJournal>>,
 }
 
 impl Inodes {
@@ -89,6 +103,105 @@ impl Inodes {
         Inodes {
             root_fs_ino,
             table: RwLock::new(table),
+            journal: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Reports every later change to `journal`.
+    pub fn set_journal(&self, journal: std::sync::Arc<dyn InodeJournal>) {
+        let _ = self.journal.set(journal);
+    }
+
+    fn record(&self, op: impl FnOnce() -> InodeOp) {
+        if let Some(j) = self.journal.get() {
+            j.inode(op());
+        }
+    }
+
+    /// Replays a change recorded by another table (the supervisor's copy).
+    pub fn apply(&self, op: InodeOp) {
+        match op {
+            InodeOp::Enter {
+                parent,
+                name,
+                fs_ino,
+            } => {
+                self.enter(parent, OsStr::from_bytes(&name), fs_ino);
+            }
+            InodeOp::Forget { ino, n } => self.forget(ino, n),
+            InodeOp::Unlinked { parent, name } => self.unlinked(parent, OsStr::from_bytes(&name)),
+            InodeOp::Renamed {
+                parent,
+                name,
+                newparent,
+                newname,
+                exchange,
+            } => self.renamed(
+                parent,
+                OsStr::from_bytes(&name),
+                newparent,
+                OsStr::from_bytes(&newname),
+                exchange,
+            ),
+        }
+    }
+
+    /// The whole table, for a daemon that takes over.
+    pub fn snapshot(&self) -> (TableSnap, Vec<NodeSnap>) {
+        let table = self.table.read();
+        let nodes = table
+            .nodes
+            .iter()
+            .map(|(&nodeid, n)| NodeSnap {
+                nodeid,
+                fs_ino: n.fs_ino,
+                names: n
+                    .names
+                    .iter()
+                    .map(|(p, name)| (*p, name.as_bytes().to_vec()))
+                    .collect(),
+                lookups: n.lookups,
+            })
+            .collect();
+        (
+            TableSnap {
+                next_fresh: table.next_fresh,
+                fresh: table.fresh.iter().map(|(&a, &b)| (a, b)).collect(),
+            },
+            nodes,
+        )
+    }
+
+    /// Rebuilds the table from a [`Inodes::snapshot`] (replacing what it
+    /// holds); not recorded.
+    pub fn restore(&self, snap: TableSnap, nodes: Vec<NodeSnap>) {
+        let mut table = self.table.write();
+        let root = table.nodes.remove(&ROOT);
+        table.nodes.clear();
+        table.children.clear();
+        table.fresh.clear();
+        table.next_fresh = snap.next_fresh.max(FRESH_BASE);
+        table.fresh = snap.fresh.into_iter().collect();
+        if let Some(root) = root {
+            table.nodes.insert(ROOT, root);
+        }
+        for n in nodes {
+            let names: Vec<(u64, OsString)> = n
+                .names
+                .into_iter()
+                .map(|(p, name)| (p, OsStr::from_bytes(&name).to_os_string()))
+                .collect();
+            for key in &names {
+                table.children.insert(key.clone(), n.nodeid);
+            }
+            table.nodes.insert(
+                n.nodeid,
+                Node {
+                    fs_ino: n.fs_ino,
+                    names,
+                    lookups: n.lookups,
+                },
+            );
         }
     }
 
@@ -242,6 +355,11 @@ impl Inodes {
         if !node.names.contains(&key) {
             node.names.push(key);
         }
+        self.record(|| InodeOp::Enter {
+            parent,
+            name: name.as_bytes().to_vec(),
+            fs_ino,
+        });
         ino
     }
 
@@ -254,6 +372,7 @@ impl Inodes {
         let Some(node) = table.nodes.get_mut(&ino) else {
             return;
         };
+        self.record(|| InodeOp::Forget { ino, n });
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 {
             let node = table.nodes.remove(&ino).expect("node present");
@@ -279,6 +398,10 @@ impl Inodes {
         let mut table = self.table.write();
         let key = (parent, name.to_os_string());
         if let Some(ino) = table.children.remove(&key) {
+            self.record(|| InodeOp::Unlinked {
+                parent,
+                name: name.as_bytes().to_vec(),
+            });
             if let Some(n) = table.nodes.get_mut(&ino) {
                 n.names.retain(|k| *k != key);
             }
@@ -296,6 +419,13 @@ impl Inodes {
         exchange: bool,
     ) {
         let mut table = self.table.write();
+        self.record(|| InodeOp::Renamed {
+            parent,
+            name: name.as_bytes().to_vec(),
+            newparent,
+            newname: newname.as_bytes().to_vec(),
+            exchange,
+        });
         let from = (parent, name.to_os_string());
         let to = (newparent, newname.to_os_string());
         let src = table.children.remove(&from);

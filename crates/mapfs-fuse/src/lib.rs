@@ -6,12 +6,14 @@
 
 pub mod adapter;
 pub mod control;
+pub mod failover;
 pub mod handles;
 pub mod inodes;
 pub mod mount;
 pub mod ratelimit;
 pub mod registry;
 pub mod stats;
+pub mod sys;
 
 pub use adapter::{AdapterOptions, DataMode};
-pub use mount::{mount, parse_options, MountOptions, Mounted, Unmounter, FSTYPE};
+pub use mount::{mount, parse_options, resume, MountOptions, Mounted, Unmounter, FSTYPE};

@@ -32,6 +32,8 @@ use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use mapfs::FileSystem;
 
 use crate::adapter::{Adapter, AdapterOptions, Shared};
+use crate::failover::records::ToSupervisor;
+use crate::failover::{Link, Resume};
 
 /// The kernel options `mapfs mount -o` accepts.
 pub const KNOWN_OPTIONS: &[&str] = &[
@@ -138,6 +140,8 @@ pub struct Mounted {
     /// True when we called mount(2) ourselves (root): fuser then knows of no
     /// mount and we unmount it; otherwise fuser's own unmounter does.
     own_mount: bool,
+    /// Took over a live connection: ask for a resend before serving.
+    resumed: bool,
 }
 
 /// Mounts `fs` at `mountpoint`. Returns once the kernel has completed the
@@ -148,6 +152,9 @@ pub struct Mounted {
 /// `fuse` (it keeps the subtype for fusermount3 only), so as root we call
 /// mount(2) ourselves and hand the descriptor to fuser. `fs_name` is the
 /// file system's name.
+///
+/// With a supervisor's `link` (see [`crate::failover`]), the connection and
+/// every change the kernel is told of go to the supervisor too.
 pub fn mount(
     fs: Arc<dyn FileSystem>,
     fs_name: &str,
@@ -155,6 +162,7 @@ pub fn mount(
     mountpoint: &Path,
     adapter: AdapterOptions,
     opts: &MountOptions,
+    link: Option<Arc<Link>>,
 ) -> io::Result<Mounted> {
     let source = backing.to_string_lossy();
     tracing::debug!(fs = fs_name, backing = %source, "mounting on {}", mountpoint.display());
@@ -162,23 +170,7 @@ pub fn mount(
     let shared = adapter.shared();
     shared.describe(fs_name, backing);
     shared.set_mountpoint(mountpoint);
-    let mut cfg = Config::default();
-    cfg.mount_options = opts.kernel.clone();
-    // Also for options not made by `parse_options` (see the module docs).
-    if !cfg.mount_options.contains(&MountOption::DefaultPermissions) {
-        cfg.mount_options.push(MountOption::DefaultPermissions);
-    }
-    cfg.mount_options
-        .push(MountOption::FSName(source.to_string()));
-    cfg.mount_options.push(MountOption::Subtype("mapfs".into()));
-    cfg.acl = opts.acl;
-    // One event loop per core, each with its own /dev/fuse clone.
-    cfg.n_threads = Some(
-        std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .max(2),
-    );
-    cfg.clone_fd = true;
+    let cfg = session_config(opts, &source, link.is_some());
     let (session, dev, own_mount) = match mount_as_root(&source, mountpoint, opts)? {
         Some(fd) => {
             let dev = fd.try_clone().ok();
@@ -197,13 +189,84 @@ pub fn mount(
         }
     };
     shared.set_notifier(session.notifier());
+    if let Some(link) = link {
+        let Some(dev) = &dev else {
+            return Err(io::Error::other(
+                "no /dev/fuse descriptor to hand the supervisor",
+            ));
+        };
+        shared.set_link(link.clone());
+        link.send_with(&ToSupervisor::Mounted(shared.init_state()), &[dev.as_fd()]);
+    }
     Ok(Mounted {
         session,
         shared,
         mountpoint: mountpoint.to_path_buf(),
         dev,
         own_mount,
+        resumed: false,
     })
+}
+
+/// Takes over the live connection of a daemon that died (see
+/// [`crate::failover`]): no mount, no handshake; the state comes from the
+/// supervisor, and [`Mounted::run`] asks the kernel to send again the
+/// requests the dead daemon had not answered.
+pub fn resume(
+    fs: Arc<dyn FileSystem>,
+    fs_name: &str,
+    backing: &Path,
+    mountpoint: &Path,
+    adapter: AdapterOptions,
+    opts: &MountOptions,
+    link: Arc<Link>,
+    mut state: Resume,
+) -> io::Result<Mounted> {
+    let source = backing.to_string_lossy();
+    let adapter = Adapter::new(fs, adapter).map_err(io::Error::from)?;
+    let shared = adapter.shared();
+    shared.describe(fs_name, backing);
+    shared.set_mountpoint(mountpoint);
+    let cfg = session_config(opts, &source, true);
+    let dev = state.dev.try_clone()?;
+    let fd = state.dev.try_clone()?;
+    let session = Session::resume_from_fd(adapter, fd, opts.acl, cfg)?;
+    shared.resume(&mut state, |id| session.backing_id_from_raw(id));
+    shared.set_notifier(session.notifier());
+    shared.set_link(link);
+    Ok(Mounted {
+        session,
+        shared,
+        mountpoint: mountpoint.to_path_buf(),
+        dev: Some(dev),
+        own_mount: true,
+        resumed: true,
+    })
+}
+
+/// fuser's configuration for a mount with `opts`. Supervised sessions read
+/// one shared descriptor: requests read through a cloned descriptor die
+/// with it (the kernel ends them when the clone closes), while those read
+/// through the supervisor's descriptor wait for a resend.
+fn session_config(opts: &MountOptions, source: &str, supervised: bool) -> Config {
+    let mut cfg = Config::default();
+    cfg.mount_options = opts.kernel.clone();
+    // Also for options not made by `parse_options` (see the module docs).
+    if !cfg.mount_options.contains(&MountOption::DefaultPermissions) {
+        cfg.mount_options.push(MountOption::DefaultPermissions);
+    }
+    cfg.mount_options
+        .push(MountOption::FSName(source.to_string()));
+    cfg.mount_options.push(MountOption::Subtype("mapfs".into()));
+    cfg.acl = opts.acl;
+    // One event loop per core, each with its own /dev/fuse clone.
+    cfg.n_threads = Some(
+        std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .max(2),
+    );
+    cfg.clone_fd = !supervised;
+    cfg
 }
 
 /// As root, mounts a `fuse.mapfs` file system on `mountpoint` with mount(2)
@@ -330,6 +393,16 @@ impl Mounted {
 
     /// Serves requests until the file system is unmounted.
     pub fn run(self) -> io::Result<()> {
+        if self.resumed {
+            // Queued before the workers start; they read them first.
+            if let Err(e) = self.session.notifier().resend() {
+                tracing::warn!(
+                    "the kernel refused to resend the requests the previous daemon had not \
+                     answered ({e}); their callers wait until they are interrupted"
+                );
+            }
+        }
+        self.shared.journal_serving();
         self.session.run()
     }
 }

@@ -52,6 +52,7 @@ pub use crate::mnt::mount_options::MountOption;
 pub use crate::notify::Notifier;
 pub use crate::notify::PollHandle;
 pub use crate::notify::PollNotifier;
+pub use crate::notify::RESEND_UNIQUE_BIT;
 pub use crate::open_flags::OpenAccMode;
 pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;

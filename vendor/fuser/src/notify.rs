@@ -9,6 +9,10 @@ use crate::channel::ChannelSender;
 use crate::ll::fuse_abi::fuse_notify_code as notify_code;
 use crate::ll::notify::Notification;
 
+/// Set in the unique id of a request the kernel sends again after
+/// [`Notifier::resend`] (`FUSE_UNIQUE_RESEND`).
+pub const RESEND_UNIQUE_BIT: u64 = 1 << 63;
+
 /// A handle to a pending `poll()` request.
 #[derive(Copy, Clone, Debug)]
 pub struct PollHandle(pub u64);
@@ -102,6 +106,17 @@ impl Notifier {
     pub fn delete(&self, parent: INodeNo, child: INodeNo, name: &OsStr) -> io::Result<()> {
         let notif = Notification::new_delete(parent, child, name).map_err(Self::too_big_err)?;
         self.send_inval(notify_code::FUSE_NOTIFY_DELETE, &notif)
+    }
+
+    /// Ask the kernel to send again every request that was read from this
+    /// connection and not answered (`FUSE_NOTIFY_RESEND`, Linux 6.9 and
+    /// later), e.g. by a server that died while a new one took over the
+    /// connection (see [`Session::resume_from_fd`](crate::Session::resume_from_fd)).
+    /// Requests sent again have [`RESEND_UNIQUE_BIT`] set in their unique id.
+    /// # Errors
+    /// Returns an error if the kernel rejects the notification (older kernels).
+    pub fn resend(&self) -> io::Result<()> {
+        self.send(notify_code::FUSE_NOTIFY_RESEND, &Notification::new_resend())
     }
 
     #[allow(unused)]

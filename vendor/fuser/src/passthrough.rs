@@ -75,6 +75,13 @@ impl BackingId {
         }
     }
 
+    /// The raw `backing_id` value, which stays owned by this reference (for
+    /// a server that records it so that a successor can take it over with
+    /// [`Session::backing_id_from_raw`](crate::Session::backing_id_from_raw)).
+    pub fn as_raw(&self) -> u32 {
+        self.backing_id
+    }
+
     /// Converts this backing file reference into the raw `backing_id` value as returned by the kernel.
     ///
     /// This method transfers ownership of the backing file to the caller, who must invoke the

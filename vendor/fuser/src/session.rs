@@ -43,6 +43,7 @@ use crate::mnt::Mount;
 use crate::mnt::mount_options::Config;
 use crate::mnt::mount_options::check_option_conflicts;
 use crate::notify::Notifier;
+use crate::passthrough::BackingId;
 use crate::read_buf::FuseReadBuf;
 use crate::reply::Reply;
 use crate::reply::ReplyRaw;
@@ -219,6 +220,46 @@ impl<FS: Filesystem> Session<FS> {
         session.handshake()?;
 
         Ok(session)
+    }
+
+    /// Wrap a /dev/fuse file descriptor whose connection an earlier process
+    /// already initialized, and serve it without a handshake.
+    ///
+    /// A FUSE connection lives as long as any process holds a descriptor of
+    /// it, so a supervisor that keeps one can start a new server after the
+    /// old one died. The kernel sends no second `INIT`: `Filesystem::init`
+    /// is not called, and the caller restores whatever it had negotiated
+    /// (the capabilities stay as the kernel agreed them). Requests the dead
+    /// server had read but not answered are sent again after
+    /// [`Notifier::resend`].
+    pub fn resume_from_fd(
+        filesystem: FS,
+        fd: OwnedFd,
+        acl: SessionACL,
+        config: Config,
+    ) -> io::Result<Self> {
+        Ok(Session {
+            filesystem: FilesystemHolder {
+                fs: Some(filesystem),
+            },
+            ch: Channel::new(Arc::new(DevFuse(File::from(fd)))),
+            mount: UmountOnDrop {
+                mount: Arc::new(Mutex::new(None)),
+            },
+            allowed: acl,
+            session_owner: geteuid(),
+            proto_version: None,
+            config,
+        })
+    }
+
+    /// A [`BackingId`] for a backing file that an earlier server registered
+    /// on this connection (see [`Session::resume_from_fd`]); dropping it
+    /// closes the id, as for ids this session registered itself.
+    pub fn backing_id_from_raw(&self, backing_id: u32) -> BackingId {
+        // Not memory-unsafe: the worst a wrong id does is close another
+        // backing file of this connection when dropped.
+        unsafe { self.ch.sender().wrap_backing(backing_id) }
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,

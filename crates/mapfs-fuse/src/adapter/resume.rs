@@ -1,0 +1,195 @@
+//! The adapter's side of failover (see [`crate::failover`]): reporting what
+//! the kernel is told to the supervisor, and taking over from a dead daemon.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use mapfs::engine::DataFile;
+use mapfs::Ctx;
+use parking_lot::Mutex;
+use tracing::{info, warn};
+
+use super::{Shared, ROOT_CTX};
+use crate::failover::records::{InitState, OpenKind, OpenRec, ToSupervisor};
+use crate::failover::{Link, Resume};
+use crate::handles::{OpenDir, OpenFile};
+
+impl Shared {
+    /// Reports every change the kernel will be told of to the supervisor
+    /// at the other end of `link`, from now on.
+    pub fn set_link(&self, link: Arc<Link>) {
+        self.inodes.set_journal(link.clone());
+        let _ = self.link.set(link);
+    }
+
+    /// Sends a record to the supervisor, if there is one.
+    pub(super) fn journal(&self, msg: impl FnOnce() -> ToSupervisor) {
+        if let Some(link) = self.link.get() {
+            link.send(&msg());
+        }
+    }
+
+    /// Records a file handle about to be given to the kernel.
+    pub(super) fn journal_file(&self, file: &OpenFile) {
+        self.journal(|| {
+            ToSupervisor::Opened(OpenRec {
+                fh: file.fh,
+                ino: file.ino,
+                kind: OpenKind::File {
+                    flags: file.flags,
+                    path: file.path.as_os_str().as_bytes().to_vec(),
+                    backing: file.backing.as_ref().map(|b| b.as_raw()),
+                    uid: file.ctx.uid,
+                    gid: file.ctx.gid,
+                },
+            })
+        });
+    }
+
+    /// Records a placeholder or directory handle about to be given.
+    pub(super) fn journal_handle(&self, fh: u64, ino: u64, kind: OpenKind) {
+        self.journal(|| ToSupervisor::Opened(OpenRec { fh, ino, kind }));
+    }
+
+    /// Records that the kernel released `fh` and the release is done.
+    pub(super) fn journal_released(&self, fh: u64) {
+        self.journal(|| ToSupervisor::Released { fh });
+    }
+
+    /// Tells the supervisor this daemon serves requests now.
+    pub fn journal_serving(&self) {
+        self.journal(|| ToSupervisor::Serving);
+    }
+
+    /// Tells the supervisor this daemon is about to leave on purpose, to
+    /// be replaced at once (`mapfs restart`).
+    pub fn journal_restarting(&self) {
+        self.journal(|| ToSupervisor::Restarting);
+    }
+
+    /// Hands every written map that is not whole-file to the file system,
+    /// before a daemon leaves on purpose: its successor opens the files
+    /// again and sees only what the file system was given.
+    pub fn persist_all(&self) {
+        for file in self.handles.all_files() {
+            if let Err(e) = self.persist_map(&file) {
+                warn!(path = %file.path.display(), "cannot save the map of an open file: {e}");
+            }
+        }
+    }
+
+    /// What INIT settled, for the supervisor to hand a successor.
+    pub fn init_state(&self) -> InitState {
+        InitState {
+            passthrough_ok: self.passthrough_ok.load(Ordering::Relaxed),
+            writeback: self.writeback.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Takes over from a daemon that died: what INIT settled, the inode
+    /// table, and every handle the kernel holds. Open files are opened
+    /// again through the file system (their data is in the backing
+    /// files); passthrough opens keep the backing id the kernel uses,
+    /// wrapped by `wrap`. A file that cannot be opened again (removed
+    /// meanwhile) answers `EBADF` to the daemon-run calls on its handle.
+    pub fn resume(&self, r: &mut Resume, wrap: impl Fn(u32) -> fuser::BackingId) {
+        self.passthrough_ok
+            .store(r.init.passthrough_ok, Ordering::Relaxed);
+        self.writeback.store(r.init.writeback, Ordering::Relaxed);
+        self.inodes
+            .restore(std::mem::take(&mut r.table), std::mem::take(&mut r.nodes));
+        let (mut files, mut lost) = (0, 0);
+        for rec in std::mem::take(&mut r.opens) {
+            match rec.kind {
+                OpenKind::Placeholder => self.handles.restore_placeholder(rec.fh),
+                OpenKind::Dir => {
+                    let entries = self
+                        .inodes
+                        .path(rec.ino)
+                        .and_then(|p| self.fs.readdir(&ROOT_CTX, &p).ok())
+                        .unwrap_or_default();
+                    self.handles.restore_dir(rec.fh, OpenDir { entries });
+                }
+                OpenKind::File {
+                    flags,
+                    path,
+                    backing,
+                    uid,
+                    gid,
+                } => {
+                    let backing =
+                        backing.map(|raw| self.handles.restore_backing(rec.ino, || wrap(raw)));
+                    let open_path = PathBuf::from(OsString::from_vec(path));
+                    let ctx = Ctx { uid, gid, pid: 0 };
+                    match self.reopen(&ctx, rec.ino, &open_path, flags) {
+                        Ok(opened) => {
+                            let fs_handle = opened.handle;
+                            let data = Arc::new(DataFile::new(opened));
+                            let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY;
+                            self.tokens.opened(rec.ino, &data, may_change);
+                            self.handles.restore_file(
+                                rec.fh,
+                                OpenFile {
+                                    fh: rec.fh,
+                                    ino: rec.ino,
+                                    path: open_path,
+                                    flags,
+                                    fs_handle,
+                                    data,
+                                    backing,
+                                    wrote: AtomicBool::new(false),
+                                    persisting: Mutex::new(()),
+                                    ctx,
+                                    lent: AtomicBool::new(false),
+                                },
+                            );
+                            files += 1;
+                        }
+                        Err(e) => {
+                            warn!(
+                                fh = rec.fh,
+                                path = %open_path.display(),
+                                "cannot open again a file the kernel holds open: {e}"
+                            );
+                            lost += 1;
+                            if let Some(b) = backing {
+                                self.handles.keep_orphan(rec.fh, b);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        info!("took over the connection: {files} open files restored, {lost} lost");
+    }
+
+    /// Opens an open file again: where its inode is now (or was at open),
+    /// without the flags that act only once (`O_CREAT`, `O_EXCL`,
+    /// `O_TRUNC`); as its opener, or as root when its permissions changed
+    /// since (the kernel granted the open already).
+    fn reopen(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        open_path: &std::path::Path,
+        flags: i32,
+    ) -> mapfs::Result<mapfs::Opened> {
+        let path = self
+            .inodes
+            .path(ino)
+            .unwrap_or_else(|| open_path.to_path_buf());
+        let once = libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC;
+        let asked = flags & !once;
+        let wide = self.open_flags_for_fs(flags) & !once;
+        let first = self.open_with_fallback(wide, |f| self.fs.open(ctx, &path, f), asked);
+        match first {
+            Err(e) if matches!(e.errno(), libc::EACCES | libc::EPERM) => {
+                self.open_with_fallback(wide, |f| self.fs.open(&ROOT_CTX, &path, f), asked)
+            }
+            r => r,
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! What a daemon tells its supervisor, and what a supervisor hands the next
+//! daemon: everything the kernel may still refer to after the daemon died.
+//!
+//! The kernel keeps, across the death of the process serving a connection,
+//! the nodeids it was given (until it sends FORGET), the handles of open
+//! files and directories (until RELEASE), and the backing ids of passthrough
+//! opens. The daemon reports each change of those before it answers the
+//! request that made it, so the supervisor's copy is never behind what the
+//! kernel was told. Data is never part of it: it is in the backing files.
+
+use serde::{Deserialize, Serialize};
+
+/// What the INIT handshake settled, which a resumed daemon cannot ask again.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct InitState {
+    /// The kernel accepted FUSE passthrough.
+    pub passthrough_ok: bool,
+    /// The kernel's writeback cache is on.
+    pub writeback: bool,
+}
+
+/// One change of the inode table (see [`crate::inodes`]), replayed by the
+/// supervisor on its own copy in the same order, so it assigns the same
+/// nodeids and keeps the same lookup counts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum InodeOp {
+    /// [`crate::inodes::Inodes::enter`].
+    Enter {
+        /// Parent nodeid.
+        parent: u64,
+        /// Name in the parent.
+        name: Vec<u8>,
+        /// File system inode number.
+        fs_ino: u64,
+    },
+    /// [`crate::inodes::Inodes::forget`].
+    Forget {
+        /// Nodeid.
+        ino: u64,
+        /// References dropped.
+        n: u64,
+    },
+    /// [`crate::inodes::Inodes::unlinked`].
+    Unlinked {
+        /// Parent nodeid.
+        parent: u64,
+        /// Name removed.
+        name: Vec<u8>,
+    },
+    /// [`crate::inodes::Inodes::renamed`].
+    Renamed {
+        /// Old parent.
+        parent: u64,
+        /// Old name.
+        name: Vec<u8>,
+        /// New parent.
+        newparent: u64,
+        /// New name.
+        newname: Vec<u8>,
+        /// `RENAME_EXCHANGE`.
+        exchange: bool,
+    },
+}
+
+/// One node of a saved inode table.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeSnap {
+    /// Nodeid.
+    pub nodeid: u64,
+    /// File system inode number.
+    pub fs_ino: u64,
+    /// `(parent, name)` pairs, the first one giving its path.
+    pub names: Vec<(u64, Vec<u8>)>,
+    /// Kernel references.
+    pub lookups: u64,
+}
+
+/// The parts of a saved inode table that are not nodes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TableSnap {
+    /// Next fresh nodeid to try.
+    pub next_fresh: u64,
+    /// File system numbers whose current file has a fresh nodeid.
+    pub fresh: Vec<(u64, u64)>,
+}
+
+/// What a handle the kernel holds is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum OpenKind {
+    /// An open regular file.
+    File {
+        /// `open(2)` flags as the kernel sent them.
+        flags: i32,
+        /// Path at open time (what `release` is told).
+        path: Vec<u8>,
+        /// Kernel passthrough backing id, if the kernel runs its I/O.
+        backing: Option<u32>,
+        /// Opener's uid.
+        uid: u32,
+        /// Opener's gid.
+        gid: u32,
+    },
+    /// A shim's placeholder open (no data).
+    Placeholder,
+    /// An open directory.
+    Dir,
+}
+
+/// A handle the kernel holds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OpenRec {
+    /// FUSE file handle.
+    pub fh: u64,
+    /// Nodeid it was opened on.
+    pub ino: u64,
+    /// What it is.
+    pub kind: OpenKind,
+}
+
+/// Daemon to supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ToSupervisor {
+    /// The first daemon mounted and finished INIT; the `/dev/fuse`
+    /// descriptor comes with this message.
+    Mounted(InitState),
+    /// The daemon serves requests (the first one, or a resumed one).
+    Serving,
+    /// The inode table changed.
+    Inode(InodeOp),
+    /// A handle was given to the kernel.
+    Opened(OpenRec),
+    /// A handle was released.
+    Released {
+        /// The handle.
+        fh: u64,
+    },
+    /// The daemon is leaving on purpose (`mapfs restart`): start the next
+    /// one at once, without counting a failure.
+    Restarting,
+}
+
+/// Supervisor to daemon, first thing after it starts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ToDaemon {
+    /// Mount afresh.
+    Fresh,
+    /// Take over a live connection; the `/dev/fuse` descriptor comes with
+    /// this message, and the saved state follows in `Nodes` and `Opens`
+    /// batches until `End`.
+    Resume(InitState, TableSnap),
+    /// A batch of nodes.
+    Nodes(Vec<NodeSnap>),
+    /// A batch of open handles.
+    Opens(Vec<OpenRec>),
+    /// The saved state is complete.
+    End,
+}

@@ -1,0 +1,249 @@
+//! The supervisor: the process `mapfs mount` leaves behind. It starts the
+//! daemon, keeps a copy of the connection's `/dev/fuse` descriptor and of
+//! the state the kernel refers to (see [`super::records`]), and when the
+//! daemon dies without the file system having been unmounted, starts another
+//! one on the same connection.
+//!
+//! Restarts: at once after a daemon that was serving died, and after
+//! [`RESTART_EXIT`] (`mapfs restart`). A daemon that dies before it serves
+//! is a failed start: the next waits 100 ms, doubling to 2 s, and after
+//! [`MAX_FAILED_STARTS`] in a row, or [`MAX_CRASHES`] deaths within
+//! [`CRASH_WINDOW`], the supervisor gives up and answers every request with
+//! `EIO` until the file system is unmounted (see [`super::eio`]).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mapfs::control;
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use tracing::{error, info, warn};
+
+use super::eio;
+use super::link::{LINK_BUFFER, SUPERVISOR_FD_ENV};
+use super::records::{InitState, OpenRec, ToDaemon, ToSupervisor};
+use crate::inodes::Inodes;
+
+/// Exit status of a daemon that leaves to be replaced (`mapfs restart`).
+pub const RESTART_EXIT: i32 = 75;
+/// Failed starts in a row before giving up.
+pub const MAX_FAILED_STARTS: u32 = 5;
+/// Deaths within [`CRASH_WINDOW`] before giving up (a request that kills
+/// every daemon it is sent to again).
+pub const MAX_CRASHES: usize = 30;
+/// See [`MAX_CRASHES`].
+pub const CRASH_WINDOW: Duration = Duration::from_secs(60);
+
+/// Nodes and opens per message of a saved state.
+const BATCH: usize = 1000;
+
+/// The state a live connection carries from one daemon to the next.
+struct Connection {
+    dev: OwnedFd,
+    init: InitState,
+    inodes: Inodes,
+    opens: BTreeMap<u64, OpenRec>,
+}
+
+/// How one daemon ended.
+struct Ended {
+    served: bool,
+    restarting: bool,
+    status: std::process::ExitStatus,
+}
+
+/// Runs daemons made by `daemon` until the file system is unmounted;
+/// returns the exit code for this process. `current` holds the serving
+/// daemon's pidfd (for forwarding signals).
+pub fn supervise(
+    mut daemon: impl FnMut() -> Command,
+    current: Arc<Mutex<Option<OwnedFd>>>,
+) -> io::Result<i32> {
+    let mut conn: Option<Connection> = None;
+    let mut failed_starts = 0u32;
+    let mut deaths: VecDeque<Instant> = VecDeque::new();
+    loop {
+        let (ours, theirs) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&ours, LINK_BUFFER);
+        let _ = rustix::net::sockopt::set_socket_send_buffer_size(&ours, LINK_BUFFER);
+        // The daemon's end goes across exec; ours does not.
+        rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty())?;
+        let mut cmd = daemon();
+        cmd.env(SUPERVISOR_FD_ENV, theirs.as_raw_fd().to_string());
+        let mut child = cmd.spawn()?;
+        drop(theirs);
+        *current.lock().expect("pidfd lock") = rustix::process::pidfd_open(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::PidfdFlags::empty(),
+        )
+        .ok();
+        let started = Instant::now();
+        let ended = run_one(&ours, &mut child, &mut conn);
+        *current.lock().expect("pidfd lock") = None;
+        let ended = ended?;
+        let Some(c) = &conn else {
+            // Never mounted: the daemon reported why to `mapfs mount`.
+            return Ok(ended.status.code().unwrap_or(1));
+        };
+        if ended.status.success() || !connection_alive(c) {
+            info!("the file system was unmounted");
+            return Ok(0);
+        }
+        if ended.restarting {
+            info!(
+                "daemon {} left to be replaced; starting the next one",
+                child.id()
+            );
+            failed_starts = 0;
+            continue;
+        }
+        let how = match (ended.status.code(), ended.status.signal()) {
+            (_, Some(sig)) => format!("killed by signal {sig}"),
+            (Some(code), _) => format!("exited with status {code}"),
+            _ => "ended".to_string(),
+        };
+        let now = Instant::now();
+        deaths.push_back(now);
+        while deaths.front().is_some_and(|t| now - *t > CRASH_WINDOW) {
+            deaths.pop_front();
+        }
+        if ended.served {
+            failed_starts = 0;
+        } else {
+            failed_starts += 1;
+        }
+        if failed_starts >= MAX_FAILED_STARTS || deaths.len() >= MAX_CRASHES {
+            error!(
+                "daemon {} {how} after {:.1} s; {} failed starts in a row, {} deaths in {} s: \
+                 giving up. Every call on the mount now fails with EIO; `mapfs umount` it.",
+                child.id(),
+                started.elapsed().as_secs_f64(),
+                failed_starts,
+                deaths.len(),
+                CRASH_WINDOW.as_secs()
+            );
+            eio::fail_all(c.dev.as_fd())?;
+            return Ok(1);
+        }
+        let wait = match failed_starts {
+            0 => Duration::ZERO,
+            n => (Duration::from_millis(100) * 2u32.pow(n - 1)).min(Duration::from_secs(2)),
+        };
+        warn!(
+            "daemon {} {how} after {:.1} s; restarting it{} (restart {} in the last {} s)",
+            child.id(),
+            started.elapsed().as_secs_f64(),
+            if wait.is_zero() {
+                String::new()
+            } else {
+                format!(" in {} ms", wait.as_millis())
+            },
+            deaths.len(),
+            CRASH_WINDOW.as_secs()
+        );
+        std::thread::sleep(wait);
+    }
+}
+
+/// Whether the kernel still has the connection (a connection that ended,
+/// by unmount or abort, polls as an error).
+fn connection_alive(c: &Connection) -> bool {
+    let mut fds = [PollFd::new(&c.dev, PollFlags::IN)];
+    match poll(&mut fds, Some(&rustix::event::Timespec::default())) {
+        Ok(_) => !fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP),
+        Err(_) => false,
+    }
+}
+
+/// Starts one daemon (fresh or resuming `conn`), keeps `conn` up to date
+/// from its records, and waits for it to end.
+fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> io::Result<Ended> {
+    let sent = match conn {
+        None => control::send(sock.as_fd(), &ToDaemon::Fresh, &[]),
+        Some(c) => send_state(sock, c),
+    };
+    if let Err(e) = sent {
+        // The daemon died before it read: its status says why.
+        warn!("cannot start the daemon: {e}");
+    }
+    let mut served = false;
+    let mut restarting = false;
+    loop {
+        let (msg, mut fds) = match control::recv::<ToSupervisor>(sock.as_fd()) {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => break,
+            Err(e) => {
+                warn!("bad record from the daemon: {e}");
+                continue;
+            }
+        };
+        match msg {
+            ToSupervisor::Mounted(init) => {
+                let Some(dev) = fds.pop() else {
+                    warn!("the daemon mounted without sending its connection");
+                    continue;
+                };
+                *conn = Some(Connection {
+                    dev,
+                    init,
+                    // The root's number does not matter to a copy that
+                    // only replays and saves.
+                    inodes: Inodes::new(0),
+                    opens: BTreeMap::new(),
+                });
+            }
+            ToSupervisor::Serving => served = true,
+            ToSupervisor::Restarting => restarting = true,
+            ToSupervisor::Inode(op) => {
+                if let Some(c) = conn {
+                    c.inodes.apply(op);
+                }
+            }
+            ToSupervisor::Opened(rec) => {
+                if let Some(c) = conn {
+                    c.opens.insert(rec.fh, rec);
+                }
+            }
+            ToSupervisor::Released { fh } => {
+                if let Some(c) = conn {
+                    c.opens.remove(&fh);
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    Ok(Ended {
+        served,
+        restarting: restarting && status.code() == Some(RESTART_EXIT),
+        status,
+    })
+}
+
+/// Hands a live connection and its state to a new daemon.
+fn send_state(sock: &OwnedFd, c: &Connection) -> io::Result<()> {
+    let (table, nodes) = c.inodes.snapshot();
+    control::send(
+        sock.as_fd(),
+        &ToDaemon::Resume(c.init, table),
+        &[c.dev.as_fd()],
+    )?;
+    for batch in nodes.chunks(BATCH) {
+        control::send(sock.as_fd(), &ToDaemon::Nodes(batch.to_vec()), &[])?;
+    }
+    let opens: Vec<OpenRec> = c.opens.values().cloned().collect();
+    for batch in opens.chunks(BATCH) {
+        control::send(sock.as_fd(), &ToDaemon::Opens(batch.to_vec()), &[])?;
+    }
+    control::send(sock.as_fd(), &ToDaemon::End, &[])
+}

@@ -5,6 +5,9 @@
 #   BINS="before:/tmp/mapfs-old after:target/release/mapfs" \
 #     bash scripts/meta-compare.sh [BACKING_PARENT] [RUNS] [DATA]
 #
+# A spec may end in ":ARGS" (comma-separated) for `mount`, e.g.
+# "unsupervised:target/release/mapfs:--no-supervisor".
+#
 # BACKING_PARENT (default /dev/shm) holds the backing and native
 # directories; its file system type is printed with every figure. DATA is
 # the --data mode (default auto). Per run, in one process: create 5,000
@@ -56,9 +59,10 @@ for r in $(seq "$RUNS"); do
     rm -rf "$work/native"; mkdir "$work/native"
     echo "native $(meta "$work/native")" | tee -a "$results"
     for spec in $BINS; do
-        name=${spec%%:*}; cur_bin=${spec#*:}
+        name=${spec%%:*}; rest=${spec#*:}; cur_bin=${rest%%:*}; extra=()
+        [ "$rest" != "$cur_bin" ] && IFS=, read -r -a extra <<< "${rest#*:}"
         rm -rf "$work/b"; mkdir "$work/b"
-        "$cur_bin" mount passthrough "$work/b" "$mnt" --data "$DATA"
+        "$cur_bin" mount passthrough "$work/b" "$mnt" --data "$DATA" "${extra[@]}"
         echo "$name $(meta "$mnt")" | tee -a "$results"
         "$cur_bin" umount "$mnt"; cur_bin=
     done

@@ -31,6 +31,9 @@
 //!   a per-user directory, and unmounts cleanly on SIGTERM, SIGINT, SIGHUP.
 //! - `umount [--lazy] MOUNTPOINT`: unmounts and waits for the daemon (found
 //!   as a pidfd through its control socket) to exit.
+//! - `restart MOUNTPOINT`: replaces the daemon on the same mount (the
+//!   background process `mount` leaves is a supervisor that also restarts
+//!   a daemon that died; see `docs/failover.md`).
 //! - `run [--mount M].. -- CMD`: runs CMD with the preload shim.
 //! - `list [--json]` (alias `status`): every mapfs mount, with its file
 //!   system, backing directory, executor, daemon pid and uptime.
@@ -50,6 +53,7 @@ pub mod mount_cmd;
 pub mod mounts;
 mod pidfd;
 pub mod registry;
+pub mod restart;
 pub mod run;
 pub mod stats;
 pub mod trace;
@@ -75,6 +79,8 @@ pub enum Command {
     Mount(mount_cmd::MountArgs),
     /// Unmount a mapfs file system and wait for its daemon to finish.
     Umount(mount_cmd::UmountArgs),
+    /// Replace a mount's daemon without unmounting (e.g. after an upgrade).
+    Restart(restart::RestartArgs),
     /// Run a program with its mapfs data path inside the process (preload shim).
     Run(run::RunArgs),
     /// List mapfs mounts: file system, backing dir, executor, daemon pid, uptime.
@@ -203,6 +209,7 @@ fn run_args<E: Subcommand>(
     match Command::from_arg_matches(&matches)? {
         Command::Mount(a) => mount_cmd::mount(registry, a),
         Command::Umount(a) => mount_cmd::umount(a),
+        Command::Restart(a) => restart::restart(a),
         Command::Run(a) => run::run(a),
         Command::List(a) => list::list(a),
         Command::Stats(a) => stats::stats(a),

@@ -469,8 +469,7 @@ fn serve(
             &c.mountpoint,
             adapter,
             &c.opts,
-            link,
-            state,
+            (link, state),
         ),
         Some((link, Start::Fresh)) => mapfs_fuse::mount(
             fs,

@@ -211,7 +211,8 @@ pub fn mount(
 /// Takes over the live connection of a daemon that died (see
 /// [`crate::failover`]): no mount, no handshake; the state comes from the
 /// supervisor, and [`Mounted::run`] asks the kernel to send again the
-/// requests the dead daemon had not answered.
+/// requests the dead daemon had not answered. `link` is the supervisor and
+/// `state` what it saved.
 pub fn resume(
     fs: Arc<dyn FileSystem>,
     fs_name: &str,
@@ -219,8 +220,7 @@ pub fn resume(
     mountpoint: &Path,
     adapter: AdapterOptions,
     opts: &MountOptions,
-    link: Arc<Link>,
-    mut state: Resume,
+    (link, mut state): (Arc<Link>, Resume),
 ) -> io::Result<Mounted> {
     let source = backing.to_string_lossy();
     let adapter = Adapter::new(fs, adapter).map_err(io::Error::from)?;

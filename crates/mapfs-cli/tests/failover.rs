@@ -1,0 +1,369 @@
+//! Daemon failover on real mounts: the daemon is SIGKILLed again and again
+//! (20 times, at random moments) while the exerciser writes, reads, maps
+//! and truncates files and checks every byte against its model; it must see
+//! no error and end with the model's bytes. Also `mapfs restart` under the
+//! same load, and a daemon that cannot start: the supervisor gives up after
+//! its limit, calls fail with EIO (never hang), and `mapfs umount` works.
+//!
+//! Each kill also measures the time from the kill to the first answered
+//! request (a `statfs`, which the kernel never answers from its caches);
+//! the distribution is printed, and only a hang (10 s) fails the test.
+
+mod common;
+mod preload_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{fuse_or_skip, DataMode, MountSession};
+use preload_support::{attached, fsx_bin, mapfs_bin, report_path};
+use rand::{Rng, SeedableRng};
+
+/// Kills per run (the issue asks for at least 20).
+const KILLS: usize = 20;
+/// Longest a request may wait for the next daemon before the test calls it
+/// a hang.
+const HANG: Duration = Duration::from_secs(10);
+
+/// Whether process `pid` runs (exists and is not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// The pid of the daemon serving `mp` now, once it is not `old` and alive.
+fn next_daemon(mp: &Path, old: Option<u32>) -> u32 {
+    let deadline = Instant::now() + HANG;
+    loop {
+        if let Some(info) = mapfs_cli::mounts::read_info(mp) {
+            if Some(info.pid) != old && alive(info.pid) {
+                assert!(
+                    info.supervisor_pid.is_some(),
+                    "{}: the daemon has no supervisor",
+                    mp.display()
+                );
+                return info.pid;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: no new daemon within {HANG:?}",
+            mp.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGKILLs the mount's daemon `KILLS` times at random moments; returns the
+/// time from each kill to the first answered `statfs`.
+fn kill_storm(mp: &Path, seed: u64) -> Vec<Duration> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut pid = next_daemon(mp, None);
+    let mut took = Vec::new();
+    for _ in 0..KILLS {
+        std::thread::sleep(Duration::from_millis(rng.random_range(100..500)));
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid as i32).expect("pid"),
+            rustix::process::Signal::KILL,
+        )
+        .expect("kill the daemon");
+        let killed = Instant::now();
+        // In a thread of its own: a request that is never answered must
+        // fail the test, not hang it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = mp.to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send(rustix::fs::statfs(&path).map(|_| Instant::now()));
+        });
+        match rx.recv_timeout(HANG) {
+            Ok(Ok(answered)) => took.push(answered - killed),
+            Ok(Err(e)) => panic!("{}: statfs after a kill: {e}", mp.display()),
+            Err(_) => panic!("{}: statfs unanswered {HANG:?} after a kill", mp.display()),
+        }
+        pid = next_daemon(mp, Some(pid));
+    }
+    took
+}
+
+fn report(test: &str, mut took: Vec<Duration>) {
+    took.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let n = took.len();
+    eprintln!(
+        "{test}: kill -> first answered request over {n} kills: min {:.1} ms, p50 {:.1} ms, \
+         p90 {:.1} ms, max {:.1} ms",
+        ms(took[0]),
+        ms(took[n / 2]),
+        ms(took[n * 9 / 10]),
+        ms(took[n - 1])
+    );
+}
+
+/// One exerciser run in `dir` (through the mount, or under `mapfs run`).
+fn fsx(s: &MountSession, dir: &Path, seed: u64, shim: bool) -> Child {
+    let mut cmd = if shim {
+        let report = report_path(s, &format!("fsx-{seed}"));
+        let mut c = attached(s, &report, fsx_bin());
+        c.env("MAPFS_PRELOAD_REPORT", report);
+        c
+    } else {
+        Command::new(fsx_bin())
+    };
+    cmd.arg("--dir")
+        .arg(dir)
+        .arg("--seed")
+        .arg(seed.to_string())
+        .arg("--ops")
+        .arg("1500")
+        .arg("--maxlen")
+        .arg((512 * 1024).to_string());
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start mapfs-fsx")
+}
+
+/// Longest one exerciser run may take (a run takes a few seconds; a
+/// request left unanswered after a kill hangs it).
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+fn finish(test: &str, mp: &Path, mut child: Child) {
+    let deadline = Instant::now() + RUN_LIMIT;
+    while child.try_wait().expect("wait for mapfs-fsx").is_none() {
+        if Instant::now() > deadline {
+            abort_connection(mp);
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{test}: an exerciser run hung for {RUN_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("wait for mapfs-fsx");
+    assert!(
+        out.status.success(),
+        "{test}: the exerciser saw an error or wrong bytes ({:?})\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs exercisers back to back (two at a time, on their own files) while
+/// `disturb` runs; every one must pass, and one more after it.
+fn under_load(test: &str, s: &MountSession, shim: bool, disturb: impl FnOnce() + Send) {
+    let done = AtomicBool::new(false);
+    let dir = s.mountpoint().join("fsx");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(|| {
+            let mut seed = 1u64;
+            let mut runs = 0;
+            while !done.load(Ordering::Acquire) || runs == 0 {
+                let a = fsx(s, &dir, seed, shim);
+                let b = fsx(s, &dir, seed + 1, shim);
+                finish(test, s.mountpoint(), a);
+                finish(test, s.mountpoint(), b);
+                seed += 2;
+                runs += 2;
+            }
+            // And once more with the last daemon.
+            finish(test, s.mountpoint(), fsx(s, &dir, seed, shim));
+            runs + 1
+        });
+        let disturbed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(disturb));
+        done.store(true, Ordering::Release);
+        if let Err(panic) = disturbed {
+            // Requests nobody will answer: end them, so the exercisers fail
+            // at once instead of hanging the test.
+            abort_connection(s.mountpoint());
+            let _ = worker.join();
+            std::panic::resume_unwind(panic);
+        }
+        let runs = worker.join().expect("exerciser thread");
+        eprintln!("{test}: {runs} exerciser runs passed");
+    });
+}
+
+/// Aborts the FUSE connection of the mount at `mp` (found through the
+/// mount table: a stat of a hung mount would hang too).
+fn abort_connection(mp: &Path) {
+    let conns = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(conns).is_ok_and(|mut d| d.next().is_none()) {
+        // fusectl is not always mounted (containers).
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "none"])
+            .arg(conns)
+            .status();
+    }
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mp.to_string_lossy();
+    for line in table.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        if f.len() > 4 && f[4] == want {
+            if let Some((_, minor)) = f[2].split_once(':') {
+                let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
+                eprintln!("aborting the FUSE connection of {want} ({abort})");
+                let _ = std::fs::write(abort, "1");
+            }
+        }
+    }
+}
+
+fn storm(fs: &str, mode: DataMode, extra: &[&str], shim: bool) {
+    let test = format!("failover {fs} --data {mode} {extra:?} shim={shim}");
+    if !fuse_or_skip(&test) {
+        return;
+    }
+    let mut b = MountSession::builder(mapfs_bin()).fs(fs).data(mode);
+    for a in extra {
+        b = b.arg(a);
+    }
+    let mut s = b.mount().unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mp: PathBuf = s.mountpoint().to_path_buf();
+    let mut took = Vec::new();
+    under_load(&test, &s, shim, || took = kill_storm(&mp, 7));
+    report(&test, took);
+    let out = s.umount().unwrap();
+    assert!(
+        out.success(),
+        "{test}: umount after the storm: {}",
+        out.stderr
+    );
+}
+
+#[test]
+fn passthrough_auto_survives_kills() {
+    storm("passthrough", DataMode::Auto, &[], false);
+}
+
+#[test]
+fn passthrough_daemon_writeback_survives_kills() {
+    storm("passthrough", DataMode::Daemon, &[], false);
+}
+
+#[test]
+fn passthrough_daemon_no_writeback_survives_kills() {
+    storm("passthrough", DataMode::DaemonNoWriteback, &[], false);
+}
+
+#[test]
+fn plfs_survives_kills() {
+    storm("plfs", DataMode::Auto, &[], false);
+}
+
+#[test]
+fn passthrough_under_the_shim_survives_kills() {
+    storm("passthrough", DataMode::Auto, &[], true);
+}
+
+#[test]
+fn plfs_under_the_shim_survives_kills() {
+    storm("plfs", DataMode::Auto, &[], true);
+}
+
+#[test]
+fn restart_under_load_replaces_the_daemon() {
+    let test = "mapfs restart under load";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    for mode in [DataMode::Auto, DataMode::Daemon] {
+        let mut s = MountSession::builder(mapfs_bin())
+            .data(mode)
+            .mount()
+            .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+        let mp = s.mountpoint().to_path_buf();
+        under_load(test, &s, false, || {
+            let mut pid = next_daemon(&mp, None);
+            for _ in 0..5 {
+                std::thread::sleep(Duration::from_millis(300));
+                let out = Command::new(mapfs_bin())
+                    .arg("restart")
+                    .arg(&mp)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{test}: mapfs restart: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let new = next_daemon(&mp, Some(pid));
+                assert_ne!(new, pid);
+                pid = new;
+            }
+        });
+        assert!(s.umount().unwrap().success());
+    }
+}
+
+#[test]
+fn a_daemon_that_cannot_start_ends_in_eio_and_umount_works() {
+    let test = "failover give-up";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    // The supervisor starts the program at the path it was started from:
+    // a copy we can break.
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("mapfs");
+    std::fs::copy(mapfs_bin(), &exe).unwrap();
+    let mut s = MountSession::builder(&exe)
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mp = s.mountpoint().to_path_buf();
+    std::fs::write(mp.join("f"), b"data").unwrap();
+    let pid = next_daemon(&mp, None);
+    let supervisor = mapfs_cli::mounts::read_info(&mp)
+        .and_then(|i| i.supervisor_pid)
+        .expect("supervisor pid");
+    // Every later start fails at once.
+    let broken = dir.path().join("broken");
+    std::fs::write(&broken, "#!/bin/sh\necho 'broken on purpose' >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::rename(&broken, &exe).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    // A call made now waits for the restarts, then fails with EIO.
+    let started = Instant::now();
+    let err = std::fs::read(mp.join("f")).expect_err("read after the supervisor gave up");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{test}: {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{test}: too slow to give up"
+    );
+    // Calls keep failing fast.
+    let again = Instant::now();
+    let err = std::fs::metadata(mp.join("g")).expect_err("stat after giving up");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{test}: {err}");
+    assert!(again.elapsed() < Duration::from_secs(2));
+    let log = std::fs::read_to_string(mapfs_cli::mounts::log_path(&mp)).unwrap_or_default();
+    assert!(log.contains("giving up"), "{test}: log says why:\n{log}");
+    // umount (with the real binary) works and the supervisor exits.
+    let out = Command::new(mapfs_bin())
+        .arg("umount")
+        .arg(&mp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{test}: umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!mapfs_testkit::is_mounted(&mp));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(supervisor) {
+        assert!(
+            Instant::now() < deadline,
+            "{test}: the supervisor did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(s.umount());
+}

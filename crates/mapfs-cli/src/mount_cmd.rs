@@ -509,22 +509,6 @@ fn serve(
         executor_line(c.data, passthrough_active)
     );
     let files = RuntimeFiles::write(reg, args, &c, passthrough_active, supervisor_pid);
-    if args.daemonized && !resumed {
-        println!("ready");
-        let _ = std::io::stdout().flush();
-        // Nobody reads our stdout any more.
-        if let Ok(null) = File::options().write(true).open("/dev/null") {
-            let _ = rustix::stdio::dup2_stdout(&null);
-        }
-    } else {
-        eprintln!(
-            "{}: {} mounted on {}; Ctrl-C or `{} umount` to stop",
-            reg.program,
-            c.spec.name,
-            c.mountpoint.display(),
-            reg.program
-        );
-    }
     spawn_signal_unmounter(
         c.mountpoint.clone(),
         mounted.unmounter(),
@@ -542,6 +526,26 @@ fn serve(
             None
         }
     };
+    // Ready once the control socket is there too (a `mapfs run` right
+    // after `mount` must find it).
+    if args.daemonized {
+        if !resumed {
+            println!("ready");
+            let _ = std::io::stdout().flush();
+            // Nobody reads our stdout any more.
+            if let Ok(null) = File::options().write(true).open("/dev/null") {
+                let _ = rustix::stdio::dup2_stdout(&null);
+            }
+        }
+    } else {
+        eprintln!(
+            "{}: {} mounted on {}; Ctrl-C or `{} umount` to stop",
+            reg.program,
+            c.spec.name,
+            c.mountpoint.display(),
+            reg.program
+        );
+    }
     let res = mounted.run();
     drop(files);
     tracing::info!("unmounted {}", c.mountpoint.display());
@@ -719,13 +723,16 @@ pub fn umount(args: UmountArgs) -> Result<()> {
     }
     // Taken before unmounting: the socket and pid file go with the daemon.
     let daemon = crate::pidfd::daemon_of(&mp);
+    let supervisor = crate::pidfd::supervisor_of(&mp);
     unmount_path(&mp, args.lazy)?;
-    if let Some(pidfd) = daemon {
-        if !crate::pidfd::wait_exit(&pidfd, Duration::from_secs(30)) {
-            eprintln!(
-                "warning: the daemon of {} is still running after 30 s (still writing?)",
-                mp.display()
-            );
+    for (pidfd, what) in [(daemon, "daemon"), (supervisor, "supervisor")] {
+        if let Some(pidfd) = pidfd {
+            if !crate::pidfd::wait_exit(&pidfd, Duration::from_secs(30)) {
+                eprintln!(
+                    "warning: the {what} of {} is still running after 30 s (still writing?)",
+                    mp.display()
+                );
+            }
         }
     }
     Ok(())

@@ -21,6 +21,14 @@ pub fn daemon_of(mountpoint: &Path) -> Option<OwnedFd> {
     from_socket(mountpoint).or_else(|| from_pid_file(mountpoint))
 }
 
+/// A pidfd of the supervisor of the daemon serving `mountpoint`: the
+/// supervisor its info file names, kept only if that process is a mapfs
+/// supervisor of this mountpoint (checked after the pidfd is taken).
+pub fn supervisor_of(mountpoint: &Path) -> Option<OwnedFd> {
+    let pid = mounts::read_info(mountpoint)?.supervisor_pid?;
+    confirmed(pid as i32, mountpoint)
+}
+
 /// The pidfd of the process listening on the mount's control socket.
 fn from_socket(mountpoint: &Path) -> Option<OwnedFd> {
     let sock = UnixStream::connect(mapfs::control::socket_path(mountpoint)).ok()?;
@@ -58,6 +66,12 @@ fn from_pid_file(mountpoint: &Path) -> Option<OwnedFd> {
         .trim()
         .parse()
         .ok()?;
+    confirmed(pid, mountpoint)
+}
+
+/// A pidfd of `pid` if it is a background mapfs process (daemon or
+/// supervisor) of `mountpoint`.
+fn confirmed(pid: i32, mountpoint: &Path) -> Option<OwnedFd> {
     let pid = rustix::process::Pid::from_raw(pid)?;
     let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()?;
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", pid.as_raw_nonzero())).ok()?;

@@ -234,8 +234,12 @@ fn need(program: &str) {
     );
 }
 
-/// Pid of the daemon serving `mnt`, found by its command line.
+/// Pid of the daemon serving `mnt`: the one its info file names (not its
+/// supervisor), else found by its command line.
 fn daemon_pid(mnt: &Path) -> Option<i32> {
+    if let Some(info) = mapfs_cli::mounts::read_info(mnt) {
+        return Some(info.pid as i32);
+    }
     let want = mnt.as_os_str().as_encoded_bytes();
     for ent in fs::read_dir("/proc").ok()? {
         let ent = ent.ok()?;

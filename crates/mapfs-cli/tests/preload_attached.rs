@@ -435,7 +435,12 @@ fn daemon_killed_nothing_hangs() {
     if !fuse_or_skip(test) || !have("python3") {
         return;
     }
-    let s = mount(DataMode::Passthrough, &[]);
+    // No supervisor to replace the daemon (that case: failover.rs).
+    let s = mapfs_testkit::MountSession::builder(common::mapfs_bin())
+        .data(DataMode::Passthrough)
+        .arg("--no-supervisor")
+        .mount()
+        .expect("mount --no-supervisor");
     let f = s.mountpoint().join("a.bin");
     let data = pattern(50_000, 9);
     std::fs::write(&f, &data).unwrap();

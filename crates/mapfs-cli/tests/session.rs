@@ -61,7 +61,12 @@ fn cleans_up_after_daemon_death() {
     if !fuse_or_skip("cleans_up_after_daemon_death") {
         return;
     }
-    let s = mount(DataMode::Daemon, &[]);
+    // Without a supervisor, which would replace the daemon (failover.rs).
+    let s = MountSession::builder(mapfs_bin())
+        .data(DataMode::Daemon)
+        .arg("--no-supervisor")
+        .mount()
+        .expect("mount --no-supervisor");
     let mnt = s.mountpoint().to_path_buf();
     let scratch = s.scratch().unwrap().to_path_buf();
     let pid = daemon_pid(&mnt).expect("daemon process of the mount not found in /proc");

@@ -205,6 +205,10 @@ pub fn daemon_pid(s: &mapfs_testkit::MountSession) -> i32 {
     // The daemon serving the mount holds /dev/fuse; its pid file is in the
     // runtime dir, but scanning /proc for the mount's source avoids knowing
     // the layout.
+    if let Some(info) = mapfs_cli::mounts::read_info(s.mountpoint()) {
+        // The serving daemon, not its supervisor.
+        return info.pid as i32;
+    }
     let needle = s.mountpoint().to_string_lossy().into_owned();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {

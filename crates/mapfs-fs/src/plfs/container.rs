@@ -125,6 +125,38 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
     Ok(out)
 }
 
+/// Names of the real subdirectories of `dir` (not following symlinks;
+/// `.` and `..` left out).
+pub(super) fn subdirs(dir: BorrowedFd<'_>) -> Result<Vec<std::ffi::OsString>> {
+    let fd = openat2_beneath(
+        dir,
+        OsStr::new("."),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut out = Vec::new();
+    let mut d = rustix::fs::Dir::read_from(&fd)?;
+    while let Some(e) = d.read() {
+        let e = e?;
+        let n = OsStr::from_bytes(e.file_name().to_bytes());
+        if n == "." || n == ".." {
+            continue;
+        }
+        let is_dir = match e.file_type() {
+            FileType::Directory => true,
+            FileType::Unknown => matches!(
+                rustix::fs::statat(&fd, n, AtFlags::SYMLINK_NOFOLLOW),
+                Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory
+            ),
+            _ => false,
+        };
+        if is_dir {
+            out.push(n.to_os_string());
+        }
+    }
+    Ok(out)
+}
+
 /// Opens regular file `name` in `dir` with `flags` (no symlink, never
 /// blocking on a planted FIFO); anything but a regular file is `EIO`.
 pub(super) fn open_file(dir: BorrowedFd<'_>, name: &str, flags: OFlags) -> Result<File> {
@@ -148,6 +180,21 @@ pub(super) fn open_file(dir: BorrowedFd<'_>, name: &str, flags: OFlags) -> Resul
     let fl = rustix::fs::fcntl_getfl(&fd)?;
     rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK)?;
     Ok(File::from(fd))
+}
+
+/// Reads and decodes dropping `name`; `None` when it vanished (removed by a
+/// compaction since it was listed).
+pub(super) fn read_dropping(dir: BorrowedFd<'_>, name: &str) -> Result<Option<Dropping>> {
+    let res = open_file(dir, name, OFlags::RDONLY).and_then(|mut f| {
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        format::decode(&buf)
+    });
+    match res {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if e.errno() == libc::ENOENT => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Reads and decodes the droppings `names`; vanished ones (removed by a
@@ -309,6 +356,37 @@ pub(super) fn remove_log_if_unused(dir: BorrowedFd<'_>, name: &str) -> Result<bo
             Ok(true)
         }
         Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Renames `from` in `fd` to `to` in `td` unless `to` exists (`EEXIST`).
+/// With `RENAME_NOREPLACE` where the store has it; where it does not
+/// (GlusterFS's FUSE client answers `EINVAL`), the target is checked to be
+/// free and a plain rename follows: a container is a non-empty directory, so
+/// the rename cannot replace a file, a symlink or a non-empty directory
+/// created meanwhile (`ENOTDIR`/`ENOTEMPTY`, reported as `EEXIST`); only an
+/// empty directory created under the same name in that window is replaced.
+pub(super) fn rename_noreplace(
+    fd: BorrowedFd<'_>,
+    from: &OsStr,
+    td: BorrowedFd<'_>,
+    to: &OsStr,
+) -> Result<()> {
+    match rustix::fs::renameat_with(fd, from, td, to, rustix::fs::RenameFlags::NOREPLACE) {
+        Err(rustix::io::Errno::INVAL) => {}
+        r => return Ok(r?),
+    }
+    match rustix::fs::statat(td, to, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => return Err(Error::from_errno(libc::EEXIST)),
+        Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    match rustix::fs::renameat(fd, from, td, to) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::NOTEMPTY | rustix::io::Errno::NOTDIR | rustix::io::Errno::EXIST) => {
+            Err(Error::from_errno(libc::EEXIST))
+        }
         Err(e) => Err(e.into()),
     }
 }

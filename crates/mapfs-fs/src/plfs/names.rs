@@ -58,12 +58,11 @@ impl Plfs {
             match f.node {
                 Node::File(dir) => {
                     let gone = format!("{GONE_PREFIX}{}", format::new_id());
-                    rustix::fs::renameat_with(
-                        &f.parent,
+                    container::rename_noreplace(
+                        f.parent.as_fd(),
                         &f.name,
-                        &f.parent,
-                        gone.as_str(),
-                        rustix::fs::RenameFlags::NOREPLACE,
+                        f.parent.as_fd(),
+                        gone.as_ref(),
                     )?;
                     Ok(Some((f.parent, gone, dir)))
                 }

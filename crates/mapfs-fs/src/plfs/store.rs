@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use mapfs::{Error, Result};
 use parking_lot::{Mutex, MutexGuard};
+use tracing::warn;
 
 use super::container::{self, Key};
 use super::format::{self, Dropping, Op, Record, INDEX_PREFIX};
@@ -24,8 +25,14 @@ use super::merge::{merge, Merged};
 
 /// Number of lock stripes.
 const STRIPES: usize = 64;
-/// Cache bound; past it the cache is emptied (it only saves merges).
+/// Cache bound in containers; past it the cache is emptied (it only saves
+/// merges).
 const CACHE_MAX: usize = 4096;
+/// Cache bound in index entries (merged extents plus the records of kept
+/// droppings, ~40 bytes each in memory: 4 Mi entries is ~160 MiB); past it
+/// the cache is emptied before the next entry goes in, and a container whose
+/// droppings alone exceed a quarter of it keeps only its merged map.
+pub(super) const CACHE_ENTRIES_MAX: usize = 4 << 20;
 
 /// What a merge of one container found.
 #[derive(Debug)]
@@ -36,6 +43,26 @@ pub(super) struct Loaded {
     /// approximation: bytes shadowed by later writes still count until a
     /// compaction drops their log).
     pub log_blocks: u64,
+    /// Logs whose writer may have died: no dropping of their own, or one
+    /// written while still open (see `recover.rs`). Live writers are here
+    /// too; an `flock` test tells them apart.
+    pub suspects: Vec<String>,
+    /// Number of droppings merged.
+    pub droppings: usize,
+}
+
+/// One container's cache entry.
+#[derive(Debug)]
+struct Cached {
+    validator: Validator,
+    loaded: Arc<Loaded>,
+    /// Closed droppings by name: never rewritten once closed (a writer's
+    /// last dropping is written at its release; bases and truncations get
+    /// fresh names), so a name seen again is the same dropping and is not
+    /// read again.
+    closed: HashMap<String, Arc<Dropping>>,
+    /// Index entries this entry holds (see [`CACHE_ENTRIES_MAX`]).
+    entries: usize,
 }
 
 /// The container directory's change/modify times: a dropping renamed in or
@@ -64,15 +91,45 @@ pub(super) struct Locked<'a> {
 /// Locks and cache of all containers.
 #[derive(Debug)]
 pub(super) struct Store {
+    /// This host's id (names the droppings it writes).
+    pub host: String,
     stripes: Vec<Mutex<()>>,
-    cache: Mutex<HashMap<Key, (Validator, Arc<Loaded>)>>,
+    cache: Mutex<CacheMap>,
+    /// Droppings read from the backing store so far (measurements).
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct CacheMap {
+    map: HashMap<Key, Cached>,
+    entries: usize,
+}
+
+impl CacheMap {
+    fn remove(&mut self, key: &Key) -> Option<Cached> {
+        let c = self.map.remove(key)?;
+        self.entries -= c.entries;
+        Some(c)
+    }
+
+    fn insert(&mut self, key: Key, c: Cached) {
+        self.remove(&key);
+        if self.map.len() >= CACHE_MAX || self.entries + c.entries > CACHE_ENTRIES_MAX {
+            self.map.clear();
+            self.entries = 0;
+        }
+        self.entries += c.entries;
+        self.map.insert(key, c);
+    }
 }
 
 impl Store {
-    pub fn new() -> Self {
+    pub fn new(host: &str) -> Self {
         Store {
+            host: host.to_owned(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(CacheMap::default()),
+            reads: Default::default(),
         }
     }
 
@@ -93,9 +150,12 @@ impl Store {
         })
     }
 
-    /// Forgets the cached merge of `key`.
+    /// Forgets the cached merge of `key` (its closed droppings stay cached:
+    /// dropping names are unique, so the next merge reuses them).
     pub fn invalidate(&self, key: Key) {
-        self.cache.lock().remove(&key);
+        if let Some(c) = self.cache.lock().map.get_mut(&key) {
+            c.validator = (i64::MIN, 0, i64::MIN, 0);
+        }
     }
 
     /// Forgets container `key` once it has been removed: under its stripe,
@@ -105,7 +165,7 @@ impl Store {
     /// container with the old one's timestamps must not inherit its index.
     pub fn forget(&self, key: Key) {
         let _stripe = self.stripe(key);
-        self.invalidate(key);
+        self.cache.lock().remove(&key);
     }
 
     /// The merged index of container `dir`: from the cache when the
@@ -135,27 +195,96 @@ impl Store {
 
     fn cached(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Option<Arc<Loaded>>> {
         let v = validator(dir)?;
-        Ok(match self.cache.lock().get(&key) {
-            Some((cv, l)) if *cv == v => Some(l.clone()),
+        Ok(match self.cache.lock().map.get(&key) {
+            Some(c) if c.validator == v => Some(c.loaded.clone()),
             _ => None,
         })
     }
 
+    /// Index entries held by the cache now, and droppings read so far.
+    pub fn stats(&self) -> (usize, usize) {
+        (
+            self.cache.lock().entries,
+            self.reads.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Merges container `dir` incrementally: droppings already cached as
+    /// closed are not read again, only new or still-open ones.
     fn merge_now(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
         let v = validator(dir)?;
         let listing = container::list(dir)?;
-        let ds = container::read_droppings(dir, &listing.indexes);
+        // The previous entry's closed droppings, whatever its validator.
+        let known = self
+            .cache
+            .lock()
+            .remove(&key)
+            .map(|c| c.closed)
+            .unwrap_or_default();
+        let mut closed = HashMap::new();
+        let mut ds: Vec<Arc<Dropping>> = Vec::with_capacity(listing.indexes.len());
+        let mut names: Vec<&str> = Vec::with_capacity(listing.indexes.len());
+        let mut open_ids: HashMap<&str, bool> = HashMap::new();
+        let mut read = 0;
+        for n in &listing.indexes {
+            let d = match known.get(n) {
+                Some(d) => d.clone(),
+                None => {
+                    read += 1;
+                    match container::read_dropping(dir, n) {
+                        Ok(Some(d)) => Arc::new(d),
+                        Ok(None) => continue,
+                        Err(e) => {
+                            warn!("plfs: skipping dropping {n}: {e}");
+                            continue;
+                        }
+                    }
+                }
+            };
+            open_ids.insert(&n[INDEX_PREFIX.len()..], d.open);
+            if !d.open {
+                closed.insert(n.clone(), d.clone());
+            }
+            names.push(n);
+            ds.push(d);
+        }
+        let suspects = listing
+            .logs
+            .iter()
+            .filter(|l| {
+                let id = &l[format::LOG_PREFIX.len()..];
+                open_ids.get(id).copied().unwrap_or(true)
+            })
+            .cloned()
+            .collect();
+        let merged = merge(&ds);
+        let records: usize = closed
+            .values()
+            .map(|d: &Arc<Dropping>| d.records.len())
+            .sum();
+        if records > CACHE_ENTRIES_MAX / 4 {
+            closed.clear();
+        }
+        let entries = merged.map.extents().len() + if closed.is_empty() { 0 } else { records };
         let loaded = Arc::new(Loaded {
-            merged: merge(&ds),
+            merged,
             log_blocks: listing.log_blocks,
+            suspects,
+            droppings: ds.len(),
         });
+        self.reads
+            .fetch_add(read, std::sync::atomic::Ordering::Relaxed);
         // A removed container is never cached (see `forget`).
         if rustix::fs::fstat(dir)?.st_nlink > 0 {
-            let mut c = self.cache.lock();
-            if c.len() >= CACHE_MAX {
-                c.clear();
-            }
-            c.insert(key, (v, loaded.clone()));
+            self.cache.lock().insert(
+                key,
+                Cached {
+                    validator: v,
+                    loaded: loaded.clone(),
+                    closed,
+                    entries,
+                },
+            );
         }
         Ok(loaded)
     }
@@ -172,8 +301,13 @@ impl Store {
                 seq,
                 op: Op::SetSize(size),
             }],
+            open: false,
         };
-        container::write_dropping(dir, &format!("{INDEX_PREFIX}{}", format::new_id()), &d)?;
+        container::write_dropping(
+            dir,
+            &format!("{INDEX_PREFIX}{}", format::host_id(&self.host)),
+            &d,
+        )?;
         self.invalidate(key);
         Ok(seq)
     }
@@ -217,8 +351,13 @@ impl Store {
         let base = Dropping {
             logs: refs.iter().map(|s| s.to_string()).collect(),
             records,
+            open: false,
         };
-        container::write_dropping(dir, &format!("{INDEX_PREFIX}{}", format::new_id()), &base)?;
+        container::write_dropping(
+            dir,
+            &format!("{INDEX_PREFIX}{}", format::host_id(&self.host)),
+            &base,
+        )?;
         // Every dropping writer holds the exclusive lock while its `tmp.*`
         // exists, so the ones seen here are leftovers of a crash.
         for n in listing.indexes.iter().chain(&listing.tmps) {

@@ -87,6 +87,9 @@ pub(super) fn is_container(dir: BorrowedFd<'_>) -> bool {
 pub(super) struct Listing {
     /// `index.*` names, sorted (the merge's tie-break order).
     pub indexes: Vec<String>,
+    /// Their inode numbers as listed (a dropping replaced under the same
+    /// name by hand has another).
+    pub index_inos: Vec<u64>,
     /// `data.*` names.
     pub logs: Vec<String>,
     /// `tmp.*` names (droppings never completed).
@@ -112,6 +115,7 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
         };
         if name.starts_with(INDEX_PREFIX) {
             out.indexes.push(name.to_owned());
+            out.index_inos.push(e.ino());
         } else if name.starts_with(LOG_PREFIX) {
             if let Ok(st) = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
                 out.log_blocks += st.st_blocks as u64;
@@ -121,7 +125,13 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
             out.tmps.push(name.to_owned());
         }
     }
-    out.indexes.sort();
+    let mut pairs: Vec<(String, u64)> = out
+        .indexes
+        .drain(..)
+        .zip(out.index_inos.drain(..))
+        .collect();
+    pairs.sort();
+    (out.indexes, out.index_inos) = pairs.into_iter().unzip();
     Ok(out)
 }
 

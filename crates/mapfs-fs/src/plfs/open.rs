@@ -369,13 +369,26 @@ impl Plfs {
             return Ok(());
         };
         let own = (w.names.len() - 1) as u32;
-        let uses_log = w
+        // The end of the last byte of this open's log a record names: bytes
+        // past it were written but never recorded (a writer killed between
+        // flushes, whose open the executor released with its last map).
+        let recorded_end = w
             .recorded
             .lock()
             .pieces
             .iter()
-            .any(|p| matches!(p.content, Content::Data { file, .. } if file == own));
-        if !uses_log {
+            .filter_map(|p| match p.content {
+                Content::Data { file, offset } if file == own => Some(offset + p.len),
+                _ => None,
+            })
+            .max();
+        if let Some(end) = recorded_end {
+            if w.log.metadata().is_ok_and(|m| m.len() > end) {
+                if let Err(e) = w.log.set_len(end) {
+                    warn!("plfs: cannot cut the unrecorded end of log {}: {e}", w.id);
+                }
+            }
+        } else {
             let name = format!("{LOG_PREFIX}{}", w.id);
             let removed = self
                 .store

@@ -56,11 +56,11 @@ pub(super) struct Loaded {
 struct Cached {
     validator: Validator,
     loaded: Arc<Loaded>,
-    /// Closed droppings by name: never rewritten once closed (a writer's
+    /// Closed droppings by name and inode: never rewritten once closed (a writer's
     /// last dropping is written at its release; bases and truncations get
     /// fresh names), so a name seen again is the same dropping and is not
     /// read again.
-    closed: HashMap<String, Arc<Dropping>>,
+    closed: HashMap<(String, u64), Arc<Dropping>>,
     /// Index entries this entry holds (see [`CACHE_ENTRIES_MAX`]).
     entries: usize,
 }
@@ -226,8 +226,9 @@ impl Store {
         let mut names: Vec<&str> = Vec::with_capacity(listing.indexes.len());
         let mut open_ids: HashMap<&str, bool> = HashMap::new();
         let mut read = 0;
-        for n in &listing.indexes {
-            let d = match known.get(n) {
+        for (n, ino) in listing.indexes.iter().zip(&listing.index_inos) {
+            let k = (n.clone(), *ino);
+            let d = match known.get(&k) {
                 Some(d) => d.clone(),
                 None => {
                     read += 1;
@@ -243,21 +244,29 @@ impl Store {
             };
             open_ids.insert(&n[INDEX_PREFIX.len()..], d.open);
             if !d.open {
-                closed.insert(n.clone(), d.clone());
+                closed.insert(k, d.clone());
             }
             names.push(n);
             ds.push(d);
         }
+        let merged = merge(&ds);
+        // A log is suspect when its own dropping says open, or when it has
+        // none and no dropping names it (a compaction base that names it
+        // replaced its own dropping: it was recorded).
+        let named: std::collections::HashSet<&str> =
+            merged.logs.iter().map(String::as_str).collect();
         let suspects = listing
             .logs
             .iter()
             .filter(|l| {
                 let id = &l[format::LOG_PREFIX.len()..];
-                open_ids.get(id).copied().unwrap_or(true)
+                match open_ids.get(id) {
+                    Some(open) => *open,
+                    None => !named.contains(l.as_str()),
+                }
             })
             .cloned()
             .collect();
-        let merged = merge(&ds);
         let records: usize = closed
             .values()
             .map(|d: &Arc<Dropping>| d.records.len())

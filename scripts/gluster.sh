@@ -44,7 +44,8 @@ ensure_packages() {
 ensure_glusterd() {
     if gluster --mode=script pool list >/dev/null 2>&1; then return; fi
     mkdir -p "$ROOT"
-    glusterd -p "$ROOT/glusterd.pid" --log-file="$ROOT/glusterd.log" ||
+    # 9>&-: the daemons must not inherit the lock of this script.
+    glusterd -p "$ROOT/glusterd.pid" --log-file="$ROOT/glusterd.log" 9>&- ||
         cant "glusterd failed to start (see $ROOT/glusterd.log)"
     for _ in $(seq 50); do
         gluster --mode=script pool list >/dev/null 2>&1 && return
@@ -69,14 +70,14 @@ ensure_volume() {
     done
     gluster --mode=script volume set "$VOL" performance.md-cache-timeout 0 >/dev/null
     if ! gluster --mode=script volume status "$VOL" >/dev/null 2>&1; then
-        gluster --mode=script volume start "$VOL" >/dev/null || cant "cannot start volume $VOL"
+        gluster --mode=script volume start "$VOL" >/dev/null 9>&- || cant "cannot start volume $VOL"
     fi
 }
 
 ensure_mount() {
     mkdir -p "$1"
     is_mounted "$1" && return
-    mount -t glusterfs -o "$MOUNT_OPTS" "$HOST:/$VOL" "$1" || cant "cannot mount $HOST:/$VOL on $1"
+    mount -t glusterfs -o "$MOUNT_OPTS" "$HOST:/$VOL" "$1" 9>&- || cant "cannot mount $HOST:/$VOL on $1"
     chmod 1777 "$1"
 }
 
@@ -87,6 +88,11 @@ start() {
     mkdir -p "$ROOT"
     exec 9>"$ROOT/.lock"
     flock 9
+    if is_mounted "$A" && is_mounted "$B"; then
+        echo "$A"
+        echo "$B"
+        return
+    fi
     ensure_glusterd
     ensure_volume
     ensure_mount "$A"

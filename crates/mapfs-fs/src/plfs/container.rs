@@ -332,7 +332,7 @@ fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
 ///
 /// A container removed meanwhile has no `.plfs` any more: `ESTALE` (the
 /// caller looks its name up again, or has nothing left to do).
-pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<File> {
+pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<Flock> {
     let f = open_file(dir, IDENTITY, OFlags::RDONLY).map_err(|e| match e.errno() {
         libc::ENOENT => Error::from_errno(libc::ESTALE),
         _ => e,
@@ -343,7 +343,20 @@ pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<File
         FlockOperation::LockShared
     };
     rustix::fs::flock(&f, op)?;
-    Ok(f)
+    Ok(Flock(f))
+}
+
+/// A held container lock ([`lock_identity`]), unlocked when dropped.
+#[derive(Debug)]
+pub(super) struct Flock(File);
+
+impl Drop for Flock {
+    fn drop(&mut self) {
+        // Unlocked before the close: a FUSE backing store (Gluster) releases
+        // a lock at close only once its asynchronous release arrives, which
+        // other hosts would wait for.
+        let _ = rustix::fs::flock(&self.0, FlockOperation::Unlock);
+    }
 }
 
 /// Marks `log` as in use by a live writer (a shared `flock` held as long as

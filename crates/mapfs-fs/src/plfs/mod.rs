@@ -295,8 +295,7 @@ impl Plfs {
     pub fn on_host(backing: &Path, hostid: &str) -> Result<Self> {
         check_hostid(hostid)?;
         let pt = Passthrough::new(backing)?;
-        requirements::check(pt.root())
-            .map_err(|e| e.context(format!("plfs over {}", backing.display())))?;
+        requirements::check(pt.root())?;
         Ok(Plfs {
             pt,
             store: Store::new(hostid),

@@ -216,7 +216,8 @@ impl super::Plfs {
             } else {
                 match container::open_dir(self.root().fd(), rel.as_os_str()) {
                     Ok(d) => d,
-                    Err(e) if e.errno() == libc::ENOENT => continue,
+                    // Removed meanwhile (Gluster answers ESTALE).
+                    Err(e) if matches!(e.errno(), libc::ENOENT | libc::ESTALE) => continue,
                     Err(e) => return Err(e),
                 }
             };
@@ -229,7 +230,11 @@ impl super::Plfs {
                 continue;
             }
             for name in container::subdirs(dir.as_fd())? {
-                stack.push((rel.join(name), depth + 1));
+                // Containers being created or removed, probes of starting
+                // daemons: not files yet, or not any more.
+                if !super::format::reserved_name(name.as_encoded_bytes()) {
+                    stack.push((rel.join(name), depth + 1));
+                }
             }
         }
         Ok(out)

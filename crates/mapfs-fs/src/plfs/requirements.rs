@@ -68,7 +68,8 @@ pub(super) fn check(root: &BackingRoot) -> Result<()> {
 fn refuse(what: &str) -> Error {
     Error::from_errno(libc::EINVAL).context(format!(
         "this backing store cannot hold plfs files: {what} (plfs needs atomic rename, \
-         RENAME_NOREPLACE, flock that excludes across processes and hosts, current \
+         a rename that refuses an existing target, flock that excludes across processes \
+         and hosts, current \
          directory listings and directory ctimes that change with every entry; see \
          docs/plfs-hosts.md)"
     ))
@@ -172,8 +173,23 @@ fn probe(dir: BorrowedFd<'_>) -> Result<()> {
         Err(e) => return Err(refuse(&format!("flock fails: {e}"))),
     }
     drop(a);
-    rustix::fs::flock(&b, FlockOperation::NonBlockingLockExclusive)
-        .map_err(|e| refuse(&format!("an flock is not released at close: {e}")))?;
+    // Released at close, eventually: a FUSE client (Gluster) sends the
+    // release after close(2) has returned.
+    let mut tries = 0;
+    loop {
+        match rustix::fs::flock(&b, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => break,
+            Err(rustix::io::Errno::WOULDBLOCK) if tries < 300 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => {
+                return Err(refuse(&format!(
+                    "an flock is not released within 3 s of its file's close: {e}"
+                )))
+            }
+        }
+    }
     drop(b);
     // 4: a removed name is no longer listed, and the removal changes ctime.
     let before = super::store::validator(dir)?;

@@ -85,7 +85,7 @@ pub(super) fn validator(dir: BorrowedFd<'_>) -> Result<Validator> {
 #[derive(Debug)]
 pub(super) struct Locked<'a> {
     _stripe: MutexGuard<'a, ()>,
-    _flock: std::fs::File,
+    _flock: container::Flock,
 }
 
 /// Locks and cache of all containers.

@@ -107,7 +107,8 @@ fn probe(dir: BorrowedFd<'_>) -> Result<()> {
     // 4 and 5: a name renamed in is listed and changes the ctime.
     let before = super::store::validator(dir)?;
     write_file(dir, "tmp.a", b"new")?;
-    rustix::fs::renameat(dir, "tmp.a", dir, "index.a")?;
+    rustix::fs::renameat(dir, "tmp.a", dir, "index.a")
+        .map_err(|e| refuse(&format!("rename fails: {e}")))?;
     let after = super::store::validator(dir)?;
     if before == after {
         return Err(refuse(

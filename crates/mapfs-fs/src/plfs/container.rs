@@ -88,7 +88,9 @@ pub(super) struct Listing {
     /// `index.*` names, sorted (the merge's tie-break order).
     pub indexes: Vec<String>,
     /// Their inode numbers as listed (a dropping replaced under the same
-    /// name by hand has another).
+    /// name by hand has another, unless the number was reused), `u64::MAX`
+    /// for an entry that is not a regular file (or whose type the listing
+    /// does not give): never taken from the cache.
     pub index_inos: Vec<u64>,
     /// `data.*` names.
     pub logs: Vec<String>,
@@ -115,7 +117,10 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
         };
         if name.starts_with(INDEX_PREFIX) {
             out.indexes.push(name.to_owned());
-            out.index_inos.push(e.ino());
+            // A symlink or anything else planted under the name is not the
+            // dropping that was cached, even with a reused inode number.
+            let not_file = e.file_type() != FileType::RegularFile;
+            out.index_inos.push(if not_file { u64::MAX } else { e.ino() });
         } else if name.starts_with(LOG_PREFIX) {
             if let Ok(st) = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
                 out.log_blocks += st.st_blocks as u64;

@@ -209,9 +209,9 @@ impl Plfs {
                 Some(s) => *s,
                 None => {
                     let name = &merged.logs[e.file as usize];
-                    let s = match container::open_file(dir.as_fd(), name, OFlags::RDONLY) {
+                    let s = match self.store.log_file(dir.as_fd(), key, name) {
                         Ok(f) => {
-                            files.push(Arc::new(f));
+                            files.push(f);
                             names.push(name.clone());
                             Some((files.len() - 1) as u32)
                         }

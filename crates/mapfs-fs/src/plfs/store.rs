@@ -12,6 +12,7 @@
 //! a log, wherever the writer runs.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
@@ -55,19 +56,50 @@ pub(super) struct Loaded {
 #[derive(Debug)]
 struct Cached {
     validator: Validator,
+    /// The directory changed less than [`RACY`] before this merge: a later
+    /// change may keep the same timestamps (coarse clocks), so the
+    /// validator proves nothing and the next use lists the directory again
+    /// (reusing the closed droppings).
+    racy: bool,
     loaded: Arc<Loaded>,
     /// Closed droppings by name and inode: never rewritten once closed (a writer's
     /// last dropping is written at its release; bases and truncations get
     /// fresh names), so a name seen again is the same dropping and is not
     /// read again.
     closed: HashMap<(String, u64), Arc<Dropping>>,
+    /// Read-only descriptors of the container's logs, kept so that an open
+    /// of a file written by many writers does not open every log again
+    /// (an open costs a round trip on a distributed store). A log's name is
+    /// never reused, and its recorded bytes never change.
+    logs: HashMap<String, Arc<File>>,
     /// Index entries this entry holds (see [`CACHE_ENTRIES_MAX`]).
     entries: usize,
 }
 
+/// Log descriptors the cache keeps open at most, over all containers.
+const LOG_FDS_MAX: usize = 4096;
+
 /// The container directory's change/modify times: a dropping renamed in or
 /// removed changes them, so a cached merge with other times is stale.
 pub(super) type Validator = (i64, i64, i64, i64);
+
+/// How long after a directory's last change its timestamps are trusted to
+/// tell a later change apart: more than the timestamp granularity of any
+/// backing store (kernels stamp with a clock that ticks every few
+/// milliseconds, unless multigrain timestamps apply) and than the clock
+/// difference between hosts.
+const RACY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// True when a directory whose validator is `v` changed less than [`RACY`]
+/// ago (or in the future, by another host's clock).
+fn racy(v: Validator) -> bool {
+    let changed = |s: i64, ns: i64| i128::from(s) * 1_000_000_000 + i128::from(ns);
+    let last = changed(v.0, v.1).max(changed(v.2, v.3));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    now - last < RACY.as_nanos() as i128
+}
 
 /// The [`Validator`] of directory `dir` now.
 pub(super) fn validator(dir: BorrowedFd<'_>) -> Result<Validator> {
@@ -103,12 +135,15 @@ pub(super) struct Store {
 struct CacheMap {
     map: HashMap<Key, Cached>,
     entries: usize,
+    /// Log descriptors held by all entries.
+    fds: usize,
 }
 
 impl CacheMap {
     fn remove(&mut self, key: &Key) -> Option<Cached> {
         let c = self.map.remove(key)?;
         self.entries -= c.entries;
+        self.fds -= c.logs.len();
         Some(c)
     }
 
@@ -117,8 +152,10 @@ impl CacheMap {
         if self.map.len() >= CACHE_MAX || self.entries + c.entries > CACHE_ENTRIES_MAX {
             self.map.clear();
             self.entries = 0;
+            self.fds = 0;
         }
         self.entries += c.entries;
+        self.fds += c.logs.len();
         self.map.insert(key, c);
     }
 }
@@ -196,9 +233,33 @@ impl Store {
     fn cached(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Option<Arc<Loaded>>> {
         let v = validator(dir)?;
         Ok(match self.cache.lock().map.get(&key) {
-            Some(c) if c.validator == v => Some(c.loaded.clone()),
+            Some(c) if c.validator == v && !c.racy => Some(c.loaded.clone()),
             _ => None,
         })
+    }
+
+    /// A read-only descriptor of log `name` of container `dir`, from the
+    /// cache when an earlier open opened it (see [`Cached::logs`]).
+    pub fn log_file(&self, dir: BorrowedFd<'_>, key: Key, name: &str) -> Result<Arc<File>> {
+        if let Some(f) = self
+            .cache
+            .lock()
+            .map
+            .get(&key)
+            .and_then(|c| c.logs.get(name))
+        {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(container::open_file(dir, name, rustix::fs::OFlags::RDONLY)?);
+        let mut cache = self.cache.lock();
+        if cache.fds < LOG_FDS_MAX {
+            if let Some(c) = cache.map.get_mut(&key) {
+                if c.logs.insert(name.to_owned(), f.clone()).is_none() {
+                    cache.fds += 1;
+                }
+            }
+        }
+        Ok(f)
     }
 
     /// Index entries held by the cache now, and droppings read so far.
@@ -214,13 +275,15 @@ impl Store {
     fn merge_now(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
         let v = validator(dir)?;
         let listing = container::list(dir)?;
-        // The previous entry's closed droppings, whatever its validator.
-        let known = self
+        // The previous entry's closed droppings and log descriptors,
+        // whatever its validator.
+        let (known, mut logs) = self
             .cache
             .lock()
             .remove(&key)
-            .map(|c| c.closed)
+            .map(|c| (c.closed, c.logs))
             .unwrap_or_default();
+        logs.retain(|n, _| listing.logs.contains(n));
         let mut closed = HashMap::new();
         let mut ds: Vec<Arc<Dropping>> = Vec::with_capacity(listing.indexes.len());
         let mut names: Vec<&str> = Vec::with_capacity(listing.indexes.len());
@@ -243,7 +306,7 @@ impl Store {
                 }
             };
             open_ids.insert(&n[INDEX_PREFIX.len()..], d.open);
-            if !d.open {
+            if !d.open && k.1 != u64::MAX {
                 closed.insert(k, d.clone());
             }
             names.push(n);
@@ -289,8 +352,10 @@ impl Store {
                 key,
                 Cached {
                     validator: v,
+                    racy: racy(v),
                     loaded: loaded.clone(),
                     closed,
+                    logs,
                     entries,
                 },
             );

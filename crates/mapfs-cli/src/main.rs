@@ -9,14 +9,14 @@ mod fsck_cmd;
 #[derive(clap::Subcommand)]
 enum Extra {
     /// Benchmark native, FUSE daemon, kernel passthrough (and references) side by side.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Check a plfs backing directory: recover or reclaim the logs of writers that died.
     Fsck(fsck_cmd::FsckArgs),
 }
 
 fn main() {
     mapfs_cli::main_with(mapfs_cli::builtins(), |e: Extra| match e {
-        Extra::Bench(args) => bench::run(args),
+        Extra::Bench(args) => bench::run(*args),
         Extra::Fsck(args) => fsck_cmd::run(args),
     })
 }

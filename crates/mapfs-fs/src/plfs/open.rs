@@ -312,7 +312,8 @@ impl Plfs {
         let own = (w.names.len() - 1) as u32;
         let d = delta(&w.open_map, map, &rec, own, &w.epochs.lock(), seq);
         let changed = d != *rec;
-        if !changed && !(closing && w.dropping_open.load(Ordering::Relaxed)) {
+        let mark_closed = closing && w.dropping_open.load(Ordering::Relaxed);
+        if !changed && !mark_closed {
             return Ok(());
         }
         // No sync of the log here: at fsync(2) the executor has synced the

@@ -45,7 +45,7 @@ ensure_glusterd() {
     if gluster --mode=script pool list >/dev/null 2>&1; then return; fi
     mkdir -p "$ROOT"
     # 9>&-: the daemons must not inherit the lock of this script.
-    glusterd -p "$ROOT/glusterd.pid" --log-file="$ROOT/glusterd.log" 9>&- ||
+    setsid glusterd -p "$ROOT/glusterd.pid" --log-file="$ROOT/glusterd.log" 9>&- ||
         cant "glusterd failed to start (see $ROOT/glusterd.log)"
     for _ in $(seq 50); do
         gluster --mode=script pool list >/dev/null 2>&1 && return
@@ -69,15 +69,28 @@ ensure_volume() {
         gluster --mode=script volume set "$VOL" "$o" off >/dev/null
     done
     gluster --mode=script volume set "$VOL" performance.md-cache-timeout 0 >/dev/null
+    # Two cores shared by builds and tests: a brick can be slow to answer
+    # for longer than the default 42 s without being gone.
+    gluster --mode=script volume set "$VOL" network.ping-timeout 300 >/dev/null
     if ! gluster --mode=script volume status "$VOL" >/dev/null 2>&1; then
         gluster --mode=script volume start "$VOL" >/dev/null 9>&- || cant "cannot start volume $VOL"
     fi
 }
 
+# A mount that answers (its client can lose the bricks for good when the
+# machine is overloaded past the ping timeout).
+is_healthy() { is_mounted "$1" && timeout 20 stat -f "$1" >/dev/null 2>&1; }
+
 ensure_mount() {
+    is_healthy "$1" && return
+    if is_mounted "$1"; then
+        echo "gluster.sh: $1 does not answer; mounting it again" >&2
+        umount -l "$1" || true
+    fi
     mkdir -p "$1"
-    is_mounted "$1" && return
-    mount -t glusterfs -o "$MOUNT_OPTS" "$HOST:/$VOL" "$1" 9>&- || cant "cannot mount $HOST:/$VOL on $1"
+    # setsid: the client daemon must not be in the caller's process group
+    # (a test harness that kills its group would kill the "host").
+    setsid mount -t glusterfs -o "$MOUNT_OPTS" "$HOST:/$VOL" "$1" 9>&- || cant "cannot mount $HOST:/$VOL on $1"
     chmod 1777 "$1"
 }
 
@@ -88,7 +101,7 @@ start() {
     mkdir -p "$ROOT"
     exec 9>"$ROOT/.lock"
     flock 9
-    if is_mounted "$A" && is_mounted "$B"; then
+    if is_healthy "$A" && is_healthy "$B"; then
         echo "$A"
         echo "$B"
         return

@@ -120,7 +120,8 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
             // A symlink or anything else planted under the name is not the
             // dropping that was cached, even with a reused inode number.
             let not_file = e.file_type() != FileType::RegularFile;
-            out.index_inos.push(if not_file { u64::MAX } else { e.ino() });
+            out.index_inos
+                .push(if not_file { u64::MAX } else { e.ino() });
         } else if name.starts_with(LOG_PREFIX) {
             if let Ok(st) = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
                 out.log_blocks += st.st_blocks as u64;

@@ -80,11 +80,17 @@ fn hosts(test: &str) -> Option<Hosts> {
             .arg("--ttl")
             .arg("0")
             .mount()
-            .unwrap_or_else(|e| panic!("{test}: mount plfs on Gluster as {host}: {e:#}"))
+            .map_err(|e| format!("{test}: mount plfs on Gluster as {host}: {e:#}"))
     };
-    let a = mount(dir.clone(), "alpha");
-    let b = mount(gb.join(&name), "beta");
-    Some(Hosts { a, b, dir })
+    let mounted =
+        mount(dir.clone(), "alpha").and_then(|a| mount(gb.join(&name), "beta").map(|b| (a, b)));
+    match mounted {
+        Ok((a, b)) => Some(Hosts { a, b, dir }),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!("{e}");
+        }
+    }
 }
 
 /// Writes `nb` blocks of `bs` bytes at block `i * n + rank` (`block`

@@ -3,16 +3,20 @@
 //! on the library's command line ([`mapfs_cli::main_with`]), plus `bench`.
 
 mod bench;
+mod fsck_cmd;
 
 /// What `mapfs` has beyond every mapfs-based program.
 #[derive(clap::Subcommand)]
 enum Extra {
     /// Benchmark native, FUSE daemon, kernel passthrough (and references) side by side.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
+    /// Check a plfs backing directory: recover or reclaim the logs of writers that died.
+    Fsck(fsck_cmd::FsckArgs),
 }
 
 fn main() {
     mapfs_cli::main_with(mapfs_cli::builtins(), |e: Extra| match e {
-        Extra::Bench(args) => bench::run(args),
+        Extra::Bench(args) => bench::run(*args),
+        Extra::Fsck(args) => fsck_cmd::run(args),
     })
 }

@@ -154,11 +154,20 @@ pub fn builtins() -> Registry {
         })
         .whole_file_maps(),
     )
-    .register(FsSpec::new(
-        "plfs",
-        "one append log per writer, for N-1 checkpoints",
-        |b, _| Ok(Arc::new(Plfs::new(b)?)),
-    ))
+    .register(
+        FsSpec::new(
+            "plfs",
+            "one append log per writer, for N-1 checkpoints (-o hostid=NAME across hosts)",
+            |b, o| {
+                let host = match o.get("hostid") {
+                    Some(h) => h.to_owned(),
+                    None => mapfs_fs::plfs::default_hostid(),
+                };
+                Ok(Arc::new(Plfs::on_host(b, &host)?))
+            },
+        )
+        .options(&["hostid"]),
+    )
 }
 
 #[cfg(test)]

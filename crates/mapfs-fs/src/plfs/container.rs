@@ -87,6 +87,11 @@ pub(super) fn is_container(dir: BorrowedFd<'_>) -> bool {
 pub(super) struct Listing {
     /// `index.*` names, sorted (the merge's tie-break order).
     pub indexes: Vec<String>,
+    /// Their inode numbers as listed (a dropping replaced under the same
+    /// name by hand has another, unless the number was reused), `u64::MAX`
+    /// for an entry that is not a regular file (or whose type the listing
+    /// does not give): never taken from the cache.
+    pub index_inos: Vec<u64>,
     /// `data.*` names.
     pub logs: Vec<String>,
     /// `tmp.*` names (droppings never completed).
@@ -112,6 +117,11 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
         };
         if name.starts_with(INDEX_PREFIX) {
             out.indexes.push(name.to_owned());
+            // A symlink or anything else planted under the name is not the
+            // dropping that was cached, even with a reused inode number.
+            let not_file = e.file_type() != FileType::RegularFile;
+            out.index_inos
+                .push(if not_file { u64::MAX } else { e.ino() });
         } else if name.starts_with(LOG_PREFIX) {
             if let Ok(st) = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
                 out.log_blocks += st.st_blocks as u64;
@@ -121,7 +131,45 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
             out.tmps.push(name.to_owned());
         }
     }
-    out.indexes.sort();
+    let mut pairs: Vec<(String, u64)> = out
+        .indexes
+        .drain(..)
+        .zip(out.index_inos.drain(..))
+        .collect();
+    pairs.sort();
+    (out.indexes, out.index_inos) = pairs.into_iter().unzip();
+    Ok(out)
+}
+
+/// Names of the real subdirectories of `dir` (not following symlinks;
+/// `.` and `..` left out).
+pub(super) fn subdirs(dir: BorrowedFd<'_>) -> Result<Vec<std::ffi::OsString>> {
+    let fd = openat2_beneath(
+        dir,
+        OsStr::new("."),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut out = Vec::new();
+    let mut d = rustix::fs::Dir::read_from(&fd)?;
+    while let Some(e) = d.read() {
+        let e = e?;
+        let n = OsStr::from_bytes(e.file_name().to_bytes());
+        if n == "." || n == ".." {
+            continue;
+        }
+        let is_dir = match e.file_type() {
+            FileType::Directory => true,
+            FileType::Unknown => matches!(
+                rustix::fs::statat(&fd, n, AtFlags::SYMLINK_NOFOLLOW),
+                Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory
+            ),
+            _ => false,
+        };
+        if is_dir {
+            out.push(n.to_os_string());
+        }
+    }
     Ok(out)
 }
 
@@ -148,6 +196,21 @@ pub(super) fn open_file(dir: BorrowedFd<'_>, name: &str, flags: OFlags) -> Resul
     let fl = rustix::fs::fcntl_getfl(&fd)?;
     rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK)?;
     Ok(File::from(fd))
+}
+
+/// Reads and decodes dropping `name`; `None` when it vanished (removed by a
+/// compaction since it was listed).
+pub(super) fn read_dropping(dir: BorrowedFd<'_>, name: &str) -> Result<Option<Dropping>> {
+    let res = open_file(dir, name, OFlags::RDONLY).and_then(|mut f| {
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        format::decode(&buf)
+    });
+    match res {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if e.errno() == libc::ENOENT => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Reads and decodes the droppings `names`; vanished ones (removed by a
@@ -275,7 +338,7 @@ fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
 ///
 /// A container removed meanwhile has no `.plfs` any more: `ESTALE` (the
 /// caller looks its name up again, or has nothing left to do).
-pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<File> {
+pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<Flock> {
     let f = open_file(dir, IDENTITY, OFlags::RDONLY).map_err(|e| match e.errno() {
         libc::ENOENT => Error::from_errno(libc::ESTALE),
         _ => e,
@@ -286,7 +349,20 @@ pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<File
         FlockOperation::LockShared
     };
     rustix::fs::flock(&f, op)?;
-    Ok(f)
+    Ok(Flock(f))
+}
+
+/// A held container lock ([`lock_identity`]), unlocked when dropped.
+#[derive(Debug)]
+pub(super) struct Flock(File);
+
+impl Drop for Flock {
+    fn drop(&mut self) {
+        // Unlocked before the close: a FUSE backing store (Gluster) releases
+        // a lock at close only once its asynchronous release arrives, which
+        // other hosts would wait for.
+        let _ = rustix::fs::flock(&self.0, FlockOperation::Unlock);
+    }
 }
 
 /// Marks `log` as in use by a live writer (a shared `flock` held as long as
@@ -309,6 +385,37 @@ pub(super) fn remove_log_if_unused(dir: BorrowedFd<'_>, name: &str) -> Result<bo
             Ok(true)
         }
         Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Renames `from` in `fd` to `to` in `td` unless `to` exists (`EEXIST`).
+/// With `RENAME_NOREPLACE` where the store has it; where it does not
+/// (GlusterFS's FUSE client answers `EINVAL`), the target is checked to be
+/// free and a plain rename follows: a container is a non-empty directory, so
+/// the rename cannot replace a file, a symlink or a non-empty directory
+/// created meanwhile (`ENOTDIR`/`ENOTEMPTY`, reported as `EEXIST`); only an
+/// empty directory created under the same name in that window is replaced.
+pub(super) fn rename_noreplace(
+    fd: BorrowedFd<'_>,
+    from: &OsStr,
+    td: BorrowedFd<'_>,
+    to: &OsStr,
+) -> Result<()> {
+    match rustix::fs::renameat_with(fd, from, td, to, rustix::fs::RenameFlags::NOREPLACE) {
+        Err(rustix::io::Errno::INVAL) => {}
+        r => return Ok(r?),
+    }
+    match rustix::fs::statat(td, to, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => return Err(Error::from_errno(libc::EEXIST)),
+        Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    match rustix::fs::renameat(fd, from, td, to) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::NOTEMPTY | rustix::io::Errno::NOTDIR | rustix::io::Errno::EXIST) => {
+            Err(Error::from_errno(libc::EEXIST))
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -54,12 +54,13 @@ impl Merged {
 
 /// Merges droppings, given in a stable order (by name) that breaks ties
 /// between equal sequence numbers.
-pub(super) fn merge(droppings: &[Dropping]) -> Merged {
+pub(super) fn merge<D: std::borrow::Borrow<Dropping>>(droppings: &[D]) -> Merged {
+    let droppings: Vec<&Dropping> = droppings.iter().map(|d| d.borrow()).collect();
     let mut out = Merged::empty();
     let mut names: HashMap<&str, u32> = HashMap::new();
     // Per dropping: its log indexes translated to `out.logs` indexes.
     let mut tables: Vec<Vec<u32>> = Vec::with_capacity(droppings.len());
-    for d in droppings {
+    for d in &droppings {
         let t = d
             .logs
             .iter()
@@ -283,6 +284,7 @@ mod tests {
                 ds.push(Dropping {
                     logs: vec![format!("data.{d}")],
                     records,
+                    open: false,
                 });
             }
             let m = merge(&ds);
@@ -311,6 +313,7 @@ mod tests {
                         },
                     })
                     .collect(),
+                open: false,
             })
             .collect();
         let m = merge(&ds);
@@ -335,6 +338,7 @@ mod tests {
         let a = Dropping {
             logs: vec!["data.a".into()],
             records: vec![data(1, 0, 10, 0, 0), data(4, 20, 5, 0, 10)],
+            open: false,
         };
         let b = Dropping {
             logs: vec!["data.b".into()],
@@ -345,6 +349,7 @@ mod tests {
                     op: Op::SetSize(22),
                 },
             ],
+            open: false,
         };
         let m = merge(&[a, b]);
         assert_eq!(m.max_seq, 4);
@@ -378,6 +383,7 @@ mod tests {
                     op: Op::GrowTo(u64::MAX),
                 },
             ],
+            open: false,
         };
         let m = merge(&[d]);
         assert_eq!(m.map.size(), 0);

@@ -143,6 +143,8 @@ mod format;
 mod merge;
 mod names;
 mod open;
+mod recover;
+mod requirements;
 mod store;
 
 use std::collections::HashMap;
@@ -169,6 +171,9 @@ use delta::{Delta, Epoch};
 use format::IDENTITY;
 use store::Store;
 
+pub use format::{check_hostid, default_hostid};
+pub use recover::{Finding, FsckFinding, Recovery};
+
 /// Droppings a container may collect before a release compacts them.
 pub const COMPACT_AFTER: usize = 32;
 
@@ -183,6 +188,16 @@ pub struct Plfs {
     /// Link counts of directories (a scan each), by backing (dev, ino),
     /// valid while the directory's mtime/ctime are unchanged.
     nlinks: Mutex<HashMap<Key, (store::Validator, u32)>>,
+}
+
+/// What the merged-index cache of one [`Plfs`] holds and has done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Index entries cached (merged extents plus records of cached closed
+    /// droppings; ~40 bytes each), bounded by a fixed budget.
+    pub cached_entries: usize,
+    /// Droppings read from the backing store since this file system began.
+    pub droppings_read: usize,
 }
 
 /// One open of a file.
@@ -215,6 +230,9 @@ struct Writer {
     recorded: Mutex<Delta>,
     /// Events seen while writing (see `delta.rs`), by increasing length.
     epochs: Mutex<Vec<Epoch>>,
+    /// The last dropping written says the open is still writing
+    /// ([`format::Dropping::open`]): the release must write one that does not.
+    dropping_open: std::sync::atomic::AtomicBool,
     /// `.plfs`'s mtime as this open last saw or set it: when it differs at
     /// a flush, someone set the times explicitly (`futimens` before close,
     /// as `tar` and `cp -p` do) and the flush must not overwrite them.
@@ -264,15 +282,37 @@ fn identity(path: &Path) -> PathBuf {
 }
 
 impl Plfs {
-    /// Opens the backing directory.
+    /// Opens the backing directory, as host [`default_hostid`].
     pub fn new(backing: &Path) -> Result<Self> {
+        Self::on_host(backing, &default_hostid())
+    }
+
+    /// Opens the backing directory as host `hostid` (it names this host's
+    /// logs and droppings; see [`check_hostid`]), after checking that the
+    /// backing store provides what plfs relies on (atomic rename, flock
+    /// across processes, current listings: `requirements.rs`); a store that
+    /// lacks it is refused with `EINVAL` and a message saying what failed.
+    pub fn on_host(backing: &Path, hostid: &str) -> Result<Self> {
+        check_hostid(hostid)?;
+        let pt = Passthrough::new(backing)?;
+        requirements::check(pt.root())?;
         Ok(Plfs {
-            pt: Passthrough::new(backing)?,
-            store: Store::new(),
+            pt,
+            store: Store::new(hostid),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             nlinks: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// What the index cache holds and has read (for measurements: see
+    /// `docs/plfs-hosts.md`).
+    pub fn index_stats(&self) -> IndexStats {
+        let (cached_entries, droppings_read) = self.store.stats();
+        IndexStats {
+            cached_entries,
+            droppings_read,
+        }
     }
 
     fn root(&self) -> &BackingRoot {
@@ -523,7 +563,7 @@ impl FileSystem for Plfs {
     fn flush(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {
         let h = self.handles.lock().get(&handle).cloned();
         match h {
-            Some(h) => self.persist(&h, map),
+            Some(h) => self.persist(&h, map, false),
             None => Ok(()),
         }
     }

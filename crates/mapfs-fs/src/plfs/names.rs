@@ -58,12 +58,11 @@ impl Plfs {
             match f.node {
                 Node::File(dir) => {
                     let gone = format!("{GONE_PREFIX}{}", format::new_id());
-                    rustix::fs::renameat_with(
-                        &f.parent,
+                    container::rename_noreplace(
+                        f.parent.as_fd(),
                         &f.name,
-                        &f.parent,
-                        gone.as_str(),
-                        rustix::fs::RenameFlags::NOREPLACE,
+                        f.parent.as_fd(),
+                        gone.as_ref(),
                     )?;
                     Ok(Some((f.parent, gone, dir)))
                 }
@@ -127,7 +126,17 @@ impl Plfs {
             exchange: true,
             noreplace: false,
         };
-        rename(swap, Some(&b))?;
+        match rename(swap, Some(&b)) {
+            // No RENAME_EXCHANGE in the store (GlusterFS's client).
+            Err(e) if e.errno() == libc::EINVAL => {
+                let plain = RenameFlags {
+                    exchange: false,
+                    noreplace: false,
+                };
+                return self.replace_in_two_steps(ctx, &b, replace_file, || rename(plain, None));
+            }
+            r => r?,
+        }
         // The replaced node now sits at the source name.
         let res = match &b.node {
             Node::File(d) if replace_file => self.remove_container(a.parent.as_fd(), &a.name, d),
@@ -141,6 +150,42 @@ impl Plfs {
 }
 
 impl Plfs {
+    /// A rename over `b` where the store cannot exchange two names: `b`
+    /// moves to a hidden name (as the caller), `rename` moves the source
+    /// into the freed name, and `b` is removed; if the second step fails,
+    /// `b` is put back. Not atomic: between the two steps the name does not
+    /// exist, so a lookup from another host may find nothing for an
+    /// instant (documented in `docs/plfs-hosts.md`).
+    fn replace_in_two_steps(
+        &self,
+        ctx: &Ctx,
+        b: &Found,
+        replace_file: bool,
+        rename: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let gone = format!("{GONE_PREFIX}{}", format::new_id());
+        as_caller(ctx, || {
+            container::rename_noreplace(b.parent.as_fd(), &b.name, b.parent.as_fd(), gone.as_ref())
+        })?;
+        if let Err(e) = rename() {
+            if let Err(back) = rustix::fs::renameat(&b.parent, gone.as_str(), &b.parent, &b.name) {
+                warn!("plfs: cannot put back {gone} after a failed rename: {back}");
+            }
+            return Err(e);
+        }
+        let res = match &b.node {
+            Node::File(d) if replace_file => {
+                self.remove_container(b.parent.as_fd(), OsStr::new(&gone), d)
+            }
+            _ => rustix::fs::unlinkat(&b.parent, gone.as_str(), AtFlags::empty())
+                .map_err(Error::from),
+        };
+        if let Err(e) = &res {
+            warn!("plfs: rename replaced a file but cannot remove it: {e}");
+        }
+        res
+    }
+
     /// Renames `from` (found as `a`) to `to` (in `to_parent`, holding `b`
     /// if it exists) as the caller. A file is a container *directory*, and
     /// the kernel lets a directory change parents only with write

@@ -2,9 +2,9 @@
 //! `release`).
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use mapfs::backing::openat2_beneath;
@@ -13,12 +13,14 @@ use mapfs::{
     Attr, Ctx, DataMap, Error, Extent, FileSystem as _, Growth, OpenFlags, Opened, Result,
 };
 use parking_lot::Mutex;
-use rustix::fs::{Mode, OFlags, RenameFlags};
+use rustix::fs::{Mode, OFlags};
 use tracing::warn;
 
 use super::container::{self, Key};
 use super::delta::{delta, Content, Delta, SizeRule};
 use super::format::{self, Dropping, Op, Record, IDENTITY, INDEX_PREFIX, LOG_PREFIX};
+use super::recover;
+use super::store::Loaded;
 use super::{Handle, Node, Plfs, Writer, COMPACT_AFTER};
 
 /// The `.plfs` open that checks the caller's access: the access mode asked
@@ -65,7 +67,11 @@ fn dropping_of(d: &Delta, names: &[String]) -> Dropping {
         };
         records.push(Record { seq, op });
     }
-    Dropping { logs, records }
+    Dropping {
+        logs,
+        records,
+        open: false,
+    }
 }
 
 /// `.plfs`'s mtime (seconds, nanoseconds); `ENOENT` once unlinked.
@@ -135,13 +141,7 @@ impl Plfs {
                         | OFlags::CLOEXEC,
                     Mode::from_raw_mode(mode & 0o7777),
                 )?;
-                rustix::fs::renameat_with(
-                    &parent,
-                    tmp.as_str(),
-                    &parent,
-                    &name,
-                    RenameFlags::NOREPLACE,
-                )?;
+                container::rename_noreplace(parent.as_fd(), tmp.as_ref(), parent.as_fd(), &name)?;
                 Ok(dir)
             })();
             Ok((parent, tmp, res))
@@ -197,7 +197,7 @@ impl Plfs {
             // Removed while we waited for the lock: look the name up again.
             return Err(Error::from_errno(libc::ESTALE));
         }
-        let loaded = self.store.load_locked(dir.as_fd(), key)?;
+        let loaded = self.recover_and_load(dir.as_fd(), key)?;
         let merged = &loaded.merged;
         let mut files = Vec::new();
         let mut names = Vec::new();
@@ -209,9 +209,9 @@ impl Plfs {
                 Some(s) => *s,
                 None => {
                     let name = &merged.logs[e.file as usize];
-                    let s = match container::open_file(dir.as_fd(), name, OFlags::RDONLY) {
+                    let s = match self.store.log_file(dir.as_fd(), key, name) {
                         Ok(f) => {
-                            files.push(Arc::new(f));
+                            files.push(f);
                             names.push(name.clone());
                             Some((files.len() - 1) as u32)
                         }
@@ -238,7 +238,7 @@ impl Plfs {
             drop(guard);
             return Ok(Opened { map, files, handle });
         }
-        let id = format::new_id();
+        let id = format::host_id(&self.store.host);
         let log_name = format!("{LOG_PREFIX}{id}");
         let log = Arc::new(container::open_file(
             dir.as_fd(),
@@ -265,6 +265,7 @@ impl Plfs {
                 floor: merged.max_seq,
                 recorded: Mutex::new(Delta::default()),
                 epochs: Mutex::new(Vec::new()),
+                dropping_open: AtomicBool::new(false),
                 mtime: Mutex::new(mtime),
             }),
         });
@@ -273,8 +274,31 @@ impl Plfs {
         Ok(Opened { map, files, handle })
     }
 
-    /// Rewrites the dropping of open `h` for its current map `map`.
-    pub(super) fn persist(&self, h: &Handle, map: &DataMap) -> Result<()> {
+    /// The merge of container `dir` for an open, after recovering the logs
+    /// of writers that died (see `recover.rs`) and, when the droppings grew
+    /// past [`COMPACT_AFTER`] and no writer is left anywhere, compacting them
+    /// (so the next open on every host reads one). The caller holds the lock.
+    fn recover_and_load(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
+        let mut loaded = self.store.load_locked(dir, key)?;
+        let live = self.live_logs(key);
+        if loaded.suspects.iter().any(|l| !live.contains(l)) {
+            let done = recover::recover_locked(dir, &loaded.merged, &loaded.suspects, &live)?;
+            if !done.is_empty() {
+                self.store.invalidate(key);
+                loaded = self.store.load_locked(dir, key)?;
+            }
+        }
+        if loaded.droppings > COMPACT_AFTER && loaded.suspects.is_empty() && live.is_empty() {
+            self.store.compact_locked(dir, key, &[])?;
+            loaded = self.store.load_locked(dir, key)?;
+        }
+        Ok(loaded)
+    }
+
+    /// Rewrites the dropping of open `h` for its current map `map`; at the
+    /// release (`closing`) it is marked closed, else open (so the log of a
+    /// writer that dies after this is recognised and recovered).
+    pub(super) fn persist(&self, h: &Handle, map: &DataMap, closing: bool) -> Result<()> {
         let Some(w) = &h.w else {
             return Ok(());
         };
@@ -287,7 +311,9 @@ impl Plfs {
         let seq = format::next_seq(w.floor);
         let own = (w.names.len() - 1) as u32;
         let d = delta(&w.open_map, map, &rec, own, &w.epochs.lock(), seq);
-        if d == *rec {
+        let changed = d != *rec;
+        let mark_closed = closing && w.dropping_open.load(Ordering::Relaxed);
+        if !changed && !mark_closed {
             return Ok(());
         }
         // No sync of the log here: at fsync(2) the executor has synced the
@@ -297,7 +323,9 @@ impl Plfs {
         // (a log is a new file: its unwritten blocks are unallocated, never
         // stale data).
         let name = format!("{INDEX_PREFIX}{}", w.id);
-        match container::write_dropping(h.dir.as_fd(), &name, &dropping_of(&d, &w.names)) {
+        let mut dropping = dropping_of(&d, &w.names);
+        dropping.open = !closing;
+        match container::write_dropping(h.dir.as_fd(), &name, &dropping) {
             // Unlinked (or replaced by a rename) since open: nothing to keep.
             Err(e) if e.errno() == libc::ENOENT => return Ok(()),
             r => r?,
@@ -308,9 +336,14 @@ impl Plfs {
                 self.mark_epoch(h.key, seq, Some(&w.id));
             }
         }
+        w.dropping_open.store(!closing, Ordering::Relaxed);
         *rec = d;
         drop(rec);
         self.store.invalidate(h.key);
+        if !changed {
+            // Only marked closed: the data did not change.
+            return Ok(());
+        }
         // The data changed: mtime is now, unless someone set the times
         // explicitly since this open last looked.
         let mut seen = w.mtime.lock();
@@ -331,19 +364,32 @@ impl Plfs {
         let Some(h) = h else {
             return Ok(());
         };
-        let res = self.persist(&h, map);
+        let res = self.persist(&h, map, true);
         self.handles.lock().remove(&handle);
         let Some(w) = &h.w else {
             return Ok(());
         };
         let own = (w.names.len() - 1) as u32;
-        let uses_log = w
+        // The end of the last byte of this open's log a record names: bytes
+        // past it were written but never recorded (a writer killed between
+        // flushes, whose open the executor released with its last map).
+        let recorded_end = w
             .recorded
             .lock()
             .pieces
             .iter()
-            .any(|p| matches!(p.content, Content::Data { file, .. } if file == own));
-        if !uses_log {
+            .filter_map(|p| match p.content {
+                Content::Data { file, offset } if file == own => Some(offset + p.len),
+                _ => None,
+            })
+            .max();
+        if let Some(end) = recorded_end {
+            if w.log.metadata().is_ok_and(|m| m.len() > end) {
+                if let Err(e) = w.log.set_len(end) {
+                    warn!("plfs: cannot cut the unrecorded end of log {}: {e}", w.id);
+                }
+            }
+        } else {
             let name = format!("{LOG_PREFIX}{}", w.id);
             let removed = self
                 .store

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Open time and index memory of a plfs file written by W writers (W
+# processes, each its own host id), on tmpfs, ext4 and GlusterFS (when
+# scripts/gluster.sh can start it): the figures of docs/plfs-hosts.md.
+#
+#   scripts/plfs-index-scale.sh [W...]     # default: 4 64 1024
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo build -q --release -p mapfs-fs --example plfs_index_scale
+bin=$CARGO_TARGET_DIR/release/examples/plfs_index_scale
+ws=("$@")
+[ ${#ws[@]} -gt 0 ] || ws=(4 64 1024)
+backings=("tmpfs:/dev/shm" "ext4:/var/tmp")
+if gl=$(bash scripts/gluster.sh start 2>/dev/null); then
+    backings+=("gluster:$(echo "$gl" | head -1)")
+else
+    echo "plfs-index-scale: GlusterFS cannot run here; tmpfs and ext4 only" >&2
+fi
+for b in "${backings[@]}"; do
+    name=${b%%:*}
+    root=${b#*:}
+    for w in "${ws[@]}"; do
+        d=$(mktemp -d "$root/plfs-index-scale.XXXXXX")
+        echo "backing=$name $($bin "$d" "$w")"
+        rm -rf "$d"
+    done
+done

@@ -738,6 +738,7 @@ impl Shared {
             persisting: Mutex::new(()),
             ctx: *c,
             lent: AtomicBool::new(false),
+            journaled: std::sync::atomic::AtomicU64::new(0),
         });
         if let Some(file) = self.handles.file(fh) {
             self.journal_file(&file);
@@ -764,6 +765,7 @@ impl Shared {
         self.fs
             .flush(&file.ctx, &file.path, file.fs_handle, &file.data.map())?;
         self.handles.flushed(file, changes);
+        self.journal_flushed(file);
         Ok(())
     }
 
@@ -1456,6 +1458,7 @@ impl Filesystem for Adapter {
         let n = tri!(reply, res);
         s.stats.add(Event::DaemonWriteBytes, n as u64);
         s.changed(&file, SizeChange::Extend(offset + n as u64));
+        s.journal_change(&file, offset, n as u64, Some(&data[..n]));
         reply.written(n as u32);
     }
 
@@ -1785,6 +1788,7 @@ impl Filesystem for Adapter {
             SizeChange::Extend(offset + length)
         };
         self.0.changed(&file, change);
+        self.0.journal_change(&file, offset, length, None);
         reply.ok();
     }
 
@@ -1866,6 +1870,7 @@ impl Filesystem for Adapter {
         s.tokens.bump(dst.ino);
         let n = tri!(reply, res);
         s.changed(&dst, SizeChange::Extend(offset_out + n as u64));
+        s.journal_change(&dst, offset_out, n as u64, None);
         s.stats.add(Event::DaemonWriteBytes, n as u64);
         reply.written(n as u32);
     }

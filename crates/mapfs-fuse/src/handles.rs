@@ -51,6 +51,9 @@ pub struct OpenFile {
     /// daemon's copy of the map is stale until the client hands it back, so
     /// reads and writes of this open through the mount fail with `EIO`.
     pub lent: AtomicBool,
+    /// Bytes of changes handed to the supervisor since the file system was
+    /// last handed this open's map (see [`crate::failover`]).
+    pub journaled: AtomicU64,
 }
 
 /// An open directory: the listing taken at `opendir`, served by offset.

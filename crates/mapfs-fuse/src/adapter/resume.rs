@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use mapfs::engine::DataFile;
@@ -13,9 +13,17 @@ use parking_lot::Mutex;
 use tracing::{info, warn};
 
 use super::{Shared, ROOT_CTX};
-use crate::failover::records::{InitState, OpenKind, OpenRec, ToSupervisor};
+use crate::failover::records::{InitState, OpenKind, OpenRec, PendingWrite, ToSupervisor};
 use crate::failover::{Link, Resume};
-use crate::handles::{OpenDir, OpenFile};
+use crate::handles::{OpenDir, OpenFile, SizeChange};
+
+/// Bytes of changes an open may have handed to the supervisor before the
+/// daemon hands its map to the file system (which makes them unneeded):
+/// bounds what the supervisor keeps, and what a successor writes again.
+pub const JOURNAL_LIMIT: u64 = 8 << 20;
+
+/// Largest piece of a change in one record.
+const JOURNAL_CHUNK: usize = 128 << 10;
 
 impl Shared {
     /// Reports every change the kernel will be told of to the supervisor
@@ -57,6 +65,116 @@ impl Shared {
     /// Records that the kernel released `fh` and the release is done.
     pub(super) fn journal_released(&self, fh: u64) {
         self.journal(|| ToSupervisor::Released { fh });
+    }
+
+    /// Under a supervisor, hands it the bytes a change (a write, or with
+    /// `written` `None` an allocation, a hole, a copy) left in
+    /// `offset..offset+len` of an open whose map is not whole-file, before
+    /// the change is acknowledged. Where those bytes went is in this
+    /// daemon's copy of the map only, until the file system is handed the
+    /// map; a successor writes them again instead (whole-file maps need
+    /// nothing: their bytes are the backing file's). Under the open's
+    /// `persisting` lock, so the records and the "flushed" marks reach the
+    /// supervisor in the order of the maps they describe.
+    pub(super) fn journal_change(
+        &self,
+        file: &OpenFile,
+        offset: u64,
+        len: u64,
+        written: Option<&[u8]>,
+    ) {
+        let Some(link) = self.link.get() else {
+            return;
+        };
+        if file.data.whole_file_backing().is_some() || len == 0 {
+            return;
+        }
+        let total = {
+            let _one = file.persisting.lock();
+            let mut sent = 0u64;
+            let mut send = |at: u64, bytes: &[u8]| {
+                link.send(&ToSupervisor::Wrote(PendingWrite {
+                    fh: file.fh,
+                    offset: at,
+                    bytes: bytes.to_vec(),
+                }));
+                sent += bytes.len() as u64;
+            };
+            match written {
+                Some(data) => {
+                    for (i, piece) in data.chunks(JOURNAL_CHUNK).enumerate() {
+                        send(offset + (i * JOURNAL_CHUNK) as u64, piece);
+                    }
+                }
+                None => {
+                    let mut buf = vec![0u8; JOURNAL_CHUNK];
+                    let mut at = offset;
+                    while at < offset + len {
+                        let want = ((offset + len - at) as usize).min(JOURNAL_CHUNK);
+                        match file.data.read(at, &mut buf[..want]) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                send(at, &buf[..n]);
+                                at += n as u64;
+                            }
+                        }
+                    }
+                }
+            }
+            file.journaled.fetch_add(sent, Ordering::Relaxed) + sent
+        };
+        if total > JOURNAL_LIMIT {
+            if let Err(e) = self.persist_map(file) {
+                warn!(path = %file.path.display(), "cannot hand a map to the file system: {e}");
+            }
+        }
+    }
+
+    /// The file system holds `file`'s map now (called under its
+    /// `persisting` lock).
+    pub(super) fn journal_flushed(&self, file: &OpenFile) {
+        if self.link.get().is_some() && file.journaled.swap(0, Ordering::Relaxed) > 0 {
+            self.journal(|| ToSupervisor::Flushed { fh: file.fh });
+        }
+    }
+
+    /// Writes again, through the restored opens, the changes the dead
+    /// daemon acknowledged but had not handed to the file system, then
+    /// hands the maps over.
+    fn replay(&self, writes: Vec<PendingWrite>) {
+        let mut touched = std::collections::BTreeMap::new();
+        let mut lost = 0usize;
+        for w in writes {
+            let Some(file) = self.handles.file(w.fh) else {
+                lost += w.bytes.len();
+                continue;
+            };
+            let res = {
+                let mut remap = self.remap_for(&file);
+                file.data.write(w.offset, &w.bytes, &mut remap)
+            };
+            match res {
+                Ok(n) => {
+                    self.changed(&file, SizeChange::Extend(w.offset + n as u64));
+                    touched.insert(w.fh, file);
+                }
+                Err(e) => {
+                    warn!(path = %file.path.display(), "cannot write again a change: {e}");
+                    lost += w.bytes.len();
+                }
+            }
+        }
+        let n = touched.len();
+        for file in touched.into_values() {
+            // A record of its own, so the supervisor drops what it kept.
+            file.journaled.store(1, Ordering::Relaxed);
+            if let Err(e) = self.persist_map(&file) {
+                warn!(path = %file.path.display(), "cannot hand a map to the file system: {e}");
+            }
+        }
+        if n > 0 || lost > 0 {
+            info!("wrote again the unsaved changes of {n} open files ({lost} bytes lost)");
+        }
     }
 
     /// Tells the supervisor this daemon serves requests now.
@@ -144,6 +262,7 @@ impl Shared {
                                     persisting: Mutex::new(()),
                                     ctx,
                                     lent: AtomicBool::new(false),
+                                    journaled: AtomicU64::new(0),
                                 },
                             );
                             files += 1;
@@ -164,6 +283,7 @@ impl Shared {
             }
         }
         info!("took over the connection: {files} open files restored, {lost} lost");
+        self.replay(std::mem::take(&mut r.writes));
     }
 
     /// Opens an open file again: where its inode is now (or was at open),

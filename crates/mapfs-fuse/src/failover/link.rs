@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mapfs::control;
 use tracing::warn;
 
-use super::records::{InitState, InodeOp, NodeSnap, OpenRec, TableSnap, ToDaemon, ToSupervisor};
+use super::records::{
+    InitState, InodeOp, NodeSnap, OpenRec, PendingWrite, TableSnap, ToDaemon, ToSupervisor,
+};
 use crate::inodes::InodeJournal;
 
 /// Environment variable naming the inherited link descriptor.
@@ -52,6 +54,8 @@ pub struct Resume {
     pub nodes: Vec<NodeSnap>,
     /// Handles the kernel holds.
     pub opens: Vec<OpenRec>,
+    /// Acknowledged changes the file system was not handed yet.
+    pub writes: Vec<PendingWrite>,
 }
 
 impl Link {
@@ -113,11 +117,13 @@ impl Link {
             table,
             nodes: Vec::new(),
             opens: Vec::new(),
+            writes: Vec::new(),
         };
         loop {
             match self.recv()?.0 {
                 ToDaemon::Nodes(n) => resume.nodes.extend(n),
                 ToDaemon::Opens(o) => resume.opens.extend(o),
+                ToDaemon::Writes(w) => resume.writes.extend(w),
                 ToDaemon::End => return Ok(Start::Resume(resume)),
                 other => return Err(io::Error::other(format!("supervisor sent {other:?}"))),
             }

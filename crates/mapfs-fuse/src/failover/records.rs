@@ -117,6 +117,18 @@ pub struct OpenRec {
     pub kind: OpenKind,
 }
 
+/// Bytes a change left in an open whose map is not whole-file, not yet in
+/// a map the file system holds (see [`ToSupervisor::Wrote`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PendingWrite {
+    /// The open's handle.
+    pub fh: u64,
+    /// File offset.
+    pub offset: u64,
+    /// The bytes there after the change.
+    pub bytes: Vec<u8>,
+}
+
 /// Daemon to supervisor.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub enum ToSupervisor {
@@ -129,6 +141,17 @@ pub enum ToSupervisor {
     Inode(InodeOp),
     /// A handle was given to the kernel.
     Opened(OpenRec),
+    /// A change through an open whose map is not whole-file (plfs), sent
+    /// before it is acknowledged: where the change put the bytes is known
+    /// only to the daemon until the file system is handed the map, so the
+    /// supervisor keeps the bytes for the next daemon to write again.
+    Wrote(PendingWrite),
+    /// The file system now holds the map of `fh`: the bytes kept for it
+    /// are no longer needed.
+    Flushed {
+        /// The handle.
+        fh: u64,
+    },
     /// A handle was released.
     Released {
         /// The handle.
@@ -152,6 +175,8 @@ pub enum ToDaemon {
     Nodes(Vec<NodeSnap>),
     /// A batch of open handles.
     Opens(Vec<OpenRec>),
+    /// Changes to write again through restored opens, in order.
+    Writes(Vec<PendingWrite>),
     /// The saved state is complete.
     End,
 }

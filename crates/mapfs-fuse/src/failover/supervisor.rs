@@ -26,7 +26,7 @@ use tracing::{error, info, warn};
 
 use super::eio;
 use super::link::{LINK_BUFFER, SUPERVISOR_FD_ENV};
-use super::records::{InitState, OpenRec, ToDaemon, ToSupervisor};
+use super::records::{InitState, OpenRec, PendingWrite, ToDaemon, ToSupervisor};
 use crate::inodes::Inodes;
 
 /// Exit status of a daemon that leaves to be replaced (`mapfs restart`).
@@ -48,6 +48,10 @@ struct Connection {
     init: InitState,
     inodes: Inodes,
     opens: BTreeMap<u64, OpenRec>,
+    /// Acknowledged changes not yet in a map the file system holds, by
+    /// handle, in order (bounded by the daemon, which hands the map over
+    /// after `JOURNAL_LIMIT` bytes).
+    writes: BTreeMap<u64, Vec<(u64, Vec<u8>)>>,
 }
 
 /// How one daemon ended.
@@ -201,6 +205,7 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
                     // only replays and saves.
                     inodes: Inodes::new(0),
                     opens: BTreeMap::new(),
+                    writes: BTreeMap::new(),
                 });
             }
             ToSupervisor::Serving => served = true,
@@ -218,6 +223,17 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
             ToSupervisor::Released { fh } => {
                 if let Some(c) = conn {
                     c.opens.remove(&fh);
+                    c.writes.remove(&fh);
+                }
+            }
+            ToSupervisor::Wrote(w) => {
+                if let Some(c) = conn {
+                    c.writes.entry(w.fh).or_default().push((w.offset, w.bytes));
+                }
+            }
+            ToSupervisor::Flushed { fh } => {
+                if let Some(c) = conn {
+                    c.writes.remove(&fh);
                 }
             }
         }
@@ -244,6 +260,17 @@ fn send_state(sock: &OwnedFd, c: &Connection) -> io::Result<()> {
     let opens: Vec<OpenRec> = c.opens.values().cloned().collect();
     for batch in opens.chunks(BATCH) {
         control::send(sock.as_fd(), &ToDaemon::Opens(batch.to_vec()), &[])?;
+    }
+    // One change per message: each is at most a journal chunk.
+    for (&fh, writes) in &c.writes {
+        for (offset, bytes) in writes {
+            let w = PendingWrite {
+                fh,
+                offset: *offset,
+                bytes: bytes.clone(),
+            };
+            control::send(sock.as_fd(), &ToDaemon::Writes(vec![w]), &[])?;
+        }
     }
     control::send(sock.as_fd(), &ToDaemon::End, &[])
 }

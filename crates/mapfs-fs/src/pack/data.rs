@@ -31,16 +31,21 @@ fn slot_map(slot: Slot, size: u64, ext: &[(u64, u64, u64)]) -> Result<DataMap> {
             len,
         })
         .collect();
-    DataMap::new(extents, size, Growth::InPlace { limit: Some(slot.cap) })
+    DataMap::new(
+        extents,
+        size,
+        Growth::InPlace {
+            limit: Some(slot.cap),
+        },
+    )
 }
 
 /// The extents of `map` as rows, checked to lie in `slot` at its shift.
 fn map_rows(map: &DataMap, slot: Slot) -> Option<Vec<(u64, u64, u64)>> {
     let mut out = Vec::with_capacity(map.extents().len());
     for e in map.extents() {
-        let inside = e.file == 0
-            && e.offset == slot.off + e.logical
-            && e.logical + e.len <= slot.cap;
+        let inside =
+            e.file == 0 && e.offset == slot.off + e.logical && e.logical + e.len <= slot.cap;
         if !inside {
             return None;
         }
@@ -53,10 +58,16 @@ impl Pack {
     /// `files/<ino>` opened with `flags` (`O_RDONLY`, `O_WRONLY`, `O_RDWR`,
     /// maybe `O_TRUNC`/`O_CREAT`).
     pub(super) fn own_file(&self, ino: i64, flags: i32) -> Result<File> {
-        let mut of = OFlags::from_bits_retain(flags as u32 & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT) as u32);
+        let mut of = OFlags::from_bits_retain(
+            flags as u32 & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT) as u32,
+        );
         of |= OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd: OwnedFd =
-            rustix::fs::openat(&self.own_dir, ino.to_string(), of, Mode::from_raw_mode(0o600))?;
+        let fd: OwnedFd = rustix::fs::openat(
+            &self.own_dir,
+            ino.to_string(),
+            of,
+            Mode::from_raw_mode(0o600),
+        )?;
         Ok(File::from(fd))
     }
 
@@ -84,24 +95,25 @@ impl Pack {
             if let Some(s) = first.slot {
                 self.packs.acquire(s)?;
             }
-            let check = |tx: &rusqlite::Connection| -> Result<Option<(Inode, Vec<(u64, u64, u64)>)>> {
-                let i = db::get_inode(tx, ino)?;
-                if i.slot != first.slot || i.own != first.own {
-                    return Ok(None);
-                }
-                if trunc && (i.size > 0 || i.own) {
-                    tx.prepare_cached(
-                        "UPDATE inodes SET size = 0, mtime = ?2, ctime = ?2 WHERE ino = ?1",
-                    )
-                    .map_err(db::dberr)?
-                    .execute(rusqlite::params![ino, db::now_ns()])
-                    .map_err(db::dberr)?;
-                    db::set_extents(tx, ino, &[])?;
-                }
-                let i = db::get_inode(tx, ino)?;
-                let ext = db::extents(tx, ino)?;
-                Ok(Some((i, ext)))
-            };
+            let check =
+                |tx: &rusqlite::Connection| -> Result<Option<(Inode, Vec<(u64, u64, u64)>)>> {
+                    let i = db::get_inode(tx, ino)?;
+                    if i.slot != first.slot || i.own != first.own {
+                        return Ok(None);
+                    }
+                    if trunc && (i.size > 0 || i.own) {
+                        tx.prepare_cached(
+                            "UPDATE inodes SET size = 0, mtime = ?2, ctime = ?2 WHERE ino = ?1",
+                        )
+                        .map_err(db::dberr)?
+                        .execute(rusqlite::params![ino, db::now_ns()])
+                        .map_err(db::dberr)?;
+                        db::set_extents(tx, ino, &[])?;
+                    }
+                    let i = db::get_inode(tx, ino)?;
+                    let ext = db::extents(tx, ino)?;
+                    Ok(Some((i, ext)))
+                };
             // Only a truncating open writes; the others read, and the slot
             // lock held keeps a compaction from moving what they read.
             let res = if trunc {
@@ -138,10 +150,7 @@ impl Pack {
                 });
             }
             let (map, files) = match i.slot {
-                Some(s) => (
-                    slot_map(s, i.size, &ext)?,
-                    vec![self.packs.file(s.pack)?],
-                ),
+                Some(s) => (slot_map(s, i.size, &ext)?, vec![self.packs.file(s.pack)?]),
                 // No bytes yet: every write asks for a slot.
                 None => (
                     DataMap::new(Vec::new(), i.size, Growth::InPlace { limit: Some(0) })?,
@@ -179,9 +188,8 @@ impl Pack {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
-        let made = self.write(|tx| {
-            names::make_node(tx, ctx, path, libc::S_IFREG | (mode & 0o7777), 0, None)
-        });
+        let made = self
+            .write(|tx| names::make_node(tx, ctx, path, libc::S_IFREG | (mode & 0o7777), 0, None));
         let i = match made {
             Ok(i) => i,
             Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
@@ -243,6 +251,10 @@ impl Pack {
                 );
                 return Ok(None);
             }
+            if i.slot == Some(slot) && i.size == map.size() && db::extents(tx, h.ino)? == rows {
+                // Already recorded (a release after the flush of close).
+                return Ok(None);
+            }
             if i.slot != Some(slot) {
                 db::set_slot_owner(tx, slot, Some(h.ino))?;
                 if let Some(old) = i.slot {
@@ -255,13 +267,15 @@ impl Pack {
             // Times set explicitly since this open last looked (`futimens`
             // before close, as tar and cp -p do) are kept.
             let now = db::now_ns();
-            let mtime = if i.mtime == h.mtime_seen { now } else { i.mtime };
-            tx.prepare_cached(
-                "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?4 WHERE ino = ?1",
-            )
-            .map_err(db::dberr)?
-            .execute(rusqlite::params![h.ino, map.size() as i64, mtime, now])
-            .map_err(db::dberr)?;
+            let mtime = if i.mtime == h.mtime_seen {
+                now
+            } else {
+                i.mtime
+            };
+            tx.prepare_cached("UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?4 WHERE ino = ?1")
+                .map_err(db::dberr)?
+                .execute(rusqlite::params![h.ino, map.size() as i64, mtime, now])
+                .map_err(db::dberr)?;
             Ok(Some(mtime))
         })?;
         if let Some(m) = mtime {
@@ -349,7 +363,9 @@ impl Pack {
                 len: new.cap,
             }],
             map.size(),
-            Growth::InPlace { limit: Some(new.cap) },
+            Growth::InPlace {
+                limit: Some(new.cap),
+            },
         )?;
         Ok(Opened {
             map: m,
@@ -376,13 +392,7 @@ impl Pack {
     }
 
     /// Moves the file to a file of its own (a whole-file map from then on).
-    fn to_own(
-        &self,
-        handle: u64,
-        h: &Handle,
-        map: &DataMap,
-        old: Option<&File>,
-    ) -> Result<Opened> {
+    fn to_own(&self, handle: u64, h: &Handle, map: &DataMap, old: Option<&File>) -> Result<Opened> {
         let f = self.own_file(h.ino, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC)?;
         copy_into(map, old, |buf, at| {
             // Holes stay sparse in the new file.

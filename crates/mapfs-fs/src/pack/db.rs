@@ -79,8 +79,9 @@ pub fn open(dir: &Path, full_sync: bool) -> Result<Connection> {
     let path = dir.join(DB_NAME);
     if let Ok(md) = std::fs::symlink_metadata(&path) {
         if !md.file_type().is_file() {
-            return Err(Error::invalid()
-                .context(format!("{} is not a regular file", path.display())));
+            return Err(
+                Error::invalid().context(format!("{} is not a regular file", path.display()))
+            );
         }
     }
     let conn = Connection::open(&path).db()?;
@@ -104,8 +105,10 @@ pub fn open(dir: &Path, full_sync: bool) -> Result<Connection> {
 pub fn open_read_only(dir: &Path) -> Result<Connection> {
     let path = dir.join(DB_NAME);
     if !path.is_file() {
-        return Err(Error::not_found()
-            .context(format!("{} has no pack database ({DB_NAME})", dir.display())));
+        return Err(Error::not_found().context(format!(
+            "{} has no pack database ({DB_NAME})",
+            dir.display()
+        )));
     }
     let conn = Connection::open_with_flags(
         &path,
@@ -287,7 +290,16 @@ pub fn insert_inode(
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?6, ?7, ?8)",
     )
     .db()?
-    .execute(params![mode, uid, gid, nlink, size as i64, now, rdev as i64, target])
+    .execute(params![
+        mode,
+        uid,
+        gid,
+        nlink,
+        size as i64,
+        now,
+        rdev as i64,
+        target
+    ])
     .db()?;
     Ok(conn.last_insert_rowid())
 }

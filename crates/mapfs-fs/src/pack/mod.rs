@@ -66,8 +66,8 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 
@@ -131,8 +131,9 @@ impl PackOptions {
             None | Some("normal") => {}
             Some("full") => o.full_sync = true,
             Some(s) => {
-                return Err(Error::invalid()
-                    .context(format!("pack: sync={s:?} (expected normal or full)")))
+                return Err(
+                    Error::invalid().context(format!("pack: sync={s:?} (expected normal or full)"))
+                )
             }
         }
         Ok(o)
@@ -303,9 +304,8 @@ impl FileSystem for Pack {
             return Err(Error::from_errno(libc::ENAMETOOLONG));
         }
         let mode = libc::S_IFLNK | 0o777;
-        let i = self.write(|tx| {
-            names::make_node(tx, ctx, path, mode, 0, Some(target.as_bytes()))
-        })?;
+        let i =
+            self.write(|tx| names::make_node(tx, ctx, path, mode, 0, Some(target.as_bytes())))?;
         Ok(i.attr())
     }
 

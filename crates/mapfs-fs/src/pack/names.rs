@@ -140,7 +140,11 @@ impl Pack {
     /// Drops the last name of `ino`: deletes it now, or when its last open
     /// ends. Returns the inode of a file of its own to remove after commit.
     pub(super) fn drop_link(&self, conn: &Connection, i: &Inode) -> Result<Option<i64>> {
-        let left = if i.is_dir() { 0 } else { i.nlink.saturating_sub(1) };
+        let left = if i.is_dir() {
+            0
+        } else {
+            i.nlink.saturating_sub(1)
+        };
         if left > 0 {
             db::add_nlink(conn, i.ino, -1)?;
             return Ok(None);
@@ -163,7 +167,11 @@ impl Pack {
             return Ok(None);
         };
         if let Some(s) = i.slot {
-            let owner = if self.packs.in_use(s) { Some(-ino) } else { None };
+            let owner = if self.packs.in_use(s) {
+                Some(-ino)
+            } else {
+                None
+            };
             db::set_slot_owner(conn, s, owner)?;
         }
         for sql in [
@@ -180,11 +188,8 @@ impl Pack {
     /// leftover is only space).
     pub(super) fn remove_own(&self, ino: Option<i64>) {
         if let Some(ino) = ino {
-            let _ = rustix::fs::unlinkat(
-                &self.own_dir,
-                ino.to_string(),
-                rustix::fs::AtFlags::empty(),
-            );
+            let _ =
+                rustix::fs::unlinkat(&self.own_dir, ino.to_string(), rustix::fs::AtFlags::empty());
         }
     }
 
@@ -456,7 +461,16 @@ impl Pack {
                  mtime = ?7, ctime = ?8 WHERE ino = ?1",
             )
             .db()?
-            .execute(params![i.ino, mode, uid, gid, size as i64, atime, mtime, now])
+            .execute(params![
+                i.ino,
+                mode,
+                uid,
+                gid,
+                size as i64,
+                atime,
+                mtime,
+                now
+            ])
             .db()?;
             db::get_inode(tx, i.ino)
         })?;
@@ -489,10 +503,12 @@ impl Pack {
             if flags & libc::XATTR_REPLACE != 0 && !exists {
                 return Err(Error::from_errno(libc::ENODATA));
             }
-            tx.prepare_cached("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)")
-                .db()?
-                .execute(params![i.ino, name.as_bytes(), value])
-                .db()?;
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)",
+            )
+            .db()?
+            .execute(params![i.ino, name.as_bytes(), value])
+            .db()?;
             db::touch_ctime(tx, i.ino)
         })
     }

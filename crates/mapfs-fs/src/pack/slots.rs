@@ -98,11 +98,7 @@ pub fn alloc(conn: &Connection, cap: u64, owner: i64) -> Result<Slot> {
         .db()?
         .execute(params![pack, off as i64, cap as i64, owner])
         .db()?;
-    Ok(Slot {
-        pack,
-        off,
-        cap,
-    })
+    Ok(Slot { pack, off, cap })
 }
 
 /// Sets (`lock`) or clears an OFD lock on the byte range of `s` in `file`:

@@ -82,8 +82,7 @@ pub fn check(backing: &Path) -> Result<CheckReport> {
     for w in slots.windows(2) {
         let (a, b) = (w[0].0, w[1].0);
         if a.pack == b.pack && a.off + a.cap > b.off {
-            rep.problems
-                .push(format!("slots overlap: {a:?} and {b:?}"));
+            rep.problems.push(format!("slots overlap: {a:?} and {b:?}"));
         }
     }
     let ends: HashMap<i64, i64> = {
@@ -139,7 +138,11 @@ pub fn check(backing: &Path) -> Result<CheckReport> {
             .db()?;
         let rows = st
             .query_map([], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, Option<u32>>(2)?))
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, Option<u32>>(2)?,
+                ))
             })
             .db()?
             .collect::<rusqlite::Result<Vec<_>>>()
@@ -216,7 +219,8 @@ pub fn check(backing: &Path) -> Result<CheckReport> {
 /// Space use of a pack store.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct PackStats {
-    /// Regular files.
+    /// Regular files with a name (files removed while open are not
+    /// counted).
     pub files: u64,
     /// Directories.
     pub dirs: u64,
@@ -248,7 +252,7 @@ pub fn stats(backing: &Path) -> Result<PackStats> {
     let mut s = PackStats::default();
     let q = |sql: &str| -> Result<i64> { conn.query_row(sql, [], |r| r.get(0)).db() };
     s.files = q(&format!(
-        "SELECT count(*) FROM inodes WHERE mode & {} = {}",
+        "SELECT count(*) FROM inodes WHERE mode & {} = {} AND nlink > 0",
         libc::S_IFMT,
         libc::S_IFREG
     ))? as u64;
@@ -257,7 +261,7 @@ pub fn stats(backing: &Path) -> Result<PackStats> {
         libc::S_IFMT,
         libc::S_IFDIR
     ))? as u64;
-    s.others = q("SELECT count(*) FROM inodes")? as u64 - s.files - s.dirs;
+    s.others = q("SELECT count(*) FROM inodes WHERE nlink > 0")? as u64 - s.files - s.dirs;
     s.own_files = q("SELECT count(*) FROM inodes WHERE own = 1")? as u64;
     s.slotted_bytes = q("SELECT coalesce(sum(size), 0) FROM inodes WHERE pack IS NOT NULL")? as u64;
     s.slot_bytes = q("SELECT coalesce(sum(cap), 0) FROM inodes WHERE pack IS NOT NULL")? as u64;
@@ -371,22 +375,32 @@ pub fn compact(backing: &Path) -> Result<CompactReport> {
             *e = (*e).max(s.off + s.cap);
         }
     }
+    // Free slots before the last used one are punched out, adjacent ones
+    // as one range: a file system frees only whole blocks, and slots are
+    // often smaller than a block.
+    let mut ranges: Vec<(i64, u64, u64)> = Vec::new();
     for (s, o) in &slots_now {
         if o.is_some() {
             continue;
         }
-        pack(s.pack, &mut files)?;
-        if s.off >= last_used[&s.pack] {
+        if s.off >= last_used.get(&s.pack).copied().unwrap_or(0) {
             tx.execute(
                 "DELETE FROM slots WHERE pack = ?1 AND off = ?2",
                 params![s.pack, s.off as i64],
             )
             .db()?;
-        } else {
-            let hole = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
-            if rustix::fs::fallocate(&files[&s.pack], hole, s.off, s.cap).is_ok() {
-                rep.punched_bytes += s.cap;
-            }
+            continue;
+        }
+        match ranges.last_mut() {
+            Some(r) if r.0 == s.pack && r.1 + r.2 == s.off => r.2 += s.cap,
+            _ => ranges.push((s.pack, s.off, s.cap)),
+        }
+    }
+    let hole = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+    for (id, off, len) in ranges {
+        pack(id, &mut files)?;
+        if rustix::fs::fallocate(&files[&id], hole, off, len).is_ok() {
+            rep.punched_bytes += len;
         }
     }
     for (&id, &end) in &last_used {

@@ -447,10 +447,10 @@ fuse_test!(compact_while_reading_and_writing => {
                 if let Err(e) = fs::write(m.join(&name), &data) {
                     errors.lock().unwrap().push(format!("write {name}: {e}"));
                 }
-                held.write_all_at(&data[..100], 0).unwrap();
-                let mut b = [0u8; 100];
+                held.write_all_at(&data, 0).unwrap();
+                let mut b = vec![0u8; data.len()];
                 held.read_exact_at(&mut b, 0).unwrap();
-                if b[..] != data[..100] {
+                if b != data {
                     errors.lock().unwrap().push("held file differs".into());
                 }
                 match fs::read(m.join(&name)) {
@@ -477,6 +477,8 @@ fuse_test!(compact_while_reading_and_writing => {
     let after = mapfs_fs::pack::stats(s.backing()).unwrap();
     eprintln!("{test}: {rep} reader rounds {rounds}, writes {writes}\nbefore {before:?}\nafter {after:?}");
     assert!(rep["moved"].as_u64().unwrap() > 500, "{test}: moved too little: {rep}");
+    // `held` is open the whole time, with free slots of its class before it.
+    assert!(rep["busy"].as_u64().unwrap() >= 1, "{test}: an open file was moved: {rep}");
     assert!(after.pack_disk_bytes < before.pack_disk_bytes, "{test}: no space reclaimed");
     for i in n * 2 / 3..n {
         let name = format!("f{i}");
@@ -500,7 +502,6 @@ struct Durable {
 /// Appends to one file and replaces another (write, fsync, rename, fsync
 /// of the directory) until the mount dies; records what was made durable.
 fn storm(m: PathBuf, t: usize, round: u64, seed: u64, dur: Arc<Mutex<Durable>>) {
-    let app = format!("app-{t}");
     let mut x = seed | 1;
     let mut rnd = move |n: u64| {
         x ^= x << 13;
@@ -508,35 +509,44 @@ fn storm(m: PathBuf, t: usize, round: u64, seed: u64, dur: Arc<Mutex<Durable>>) 
         x ^= x << 17;
         x % n
     };
-    let full = stream(&app, 300_000);
-    let Ok(f) = fs::OpenOptions::new()
-        .create(true)
-        .read(true)
-        .write(true)
-        .open(m.join(&app))
-    else {
-        return;
-    };
-    let Ok(md) = f.metadata() else { return };
-    let mut len = md.len() as usize;
-    for v in round * 1000.. {
-        let n = 1 + rnd(3000) as usize;
-        if len + n > full.len() {
-            if f.set_len(0).is_err() || f.sync_all().is_err() {
-                return;
-            }
-            len = 0;
-            dur.lock().unwrap().appended.insert(app.clone(), 0);
-        }
-        if f.write_all_at(&full[len..len + n], len as u64).is_err() {
+    // One file that grows past the threshold (a file of its own, then
+    // emptied and slotted again), one that stays in slots.
+    let mut apps = Vec::new();
+    for (name, cap, step) in [
+        (format!("app-{t}"), 300_000, 3000),
+        (format!("small-{t}"), 8000, 700),
+    ] {
+        let Ok(f) = fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .open(m.join(&name))
+        else {
             return;
-        }
-        len += n;
-        if rnd(3) == 0 {
-            if f.sync_data().is_err() {
+        };
+        let Ok(md) = f.metadata() else { return };
+        apps.push((name.clone(), f, md.len() as usize, stream(&name, cap), step));
+    }
+    for v in round * 1000.. {
+        for (name, f, len, full, step) in apps.iter_mut() {
+            let n = 1 + rnd(*step) as usize;
+            if *len + n > full.len() {
+                if f.set_len(0).is_err() || f.sync_all().is_err() {
+                    return;
+                }
+                *len = 0;
+                dur.lock().unwrap().appended.insert(name.clone(), 0);
+            }
+            if f.write_all_at(&full[*len..*len + n], *len as u64).is_err() {
                 return;
             }
-            dur.lock().unwrap().appended.insert(app.clone(), len);
+            *len += n;
+            if rnd(3) == 0 {
+                if f.sync_data().is_err() {
+                    return;
+                }
+                dur.lock().unwrap().appended.insert(name.clone(), *len);
+            }
         }
         let rep = format!("rep-{t}-{}", rnd(4));
         let tmp = format!("tmp-{t}-{v}");
@@ -589,7 +599,11 @@ fuse_test!(crash_sigkill_during_write_storm => {
         for (name, &len) in &d.appended {
             let got = fs::read(m.join(name)).unwrap();
             assert!(got.len() >= len, "{test}: {name} lost fsync'ed bytes: {} < {len}", got.len());
-            assert!(got == stream(name, 300_000)[..got.len()], "{test}: {name} holds bytes never written");
+            let cap = if name.starts_with("app-") { 300_000 } else { 8000 };
+            assert!(
+                got.len() <= cap && got == stream(name, cap)[..got.len()],
+                "{test}: {name} holds bytes never written"
+            );
         }
         for e in fs::read_dir(m).unwrap() {
             let name = e.unwrap().file_name().into_string().unwrap();
@@ -613,6 +627,11 @@ fuse_test!(crash_sigkill_during_write_storm => {
                 assert!(found, "{test}: {name} is no version at or after the fsync'ed {durable_v}");
             }
         }
+        eprintln!(
+            "{test}: checked {} appended and {} replaced files",
+            d.appended.len(),
+            d.replaced.len()
+        );
         if let Some(name) = d.replaced.keys().next() {
             assert!(m.join(name).exists(), "{test}: {name} lost");
         }

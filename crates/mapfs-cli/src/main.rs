@@ -8,14 +8,14 @@ mod bench;
 #[derive(clap::Subcommand)]
 enum Extra {
     /// Benchmark native, FUSE daemon, kernel passthrough (and references) side by side.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Compact, inspect and check the backing directory of a `pack` mount.
     Pack(mapfs_cli::pack_cmd::PackArgs),
 }
 
 fn main() {
     mapfs_cli::main_with(mapfs_cli::builtins(), |e: Extra| match e {
-        Extra::Bench(args) => bench::run(args),
+        Extra::Bench(args) => bench::run(*args),
         Extra::Pack(args) => mapfs_cli::pack_cmd::run(args),
     })
 }

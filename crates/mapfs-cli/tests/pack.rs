@@ -440,7 +440,7 @@ fuse_test!(compact_while_reading_and_writing => {
         std::thread::spawn(move || {
             let mut k = 0;
             // One file held open and rewritten the whole time: never moved.
-            let held = fs::OpenOptions::new().create(true).read(true).write(true).open(m.join("held")).unwrap();
+            let held = fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(m.join("held")).unwrap();
             while !stop.load(Ordering::Relaxed) || k == 0 {
                 let name = format!("w{}", k % 500);
                 let data = stream(&format!("{name}.{k}"), 1500);
@@ -518,6 +518,7 @@ fn storm(m: PathBuf, t: usize, round: u64, seed: u64, dur: Arc<Mutex<Durable>>) 
     ] {
         let Ok(f) = fs::OpenOptions::new()
             .create(true)
+            .truncate(false)
             .read(true)
             .write(true)
             .open(m.join(&name))

@@ -19,6 +19,9 @@ use super::perm::{self, R, W};
 use super::slots;
 use super::{Handle, Pack};
 
+/// An extent row: `(logical, off, len)`.
+type Row = (u64, u64, u64);
+
 /// The map of a slotted file: its extents in `slot`, growing in place up
 /// to the slot's capacity.
 fn slot_map(slot: Slot, size: u64, ext: &[(u64, u64, u64)]) -> Result<DataMap> {
@@ -95,25 +98,24 @@ impl Pack {
             if let Some(s) = first.slot {
                 self.packs.acquire(s)?;
             }
-            let check =
-                |tx: &rusqlite::Connection| -> Result<Option<(Inode, Vec<(u64, u64, u64)>)>> {
-                    let i = db::get_inode(tx, ino)?;
-                    if i.slot != first.slot || i.own != first.own {
-                        return Ok(None);
-                    }
-                    if trunc && (i.size > 0 || i.own) {
-                        tx.prepare_cached(
-                            "UPDATE inodes SET size = 0, mtime = ?2, ctime = ?2 WHERE ino = ?1",
-                        )
-                        .map_err(db::dberr)?
-                        .execute(rusqlite::params![ino, db::now_ns()])
-                        .map_err(db::dberr)?;
-                        db::set_extents(tx, ino, &[])?;
-                    }
-                    let i = db::get_inode(tx, ino)?;
-                    let ext = db::extents(tx, ino)?;
-                    Ok(Some((i, ext)))
-                };
+            let check = |tx: &rusqlite::Connection| -> Result<Option<(Inode, Vec<Row>)>> {
+                let i = db::get_inode(tx, ino)?;
+                if i.slot != first.slot || i.own != first.own {
+                    return Ok(None);
+                }
+                if trunc && (i.size > 0 || i.own) {
+                    tx.prepare_cached(
+                        "UPDATE inodes SET size = 0, mtime = ?2, ctime = ?2 WHERE ino = ?1",
+                    )
+                    .map_err(db::dberr)?
+                    .execute(rusqlite::params![ino, db::now_ns()])
+                    .map_err(db::dberr)?;
+                    db::set_extents(tx, ino, &[])?;
+                }
+                let i = db::get_inode(tx, ino)?;
+                let ext = db::extents(tx, ino)?;
+                Ok(Some((i, ext)))
+            };
             // Only a truncating open writes; the others read, and the slot
             // lock held keeps a compaction from moving what they read.
             let res = if trunc {

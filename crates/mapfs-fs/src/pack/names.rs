@@ -293,10 +293,8 @@ impl Pack {
                 match (src.is_dir(), d.is_dir()) {
                     (true, false) => return Err(Error::from_errno(libc::ENOTDIR)),
                     (false, true) => return Err(Error::from_errno(libc::EISDIR)),
-                    (true, true) => {
-                        if !db::dir_is_empty(tx, d.ino)? {
-                            return Err(Error::from_errno(libc::ENOTEMPTY));
-                        }
+                    (true, true) if !db::dir_is_empty(tx, d.ino)? => {
+                        return Err(Error::from_errno(libc::ENOTEMPTY))
                     }
                     _ => {}
                 }

@@ -101,12 +101,11 @@ pub fn check(backing: &Path) -> Result<CheckReport> {
                 .problems
                 .push(format!("slot {s:?} lies past its pack's end")),
         }
-        if !pack_len.contains_key(&s.pack) {
-            let len = std::fs::metadata(backing.join(PACK_DIR).join(slots::pack_name(s.pack)))
+        pack_len.entry(s.pack).or_insert_with(|| {
+            std::fs::metadata(backing.join(PACK_DIR).join(slots::pack_name(s.pack)))
                 .map(|m| m.len())
-                .unwrap_or(0);
-            pack_len.insert(s.pack, len);
-        }
+                .unwrap_or(0)
+        });
     }
     let owner: HashMap<(i64, u64), Option<i64>> =
         slots.iter().map(|(s, o)| ((s.pack, s.off), *o)).collect();

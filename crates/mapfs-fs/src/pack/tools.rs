@@ -233,7 +233,9 @@ pub struct PackStats {
     pub slot_bytes: u64,
     /// Capacity not holding bytes: `slot_bytes - slotted_bytes`.
     pub slack_bytes: u64,
-    /// Free slots and their capacity.
+    /// Slots cut from pack files, used or free.
+    pub slots: u64,
+    /// Free slots.
     pub free_slots: u64,
     /// Capacity of the free slots.
     pub free_bytes: u64,
@@ -265,6 +267,7 @@ pub fn stats(backing: &Path) -> Result<PackStats> {
     s.slotted_bytes = q("SELECT coalesce(sum(size), 0) FROM inodes WHERE pack IS NOT NULL")? as u64;
     s.slot_bytes = q("SELECT coalesce(sum(cap), 0) FROM inodes WHERE pack IS NOT NULL")? as u64;
     s.slack_bytes = s.slot_bytes.saturating_sub(s.slotted_bytes);
+    s.slots = q("SELECT count(*) FROM slots")? as u64;
     s.free_slots = q("SELECT count(*) FROM slots WHERE ino IS NULL")? as u64;
     s.free_bytes = q("SELECT coalesce(sum(cap), 0) FROM slots WHERE ino IS NULL")? as u64;
     if let Ok(rd) = std::fs::read_dir(backing.join(PACK_DIR)) {

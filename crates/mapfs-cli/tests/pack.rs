@@ -641,3 +641,48 @@ fuse_test!(crash_sigkill_during_write_storm => {
     }
     assert_consistent(&backing, "after the crash rounds");
 });
+
+// ---------------------------------------------------------------------------
+// The shim on pack: files of their own run natively, slotted ones through
+// the mount, and nobody gets what nobody may not open
+// ---------------------------------------------------------------------------
+
+#[test]
+fn shim_adopts_own_files_and_refuses_like_the_mount() {
+    use preload_support::*;
+    let test = "pack under mapfs run as nobody";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = MountSession::builder(mapfs_bin())
+        .fs("pack")
+        .data(DataMode::Auto)
+        .options(["allow_other", "default_permissions", SMALL_THRESHOLD])
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let m = s.mountpoint();
+    let text = |c: u8, n: usize| vec![c; n];
+    fs::write(m.join("secret"), text(b's', 100_000)).unwrap();
+    fs::set_permissions(m.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(m.join("big"), text(b'b', 100_000)).unwrap();
+    fs::write(m.join("small"), text(b'm', 300)).unwrap();
+    let report = report_path(&s, "nobody");
+    fs::write(&report, b"").unwrap();
+    fs::set_permissions(&report, fs::Permissions::from_mode(0o666)).unwrap();
+    let (secret, big, small) = (m.join("secret"), m.join("big"), m.join("small"));
+    let run = |shimmed| read_as_nobody(&s, &report, &[&secret, &big, &small], shimmed);
+    let b100 = "b".repeat(100);
+    let m100 = "m".repeat(100);
+    let (sp, bp, mp) = (secret.display(), big.display(), small.display());
+    assert_eq!(
+        run(false),
+        format!("{sp} EACCES\n{bp} ok {b100} -1\n{mp} ok {m100} -1\n"),
+        "{test}: through the mount"
+    );
+    // 3: adopted (reads run in the program), 4: served through the mount.
+    assert_eq!(
+        run(true),
+        format!("{sp} EACCES\n{bp} ok {b100} 3\n{mp} ok {m100} 4\n"),
+        "{test}: through the shim"
+    );
+}

@@ -85,6 +85,7 @@ impl Pack {
                 ino: i.ino,
                 slot,
                 mtime_seen: i.mtime,
+                recorded: None,
             },
         );
         id
@@ -160,6 +161,9 @@ impl Pack {
                 ),
             };
             let handle = self.new_handle(&i, i.slot);
+            if let Some(h) = self.handles.lock().get_mut(&handle) {
+                h.recorded = Some(map.clone());
+            }
             return Ok(Opened { map, files, handle });
         }
     }
@@ -216,9 +220,19 @@ impl Pack {
         let Some(h) = self.handles.lock().get(&handle).cloned() else {
             return Ok(());
         };
-        if map.is_whole_file() {
+        if map.is_whole_file() || h.recorded.as_ref() == Some(map) {
             return Ok(());
         }
+        let res = self.persist_new(&h, handle, map);
+        if res.is_ok() {
+            if let Some(h) = self.handles.lock().get_mut(&handle) {
+                h.recorded = Some(map.clone());
+            }
+        }
+        res
+    }
+
+    fn persist_new(&self, h: &Handle, handle: u64, map: &DataMap) -> Result<()> {
         let Some(slot) = h.slot else {
             // No slot was ever given: the file has no bytes, only a size.
             return self.write(|tx| {
@@ -258,10 +272,9 @@ impl Pack {
                 return Ok(None);
             }
             if i.slot != Some(slot) {
-                db::set_slot_owner(tx, slot, Some(h.ino))?;
+                self.set_owner_or_zombie(tx, slot, h.ino, true)?;
                 if let Some(old) = i.slot {
-                    let owner = self.packs.in_use(old).then_some(-h.ino);
-                    db::set_slot_owner(tx, old, owner)?;
+                    self.set_owner_or_zombie(tx, old, h.ino, false)?;
                 }
                 db::set_inode_slot(tx, h.ino, Some(slot))?;
             }
@@ -303,14 +316,21 @@ impl Pack {
             }
             last
         };
-        let freed = h.slot.filter(|s| self.packs.release(*s));
+        let freed = h
+            .slot
+            .filter(|s| self.packs.release(*s) && self.zombies.lock().remove(s));
+        let orphan = last && self.orphans.lock().remove(&h.ino);
+        // Most releases change nothing and touch no database.
+        if freed.is_none() && !orphan {
+            return res;
+        }
         let gone = self.write(|tx| {
             if let Some(s) = freed {
                 if db::slot_owner(tx, s)?.flatten().is_some_and(|o| o < 0) {
                     db::set_slot_owner(tx, s, None)?;
                 }
             }
-            if last {
+            if orphan {
                 if let Some(i) = db::inode(tx, h.ino)? {
                     if i.nlink == 0 {
                         return self.destroy(tx, h.ino);
@@ -342,14 +362,15 @@ impl Pack {
             return self.to_own(handle, &h, map, old_file.as_deref());
         }
         let cap = slots::class(need);
-        let new = self.write(|tx| slots::alloc(tx, cap, -h.ino))?;
+        let new = self.take_slot(cap)?;
         self.packs.acquire(new)?;
         let file = self.packs.file(new.pack)?;
-        let copied = copy_into(map, old_file.as_deref(), |buf, at| {
+        let copied = copy_into(map, old_file.as_deref(), false, |buf, at| {
             Ok(file.write_all_at(buf, new.off + at)?)
         });
         if let Err(e) = copied {
             self.packs.release(new);
+            self.zombies.lock().remove(&new);
             let _ = self.write(|tx| db::set_slot_owner(tx, new, None));
             return Err(e);
         }
@@ -382,7 +403,7 @@ impl Pack {
         let Some(old) = h.slot else {
             return Ok(());
         };
-        if self.packs.release(old) {
+        if self.packs.release(old) && self.zombies.lock().remove(&old) {
             self.write(|tx| {
                 if db::slot_owner(tx, old)?.flatten().is_some_and(|o| o < 0) {
                     db::set_slot_owner(tx, old, None)?;
@@ -396,19 +417,12 @@ impl Pack {
     /// Moves the file to a file of its own (a whole-file map from then on).
     fn to_own(&self, handle: u64, h: &Handle, map: &DataMap, old: Option<&File>) -> Result<Opened> {
         let f = self.own_file(h.ino, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC)?;
-        copy_into(map, old, |buf, at| {
-            // Holes stay sparse in the new file.
-            if buf.iter().all(|b| *b == 0) {
-                return Ok(());
-            }
-            Ok(f.write_all_at(buf, at)?)
-        })?;
+        copy_into(map, old, true, |buf, at| Ok(f.write_all_at(buf, at)?))?;
         f.set_len(map.size())?;
         let mtime = self.write(|tx| {
             let i = db::get_inode(tx, h.ino)?;
             if let Some(s) = i.slot {
-                let owner = self.packs.in_use(s).then_some(-h.ino);
-                db::set_slot_owner(tx, s, owner)?;
+                self.set_owner_or_zombie(tx, s, h.ino, false)?;
             }
             db::set_inode_slot(tx, h.ino, None)?;
             db::set_extents(tx, h.ino, &[])?;
@@ -435,31 +449,46 @@ impl Pack {
     }
 }
 
-/// Copies the bytes of `map` (zeros for its holes) from pack file `old` to
-/// `put(bytes, logical offset)`, in pieces.
+/// Copies the bytes of `map` from pack file `old` to `put(bytes, logical
+/// offset)` in pieces of at most 1 MiB; holes become zeros, or are skipped
+/// with `skip_holes` (a new sparse file reads them as zeros already).
 fn copy_into(
     map: &DataMap,
     old: Option<&File>,
+    skip_holes: bool,
     mut put: impl FnMut(&[u8], u64) -> Result<()>,
 ) -> Result<()> {
+    const CHUNK: u64 = 1 << 20;
     let mut at = 0u64;
     let mut buf = Vec::new();
     for seg in map.locate(0, map.size()) {
-        let n = seg.len() as usize;
-        buf.clear();
-        buf.resize(n, 0);
-        if let Segment::Data { offset, .. } = seg {
-            let f = old.ok_or_else(|| Error::io().context("map names a pack file not open"))?;
-            let mut got = 0;
-            while got < n {
-                match f.read_at(&mut buf[got..], offset + got as u64)? {
-                    0 => break,
-                    k => got += k,
+        let (data_at, len) = match seg {
+            Segment::Data { offset, len, .. } => (Some(offset), len),
+            Segment::Hole { len } => (None, len),
+        };
+        if data_at.is_none() && skip_holes {
+            at += len;
+            continue;
+        }
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(CHUNK) as usize;
+            buf.clear();
+            buf.resize(n, 0);
+            if let Some(offset) = data_at {
+                let f = old.ok_or_else(|| Error::io().context("map names a pack file not open"))?;
+                let mut got = 0;
+                while got < n {
+                    match f.read_at(&mut buf[got..], offset + done + got as u64)? {
+                        0 => break,
+                        k => got += k,
+                    }
                 }
             }
+            put(&buf, at + done)?;
+            done += n as u64;
         }
-        put(&buf, at)?;
-        at += n as u64;
+        at += len;
     }
     Ok(())
 }

@@ -62,7 +62,7 @@ mod perm;
 mod slots;
 mod tools;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
@@ -76,7 +76,7 @@ use mapfs::{
     SetAttr, StatFs,
 };
 use parking_lot::Mutex;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use rustix::fs::{Mode, OFlags};
 
 use db::DbResult;
@@ -151,6 +151,17 @@ pub struct Pack {
     handles: Mutex<HashMap<u64, Handle>>,
     /// Opens per inode (an unlinked file is deleted at its last release).
     opens: Mutex<HashMap<i64, u32>>,
+    /// Files whose last name went while open (deleted at the last release).
+    orphans: Mutex<HashSet<i64>>,
+    /// Slots this daemon marked as used by opens only (`ino < 0`): freed
+    /// when the last open using them ends.
+    zombies: Mutex<HashSet<db::Slot>>,
+    /// Slots reserved in the database for new slots, by capacity.
+    reserve: Mutex<HashMap<u64, Vec<db::Slot>>>,
+    /// Whether any `security.` xattr exists: the kernel asks for
+    /// `security.capability` before every write, and the answer is
+    /// almost always "none".
+    security_xattrs: std::sync::atomic::AtomicBool,
     next_handle: AtomicU64,
 }
 
@@ -162,6 +173,9 @@ struct Handle {
     slot: Option<db::Slot>,
     /// The file's mtime as this open last saw or set it.
     mtime_seen: i64,
+    /// The map this open last recorded (or found at open): a flush or
+    /// release of the same map has nothing to record.
+    recorded: Option<DataMap>,
 }
 
 impl Pack {
@@ -209,6 +223,10 @@ impl Pack {
             threshold: opts.threshold,
             handles: Mutex::new(HashMap::new()),
             opens: Mutex::new(HashMap::new()),
+            orphans: Mutex::new(HashSet::new()),
+            zombies: Mutex::new(HashSet::new()),
+            reserve: Mutex::new(HashMap::new()),
+            security_xattrs: std::sync::atomic::AtomicBool::new(true),
             next_handle: AtomicU64::new(1),
         };
         let orphans: Vec<i64> = {
@@ -223,6 +241,19 @@ impl Pack {
                 .db()?;
             v
         };
+        let any: Option<i64> = fs
+            .conn
+            .lock()
+            .query_row(
+                "SELECT 1 FROM xattrs WHERE name >= CAST('security.' AS BLOB) \
+                 AND name < CAST('security/' AS BLOB) LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .db()?;
+        fs.security_xattrs
+            .store(any.is_some(), std::sync::atomic::Ordering::Relaxed);
         for ino in orphans {
             let gone = fs.write(|tx| fs.destroy(tx, ino))?;
             fs.remove_own(gone);
@@ -237,6 +268,29 @@ impl Pack {
         let v = f(&tx)?;
         tx.commit().db()?;
         Ok(v)
+    }
+
+    /// A new slot of capacity `cap` for an open (marked as used
+    /// by opens only until a flush gives it to the file), from this
+    /// daemon's reserve, refilled a batch at a time.
+    fn take_slot(&self, cap: u64) -> Result<db::Slot> {
+        let mut reserve = self.reserve.lock();
+        let list = reserve.entry(cap).or_default();
+        if list.is_empty() {
+            let mut batch = self.write(|tx| {
+                (0..slots::RESERVE_BATCH)
+                    .map(|_| slots::alloc(tx, cap, slots::RESERVED))
+                    .collect::<Result<Vec<_>>>()
+            })?;
+            batch.reverse();
+            *list = batch;
+        }
+        let s = list.pop().expect("refilled");
+        drop(reserve);
+        // The owner in the database stays negative: `-1` reads as "only
+        // opens use it" exactly like `-ino`.
+        self.zombies.lock().insert(s);
+        Ok(s)
     }
 
     /// The backing directory.

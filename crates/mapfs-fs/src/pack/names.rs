@@ -38,8 +38,16 @@ fn names(path: &Path) -> Result<Vec<&[u8]>> {
 /// Walks `names` from the root, checking search permission on each
 /// directory passed.
 fn walk(conn: &Connection, ctx: &Ctx, names: &[&[u8]]) -> Result<Inode> {
-    let mut cur = db::get_inode(conn, ROOT)?;
-    for n in names {
+    let Some((first, rest)) = names.split_first() else {
+        return db::get_inode(conn, ROOT);
+    };
+    // Root searches every directory: the root inode is read only to check
+    // other callers.
+    if ctx.uid != 0 {
+        perm::check(ctx, &db::get_inode(conn, ROOT)?, X)?;
+    }
+    let mut cur = db::lookup(conn, ROOT, first)?.ok_or_else(Error::not_found)?;
+    for n in rest {
         if !cur.is_dir() {
             return Err(Error::from_errno(libc::ENOTDIR));
         }
@@ -154,6 +162,7 @@ impl Pack {
             .execute(params![i.ino, db::now_ns()])
             .db()?;
         if self.opens.lock().get(&i.ino).copied().unwrap_or(0) > 0 {
+            self.orphans.lock().insert(i.ino);
             return Ok(None);
         }
         self.destroy(conn, i.ino)
@@ -167,12 +176,7 @@ impl Pack {
             return Ok(None);
         };
         if let Some(s) = i.slot {
-            let owner = if self.packs.in_use(s) {
-                Some(-ino)
-            } else {
-                None
-            };
-            db::set_slot_owner(conn, s, owner)?;
+            self.set_owner_or_zombie(conn, s, ino, false)?;
         }
         for sql in [
             "DELETE FROM extents WHERE ino = ?1",
@@ -182,6 +186,27 @@ impl Pack {
             conn.prepare_cached(sql).db()?.execute([ino]).db()?;
         }
         Ok(i.own.then_some(ino))
+    }
+
+    /// Gives slot `s` to file `ino` (`own`), or, as the file leaves it,
+    /// frees it, or marks it used by opens only while an open still uses it.
+    pub(super) fn set_owner_or_zombie(
+        &self,
+        conn: &Connection,
+        s: db::Slot,
+        ino: i64,
+        own: bool,
+    ) -> Result<()> {
+        let owner = if own {
+            self.zombies.lock().remove(&s);
+            Some(ino)
+        } else if self.packs.in_use(s) {
+            self.zombies.lock().insert(s);
+            Some(-ino)
+        } else {
+            None
+        };
+        db::set_slot_owner(conn, s, owner)
     }
 
     /// Removes the file of its own of a deleted inode (best effort: a
@@ -501,6 +526,10 @@ impl Pack {
             if flags & libc::XATTR_REPLACE != 0 && !exists {
                 return Err(Error::from_errno(libc::ENODATA));
             }
+            if name.as_bytes().starts_with(b"security.") {
+                self.security_xattrs
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)",
             )
@@ -514,7 +543,11 @@ impl Pack {
     pub(super) fn do_getxattr(&self, ctx: &Ctx, path: &Path, name: &OsStr) -> Result<Vec<u8>> {
         // No ACLs are stored: the kernel asks for them at every permission
         // check of a non-owner and must hear "none" (ENODATA), not an error.
-        if name.as_bytes().starts_with(b"system.") {
+        let security = name.as_bytes().starts_with(b"security.")
+            && !self
+                .security_xattrs
+                .load(std::sync::atomic::Ordering::Relaxed);
+        if security || name.as_bytes().starts_with(b"system.") {
             return Err(Error::from_errno(libc::ENODATA));
         }
         check_xattr_name(ctx, name)?;

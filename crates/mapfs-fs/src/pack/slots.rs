@@ -48,6 +48,14 @@ pub fn pack_name(id: i64) -> String {
     format!("pack.{id:06}")
 }
 
+/// Slots taken from the database at once for one class: handing out the
+/// next ones needs no transaction.
+pub const RESERVE_BATCH: usize = 32;
+
+/// Owner recorded for slots a daemon reserved but has not handed to a file
+/// yet: negative, so like every slot only opens use, a new mount frees it.
+pub const RESERVED: i64 = -1;
+
 /// Takes a slot of capacity `cap` for `owner` (a negative owner marks it in
 /// use by opens only; see `db.rs`): a free one of the class if any, else a
 /// new one at the end of the newest pack file.

@@ -358,6 +358,17 @@ fn unlinked_while_open_lives_until_release_and_crashes_recover() {
 }
 
 #[test]
+fn a_directory_of_other_files_is_refused_untouched() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::write(t.path().join("mine"), b"keep").unwrap();
+    let e = Pack::new(t.path(), PackOptions::default()).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    let left: Vec<_> = std::fs::read_dir(t.path()).unwrap().collect();
+    assert_eq!(left.len(), 1, "the refused directory was changed");
+    assert_eq!(std::fs::read(t.path().join("mine")).unwrap(), b"keep");
+}
+
+#[test]
 fn bad_options_are_refused() {
     for (t, s) in [
         (Some("12"), None),

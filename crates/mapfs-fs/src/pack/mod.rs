@@ -183,6 +183,18 @@ impl Pack {
     /// what a crash left: slots only open handles held, and files whose
     /// last name was removed while open.
     pub fn new(backing: &Path, opts: PackOptions) -> Result<Self> {
+        // A directory of ordinary files is not a store: refuse it rather
+        // than hide its files behind an empty file system.
+        if !backing.join(db::DB_NAME).exists() {
+            if let Some(e) = std::fs::read_dir(backing)?.next() {
+                return Err(Error::invalid().context(format!(
+                    "{} holds {:?} but no pack store ({}): use an empty directory",
+                    backing.display(),
+                    e?.file_name(),
+                    db::DB_NAME
+                )));
+            }
+        }
         let mut conn = db::open(backing, opts.full_sync)?;
         let own = backing.join(OWN_DIR);
         match std::fs::DirBuilder::new().mode(0o700).create(&own) {

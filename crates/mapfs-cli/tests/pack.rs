@@ -533,11 +533,13 @@ fn storm(m: PathBuf, t: usize, round: u64, seed: u64, dur: Arc<Mutex<Durable>>) 
         for (name, f, len, full, step) in apps.iter_mut() {
             let n = 1 + rnd(*step) as usize;
             if *len + n > full.len() {
+                // Once the truncate is issued the file may be empty after a
+                // crash, whether or not the sync that follows returns.
+                dur.lock().unwrap().appended.insert(name.clone(), 0);
                 if f.set_len(0).is_err() || f.sync_all().is_err() {
                     return;
                 }
                 *len = 0;
-                dur.lock().unwrap().appended.insert(name.clone(), 0);
             }
             if f.write_all_at(&full[*len..*len + n], *len as u64).is_err() {
                 return;

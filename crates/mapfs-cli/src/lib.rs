@@ -51,6 +51,7 @@ mod helper;
 pub mod list;
 pub mod mount_cmd;
 pub mod mounts;
+pub mod pack_cmd;
 mod pidfd;
 pub mod registry;
 pub mod restart;

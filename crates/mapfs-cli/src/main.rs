@@ -12,11 +12,14 @@ enum Extra {
     Bench(Box<bench::BenchArgs>),
     /// Check a plfs backing directory: recover or reclaim the logs of writers that died.
     Fsck(fsck_cmd::FsckArgs),
+    /// Compact, inspect and check the backing directory of a `pack` mount.
+    Pack(mapfs_cli::pack_cmd::PackArgs),
 }
 
 fn main() {
     mapfs_cli::main_with(mapfs_cli::builtins(), |e: Extra| match e {
         Extra::Bench(args) => bench::run(*args),
         Extra::Fsck(args) => fsck_cmd::run(args),
+        Extra::Pack(args) => mapfs_cli::pack_cmd::run(args),
     })
 }

@@ -143,6 +143,7 @@ impl Registry {
 /// The `mapfs` binary's registry: the built-in file systems of `mapfs-fs`,
 /// registered exactly as an outside file system registers itself.
 pub fn builtins() -> Registry {
+    use mapfs_fs::pack::{Pack, PackOptions};
     use mapfs_fs::{passthrough::Passthrough, plfs::Plfs};
     Registry::new(
         "mapfs",
@@ -168,6 +169,17 @@ pub fn builtins() -> Registry {
         )
         .options(&["hostid"]),
     )
+    .register(
+        FsSpec::new(
+            "pack",
+            "many small files in slots of a few pack files (SQLite namespace)",
+            |b, o| {
+                let opts = PackOptions::parse(o.get("threshold"), o.get("sync"))?;
+                Ok(Arc::new(Pack::new(b, opts)?))
+            },
+        )
+        .options(&["threshold", "sync"]),
+    )
 }
 
 #[cfg(test)]
@@ -188,7 +200,7 @@ mod tests {
     #[test]
     fn builtins_are_registered_by_name() {
         let r = builtins();
-        assert_eq!(r.names(), ["passthrough", "plfs"]);
+        assert_eq!(r.names(), ["passthrough", "plfs", "pack"]);
         assert!(r.get("passthrough").unwrap().whole_file_maps);
         assert!(!r.get("plfs").unwrap().whole_file_maps);
         let r = r.register(FsSpec::new("plfs", "replaced", |b, _| {

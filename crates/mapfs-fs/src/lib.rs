@@ -5,5 +5,6 @@
 
 #![warn(missing_docs)]
 
+pub mod pack;
 pub mod passthrough;
 pub mod plfs;

@@ -774,6 +774,11 @@ impl Shared {
         file.wrote.store(true, Ordering::Relaxed);
         if file.data.whole_file_backing().is_none() {
             self.handles.note_change(file, change);
+        } else if self.handles.written_size(file.ino, 0).is_some() {
+            // A remap made this open whole-file (pack moves a growing file
+            // to a backing file of its own): the backing file's size rules
+            // now, not the changes it noted before.
+            self.handles.forget_changes(file);
         }
     }
 

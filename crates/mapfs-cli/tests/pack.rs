@@ -1,0 +1,691 @@
+//! Mount-level tests of the built-in `pack` file system (the M-to-1
+//! pattern: small files in slots of pack files, the namespace in SQLite,
+//! larger files remapped to backing files of their own).
+//!
+//! Everything is checked byte for byte against a model (fsx), or against
+//! the same commands run on a native directory. Real programs must be
+//! installed (scripts/deps.sh): a missing one fails the test with its name.
+//! `MAPFS_FSX_OPS` sets the fsx length (default 10,000 operations),
+//! `MAPFS_PACK_FILES` the small-file count (default 20,000),
+//! `MAPFS_PACK_KILLS` the number of crash rounds (default 20).
+
+mod common;
+mod preload_support;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use mapfs_testkit::fsx::{self, FsxConfig};
+use mapfs_testkit::mount::run_captured;
+
+/// Small enough that fsx's files (up to 256 KiB) move between slot classes
+/// and to files of their own all the time.
+const SMALL_THRESHOLD: &str = "threshold=4096";
+
+macro_rules! fuse_test {
+    ($(#[$attr:meta])* $name:ident => $call:expr) => {
+        #[test]
+        $(#[$attr])*
+        fn $name() {
+            if fuse_or_skip(stringify!($name)) {
+                $call;
+            }
+        }
+    };
+}
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn pack_on(mode: DataMode, backing: Option<&Path>, opts: &[&str]) -> MountSession {
+    let mut b = MountSession::builder(mapfs_bin())
+        .fs("pack")
+        .data(mode)
+        .options(opts.iter().copied());
+    if let Some(d) = backing {
+        b = b.backing(d);
+    }
+    b.mount()
+        .unwrap_or_else(|e| panic!("mounting pack --data {mode} -o {opts:?}: {e:#}"))
+}
+
+/// A backing directory that outlives the sessions mounted on it.
+fn kept_backing() -> (tempfile::TempDir, PathBuf) {
+    let t = native_dir();
+    let b = t.path().join("backing");
+    fs::create_dir(&b).unwrap();
+    fs::set_permissions(&b, fs::Permissions::from_mode(0o755)).unwrap();
+    (t, b)
+}
+
+fn umount_clean(mut s: MountSession, what: &str) {
+    let out = s.umount_settled().expect("running mapfs umount");
+    assert!(
+        out.success(),
+        "{what}: mapfs umount failed ({:?}): {}{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+}
+
+fn need(program: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).exists()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "`{program}` is not installed: the CI setup must install it"
+    );
+}
+
+fn sh_ok(dir: &Path, script: &str) -> String {
+    let out = run_captured(
+        Command::new("/bin/sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .env("LC_ALL", "C")
+            .env("TZ", "UTC"),
+    )
+    .expect("spawn sh");
+    assert!(
+        out.success(),
+        "`{script}` failed in {} ({:?}):\nstdout: {}\nstderr: {}",
+        dir.display(),
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    out.stdout
+}
+
+/// `mapfs pack check BACKING` must say the store is consistent.
+fn assert_consistent(backing: &Path, what: &str) {
+    let r = mapfs_fs::pack::check(backing).unwrap_or_else(|e| panic!("{what}: check: {e}"));
+    assert!(
+        r.ok(),
+        "{what}: pack check found problems: {:#?}",
+        r.problems
+    );
+    let out = run_captured(
+        Command::new(mapfs_bin())
+            .args(["pack", "check"])
+            .arg(backing),
+    )
+    .unwrap();
+    assert!(
+        out.success(),
+        "{what}: mapfs pack check: {}{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+/// Deterministic bytes: `len` bytes of stream `key`.
+fn stream(key: &str, len: usize) -> Vec<u8> {
+    let mut x: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        x = (x ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// fsx: byte model, remaps all the time
+// ---------------------------------------------------------------------------
+
+fn fsx_mode(mode: DataMode) {
+    let test = format!("pack fsx --data {mode}");
+    let s = pack_on(mode, None, &[SMALL_THRESHOLD]);
+    for seed in [20_261_123u64, 7] {
+        let mut cfg = FsxConfig::new(s.mountpoint(), seed, env_num("MAPFS_FSX_OPS", 10_000));
+        // Small files too, so slots and their classes are exercised, not
+        // only files of their own.
+        if seed == 7 {
+            cfg.maxlen = 8192;
+            cfg.max_op_len = 2048;
+        }
+        let report = fsx::run(&cfg).unwrap_or_else(|f| panic!("{test}:\n{f}"));
+        eprintln!("{test}: {report}");
+        assert!(
+            report.skipped.is_empty(),
+            "{test}: skipped operations: {report}"
+        );
+        for k in cfg.enabled_kinds() {
+            assert!(report.count(k) > 0, "{test}: {k} never ran: {report}");
+        }
+    }
+    let st = mapfs_fs::pack::stats(s.backing()).unwrap();
+    assert_consistent(s.backing(), &test);
+    // fsx removed its files: their slots are free again.
+    assert_eq!(st.files, 0, "{test}: files left: {st:?}");
+    assert!(st.free_slots > 0, "{test}: no slot was ever freed: {st:?}");
+}
+
+fuse_test!(fsx_daemon => fsx_mode(DataMode::Daemon));
+fuse_test!(fsx_passthrough => fsx_mode(DataMode::Passthrough));
+
+/// `mapfs-fsx` under `mapfs run`: the shim runs files of their own itself
+/// and leaves slotted files to the daemon; bytes must be right either way.
+#[test]
+fn fsx_under_mapfs_run() {
+    use preload_support::*;
+    let test = "pack mapfs-fsx under mapfs run";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = pack_on(DataMode::Auto, None, &[SMALL_THRESHOLD]);
+    let report = report_path(&s, "fsx");
+    for (seed, maxlen) in [(20_261_125u64, "262144"), (11, "8192")] {
+        let out = ok(attached(&s, &report, fsx_bin())
+            .arg("--dir")
+            .arg(s.mountpoint())
+            .arg("--ops")
+            .arg(env_num("MAPFS_FSX_OPS", 10_000).to_string())
+            .arg("--maxlen")
+            .arg(maxlen)
+            .arg("--seed")
+            .arg(seed.to_string()));
+        eprintln!("{test}: {}", String::from_utf8_lossy(&out.stdout).trim());
+    }
+    let t = totals(&report, "mapfs-fsx");
+    eprintln!("{test}: shim {t:?}");
+    assert!(
+        t.native_calls > 0,
+        "{test}: the shim ran nothing itself: {t:?}"
+    );
+    assert_consistent(s.backing(), test);
+}
+
+// ---------------------------------------------------------------------------
+// Real programs, compared with native
+// ---------------------------------------------------------------------------
+
+/// Builds a tree of many small files and some large ones, then renames,
+/// links and deletes in it (the same script runs on native and on pack).
+const TREE_SCRIPT: &str = r#"
+set -e
+mkdir -p src/a/b/c src/many empty
+i=0
+while [ $i -lt 600 ]; do
+  printf 'small file %d\n' $i > src/many/f$i
+  i=$((i+1))
+done
+head -c 100000 /etc/services > src/a/mid 2>/dev/null || seq 1 20000 > src/a/mid
+seq 1 300000 > src/a/big
+seq 1 700 > src/a/b/c/deep
+printf 'x' > src/a/one
+: > src/a/zero
+ln src/a/one src/a/one.hard
+ln -s b/c/deep src/a/link
+ln -s /nowhere src/dangling
+mkfifo src/fifo
+chmod 600 src/a/one
+chmod 750 src/a/b
+cp -r src copy
+tar cf src.tar src
+mkdir untar && tar xf src.tar -C untar
+mv copy/many copy/renamed
+mv copy/a/one copy/a/b/one
+mv -f copy/a/mid copy/a/big
+mkdir copy/newdir && mv copy/newdir copy/a/b/c/
+mkdir -p copy/over/x && mkdir copy/over2 && mv -T copy/over2 copy/over/x
+rm copy/renamed/f1 copy/renamed/f2
+rm -r copy/renamed/f3 untar/src/many
+ln copy/a/b/one copy/hardlink
+rm copy/a/b/one
+printf 'grown ' >> copy/a/one.hard
+seq 1 5000 >> copy/hardlink
+truncate -s 10 src/a/b/c/deep
+truncate -s 70000 src/a/one.hard
+touch -d '2001-02-03 04:05:06' copy/a/big
+rm src.tar
+"#;
+
+fn manifest(dir: &Path) -> String {
+    sh_ok(
+        dir,
+        "{ find . -mindepth 1 -type d -printf '%P %y %m %n\\n'; \
+           find . -mindepth 1 ! -type d -printf '%P %y %m %s %l %n\\n'; \
+           find . -type f -exec sha256sum {} +; \
+           find . -path ./copy/a/big -printf '%P %TY-%Tm-%Td_%TH:%TM:%TS\\n'; } | sort",
+    )
+}
+
+fn programs_tree(mode: DataMode) {
+    for p in ["cp", "tar", "find", "sha256sum", "mkfifo", "truncate"] {
+        need(p);
+    }
+    let test = format!("pack tree --data {mode}");
+    let (_keep, backing) = kept_backing();
+    let native = native_dir();
+    sh_ok(native.path(), TREE_SCRIPT);
+    let want = manifest(native.path());
+    let s = pack_on(mode, Some(&backing), &[]);
+    sh_ok(s.mountpoint(), TREE_SCRIPT);
+    let got = manifest(s.mountpoint());
+    assert_eq!(want, got, "{test}: tree differs from native");
+    umount_clean(s, &test);
+    assert_consistent(&backing, &test);
+    let s = pack_on(mode, Some(&backing), &[]);
+    assert_eq!(
+        want,
+        manifest(s.mountpoint()),
+        "{test}: differs after remount"
+    );
+    // The small files live in pack files, not as backing files.
+    let own = fs::read_dir(backing.join("files")).unwrap().count();
+    assert!(
+        own <= 4,
+        "{test}: {own} files of their own for a tree of small files"
+    );
+}
+
+fuse_test!(programs_tree_daemon => programs_tree(DataMode::Daemon));
+fuse_test!(programs_tree_auto => programs_tree(DataMode::Auto));
+
+fn sqlite_and_git(mode: DataMode) {
+    need("sqlite3");
+    need("git");
+    let test = format!("pack sqlite3+git --data {mode}");
+    let s = pack_on(mode, None, &[]);
+    let m = s.mountpoint();
+    let out = sh_ok(
+        m,
+        "sqlite3 t.db 'create table t(k integer primary key, v text);' && \
+         i=0; while [ $i -lt 20 ]; do \
+           sqlite3 t.db \"insert into t(v) select hex(randomblob(300)) from (select 1 union all select 2 union all select 3 union all select 4 union all select 5);\"; \
+           i=$((i+1)); done; \
+         sqlite3 t.db 'pragma integrity_check; select count(*) from t; select count(distinct v) from t;'",
+    );
+    assert_eq!(out, "ok\n100\n100\n", "{test}: sqlite3 said {out:?}");
+    let out = sh_ok(
+        m,
+        "git init -q repo && cd repo && git config user.email t@t && git config user.name t && \
+         seq 1 2000 > a && mkdir d && for i in 1 2 3 4 5 6 7 8 9; do echo $i > d/$i; done && \
+         git add -A && git commit -qm one && git mv a b && echo more >> b && git rm -q d/1 && \
+         git commit -qam two && git gc -q && git fsck --strict 2>&1 && git log --oneline | wc -l && \
+         git show HEAD~1:a | sha256sum && seq 1 2000 | sha256sum",
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.contains(&"2"), "{test}: git log: {out}");
+    assert_eq!(
+        lines[lines.len() - 1],
+        lines[lines.len() - 2],
+        "{test}: git bytes: {out}"
+    );
+    assert_consistent(s.backing(), &test);
+}
+
+fuse_test!(sqlite_and_git_daemon => sqlite_and_git(DataMode::Daemon));
+fuse_test!(sqlite_and_git_auto => sqlite_and_git(DataMode::Auto));
+
+/// Many small files written and read back byte-exact, and the backing
+/// store holds a handful of files for them.
+fn many_small_files() {
+    let n = env_num("MAPFS_PACK_FILES", 20_000) as usize;
+    let test = format!("pack {n} small files");
+    let s = pack_on(DataMode::Auto, None, &[]);
+    let m = s.mountpoint();
+    for i in 0..n {
+        if i % 1000 == 0 {
+            fs::create_dir(m.join(format!("d{}", i / 1000))).unwrap();
+        }
+        let name = format!("d{}/f{i}", i / 1000);
+        fs::write(m.join(&name), stream(&name, 1 + (i * 37) % 4096)).unwrap();
+    }
+    for i in 0..n {
+        let name = format!("d{}/f{i}", i / 1000);
+        let got = fs::read(m.join(&name)).unwrap();
+        assert!(
+            got == stream(&name, 1 + (i * 37) % 4096),
+            "{test}: {name} differs"
+        );
+    }
+    let backing_files = sh_ok(s.backing(), "find . -type f | wc -l");
+    let backing_files: usize = backing_files.trim().parse().unwrap();
+    assert!(
+        backing_files <= 8,
+        "{test}: {backing_files} backing files for {n} small files"
+    );
+    let st = mapfs_fs::pack::stats(s.backing()).unwrap();
+    eprintln!("{test}: {st:?}");
+    assert_eq!(st.files, n as u64);
+    assert_eq!(st.own_files, 0);
+    assert_consistent(s.backing(), &test);
+}
+
+fuse_test!(many_small_files_byte_exact => many_small_files());
+
+// ---------------------------------------------------------------------------
+// Space: reuse and online compaction
+// ---------------------------------------------------------------------------
+
+fuse_test!(freed_slots_are_reused => {
+    let s = pack_on(DataMode::Auto, None, &[]);
+    let m = s.mountpoint();
+    for i in 0..200 {
+        fs::write(m.join(format!("f{i}")), stream(&format!("f{i}"), 3000)).unwrap();
+    }
+    let before = mapfs_fs::pack::stats(s.backing()).unwrap();
+    for i in 0..200 {
+        fs::remove_file(m.join(format!("f{i}"))).unwrap();
+    }
+    for i in 0..200 {
+        fs::write(m.join(format!("g{i}")), stream(&format!("g{i}"), 4000)).unwrap();
+    }
+    let after = mapfs_fs::pack::stats(s.backing()).unwrap();
+    // The 200 new files took the 200 freed slots (and ones reserved
+    // before): not one slot was cut from the pack files.
+    assert_eq!(before.slots, after.slots, "new slots were cut: {before:?} {after:?}");
+    assert_eq!(before.slot_bytes, after.slot_bytes, "{before:?} {after:?}");
+    for i in 0..200 {
+        assert!(fs::read(m.join(format!("g{i}"))).unwrap() == stream(&format!("g{i}"), 4000));
+    }
+    assert_consistent(s.backing(), "slot reuse");
+});
+
+fuse_test!(compact_while_reading_and_writing => {
+    let test = "pack compact online";
+    let s = pack_on(DataMode::Auto, None, &[]);
+    let m = s.mountpoint().to_path_buf();
+    let n = 3000;
+    for i in 0..n {
+        fs::write(m.join(format!("f{i}")), stream(&format!("f{i}"), 2000)).unwrap();
+    }
+    // Free most of the front so the back has somewhere to go.
+    for i in 0..n * 2 / 3 {
+        fs::remove_file(m.join(format!("f{i}"))).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let (m, stop, errors) = (m.clone(), stop.clone(), errors.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0;
+            while !stop.load(Ordering::Relaxed) || rounds == 0 {
+                for i in n * 2 / 3..n {
+                    let name = format!("f{i}");
+                    match fs::read(m.join(&name)) {
+                        Ok(b) if b == stream(&name, 2000) => {}
+                        Ok(_) => errors.lock().unwrap().push(format!("{name} differs")),
+                        Err(e) => errors.lock().unwrap().push(format!("{name}: {e}")),
+                    }
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    let writer = {
+        let (m, stop, errors) = (m.clone(), stop.clone(), errors.clone());
+        std::thread::spawn(move || {
+            let mut k = 0;
+            // One file held open and rewritten the whole time: never moved.
+            let held = fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(m.join("held")).unwrap();
+            while !stop.load(Ordering::Relaxed) || k == 0 {
+                let name = format!("w{}", k % 500);
+                let data = stream(&format!("{name}.{k}"), 1500);
+                if let Err(e) = fs::write(m.join(&name), &data) {
+                    errors.lock().unwrap().push(format!("write {name}: {e}"));
+                }
+                held.write_all_at(&data, 0).unwrap();
+                let mut b = vec![0u8; data.len()];
+                held.read_exact_at(&mut b, 0).unwrap();
+                if b != data {
+                    errors.lock().unwrap().push("held file differs".into());
+                }
+                match fs::read(m.join(&name)) {
+                    Ok(b) if b == data => {}
+                    Ok(_) => errors.lock().unwrap().push(format!("{name} differs after write")),
+                    Err(e) => errors.lock().unwrap().push(format!("read {name}: {e}")),
+                }
+                k += 1;
+            }
+            k
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let before = mapfs_fs::pack::stats(s.backing()).unwrap();
+    let out = run_captured(Command::new(mapfs_bin()).args(["pack", "compact", "--json"]).arg(s.backing())).unwrap();
+    assert!(out.success(), "{test}: {}{}", out.stdout, out.stderr);
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let rounds = reader.join().unwrap();
+    let writes = writer.join().unwrap();
+    let errs = errors.lock().unwrap().clone();
+    assert!(errs.is_empty(), "{test}: {errs:?}");
+    let rep: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let after = mapfs_fs::pack::stats(s.backing()).unwrap();
+    eprintln!("{test}: {rep} reader rounds {rounds}, writes {writes}\nbefore {before:?}\nafter {after:?}");
+    assert!(rep["moved"].as_u64().unwrap() > 500, "{test}: moved too little: {rep}");
+    // `held` is open the whole time, with free slots of its class before it.
+    assert!(rep["busy"].as_u64().unwrap() >= 1, "{test}: an open file was moved: {rep}");
+    assert!(after.pack_disk_bytes < before.pack_disk_bytes, "{test}: no space reclaimed");
+    for i in n * 2 / 3..n {
+        let name = format!("f{i}");
+        assert!(fs::read(m.join(&name)).unwrap() == stream(&name, 2000), "{test}: {name}");
+    }
+    assert_consistent(s.backing(), test);
+});
+
+// ---------------------------------------------------------------------------
+// Crash safety: SIGKILL during a write storm
+// ---------------------------------------------------------------------------
+
+/// What the storm made durable: append files and their fsync'ed length,
+/// replaced files and their renamed-and-synced version.
+#[derive(Default)]
+struct Durable {
+    appended: BTreeMap<String, usize>,
+    replaced: BTreeMap<String, (u64, u64)>,
+}
+
+/// Appends to one file and replaces another (write, fsync, rename, fsync
+/// of the directory) until the mount dies; records what was made durable.
+fn storm(m: PathBuf, t: usize, round: u64, seed: u64, dur: Arc<Mutex<Durable>>) {
+    let mut x = seed | 1;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    // One file that grows past the threshold (a file of its own, then
+    // emptied and slotted again), one that stays in slots.
+    let mut apps = Vec::new();
+    for (name, cap, step) in [
+        (format!("app-{t}"), 300_000, 3000),
+        (format!("small-{t}"), 8000, 700),
+    ] {
+        let Ok(f) = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(m.join(&name))
+        else {
+            return;
+        };
+        let Ok(md) = f.metadata() else { return };
+        apps.push((name.clone(), f, md.len() as usize, stream(&name, cap), step));
+    }
+    for v in round * 1000.. {
+        for (name, f, len, full, step) in apps.iter_mut() {
+            let n = 1 + rnd(*step) as usize;
+            if *len + n > full.len() {
+                // Once the truncate is issued the file may be empty after a
+                // crash, whether or not the sync that follows returns.
+                dur.lock().unwrap().appended.insert(name.clone(), 0);
+                if f.set_len(0).is_err() || f.sync_all().is_err() {
+                    return;
+                }
+                *len = 0;
+            }
+            if f.write_all_at(&full[*len..*len + n], *len as u64).is_err() {
+                return;
+            }
+            *len += n;
+            if rnd(3) == 0 {
+                if f.sync_data().is_err() {
+                    return;
+                }
+                dur.lock().unwrap().appended.insert(name.clone(), *len);
+            }
+        }
+        let rep = format!("rep-{t}-{}", rnd(4));
+        let tmp = format!("tmp-{t}-{v}");
+        let size = rnd(20_000) as usize;
+        let body = stream(&format!("{rep}.{v}"), size);
+        let ok = fs::write(m.join(&tmp), &body).is_ok()
+            && fs::File::open(m.join(&tmp))
+                .and_then(|f| f.sync_all())
+                .is_ok()
+            && fs::rename(m.join(&tmp), m.join(&rep)).is_ok()
+            && fs::File::open(&m).and_then(|d| d.sync_all()).is_ok();
+        if !ok {
+            return;
+        }
+        dur.lock().unwrap().replaced.insert(rep, (v, size as u64));
+    }
+}
+
+fuse_test!(crash_sigkill_during_write_storm => {
+    let kills = env_num("MAPFS_PACK_KILLS", 20);
+    let (_keep, backing) = kept_backing();
+    let durable = Arc::new(Mutex::new(Durable::default()));
+    // Versions ever started per replaced name, to check a visible version
+    // was written (not merely that it is newer).
+    for round in 0..kills {
+        let seed = 0x5eed_0000 + round;
+        let test = format!("pack crash round {round} (seed {seed:#x})");
+        let mode = if round % 2 == 0 { DataMode::Auto } else { DataMode::Daemon };
+        let s = pack_on(mode, Some(&backing), &["threshold=8192"]);
+        let pid = preload_support::daemon_pid(&s);
+        let threads: Vec<_> = (0..3)
+            .map(|t| {
+                let (m, d) = (s.mountpoint().to_path_buf(), durable.clone());
+                std::thread::spawn(move || storm(m, t, round, seed + t as u64, d))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100 + (seed * 7919) % 400));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for t in threads {
+            t.join().unwrap();
+            assert!(Instant::now() < deadline, "{test}: writers hung");
+        }
+        drop(s);
+        assert_consistent(&backing, &test);
+        let s = pack_on(mode, Some(&backing), &["threshold=8192"]);
+        let m = s.mountpoint();
+        let d = durable.lock().unwrap();
+        for (name, &len) in &d.appended {
+            let got = fs::read(m.join(name)).unwrap();
+            assert!(got.len() >= len, "{test}: {name} lost fsync'ed bytes: {} < {len}", got.len());
+            let cap = if name.starts_with("app-") { 300_000 } else { 8000 };
+            assert!(
+                got.len() <= cap && got == stream(name, cap)[..got.len()],
+                "{test}: {name} holds bytes never written"
+            );
+        }
+        for e in fs::read_dir(m).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            let got = fs::read(m.join(&name)).unwrap();
+            if let Some(rest) = name.strip_prefix("tmp-") {
+                // A file being written: what it shows must be a prefix of
+                // what was written to it.
+                let (t, v) = rest.split_once('-').unwrap();
+                let found = (0..4).any(|r| {
+                    let want = stream(&format!("rep-{t}-{r}.{v}"), 20_000);
+                    got.len() <= want.len() && got == want[..got.len()]
+                });
+                assert!(found, "{test}: {name} holds bytes never written");
+                fs::remove_file(m.join(&name)).unwrap();
+            } else if name.starts_with("rep-") {
+                let durable_v = d.replaced.get(&name).map_or(0, |r| r.0);
+                let found = (durable_v..(round + 1) * 1000 + 100_000).take(200_000).any(|v| {
+                    let want = stream(&format!("{name}.{v}"), got.len());
+                    got == want
+                });
+                assert!(found, "{test}: {name} is no version at or after the fsync'ed {durable_v}");
+            }
+        }
+        eprintln!(
+            "{test}: checked {} appended and {} replaced files",
+            d.appended.len(),
+            d.replaced.len()
+        );
+        if let Some(name) = d.replaced.keys().next() {
+            assert!(m.join(name).exists(), "{test}: {name} lost");
+        }
+        drop(d);
+        umount_clean(s, &test);
+    }
+    assert_consistent(&backing, "after the crash rounds");
+});
+
+// ---------------------------------------------------------------------------
+// The shim on pack: files of their own run natively, slotted ones through
+// the mount, and nobody gets what nobody may not open
+// ---------------------------------------------------------------------------
+
+#[test]
+fn shim_adopts_own_files_and_refuses_like_the_mount() {
+    use preload_support::*;
+    let test = "pack under mapfs run as nobody";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = MountSession::builder(mapfs_bin())
+        .fs("pack")
+        .data(DataMode::Auto)
+        .options(["allow_other", "default_permissions", SMALL_THRESHOLD])
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let m = s.mountpoint();
+    let text = |c: u8, n: usize| vec![c; n];
+    fs::write(m.join("secret"), text(b's', 100_000)).unwrap();
+    fs::set_permissions(m.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(m.join("big"), text(b'b', 100_000)).unwrap();
+    fs::write(m.join("small"), text(b'm', 300)).unwrap();
+    let report = report_path(&s, "nobody");
+    fs::write(&report, b"").unwrap();
+    fs::set_permissions(&report, fs::Permissions::from_mode(0o666)).unwrap();
+    let (secret, big, small) = (m.join("secret"), m.join("big"), m.join("small"));
+    let run = |shimmed| read_as_nobody(&s, &report, &[&secret, &big, &small], shimmed);
+    let b100 = "b".repeat(100);
+    let m100 = "m".repeat(100);
+    let (sp, bp, mp) = (secret.display(), big.display(), small.display());
+    assert_eq!(
+        run(false),
+        format!("{sp} EACCES\n{bp} ok {b100} -1\n{mp} ok {m100} -1\n"),
+        "{test}: through the mount"
+    );
+    // 3: adopted (reads run in the program), 4: served through the mount.
+    assert_eq!(
+        run(true),
+        format!("{sp} EACCES\n{bp} ok {b100} 3\n{mp} ok {m100} 4\n"),
+        "{test}: through the shim"
+    );
+}

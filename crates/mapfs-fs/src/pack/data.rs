@@ -1,0 +1,494 @@
+//! Opens: maps of slotted files and files of their own, persisting a map
+//! at flush and release, and remap (a bigger slot, or a file of its own).
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use mapfs::{
+    Attr, Ctx, DataMap, Error, Extent, FileKind, Growth, OpenFlags, Opened, Result, Segment,
+};
+use rustix::fs::{Mode, OFlags};
+
+use super::db::{self, Inode, Slot};
+use super::names;
+use super::perm::{self, R, W};
+use super::slots;
+use super::{Handle, Pack};
+
+/// An extent row: `(logical, off, len)`.
+type Row = (u64, u64, u64);
+
+/// The map of a slotted file: its extents in `slot`, growing in place up
+/// to the slot's capacity.
+fn slot_map(slot: Slot, size: u64, ext: &[(u64, u64, u64)]) -> Result<DataMap> {
+    let extents = ext
+        .iter()
+        .map(|&(logical, off, len)| Extent {
+            logical,
+            file: 0,
+            offset: off,
+            len,
+        })
+        .collect();
+    DataMap::new(
+        extents,
+        size,
+        Growth::InPlace {
+            limit: Some(slot.cap),
+        },
+    )
+}
+
+/// The extents of `map` as rows, checked to lie in `slot` at its shift.
+fn map_rows(map: &DataMap, slot: Slot) -> Option<Vec<(u64, u64, u64)>> {
+    let mut out = Vec::with_capacity(map.extents().len());
+    for e in map.extents() {
+        let inside =
+            e.file == 0 && e.offset == slot.off + e.logical && e.logical + e.len <= slot.cap;
+        if !inside {
+            return None;
+        }
+        out.push((e.logical, e.offset, e.len));
+    }
+    Some(out)
+}
+
+impl Pack {
+    /// `files/<ino>` opened with `flags` (`O_RDONLY`, `O_WRONLY`, `O_RDWR`,
+    /// maybe `O_TRUNC`/`O_CREAT`).
+    pub(super) fn own_file(&self, ino: i64, flags: i32) -> Result<File> {
+        let mut of = OFlags::from_bits_retain(
+            flags as u32 & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT) as u32,
+        );
+        of |= OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd: OwnedFd = rustix::fs::openat(
+            &self.own_dir,
+            ino.to_string(),
+            of,
+            Mode::from_raw_mode(0o600),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// A new handle for an open of `i` (whose slot, if any, the caller has
+    /// acquired).
+    fn new_handle(&self, i: &Inode, slot: Option<Slot>) -> u64 {
+        let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        *self.opens.lock().entry(i.ino).or_insert(0) += 1;
+        self.handles.lock().insert(
+            id,
+            Handle {
+                ino: i.ino,
+                slot,
+                mtime_seen: i.mtime,
+                recorded: None,
+            },
+        );
+        id
+    }
+
+    /// The map and files of an open of `ino`, its slot acquired (waiting
+    /// for a compaction moving it to end, then reading where it went).
+    fn open_ino(&self, ino: i64, flags: OpenFlags, trunc: bool) -> Result<Opened> {
+        loop {
+            let first = db::get_inode(&self.conn.lock(), ino)?;
+            if let Some(s) = first.slot {
+                self.packs.acquire(s)?;
+            }
+            let check = |tx: &rusqlite::Connection| -> Result<Option<(Inode, Vec<Row>)>> {
+                let i = db::get_inode(tx, ino)?;
+                if i.slot != first.slot || i.own != first.own {
+                    return Ok(None);
+                }
+                if trunc && (i.size > 0 || i.own) {
+                    tx.prepare_cached(
+                        "UPDATE inodes SET size = 0, mtime = ?2, ctime = ?2 WHERE ino = ?1",
+                    )
+                    .map_err(db::dberr)?
+                    .execute(rusqlite::params![ino, db::now_ns()])
+                    .map_err(db::dberr)?;
+                    db::set_extents(tx, ino, &[])?;
+                }
+                let i = db::get_inode(tx, ino)?;
+                let ext = db::extents(tx, ino)?;
+                Ok(Some((i, ext)))
+            };
+            // Only a truncating open writes; the others read, and the slot
+            // lock held keeps a compaction from moving what they read.
+            let res = if trunc {
+                self.write(|tx| check(tx))
+            } else {
+                check(&self.conn.lock())
+            };
+            let (i, ext) = match res {
+                Ok(Some(v)) => v,
+                Ok(None) => {
+                    if let Some(s) = first.slot {
+                        self.packs.release(s);
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    if let Some(s) = first.slot {
+                        self.packs.release(s);
+                    }
+                    return Err(e);
+                }
+            };
+            if i.own {
+                let mut fl = flags.access();
+                if trunc {
+                    fl |= libc::O_TRUNC;
+                }
+                let f = self.own_file(ino, fl)?;
+                let handle = self.new_handle(&i, None);
+                return Ok(Opened {
+                    map: DataMap::whole_file(),
+                    files: vec![Arc::new(f)],
+                    handle,
+                });
+            }
+            let (map, files) = match i.slot {
+                Some(s) => (slot_map(s, i.size, &ext)?, vec![self.packs.file(s.pack)?]),
+                // No bytes yet: every write asks for a slot.
+                None => (
+                    DataMap::new(Vec::new(), i.size, Growth::InPlace { limit: Some(0) })?,
+                    Vec::new(),
+                ),
+            };
+            let handle = self.new_handle(&i, i.slot);
+            if let Some(h) = self.handles.lock().get_mut(&handle) {
+                h.recorded = Some(map.clone());
+            }
+            return Ok(Opened { map, files, handle });
+        }
+    }
+
+    pub(super) fn do_open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+        let i = names::resolve(&self.conn.lock(), ctx, path)?;
+        match i.kind() {
+            FileKind::File => {}
+            FileKind::Dir => return Err(Error::from_errno(libc::EISDIR)),
+            _ => return Err(Error::from_errno(libc::ENXIO)),
+        }
+        let trunc = flags.0 & libc::O_TRUNC != 0;
+        let mut mask = 0;
+        if flags.readable() {
+            mask |= R;
+        }
+        if flags.writable() || trunc {
+            mask |= W;
+        }
+        perm::check(ctx, &i, mask)?;
+        self.open_ino(i.ino, flags, trunc && flags.writable())
+    }
+
+    pub(super) fn do_create(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        flags: OpenFlags,
+        mode: u32,
+    ) -> Result<(Attr, Opened)> {
+        let made = self
+            .write(|tx| names::make_node(tx, ctx, path, libc::S_IFREG | (mode & 0o7777), 0, None));
+        let i = match made {
+            Ok(i) => i,
+            Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
+                let o = self.do_open(ctx, path, flags)?;
+                let attr = self.getattr_ino(self.handles.lock()[&o.handle].ino)?;
+                return Ok((attr, o));
+            }
+            Err(e) => return Err(e),
+        };
+        let o = self.open_ino(i.ino, flags, false)?;
+        Ok((i.attr(), o))
+    }
+
+    /// Attributes of inode `ino`.
+    pub(super) fn getattr_ino(&self, ino: i64) -> Result<Attr> {
+        let i = db::get_inode(&self.conn.lock(), ino)?;
+        self.attr_of(&i)
+    }
+
+    /// Records `map` as the bytes of the handle's file (flush and release).
+    pub(super) fn persist(&self, handle: u64, map: &DataMap) -> Result<()> {
+        let Some(h) = self.handles.lock().get(&handle).cloned() else {
+            return Ok(());
+        };
+        if map.is_whole_file() || h.recorded.as_ref() == Some(map) {
+            return Ok(());
+        }
+        let res = self.persist_new(&h, handle, map);
+        if res.is_ok() {
+            if let Some(h) = self.handles.lock().get_mut(&handle) {
+                h.recorded = Some(map.clone());
+            }
+        }
+        res
+    }
+
+    fn persist_new(&self, h: &Handle, handle: u64, map: &DataMap) -> Result<()> {
+        let Some(slot) = h.slot else {
+            // No slot was ever given: the file has no bytes, only a size.
+            return self.write(|tx| {
+                let Some(i) = db::inode(tx, h.ino)? else {
+                    return Ok(());
+                };
+                if i.own || i.slot.is_some() || i.size == map.size() {
+                    return Ok(());
+                }
+                tx.execute(
+                    "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3 WHERE ino = ?1",
+                    rusqlite::params![h.ino, map.size() as i64, db::now_ns()],
+                )
+                .map_err(db::dberr)?;
+                Ok(())
+            });
+        };
+        // A map taken before a remap of this handle names the old slot: a
+        // later flush or the release brings the new one.
+        let Some(rows) = map_rows(map, slot) else {
+            return Ok(());
+        };
+        let mtime = self.write(|tx| {
+            let Some(i) = db::inode(tx, h.ino)? else {
+                return Ok(None);
+            };
+            if i.own {
+                tracing::warn!(
+                    ino = h.ino,
+                    "pack: a write through an open older than the file's move to a file \
+                     of its own is dropped"
+                );
+                return Ok(None);
+            }
+            if i.slot == Some(slot) && i.size == map.size() && db::extents(tx, h.ino)? == rows {
+                // Already recorded (a release after the flush of close).
+                return Ok(None);
+            }
+            if i.slot != Some(slot) {
+                self.set_owner_or_zombie(tx, slot, h.ino, true)?;
+                if let Some(old) = i.slot {
+                    self.set_owner_or_zombie(tx, old, h.ino, false)?;
+                }
+                db::set_inode_slot(tx, h.ino, Some(slot))?;
+            }
+            db::set_extents(tx, h.ino, &rows)?;
+            // Times set explicitly since this open last looked (`futimens`
+            // before close, as tar and cp -p do) are kept.
+            let now = db::now_ns();
+            let mtime = if i.mtime == h.mtime_seen {
+                now
+            } else {
+                i.mtime
+            };
+            tx.prepare_cached("UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?4 WHERE ino = ?1")
+                .map_err(db::dberr)?
+                .execute(rusqlite::params![h.ino, map.size() as i64, mtime, now])
+                .map_err(db::dberr)?;
+            Ok(Some(mtime))
+        })?;
+        if let Some(m) = mtime {
+            if let Some(h) = self.handles.lock().get_mut(&handle) {
+                h.mtime_seen = m;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn do_release(&self, handle: u64, map: &DataMap) -> Result<()> {
+        let res = self.persist(handle, map);
+        let Some(h) = self.handles.lock().remove(&handle) else {
+            return res;
+        };
+        let last = {
+            let mut opens = self.opens.lock();
+            let n = opens.entry(h.ino).or_insert(1);
+            *n -= 1;
+            let last = *n == 0;
+            if last {
+                opens.remove(&h.ino);
+            }
+            last
+        };
+        let freed = h
+            .slot
+            .filter(|s| self.packs.release(*s) && self.zombies.lock().remove(s));
+        let orphan = last && self.orphans.lock().remove(&h.ino);
+        // Most releases change nothing and touch no database.
+        if freed.is_none() && !orphan {
+            return res;
+        }
+        let gone = self.write(|tx| {
+            if let Some(s) = freed {
+                if db::slot_owner(tx, s)?.flatten().is_some_and(|o| o < 0) {
+                    db::set_slot_owner(tx, s, None)?;
+                }
+            }
+            if orphan {
+                if let Some(i) = db::inode(tx, h.ino)? {
+                    if i.nlink == 0 {
+                        return self.destroy(tx, h.ino);
+                    }
+                }
+            }
+            Ok(None)
+        })?;
+        self.remove_own(gone);
+        res
+    }
+
+    pub(super) fn do_remap(
+        &self,
+        handle: u64,
+        map: &DataMap,
+        offset: u64,
+        len: u64,
+    ) -> Result<Opened> {
+        let Some(h) = self.handles.lock().get(&handle).cloned() else {
+            return Err(Error::from_errno(libc::EBADF));
+        };
+        let need = map.size().max(offset.saturating_add(len));
+        let old_file = match h.slot {
+            Some(s) => Some(self.packs.file(s.pack)?),
+            None => None,
+        };
+        if need > self.threshold {
+            return self.to_own(handle, &h, map, old_file.as_deref());
+        }
+        let cap = slots::class(need);
+        let new = self.take_slot(cap)?;
+        self.packs.acquire(new)?;
+        let file = self.packs.file(new.pack)?;
+        let copied = copy_into(map, old_file.as_deref(), false, |buf, at| {
+            Ok(file.write_all_at(buf, new.off + at)?)
+        });
+        if let Err(e) = copied {
+            self.packs.release(new);
+            self.zombies.lock().remove(&new);
+            let _ = self.write(|tx| db::set_slot_owner(tx, new, None));
+            return Err(e);
+        }
+        self.drop_handle_slot(&h)?;
+        if let Some(hh) = self.handles.lock().get_mut(&handle) {
+            hh.slot = Some(new);
+        }
+        let m = DataMap::new(
+            vec![Extent {
+                logical: 0,
+                file: 0,
+                offset: new.off,
+                len: new.cap,
+            }],
+            map.size(),
+            Growth::InPlace {
+                limit: Some(new.cap),
+            },
+        )?;
+        Ok(Opened {
+            map: m,
+            files: vec![file],
+            handle,
+        })
+    }
+
+    /// The handle leaves its slot: the slot is freed if it was only held by
+    /// opens and none is left.
+    fn drop_handle_slot(&self, h: &Handle) -> Result<()> {
+        let Some(old) = h.slot else {
+            return Ok(());
+        };
+        if self.packs.release(old) && self.zombies.lock().remove(&old) {
+            self.write(|tx| {
+                if db::slot_owner(tx, old)?.flatten().is_some_and(|o| o < 0) {
+                    db::set_slot_owner(tx, old, None)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Moves the file to a file of its own (a whole-file map from then on).
+    fn to_own(&self, handle: u64, h: &Handle, map: &DataMap, old: Option<&File>) -> Result<Opened> {
+        let f = self.own_file(h.ino, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC)?;
+        copy_into(map, old, true, |buf, at| Ok(f.write_all_at(buf, at)?))?;
+        f.set_len(map.size())?;
+        let mtime = self.write(|tx| {
+            let i = db::get_inode(tx, h.ino)?;
+            if let Some(s) = i.slot {
+                self.set_owner_or_zombie(tx, s, h.ino, false)?;
+            }
+            db::set_inode_slot(tx, h.ino, None)?;
+            db::set_extents(tx, h.ino, &[])?;
+            tx.execute(
+                "UPDATE inodes SET own = 1, size = 0 WHERE ino = ?1",
+                [h.ino],
+            )
+            .map_err(db::dberr)?;
+            Ok(i.mtime)
+        })?;
+        if mtime != h.mtime_seen {
+            // Times set explicitly while open stay.
+            let _ = f.set_times(std::fs::FileTimes::new().set_modified(db::from_ns(mtime)));
+        }
+        self.drop_handle_slot(h)?;
+        if let Some(hh) = self.handles.lock().get_mut(&handle) {
+            hh.slot = None;
+        }
+        Ok(Opened {
+            map: DataMap::whole_file(),
+            files: vec![Arc::new(f)],
+            handle,
+        })
+    }
+}
+
+/// Copies the bytes of `map` from pack file `old` to `put(bytes, logical
+/// offset)` in pieces of at most 1 MiB; holes become zeros, or are skipped
+/// with `skip_holes` (a new sparse file reads them as zeros already).
+fn copy_into(
+    map: &DataMap,
+    old: Option<&File>,
+    skip_holes: bool,
+    mut put: impl FnMut(&[u8], u64) -> Result<()>,
+) -> Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let mut at = 0u64;
+    let mut buf = Vec::new();
+    for seg in map.locate(0, map.size()) {
+        let (data_at, len) = match seg {
+            Segment::Data { offset, len, .. } => (Some(offset), len),
+            Segment::Hole { len } => (None, len),
+        };
+        if data_at.is_none() && skip_holes {
+            at += len;
+            continue;
+        }
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(CHUNK) as usize;
+            buf.clear();
+            buf.resize(n, 0);
+            if let Some(offset) = data_at {
+                let f = old.ok_or_else(|| Error::io().context("map names a pack file not open"))?;
+                let mut got = 0;
+                while got < n {
+                    match f.read_at(&mut buf[got..], offset + done + got as u64)? {
+                        0 => break,
+                        k => got += k,
+                    }
+                }
+            }
+            put(&buf, at + done)?;
+            done += n as u64;
+        }
+        at += len;
+    }
+    Ok(())
+}

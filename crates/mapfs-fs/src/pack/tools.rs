@@ -1,0 +1,426 @@
+//! Offline and online tools on a pack store: the integrity check, stats,
+//! and compaction (safe while a daemon serves the store: see `slots.rs`).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+use mapfs::{Error, Result};
+use rusqlite::{params, Connection};
+
+use super::db::{self, DbResult, Slot};
+use super::slots::{self, LockKind, PACK_DIR};
+
+/// What [`check`] found.
+#[derive(Debug, Default, Clone)]
+pub struct CheckReport {
+    /// Inodes checked.
+    pub inodes: u64,
+    /// Extents checked.
+    pub extents: u64,
+    /// Slots checked.
+    pub slots: u64,
+    /// Every problem found, one line each (empty: consistent).
+    pub problems: Vec<String>,
+}
+
+impl CheckReport {
+    /// True when no problem was found.
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Pack file `id` of store `backing`, opened for reading and writing.
+fn open_pack(backing: &Path, id: i64) -> Result<File> {
+    Ok(OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(backing.join(PACK_DIR).join(slots::pack_name(id)))?)
+}
+
+fn all_slots(conn: &Connection) -> Result<Vec<(Slot, Option<i64>)>> {
+    let mut st = conn
+        .prepare("SELECT pack, off, cap, ino FROM slots ORDER BY pack, off")
+        .db()?;
+    let v = st
+        .query_map([], |r| {
+            Ok((
+                Slot {
+                    pack: r.get(0)?,
+                    off: r.get::<_, i64>(1)? as u64,
+                    cap: r.get::<_, i64>(2)? as u64,
+                },
+                r.get(3)?,
+            ))
+        })
+        .db()?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .db()?;
+    Ok(v)
+}
+
+/// Checks the store in `backing`: SQLite's `PRAGMA integrity_check`, then
+/// that every extent lies inside its file's slot at the slot's shift and
+/// inside the pack file, that no two slots overlap, that every file's slot
+/// is owned by it, every entry names an inode, and every link count
+/// matches the entries.
+pub fn check(backing: &Path) -> Result<CheckReport> {
+    let conn = db::open_read_only(backing)?;
+    let mut rep = CheckReport::default();
+    let ic: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .db()?;
+    if ic != "ok" {
+        rep.problems.push(format!("integrity_check: {ic}"));
+    }
+    let slots = all_slots(&conn)?;
+    rep.slots = slots.len() as u64;
+    let mut pack_len = HashMap::new();
+    for w in slots.windows(2) {
+        let (a, b) = (w[0].0, w[1].0);
+        if a.pack == b.pack && a.off + a.cap > b.off {
+            rep.problems.push(format!("slots overlap: {a:?} and {b:?}"));
+        }
+    }
+    let ends: HashMap<i64, i64> = {
+        let mut st = conn.prepare("SELECT id, end FROM packs").db()?;
+        let v = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .db()?
+            .collect::<rusqlite::Result<_>>()
+            .db()?;
+        v
+    };
+    for (s, _) in &slots {
+        match ends.get(&s.pack) {
+            Some(&end) if s.off + s.cap <= end as u64 => {}
+            _ => rep
+                .problems
+                .push(format!("slot {s:?} lies past its pack's end")),
+        }
+        pack_len.entry(s.pack).or_insert_with(|| {
+            std::fs::metadata(backing.join(PACK_DIR).join(slots::pack_name(s.pack)))
+                .map(|m| m.len())
+                .unwrap_or(0)
+        });
+    }
+    let owner: HashMap<(i64, u64), Option<i64>> =
+        slots.iter().map(|(s, o)| ((s.pack, s.off), *o)).collect();
+    let mut st = conn
+        .prepare("SELECT ino, mode, nlink, size, own, pack, off, cap FROM inodes")
+        .db()?;
+    let inodes = st
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, u32>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, Option<i64>>(5)?,
+                r.get::<_, Option<i64>>(6)?,
+                r.get::<_, Option<i64>>(7)?,
+            ))
+        })
+        .db()?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .db()?;
+    rep.inodes = inodes.len() as u64;
+    let mut links: HashMap<i64, i64> = HashMap::new();
+    let mut subdirs: HashMap<i64, i64> = HashMap::new();
+    {
+        let mut st = conn
+            .prepare("SELECT d.parent, d.ino, i.mode FROM dentries d LEFT JOIN inodes i ON i.ino = d.ino")
+            .db()?;
+        let rows = st
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, Option<u32>>(2)?,
+                ))
+            })
+            .db()?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .db()?;
+        for (parent, ino, mode) in rows {
+            match mode {
+                None => rep
+                    .problems
+                    .push(format!("entry in {parent} names missing inode {ino}")),
+                Some(m) => {
+                    *links.entry(ino).or_default() += 1;
+                    if m & libc::S_IFMT == libc::S_IFDIR {
+                        *subdirs.entry(parent).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
+    for (ino, mode, nlink, size, own, pack, off, cap) in inodes {
+        let dir = mode & libc::S_IFMT == libc::S_IFDIR;
+        let want = if dir {
+            2 + subdirs.get(&ino).copied().unwrap_or(0)
+        } else {
+            links.get(&ino).copied().unwrap_or(0)
+        };
+        if nlink != want && !(ino == db::ROOT && dir) {
+            rep.problems
+                .push(format!("inode {ino}: nlink {nlink}, entries say {want}"));
+        }
+        let ext = db::extents(&conn, ino)?;
+        rep.extents += ext.len() as u64;
+        let slot = match (pack, off, cap) {
+            (Some(pack), Some(off), Some(cap)) => Some(Slot {
+                pack,
+                off: off as u64,
+                cap: cap as u64,
+            }),
+            _ => None,
+        };
+        if own != 0 && slot.is_some() {
+            rep.problems
+                .push(format!("inode {ino}: both a file of its own and a slot"));
+        }
+        if let Some(s) = slot {
+            if owner.get(&(s.pack, s.off)) != Some(&Some(ino)) {
+                rep.problems
+                    .push(format!("inode {ino}: its slot {s:?} is not owned by it"));
+            }
+        } else if !ext.is_empty() {
+            rep.problems
+                .push(format!("inode {ino}: extents but no slot"));
+        }
+        let mut prev_end = 0;
+        for (l, o, n) in ext {
+            let Some(s) = slot else { break };
+            let ok = n > 0
+                && l >= prev_end
+                && o == s.off + l
+                && l + n <= s.cap
+                && l + n <= size as u64
+                && o + n <= pack_len.get(&s.pack).copied().unwrap_or(0);
+            if !ok {
+                rep.problems.push(format!(
+                    "inode {ino}: extent logical {l} off {o} len {n} outside slot {s:?}, \
+                     size {size} or pack file"
+                ));
+            }
+            prev_end = l + n;
+        }
+    }
+    Ok(rep)
+}
+
+/// Space use of a pack store.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct PackStats {
+    /// Regular files with a name (files removed while open are not
+    /// counted).
+    pub files: u64,
+    /// Directories.
+    pub dirs: u64,
+    /// Other nodes (symlinks, special files).
+    pub others: u64,
+    /// Files with a backing file of their own.
+    pub own_files: u64,
+    /// Logical bytes of slotted files.
+    pub slotted_bytes: u64,
+    /// Capacity of the slots of slotted files.
+    pub slot_bytes: u64,
+    /// Capacity not holding bytes: `slot_bytes - slotted_bytes`.
+    pub slack_bytes: u64,
+    /// Slots cut from pack files, used or free.
+    pub slots: u64,
+    /// Free slots.
+    pub free_slots: u64,
+    /// Capacity of the free slots.
+    pub free_bytes: u64,
+    /// Pack files.
+    pub pack_files: u64,
+    /// Sum of the pack files' lengths.
+    pub pack_bytes: u64,
+    /// Blocks the pack files occupy, in bytes.
+    pub pack_disk_bytes: u64,
+}
+
+/// Counts files, bytes, slack and pack files of the store in `backing`.
+pub fn stats(backing: &Path) -> Result<PackStats> {
+    let conn = db::open_read_only(backing)?;
+    let mut s = PackStats::default();
+    let q = |sql: &str| -> Result<i64> { conn.query_row(sql, [], |r| r.get(0)).db() };
+    s.files = q(&format!(
+        "SELECT count(*) FROM inodes WHERE mode & {} = {} AND nlink > 0",
+        libc::S_IFMT,
+        libc::S_IFREG
+    ))? as u64;
+    s.dirs = q(&format!(
+        "SELECT count(*) FROM inodes WHERE mode & {} = {}",
+        libc::S_IFMT,
+        libc::S_IFDIR
+    ))? as u64;
+    s.others = q("SELECT count(*) FROM inodes WHERE nlink > 0")? as u64 - s.files - s.dirs;
+    s.own_files = q("SELECT count(*) FROM inodes WHERE own = 1")? as u64;
+    s.slotted_bytes = q("SELECT coalesce(sum(size), 0) FROM inodes WHERE pack IS NOT NULL")? as u64;
+    s.slot_bytes = q("SELECT coalesce(sum(cap), 0) FROM inodes WHERE pack IS NOT NULL")? as u64;
+    s.slack_bytes = s.slot_bytes.saturating_sub(s.slotted_bytes);
+    s.slots = q("SELECT count(*) FROM slots")? as u64;
+    s.free_slots = q("SELECT count(*) FROM slots WHERE ino IS NULL")? as u64;
+    s.free_bytes = q("SELECT coalesce(sum(cap), 0) FROM slots WHERE ino IS NULL")? as u64;
+    if let Ok(rd) = std::fs::read_dir(backing.join(PACK_DIR)) {
+        use std::os::unix::fs::MetadataExt;
+        for e in rd.flatten() {
+            if let Ok(m) = e.metadata() {
+                s.pack_files += 1;
+                s.pack_bytes += m.len();
+                s.pack_disk_bytes += m.blocks() * 512;
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// What [`compact`] did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct CompactReport {
+    /// Slots moved toward the front.
+    pub moved: u64,
+    /// Slots skipped because their file was open.
+    pub busy: u64,
+    /// Bytes cut off the ends of pack files.
+    pub truncated_bytes: u64,
+    /// Bytes of free slots punched out.
+    pub punched_bytes: u64,
+}
+
+/// Compacts the store in `backing`, while mounted or not: every live slot
+/// with a free slot of its class before it moves there (each move one
+/// transaction, taken only with the slot's range write-locked, so an open
+/// file is never moved: it is counted as busy), then pack files are cut
+/// after their last slot and the free slots' blocks are punched out. No
+/// file's bytes change.
+pub fn compact(backing: &Path) -> Result<CompactReport> {
+    let mut conn = db::open(backing, false)?;
+    let mut rep = CompactReport::default();
+    let mut files: HashMap<i64, File> = HashMap::new();
+    let pack = |id: i64, files: &mut HashMap<i64, File>| -> Result<()> {
+        if let std::collections::hash_map::Entry::Vacant(v) = files.entry(id) {
+            v.insert(open_pack(backing, id)?);
+        }
+        Ok(())
+    };
+    // Live slots from the back.
+    let mut live: Vec<(Slot, i64)> = all_slots(&conn)?
+        .into_iter()
+        .filter_map(|(s, o)| o.filter(|o| *o > 0).map(|o| (s, o)))
+        .collect();
+    live.reverse();
+    for (s, ino) in live {
+        let tx = db::write_tx(&mut conn)?;
+        // Still this file's current slot?
+        let cur = db::inode(&tx, ino)?.and_then(|i| i.slot);
+        if cur != Some(s) {
+            continue;
+        }
+        let target: Option<(i64, i64)> = tx
+            .query_row(
+                "SELECT pack, off FROM slots WHERE ino IS NULL AND cap = ?1 \
+                 AND (pack < ?2 OR (pack = ?2 AND off < ?3)) ORDER BY pack, off LIMIT 1",
+                params![s.cap as i64, s.pack, s.off as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .ok();
+        let Some((tp, to)) = target else { continue };
+        let t = Slot {
+            pack: tp,
+            off: to as u64,
+            cap: s.cap,
+        };
+        pack(s.pack, &mut files)?;
+        pack(t.pack, &mut files)?;
+        let src = &files[&s.pack];
+        if slots::range_lock(src, s, LockKind::TryWrite).is_err() {
+            rep.busy += 1;
+            continue;
+        }
+        let res = (|| -> Result<()> {
+            let ext = db::extents(&tx, ino)?;
+            let mut buf = Vec::new();
+            for &(l, o, n) in &ext {
+                buf.resize(n as usize, 0);
+                src.read_exact_at(&mut buf, o)?;
+                files[&t.pack].write_all_at(&buf, t.off + l)?;
+            }
+            files[&t.pack].sync_data()?;
+            let moved: Vec<_> = ext.iter().map(|&(l, _, n)| (l, t.off + l, n)).collect();
+            db::set_extents(&tx, ino, &moved)?;
+            db::set_slot_owner(&tx, t, Some(ino))?;
+            db::set_slot_owner(&tx, s, None)?;
+            db::set_inode_slot(&tx, ino, Some(t))?;
+            tx.commit().db()?;
+            Ok(())
+        })();
+        let _ = slots::range_lock(src, s, LockKind::Unlock);
+        res?;
+        rep.moved += 1;
+    }
+    // Cut each pack after its last used slot, and punch out free slots.
+    let tx = db::write_tx(&mut conn)?;
+    let slots_now = all_slots(&tx)?;
+    let mut last_used: HashMap<i64, u64> = HashMap::new();
+    for (s, o) in &slots_now {
+        let e = last_used.entry(s.pack).or_insert(0);
+        if o.is_some() {
+            *e = (*e).max(s.off + s.cap);
+        }
+    }
+    // Free slots before the last used one are punched out, adjacent ones
+    // as one range: a file system frees only whole blocks, and slots are
+    // often smaller than a block.
+    let mut ranges: Vec<(i64, u64, u64)> = Vec::new();
+    for (s, o) in &slots_now {
+        if o.is_some() {
+            continue;
+        }
+        if s.off >= last_used.get(&s.pack).copied().unwrap_or(0) {
+            tx.execute(
+                "DELETE FROM slots WHERE pack = ?1 AND off = ?2",
+                params![s.pack, s.off as i64],
+            )
+            .db()?;
+            continue;
+        }
+        match ranges.last_mut() {
+            Some(r) if r.0 == s.pack && r.1 + r.2 == s.off => r.2 += s.cap,
+            _ => ranges.push((s.pack, s.off, s.cap)),
+        }
+    }
+    let hole = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+    for (id, off, len) in ranges {
+        pack(id, &mut files)?;
+        if rustix::fs::fallocate(&files[&id], hole, off, len).is_ok() {
+            rep.punched_bytes += len;
+        }
+    }
+    for (&id, &end) in &last_used {
+        tx.execute(
+            "UPDATE packs SET end = ?2 WHERE id = ?1",
+            params![id, end as i64],
+        )
+        .db()?;
+        pack(id, &mut files)?;
+        let f = &files[&id];
+        let len = f.metadata()?.len();
+        if len > end {
+            f.set_len(end)?;
+            rep.truncated_bytes += len - end;
+        }
+    }
+    tx.commit().db()?;
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .map_err(|e| Error::io().context(format!("checkpoint: {e}")))?;
+    Ok(rep)
+}

@@ -3,16 +3,21 @@
 //! on the library's command line ([`mapfs_cli::main_with`]), plus `bench`.
 
 mod bench;
+mod versions_cmd;
 
 /// What `mapfs` has beyond every mapfs-based program.
 #[derive(clap::Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per run
 enum Extra {
     /// Benchmark native, FUSE daemon, kernel passthrough (and references) side by side.
     Bench(bench::BenchArgs),
+    /// History of a `versions` file system: list, show, diff, restore, prune, stats.
+    Versions(versions_cmd::VersionsArgs),
 }
 
 fn main() {
     mapfs_cli::main_with(mapfs_cli::builtins(), |e: Extra| match e {
         Extra::Bench(args) => bench::run(args),
+        Extra::Versions(args) => versions_cmd::run(args),
     })
 }

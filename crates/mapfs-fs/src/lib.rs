@@ -7,3 +7,4 @@
 
 pub mod passthrough;
 pub mod plfs;
+pub mod versions;

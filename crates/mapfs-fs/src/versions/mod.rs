@@ -1,0 +1,763 @@
+//! `versions`: every change through the mount keeps the old bytes, at the
+//! cost of the bytes changed.
+//!
+//! # Mapping
+//!
+//! The namespace is the backing directory's, served by an inner
+//! [`Passthrough`]. A file that is only read gets its whole-file 1-to-1 map
+//! (kernel passthrough and the shim run it natively). A version is taken
+//! *before any byte can change*: when an open for writing (or with
+//! `O_TRUNC`) is granted, at `truncate`, and when `unlink` or `rename`
+//! removes a file. Taking it when the open is granted (not at the first
+//! write, which the shim and kernel passthrough never send here) makes the
+//! mount, the shim and embedded use produce the same versions. Opens of one
+//! file for writing that overlap form one *session* and make one version;
+//! a session that changed nothing drops its version.
+//!
+//! How a version is kept (see `store.rs`):
+//! - a reflink of the file (`FICLONE`) where the backing file system shares
+//!   extents (xfs, btrfs): no bytes are copied, the writer gets the
+//!   whole-file map and writes natively;
+//! - a copy, for files up to `max-size`, elsewhere;
+//! - above that, an *undo* version (`delta.rs`): the writer's map keeps the
+//!   unchanged bytes on the file and sends writes to a log; each close
+//!   saves the bytes about to be overwritten and then applies the writes, so
+//!   a version costs the bytes changed. Such writers are not whole-file and
+//!   run through the daemon (or the shim's map engine);
+//! - `unlink` and `rename` over a file keep the file's own inode (a hard
+//!   link into the store): no copy at all.
+//!
+//! History lives in `BACKING/.mapfs-versions/` (never visible in the mount)
+//! and is read through the read-only `/.versions/DIR/NAME@STAMP` entries
+//! (`virtual_dir.rs`) or `mapfs versions`. It follows renames. Retention
+//! (`retention.rs`) by count per path, age and total bytes runs when a
+//! version is made and at `mapfs versions prune`.
+//!
+//! # Who decides
+//!
+//! As in [`Passthrough`]: every namespace operation and every open runs as
+//! the caller against the backing kernel; a version is only made after the
+//! caller's open (or truncate check) succeeded, so a caller who may not
+//! change a file cannot make the daemon spend store space on it. The store
+//! is the daemon's (mode 0700); versions are readable in `.versions` by
+//! whoever could read the file when it was versioned (its owner, group and
+//! mode then).
+//!
+//! # Limits
+//!
+//! Changes made behind the mount (directly in the backing directory) are not
+//! versioned, and an undo version whose newer content was changed behind the
+//! mount reads back wrong. A file removed while open for writing keeps
+//! changing in its version (the version is its inode). Empty files make no
+//! versions.
+
+mod clone;
+pub mod delta;
+mod restore;
+pub mod retention;
+pub mod stamp;
+pub mod store;
+pub mod virtual_dir;
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use mapfs::creds::as_caller;
+use mapfs::{
+    Attr, Ctx, DataMap, DirEntry, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags,
+    Result, SetAttr, StatFs,
+};
+use parking_lot::Mutex;
+use rustix::fs::{AtFlags, Mode, OFlags};
+use tracing::warn;
+
+use crate::passthrough::Passthrough;
+use delta::Undo;
+pub use retention::Policy;
+use store::{FileMeta, Store};
+use virtual_dir::Place;
+
+/// Settings of a `versions` mount.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Config {
+    /// Largest file copied whole when the backing cannot reflink; larger
+    /// ones get undo versions.
+    pub max_size: u64,
+    /// Retention.
+    pub policy: Policy,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_size: 16 << 20,
+            policy: Policy::default(),
+        }
+    }
+}
+
+impl Config {
+    /// The settings given as mount options `max-size`, `keep`, `keep-days`
+    /// and `keep-bytes` (`get` answers an option's value); `none` lifts a
+    /// retention limit.
+    pub fn from_options<'a>(
+        get: impl Fn(&str) -> Option<&'a str>,
+    ) -> std::result::Result<Config, String> {
+        let mut c = Config::default();
+        if let Some(v) = get("max-size") {
+            c.max_size = parse_size(v).map_err(|e| format!("max-size: {e}"))?;
+        }
+        let none = |v: &str| v.trim() == "none";
+        if let Some(v) = get("keep") {
+            c.policy.keep = if none(v) {
+                None
+            } else {
+                match v.trim().parse::<u64>() {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => {
+                        return Err(format!(
+                            "keep: {v:?} is not a count of at least 1 (or none)"
+                        ))
+                    }
+                }
+            };
+        }
+        if let Some(v) = get("keep-days") {
+            c.policy.keep_days = if none(v) {
+                None
+            } else {
+                match v.trim().parse::<f64>() {
+                    Ok(d) if d.is_finite() && d > 0.0 => Some(d),
+                    _ => {
+                        return Err(format!(
+                            "keep-days: {v:?} is not a positive number of days (or none)"
+                        ))
+                    }
+                }
+            };
+        }
+        if let Some(v) = get("keep-bytes") {
+            c.policy.keep_bytes = if none(v) {
+                None
+            } else {
+                Some(parse_size(v).map_err(|e| format!("keep-bytes: {e}"))?)
+            };
+        }
+        Ok(c)
+    }
+}
+
+/// A size with an optional `K`, `M`, `G` or `T` suffix (powers of 1024).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("bad size {s:?}: unit must be K, M, G or T")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("bad size {s:?}: expected a number with an optional K/M/G/T"))
+}
+
+/// The key of a backing inode.
+type Key = (u64, u64);
+
+/// The overlapping writable opens of one file, and their version.
+struct Session {
+    writers: usize,
+    version: Option<i64>,
+    undo: Option<Arc<Undo>>,
+    /// The backing file, opened by the daemon read-write (saving and
+    /// settling need to read what the caller's descriptor may not).
+    backing: Arc<File>,
+    /// (size, mtime, ctime) right after the version was taken: unchanged at
+    /// the end means the version is not needed.
+    stamp: (i64, i64, i64, i64, i64),
+}
+
+/// One writable open.
+struct Writer {
+    key: Key,
+    /// The log of an undo session's writer.
+    log: Option<Arc<File>>,
+}
+
+/// The `versions` file system over one backing directory.
+pub struct Versions {
+    inner: Passthrough,
+    store: Store,
+    config: Config,
+    sessions: Mutex<HashMap<Key, Session>>,
+    writers: Mutex<HashMap<u64, Writer>>,
+    next_handle: AtomicU64,
+}
+
+impl std::fmt::Debug for Versions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Versions")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+#[allow(clippy::unnecessary_cast)]
+fn stamp_of(f: &File) -> Result<(i64, i64, i64, i64, i64)> {
+    let st = rustix::fs::fstat(f)?;
+    Ok((
+        st.st_size as i64,
+        st.st_mtime as i64,
+        st.st_mtime_nsec as i64,
+        st.st_ctime as i64,
+        st.st_ctime_nsec as i64,
+    ))
+}
+
+fn erofs() -> Error {
+    Error::from_errno(libc::EROFS)
+}
+
+fn eperm() -> Error {
+    Error::from_errno(libc::EPERM)
+}
+
+fn bytes(p: &Path) -> &[u8] {
+    p.as_os_str().as_bytes()
+}
+
+impl Versions {
+    /// Opens the backing directory and its store (made if missing).
+    pub fn new(backing: &Path, config: Config) -> Result<Self> {
+        let inner = Passthrough::new(backing)?;
+        let store = Store::open(inner.root().fd(), true)?;
+        store.save_policy(&config.policy)?;
+        Ok(Versions {
+            inner,
+            store,
+            config,
+            sessions: Mutex::new(HashMap::new()),
+            writers: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        })
+    }
+
+    /// The store (for tests and tools in the same process).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Versions being written to (retention leaves them alone).
+    fn active(&self) -> Vec<i64> {
+        self.sessions
+            .lock()
+            .values()
+            .filter_map(|s| s.version)
+            .collect()
+    }
+
+    fn retain(&self) {
+        if let Err(e) = self.store.prune(&self.config.policy, &self.active()) {
+            warn!("versions: retention failed: {e}");
+        }
+    }
+
+    /// The daemon's own read-write descriptor of `path`, which must still
+    /// be the inode `key` the caller opened.
+    fn daemon_open(&self, path: &Path, key: Key) -> Result<File> {
+        let fd = self.inner.root().open(
+            path,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+            Mode::empty(),
+        )?;
+        let st = rustix::fs::fstat(&fd)?;
+        if (st.st_dev, st.st_ino) != key {
+            return Err(Error::from_errno(libc::EAGAIN).context("file replaced while opening"));
+        }
+        Ok(File::from(fd))
+    }
+
+    /// Starts a session on `path` (whose inode is `key`, `meta`): takes the
+    /// version unless the file is empty.
+    fn start_session(&self, path: &Path, key: Key, meta: &FileMeta) -> Result<Session> {
+        let backing = Arc::new(self.daemon_open(path, key)?);
+        let (mut version, mut undo) = (None, None);
+        if meta.size > 0 {
+            let copy = meta.size <= self.config.max_size;
+            version = self
+                .store
+                .add_whole(bytes(path), &backing, meta, "write", copy)?;
+            if version.is_none() {
+                let (id, obj) = self.store.add_undo(bytes(path), meta)?;
+                version = Some(id);
+                undo = Some(Undo::new(id, meta.size, obj));
+            }
+        }
+        Ok(Session {
+            writers: 0,
+            version,
+            undo,
+            stamp: stamp_of(&backing)?,
+            backing,
+        })
+    }
+
+    /// A writable (or truncating) open of an existing file.
+    fn open_writer(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+        let trunc = flags.0 & libc::O_TRUNC != 0;
+        let mut opened = self
+            .inner
+            .open(ctx, path, OpenFlags(flags.0 & !libc::O_TRUNC))?;
+        let st = rustix::fs::fstat(&*opened.files[0])?;
+        if FileKind::from_mode(st.st_mode) != FileKind::File {
+            return if trunc {
+                self.inner.open(ctx, path, flags)
+            } else {
+                Ok(opened)
+            };
+        }
+        let key = (st.st_dev, st.st_ino);
+        let meta = FileMeta::of(&*opened.files[0])?;
+        let (undo, made) = {
+            let mut sessions = self.sessions.lock();
+            let made = !sessions.contains_key(&key);
+            if made {
+                let s = self.start_session(path, key, &meta)?;
+                sessions.insert(key, s);
+            }
+            let s = sessions.get_mut(&key).expect("just made");
+            s.writers += 1;
+            (s.undo.clone(), made)
+        };
+        if made {
+            self.retain();
+        }
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let mut log = None;
+        if undo.is_some() {
+            let l = Arc::new(File::from(rustix::fs::openat(
+                self.store.dir(),
+                ".",
+                OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )?));
+            opened.map = delta::writer_map(meta.size, trunc)?;
+            opened.files.push(l.clone());
+            log = Some(l);
+        } else if trunc {
+            if flags.writable() {
+                opened.files[0].set_len(0)?;
+            } else {
+                opened = self.inner.open(ctx, path, flags)?;
+            }
+        }
+        opened.handle = handle;
+        self.writers.lock().insert(handle, Writer { key, log });
+        Ok(opened)
+    }
+
+    /// Settles an undo writer's map into the backing file.
+    fn settle(&self, handle: u64, map: &DataMap) -> Result<()> {
+        let (key, log) = match self.writers.lock().get(&handle) {
+            Some(Writer {
+                key,
+                log: Some(log),
+            }) => (*key, log.clone()),
+            _ => return Ok(()),
+        };
+        let (undo, backing) = match self.sessions.lock().get(&key) {
+            Some(s) => (s.undo.clone(), s.backing.clone()),
+            None => return Ok(()),
+        };
+        match undo {
+            Some(u) => u.settle(&self.store, map, &[backing, log]),
+            None => Ok(()),
+        }
+    }
+
+    /// The end of a writable open; the last one ends the session and drops
+    /// its version if the file did not change.
+    fn end_writer(&self, handle: u64, map: &DataMap) -> Result<()> {
+        let res = self.settle(handle, map);
+        let Some(w) = self.writers.lock().remove(&handle) else {
+            return res;
+        };
+        let mut sessions = self.sessions.lock();
+        let Some(s) = sessions.get_mut(&w.key) else {
+            return res;
+        };
+        s.writers -= 1;
+        if s.writers > 0 {
+            return res;
+        }
+        let s = sessions.remove(&w.key).expect("present");
+        drop(sessions);
+        if let Some(id) = s.version {
+            let unchanged = match &s.undo {
+                Some(u) => u.is_empty() && s.backing.metadata()?.len() == u.orig_size,
+                None => stamp_of(&s.backing)? == s.stamp,
+            };
+            if unchanged && res.is_ok() {
+                self.store.delete_ids(&[id])?;
+            }
+        }
+        res
+    }
+
+    /// Keeps the file at `path` (if a non-empty regular file with one name)
+    /// as a terminal version by linking its inode into the store. Returns
+    /// the version to drop if the operation then fails.
+    fn keep_removed(&self, path: &Path, reason: &str) -> Result<Option<i64>> {
+        let Ok((dir, name)) = self.inner.root().parent(path) else {
+            return Ok(None);
+        };
+        let Ok(st) = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) else {
+            return Ok(None);
+        };
+        if FileKind::from_mode(st.st_mode) != FileKind::File || st.st_size == 0 {
+            return Ok(None);
+        }
+        let meta = FileMeta {
+            size: st.st_size as u64,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mode: st.st_mode & 0o7777,
+        };
+        if st.st_nlink == 1 {
+            return self
+                .store
+                .add_linked(bytes(path), dir.as_fd_borrowed(), &name, &meta, reason)
+                .map(Some);
+        }
+        // Other names keep the inode changing: keep a copy of the bytes.
+        let f = self.daemon_open(path, (st.st_dev, st.st_ino))?;
+        self.store.add_whole(bytes(path), &f, &meta, reason, true)
+    }
+
+    /// Versions a file about to be truncated to `size` (not open here).
+    fn before_truncate(&self, ctx: &Ctx, path: &Path, size: u64) -> Result<()> {
+        // The caller must be allowed to truncate before anything is kept.
+        let check = as_caller(ctx, || {
+            self.inner.root().open(
+                path,
+                OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+                Mode::empty(),
+            )
+        })?;
+        let st = rustix::fs::fstat(&check)?;
+        let key = (st.st_dev, st.st_ino);
+        if FileKind::from_mode(st.st_mode) != FileKind::File
+            || st.st_size == 0
+            || st.st_size as u64 == size
+            || self.sessions.lock().contains_key(&key)
+        {
+            return Ok(());
+        }
+        let meta = FileMeta::of(&check)?;
+        let f = self.daemon_open(path, key)?;
+        let copy = meta.size <= self.config.max_size;
+        if self
+            .store
+            .add_whole(bytes(path), &f, &meta, "truncate", copy)?
+            .is_none()
+        {
+            // Undo of a truncate: the cut tail, if any.
+            let (id, obj) = self.store.add_undo(bytes(path), &meta)?;
+            let undo = Undo::new(id, meta.size, obj);
+            let mut map = delta::writer_map(meta.size, false)?;
+            map.truncate(size);
+            let f = Arc::new(f);
+            undo.settle(&self.store, &map, &[f.clone(), f])?;
+        }
+        self.retain();
+        Ok(())
+    }
+
+    fn virtual_open(&self, ctx: &Ctx, rest: &[u8], flags: OpenFlags) -> Result<Opened> {
+        if flags.writable() || flags.0 & libc::O_TRUNC != 0 {
+            return Err(erofs());
+        }
+        let v = virtual_dir::version_at(&self.store, rest)?.ok_or_else(Error::not_found)?;
+        if !virtual_dir::may_read(ctx, &v) {
+            return Err(Error::from_errno(libc::EACCES));
+        }
+        let f = self.store.contents(&v)?;
+        Ok(Opened {
+            map: DataMap::whole_file(),
+            files: vec![Arc::new(f)],
+            handle: 0,
+        })
+    }
+
+    fn root_attr(&self, ctx: &Ctx) -> Result<Attr> {
+        self.inner.getattr(ctx, Path::new("/"))
+    }
+}
+
+/// Borrowing an owned directory fd.
+trait AsFdBorrowed {
+    fn as_fd_borrowed(&self) -> std::os::fd::BorrowedFd<'_>;
+}
+
+impl AsFdBorrowed for std::os::fd::OwnedFd {
+    fn as_fd_borrowed(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(self)
+    }
+}
+
+/// Refuses changes to the store and to `.versions`.
+fn writable_place(path: &Path) -> Result<()> {
+    match virtual_dir::place(path) {
+        Place::Normal => Ok(()),
+        Place::Hidden => Err(eperm()),
+        Place::Virtual(_) => Err(erofs()),
+    }
+}
+
+/// Lookups of the store fail as if it were not there.
+fn readable_place(path: &Path) -> Result<()> {
+    match virtual_dir::place(path) {
+        Place::Hidden => Err(Error::not_found()),
+        _ => Ok(()),
+    }
+}
+
+fn is_root(path: &Path) -> bool {
+    bytes(path).iter().all(|&c| c == b'/' || c == b'.')
+}
+
+impl FileSystem for Versions {
+    fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
+        match virtual_dir::place(path) {
+            Place::Normal => self.inner.getattr(ctx, path),
+            Place::Hidden => Err(Error::not_found()),
+            Place::Virtual(rest) => virtual_dir::getattr(&self.store, rest, &self.root_attr(ctx)?),
+        }
+    }
+
+    fn setattr(&self, ctx: &Ctx, path: &Path, set: &SetAttr) -> Result<Attr> {
+        writable_place(path)?;
+        if let Some(size) = set.size {
+            self.before_truncate(ctx, path, size)?;
+        }
+        self.inner.setattr(ctx, path, set)
+    }
+
+    fn readdir(&self, ctx: &Ctx, path: &Path) -> Result<Vec<DirEntry>> {
+        match virtual_dir::place(path) {
+            Place::Hidden => Err(Error::not_found()),
+            Place::Virtual(rest) => virtual_dir::readdir(&self.store, rest, &self.root_attr(ctx)?),
+            Place::Normal => {
+                let mut v = self.inner.readdir(ctx, path)?;
+                if is_root(path) {
+                    v.retain(|e| {
+                        e.name != OsStr::new(store::STORE_DIR)
+                            && e.name != OsStr::new(virtual_dir::VIRTUAL_DIR)
+                    });
+                }
+                Ok(v)
+            }
+        }
+    }
+
+    fn readlink(&self, ctx: &Ctx, path: &Path) -> Result<OsString> {
+        match virtual_dir::place(path) {
+            Place::Normal => self.inner.readlink(ctx, path),
+            Place::Hidden => Err(Error::not_found()),
+            Place::Virtual(_) => Err(Error::invalid()),
+        }
+    }
+
+    fn mknod(&self, ctx: &Ctx, path: &Path, mode: u32, rdev: u64) -> Result<Attr> {
+        writable_place(path)?;
+        self.inner.mknod(ctx, path, mode, rdev)
+    }
+
+    fn mkdir(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<Attr> {
+        writable_place(path)?;
+        self.inner.mkdir(ctx, path, mode)
+    }
+
+    fn unlink(&self, ctx: &Ctx, path: &Path) -> Result<()> {
+        writable_place(path)?;
+        let kept = self.keep_removed(path, "unlink")?;
+        match self.inner.unlink(ctx, path) {
+            Ok(()) => {
+                self.retain();
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(id) = kept {
+                    let _ = self.store.delete_ids(&[id]);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn rmdir(&self, ctx: &Ctx, path: &Path) -> Result<()> {
+        writable_place(path)?;
+        self.inner.rmdir(ctx, path)
+    }
+
+    fn symlink(&self, ctx: &Ctx, target: &OsStr, path: &Path) -> Result<Attr> {
+        writable_place(path)?;
+        self.inner.symlink(ctx, target, path)
+    }
+
+    fn rename(&self, ctx: &Ctx, from: &Path, to: &Path, flags: RenameFlags) -> Result<()> {
+        writable_place(from)?;
+        writable_place(to)?;
+        let same = match (self.inner.getattr(ctx, from), self.inner.getattr(ctx, to)) {
+            (Ok(a), Ok(b)) => a.ino == b.ino,
+            _ => false,
+        };
+        let kept = if flags.exchange || flags.noreplace || same {
+            None
+        } else {
+            self.keep_removed(to, "replace")?
+        };
+        if let Err(e) = self.inner.rename(ctx, from, to, flags) {
+            if let Some(id) = kept {
+                let _ = self.store.delete_ids(&[id]);
+            }
+            return Err(e);
+        }
+        if !same {
+            self.store.rename(bytes(from), bytes(to), flags.exchange)?;
+        }
+        if kept.is_some() {
+            self.retain();
+        }
+        Ok(())
+    }
+
+    fn link(&self, ctx: &Ctx, from: &Path, to: &Path) -> Result<Attr> {
+        readable_place(from)?;
+        writable_place(from)?;
+        writable_place(to)?;
+        self.inner.link(ctx, from, to)
+    }
+
+    fn statfs(&self, ctx: &Ctx, path: &Path) -> Result<StatFs> {
+        match virtual_dir::place(path) {
+            Place::Normal => self.inner.statfs(ctx, path),
+            _ => self.inner.statfs(ctx, Path::new("/")),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> Result<()> {
+        writable_place(path)?;
+        self.inner.setxattr(ctx, path, name, value, flags)
+    }
+
+    fn getxattr(&self, ctx: &Ctx, path: &Path, name: &OsStr) -> Result<Vec<u8>> {
+        match virtual_dir::place(path) {
+            Place::Normal => self.inner.getxattr(ctx, path, name),
+            Place::Hidden => Err(Error::not_found()),
+            Place::Virtual(_) => Err(Error::from_errno(libc::ENODATA)),
+        }
+    }
+
+    fn listxattr(&self, ctx: &Ctx, path: &Path) -> Result<Vec<OsString>> {
+        match virtual_dir::place(path) {
+            Place::Normal => self.inner.listxattr(ctx, path),
+            Place::Hidden => Err(Error::not_found()),
+            Place::Virtual(_) => Ok(Vec::new()),
+        }
+    }
+
+    fn removexattr(&self, ctx: &Ctx, path: &Path, name: &OsStr) -> Result<()> {
+        writable_place(path)?;
+        self.inner.removexattr(ctx, path, name)
+    }
+
+    fn access(&self, ctx: &Ctx, path: &Path, mask: i32) -> Result<()> {
+        match virtual_dir::place(path) {
+            Place::Normal => self.inner.access(ctx, path, mask),
+            Place::Hidden => Err(Error::not_found()),
+            Place::Virtual(rest) => {
+                if mask & libc::W_OK != 0 {
+                    return Err(erofs());
+                }
+                self.getattr(ctx, path).map(|_| ()).and_then(|()| {
+                    match virtual_dir::version_at(&self.store, rest)? {
+                        Some(v) if mask & libc::R_OK != 0 && !virtual_dir::may_read(ctx, &v) => {
+                            Err(Error::from_errno(libc::EACCES))
+                        }
+                        _ => Ok(()),
+                    }
+                })
+            }
+        }
+    }
+
+    fn open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+        match virtual_dir::place(path) {
+            Place::Hidden => Err(Error::not_found()),
+            Place::Virtual(rest) => self.virtual_open(ctx, rest, flags),
+            Place::Normal if flags.writable() || flags.0 & libc::O_TRUNC != 0 => {
+                self.open_writer(ctx, path, flags)
+            }
+            Place::Normal => self.inner.open(ctx, path, flags),
+        }
+    }
+
+    fn create(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        flags: OpenFlags,
+        mode: u32,
+    ) -> Result<(Attr, Opened)> {
+        writable_place(path)?;
+        if flags.0 & libc::O_EXCL == 0 {
+            if let Ok(a) = self.inner.getattr(ctx, path) {
+                if a.kind == FileKind::File {
+                    let opened = self.open_writer(ctx, path, flags)?;
+                    return Ok((self.inner.getattr(ctx, path)?, opened));
+                }
+            }
+        }
+        self.inner.create(ctx, path, flags, mode)
+    }
+
+    fn release(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {
+        if handle == 0 {
+            return Ok(());
+        }
+        self.end_writer(handle, map)
+    }
+
+    fn flush(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {
+        self.settle(handle, map)
+    }
+
+    fn fsyncdir(&self, ctx: &Ctx, path: &Path, datasync: bool) -> Result<()> {
+        readable_place(path)?;
+        if let Place::Virtual(_) = virtual_dir::place(path) {
+            return Ok(());
+        }
+        self.inner.fsyncdir(ctx, path, datasync)
+    }
+}

@@ -70,16 +70,55 @@ impl Ranges {
     }
 }
 
-/// The ranges of `0..end` that `map` does not keep pristine (file 0 at the
-/// same offset).
-pub fn changed(map: &DataMap, end: u64) -> Vec<(u64, u64)> {
-    let mut pristine = Ranges::default();
-    for e in map.extents() {
-        if e.file == 0 && e.offset == e.logical {
-            pristine.insert(e.logical, e.logical_end());
+/// What a logical byte is in a map: a backing byte at a constant shift
+/// (file, offset - logical), a hole, or past the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece_ {
+    Data(u32, i128),
+    Hole,
+    Past,
+}
+
+/// The runs of `map` over `0..end`: (start, end, what).
+fn runs(map: &DataMap, end: u64) -> Vec<(u64, u64, Piece_)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for seg in map.locate(0, end) {
+        let what = match seg {
+            Segment::Data { file, offset, .. } => Piece_::Data(file, offset as i128 - at as i128),
+            Segment::Hole { .. } => Piece_::Hole,
+        };
+        out.push((at, at + seg.len(), what));
+        at += seg.len();
+    }
+    if at < end {
+        out.push((at, end, Piece_::Past));
+    }
+    out
+}
+
+/// The ranges of `0..end` where `prev` and `cur` differ: what a writer
+/// changed between two settles.
+pub fn changed(prev: &DataMap, cur: &DataMap, end: u64) -> Vec<(u64, u64)> {
+    let (a, b) = (runs(prev, end), runs(cur, end));
+    let mut out = Ranges::default();
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let lo = a[i].0.max(b[j].0);
+        let hi = a[i].1.min(b[j].1);
+        // A hole where the file ended is only growth: it zeroes nothing
+        // that another writer may have put there meanwhile.
+        let grown = a[i].2 == Piece_::Past && b[j].2 == Piece_::Hole;
+        if lo < hi && a[i].2 != b[j].2 && !grown {
+            out.insert(lo, hi);
+        }
+        if a[i].1 <= b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
         }
     }
-    pristine.missing(0, end)
+    out.0
 }
 
 /// The map a writer of a session starts with: all of the file pristine,
@@ -143,8 +182,9 @@ impl Undo {
         self.state.lock().pieces.is_empty()
     }
 
-    /// Saves the bytes of `backing` in `ranges` not saved before.
-    fn save(&self, store: &Store, backing: &File, ranges: &[(u64, u64)]) -> Result<()> {
+    /// Saves the bytes of `backing` in `ranges` (clipped to the size at the
+    /// start of the session) not saved before.
+    pub fn save(&self, store: &Store, backing: &File, ranges: &[(u64, u64)]) -> Result<()> {
         let mut st = self.state.lock();
         let mut added = false;
         for &(a, b) in ranges {
@@ -170,24 +210,46 @@ impl Undo {
         Ok(())
     }
 
-    /// Makes `backing` hold what `map` says (files: 0 the backing file, 1
-    /// the writer's log), saving first what that overwrites.
-    pub fn settle(&self, store: &Store, map: &DataMap, files: &[Arc<File>]) -> Result<()> {
+    /// Makes `backing` (files[0]; files[1] is the writer's log) hold what
+    /// a writer changed from `prev` (its map at its last settle) to `map`,
+    /// saving first what that overwrites. Only this writer's changes are
+    /// applied, so writers of one session do not undo each other's bytes; a
+    /// shrink is applied only when this writer shrank the file.
+    pub fn settle(
+        &self,
+        store: &Store,
+        prev: &DataMap,
+        map: &DataMap,
+        files: &[Arc<File>],
+    ) -> Result<()> {
         let backing = &files[0];
         let cur = backing.metadata()?.len();
-        let end = map.size().max(cur).max(self.orig_size);
-        let todo = changed(map, end);
-        if todo.is_empty() && cur == map.size() {
+        let end = map.size().max(prev.size());
+        let todo = changed(prev, map, end);
+        if todo.is_empty() {
+            // Growth alone (an ftruncate up) needs only the size.
+            if map.size() > cur && map.size() > prev.size() {
+                backing.set_len(map.size())?;
+            }
             return Ok(());
         }
-        self.save(store, backing, &todo)?;
-        if cur != map.size() {
+        let shrink = map.size() < prev.size() && map.size() < cur;
+        let mut overwritten = todo.clone();
+        if shrink {
+            overwritten.push((map.size(), cur));
+        }
+        self.save(store, backing, &overwritten)?;
+        if shrink || map.size() > cur {
             backing.set_len(map.size())?;
         }
+        let old_end = if shrink { map.size() } else { cur };
         for &(a, b) in &todo {
             let b = b.min(map.size());
+            if a >= b {
+                continue;
+            }
             let mut at = a;
-            for seg in map.locate(a, b.saturating_sub(a)) {
+            for seg in map.locate(a, b - a) {
                 match seg {
                     Segment::Data { file, offset, len } => {
                         if !(file == 0 && offset == at) {
@@ -200,7 +262,7 @@ impl Undo {
                             )?;
                         }
                     }
-                    Segment::Hole { len } => zero(backing, at, len, cur)?,
+                    Segment::Hole { len } => zero(backing, at, len, old_end)?,
                 }
                 at += seg.len();
             }
@@ -249,12 +311,29 @@ mod tests {
 
     #[test]
     fn changed_ranges_of_a_writer_map() {
-        let mut m = writer_map(100, false).unwrap();
-        assert!(changed(&m, 100).is_empty());
+        let start = writer_map(100, false).unwrap();
+        let mut m = start.clone();
+        assert!(changed(&start, &m, 100).is_empty());
         let p = m.place_write(10, 5);
         m.commit_write(10, 5, &p);
-        assert_eq!(changed(&m, 100), vec![(10, 15)]);
+        assert_eq!(changed(&start, &m, 100), vec![(10, 15)]);
+        let mid = m.clone();
         m.truncate(50);
-        assert_eq!(changed(&m, 100), vec![(10, 15), (50, 100)]);
+        assert_eq!(changed(&start, &m, 100), vec![(10, 15), (50, 100)]);
+        assert_eq!(changed(&mid, &m, 100), vec![(50, 100)]);
+        m.truncate(70);
+        assert_eq!(
+            changed(&mid, &m, 100),
+            vec![(50, 100)],
+            "a hole where bytes were, then past the end"
+        );
+        assert_eq!(
+            changed(
+                &writer_map(100, true).unwrap(),
+                &writer_map(100, true).unwrap(),
+                100
+            ),
+            vec![]
+        );
     }
 }

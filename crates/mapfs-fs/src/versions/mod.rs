@@ -193,8 +193,8 @@ struct Session {
 /// One writable open.
 struct Writer {
     key: Key,
-    /// The log of an undo session's writer.
-    log: Option<Arc<File>>,
+    /// The log of an undo session's writer, and its map when last settled.
+    log: Option<(Arc<File>, Arc<Mutex<DataMap>>)>,
 }
 
 /// The `versions` file system over one backing directory.
@@ -354,9 +354,21 @@ impl Versions {
                 OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o600),
             )?));
-            opened.map = delta::writer_map(meta.size, trunc)?;
+            let mut size = meta.size;
+            if trunc {
+                // O_TRUNC takes effect now, as natively (other opens see an
+                // empty file): every byte is overwritten, so all are saved.
+                let backing = self.session_backing(key)?;
+                undo.as_ref()
+                    .expect("undo session")
+                    .save(&self.store, &backing, &[(0, size)])?;
+                backing.set_len(0)?;
+                size = 0;
+            }
+            opened.map = delta::writer_map(size, false)?;
             opened.files.push(l.clone());
-            log = Some(l);
+            let settled = opened.map.clone();
+            log = Some((l, Arc::new(Mutex::new(settled))));
         } else if trunc {
             if flags.writable() {
                 opened.files[0].set_len(0)?;
@@ -369,23 +381,33 @@ impl Versions {
         Ok(opened)
     }
 
+    /// The daemon's descriptor of the file of session `key`.
+    fn session_backing(&self, key: Key) -> Result<Arc<File>> {
+        self.sessions
+            .lock()
+            .get(&key)
+            .map(|s| s.backing.clone())
+            .ok_or_else(|| Error::io().context("write session vanished"))
+    }
+
     /// Settles an undo writer's map into the backing file.
     fn settle(&self, handle: u64, map: &DataMap) -> Result<()> {
-        let (key, log) = match self.writers.lock().get(&handle) {
+        let (key, log, settled) = match self.writers.lock().get(&handle) {
             Some(Writer {
                 key,
-                log: Some(log),
-            }) => (*key, log.clone()),
+                log: Some((log, settled)),
+            }) => (*key, log.clone(), settled.clone()),
             _ => return Ok(()),
         };
         let (undo, backing) = match self.sessions.lock().get(&key) {
             Some(s) => (s.undo.clone(), s.backing.clone()),
             None => return Ok(()),
         };
-        match undo {
-            Some(u) => u.settle(&self.store, map, &[backing, log]),
-            None => Ok(()),
-        }
+        let Some(u) = undo else { return Ok(()) };
+        let mut settled = settled.lock();
+        u.settle(&self.store, &settled, map, &[backing, log])?;
+        *settled = map.clone();
+        Ok(())
     }
 
     /// The end of a writable open; the last one ends the session and drops
@@ -477,10 +499,11 @@ impl Versions {
             // Undo of a truncate: the cut tail, if any.
             let (id, obj) = self.store.add_undo(bytes(path), &meta)?;
             let undo = Undo::new(id, meta.size, obj);
-            let mut map = delta::writer_map(meta.size, false)?;
+            let prev = delta::writer_map(meta.size, false)?;
+            let mut map = prev.clone();
             map.truncate(size);
             let f = Arc::new(f);
-            undo.settle(&self.store, &map, &[f.clone(), f])?;
+            undo.settle(&self.store, &prev, &map, &[f.clone(), f])?;
         }
         self.retain();
         Ok(())

@@ -347,7 +347,7 @@ impl Versions {
         }
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
         let mut log = None;
-        if undo.is_some() {
+        if let Some(undo) = &undo {
             let l = Arc::new(File::from(rustix::fs::openat(
                 self.store.dir(),
                 ".",
@@ -359,9 +359,7 @@ impl Versions {
                 // O_TRUNC takes effect now, as natively (other opens see an
                 // empty file): every byte is overwritten, so all are saved.
                 let backing = self.session_backing(key)?;
-                undo.as_ref()
-                    .expect("undo session")
-                    .save(&self.store, &backing, &[(0, size)])?;
+                undo.save(&self.store, &backing, &[(0, size)])?;
                 backing.set_len(0)?;
                 size = 0;
             }

@@ -216,10 +216,9 @@ fn exercise(config: Config, seed: u64, rounds: usize) {
                 let a = open(&fs, "/f", flags);
                 let b = (rng.below(3) == 0).then(|| open(&fs, "/f", libc::O_WRONLY));
                 for _ in 0..1 + rng.below(6) {
-                    let w = if b.is_some() && rng.below(2) == 0 {
-                        b.as_ref().unwrap()
-                    } else {
-                        &a
+                    let w = match &b {
+                        Some(b) if rng.below(2) == 0 => b,
+                        _ => &a,
                     };
                     match rng.below(6) {
                         0 if w.path == a.path && b.is_none() => {

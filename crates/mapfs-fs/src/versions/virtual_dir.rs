@@ -19,8 +19,10 @@ use super::store::{Store, Version, STORE_DIR};
 /// Name of the virtual directory at the root of the mount.
 pub const VIRTUAL_DIR: &str = ".versions";
 
-/// Inode numbers of virtual entries: files by version id, directories by a
-/// hash of their path, both far above what backing file systems hand out.
+/// Inode numbers of virtual entries: hashes of their path (and version id),
+/// with a high bit set, far above what backing file systems hand out.
+/// Executors key inodes on these numbers with a path, so a version renamed
+/// with its file gets a new number, as a renamed entry would.
 const FILE_INO: u64 = 1 << 62;
 const DIR_INO: u64 = 1 << 61;
 
@@ -68,8 +70,10 @@ fn time(us: i64) -> SystemTime {
 /// The attributes of a version as a read-only file.
 pub fn file_attr(v: &Version) -> Attr {
     let t = time(v.ts);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&v.path, v.id).hash(&mut h);
     Attr {
-        ino: FILE_INO | v.id as u64,
+        ino: FILE_INO | (h.finish() & (DIR_INO - 1)),
         size: v.size,
         blocks: v.size.div_ceil(512),
         atime: t,

@@ -269,8 +269,12 @@ impl Versions {
             .collect()
     }
 
-    fn retain(&self) {
-        if let Err(e) = self.store.prune(&self.config.policy, &self.active()) {
+    /// Retention after a version of `path` was made.
+    fn retain(&self, path: &Path) {
+        if let Err(e) = self
+            .store
+            .prune_after(bytes(path), &self.config.policy, &self.active())
+        {
             warn!("versions: retention failed: {e}");
         }
     }
@@ -343,7 +347,7 @@ impl Versions {
             (s.undo.clone(), made)
         };
         if made {
-            self.retain();
+            self.retain(path);
         }
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
         let mut log = None;
@@ -503,7 +507,7 @@ impl Versions {
             let f = Arc::new(f);
             undo.settle(&self.store, &prev, &map, &[f.clone(), f])?;
         }
-        self.retain();
+        self.retain(path);
         Ok(())
     }
 
@@ -617,7 +621,9 @@ impl FileSystem for Versions {
         let kept = self.keep_removed(path, "unlink")?;
         match self.inner.unlink(ctx, path) {
             Ok(()) => {
-                self.retain();
+                if kept.is_some() {
+                    self.retain(path);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -661,7 +667,7 @@ impl FileSystem for Versions {
             self.store.rename(bytes(from), bytes(to), flags.exchange)?;
         }
         if kept.is_some() {
-            self.retain();
+            self.retain(to);
         }
         Ok(())
     }

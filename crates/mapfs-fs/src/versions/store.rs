@@ -179,6 +179,7 @@ CREATE TABLE IF NOT EXISTS versions(
   pieces BLOB);
 CREATE INDEX IF NOT EXISTS versions_path ON versions(path, ts);
 CREATE INDEX IF NOT EXISTS versions_lineage ON versions(lineage, ts);
+CREATE INDEX IF NOT EXISTS versions_ts ON versions(ts);
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 ";
 
@@ -591,9 +592,40 @@ impl Store {
         tx.commit().map_err(sql)
     }
 
+    /// Retention after a version of `path` was made: the count limit on
+    /// `path` alone, and the whole store only when the age or byte limit is
+    /// exceeded (so making a version costs no scan of every version).
+    pub fn prune_after(&self, path: &[u8], policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
+        let (old, bytes): (i64, i64) = {
+            let db = self.db.lock();
+            let limit = policy
+                .keep_days
+                .map_or(i64::MIN, |d| stamp::now_us() - (d * 86_400e6) as i64);
+            db.query_row(
+                "SELECT (SELECT count(*) FROM versions WHERE ts < ?1),
+                        (SELECT coalesce(sum(stored), 0) FROM versions)",
+                params![limit],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(sql)?
+        };
+        if old > 0 || policy.keep_bytes.is_some_and(|b| bytes as u64 > b) {
+            return self.prune(policy, protect);
+        }
+        let count_only = Policy {
+            keep: policy.keep,
+            keep_days: None,
+            keep_bytes: None,
+        };
+        self.prune_among(self.list(Some(path), false)?, &count_only, protect)
+    }
+
     /// Applies retention; returns the ids dropped.
     pub fn prune(&self, policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
-        let all = self.list(None, false)?;
+        self.prune_among(self.list(None, false)?, policy, protect)
+    }
+
+    fn prune_among(&self, all: Vec<Version>, policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
         let entries: Vec<retention::Entry<'_>> = all
             .iter()
             .map(|v| retention::Entry {

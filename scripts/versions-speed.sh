@@ -29,7 +29,8 @@ trap cleanup EXIT
 # overwrite DIR MODE: prints MB/s (MODE rewrite: O_TRUNC whole files;
 # patch: 4 KiB written in place in each file).
 WORKER='
-import os, sys, random, time
+import os, sys, random, time, ctypes
+syncfs = ctypes.CDLL(None, use_errno=True).syncfs
 d, mode, files, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 rng = random.Random(42)
 sizes = [int(2048 * (512 ** rng.random())) for _ in range(files)]
@@ -37,7 +38,7 @@ buf = os.urandom(1 << 20)
 if not os.path.exists(os.path.join(d, "f0")):
     for i, s in enumerate(sizes):
         with open(os.path.join(d, f"f{i}"), "wb") as f: f.write(buf[:s])
-    fd = os.open(d, os.O_RDONLY); os.syncfs(fd); os.close(fd)
+    fd = os.open(d, os.O_RDONLY); syncfs(fd); os.close(fd)
 if mode == "prepare": sys.exit(0)
 t = time.perf_counter(); total = 0
 for r in range(rounds):
@@ -49,7 +50,7 @@ for r in range(rounds):
             fd = os.open(p, os.O_WRONLY); off = (s // 2) & ~4095
             os.pwrite(fd, buf[r:r + 4096], off); total += 4096
         os.close(fd)
-fd = os.open(d, os.O_RDONLY); os.syncfs(fd); os.close(fd)
+fd = os.open(d, os.O_RDONLY); syncfs(fd); os.close(fd)
 print(total / (time.perf_counter() - t) / 1e6)
 '
 med() { python3 -c 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }

@@ -320,47 +320,86 @@ impl Store {
         })
     }
 
-    /// Adds a row for a new version of `path` and returns its id; the
-    /// object is made by the caller. The lineage continues the path's last
-    /// one unless that ended.
-    fn insert(&self, path: &[u8], kind: Kind, meta: &FileMeta, reason: &str) -> Result<i64> {
-        let db = self.db.lock();
-        let last: Option<(i64, i64, i64)> = db
-            .query_row(
+    /// Adds a row for a new version of `path` inside `tx` and returns its
+    /// id. The lineage continues the path's last one unless that ended.
+    fn insert(
+        tx: &rusqlite::Transaction<'_>,
+        path: &[u8],
+        kind: Kind,
+        meta: &FileMeta,
+        reason: &str,
+    ) -> rusqlite::Result<i64> {
+        let last: Option<(i64, i64, i64)> = tx
+            .prepare_cached(
                 "SELECT lineage, terminal, ts FROM versions WHERE path = ?1 ORDER BY ts DESC LIMIT 1",
-                params![path],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .map_err(sql)?;
+            )?
+            .query_row(params![path], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()?;
         let lineage = match last {
             Some((l, 0, _)) => l,
-            _ => db
-                .query_row(
-                    "SELECT coalesce(max(lineage), 0) + 1 FROM versions",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(sql)?,
+            _ => tx
+                .prepare_cached("SELECT coalesce(max(lineage), 0) + 1 FROM versions")?
+                .query_row([], |r| r.get(0))?,
         };
         let ts = stamp::now_us().max(last.map_or(0, |l| l.2 + 1));
-        db.execute(
+        tx.prepare_cached(
             "INSERT INTO versions(path, lineage, ts, kind, size, stored, uid, gid, mode, reason, terminal)
              VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, 0)",
-            params![
-                path,
-                lineage,
-                ts,
-                (kind == Kind::Undo) as i64,
-                meta.size as i64,
-                meta.uid,
-                meta.gid,
-                meta.mode,
-                reason
-            ],
-        )
-        .map_err(sql)?;
-        Ok(db.last_insert_rowid())
+        )?
+        .execute(params![
+            path,
+            lineage,
+            ts,
+            (kind == Kind::Undo) as i64,
+            meta.size as i64,
+            meta.uid,
+            meta.gid,
+            meta.mode,
+            reason
+        ])?;
+        Ok(tx.last_insert_rowid())
+    }
+
+    /// Makes a version in one transaction: its row, then its object by
+    /// `fill(id)`, which answers the bytes it adds to the store and whether
+    /// the file's life ended, or `None` to make no version after all.
+    fn make_version<T>(
+        &self,
+        path: &[u8],
+        kind: Kind,
+        meta: &FileMeta,
+        reason: &str,
+        fill: impl FnOnce(i64) -> Result<Option<(u64, bool, T)>>,
+    ) -> Result<Option<(i64, T)>> {
+        let mut db = self.db.lock();
+        let tx = db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        let id = Self::insert(&tx, path, kind, meta, reason).map_err(sql)?;
+        let remove = || {
+            let _ = rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty());
+        };
+        match fill(id) {
+            Ok(Some((stored, terminal, t))) => {
+                let done = tx
+                    .prepare_cached("UPDATE versions SET stored = ?2, terminal = ?3 WHERE id = ?1")
+                    .and_then(|mut st| st.execute(params![id, stored as i64, terminal as i64]))
+                    .and_then(|_| tx.commit());
+                if let Err(e) = done {
+                    remove();
+                    return Err(sql(e));
+                }
+                Ok(Some((id, t)))
+            }
+            Ok(None) => {
+                remove();
+                Ok(None)
+            }
+            Err(e) => {
+                remove();
+                Err(e)
+            }
+        }
     }
 
     fn create_object(&self, id: i64) -> Result<File> {
@@ -384,17 +423,6 @@ impl Store {
         Ok(File::from(fd))
     }
 
-    fn set_stored(&self, id: i64, stored: u64, terminal: bool) -> Result<()> {
-        self.db
-            .lock()
-            .execute(
-                "UPDATE versions SET stored = ?2, terminal = ?3 WHERE id = ?1",
-                params![id, stored as i64, terminal as i64],
-            )
-            .map_err(sql)?;
-        Ok(())
-    }
-
     /// A whole version of `path` from `src` (readable): a reflink, or a copy
     /// if `copy_allowed`. `None` (and nothing kept) when neither applies.
     pub fn add_whole(
@@ -405,24 +433,12 @@ impl Store {
         reason: &str,
         copy_allowed: bool,
     ) -> Result<Option<i64>> {
-        let id = self.insert(path, Kind::Whole, meta, reason)?;
-        let made = self
-            .create_object(id)
-            .and_then(|obj| Ok(clone::clone_or_copy(src, &obj, meta.size, copy_allowed)?));
-        match made {
-            Ok(Some(shared)) => {
-                self.set_stored(id, if shared { 0 } else { meta.size }, false)?;
-                Ok(Some(id))
-            }
-            Ok(None) => {
-                self.delete_ids(&[id])?;
-                Ok(None)
-            }
-            Err(e) => {
-                let _ = self.delete_ids(&[id]);
-                Err(e)
-            }
-        }
+        let made = self.make_version(path, Kind::Whole, meta, reason, |id| {
+            let obj = self.create_object(id)?;
+            Ok(clone::clone_or_copy(src, &obj, meta.size, copy_allowed)?
+                .map(|shared| (if shared { 0 } else { meta.size }, false, ())))
+        })?;
+        Ok(made.map(|(id, ())| id))
     }
 
     /// A whole, terminal version of `path` that is the file's own inode:
@@ -436,27 +452,19 @@ impl Store {
         meta: &FileMeta,
         reason: &str,
     ) -> Result<i64> {
-        let id = self.insert(path, Kind::Whole, meta, reason)?;
-        if let Err(e) =
-            rustix::fs::linkat(dir, name, &self.objects, object_name(id), AtFlags::empty())
-        {
-            let _ = self.delete_ids(&[id]);
-            return Err(e.into());
-        }
-        self.set_stored(id, meta.size, true)?;
-        Ok(id)
+        let made = self.make_version(path, Kind::Whole, meta, reason, |id| {
+            rustix::fs::linkat(dir, name, &self.objects, object_name(id), AtFlags::empty())?;
+            Ok(Some((meta.size, true, ())))
+        })?;
+        Ok(made.expect("always made").0)
     }
 
     /// An undo version of `path` (empty so far) and its object.
     pub fn add_undo(&self, path: &[u8], meta: &FileMeta) -> Result<(i64, File)> {
-        let id = self.insert(path, Kind::Undo, meta, "write")?;
-        match self.create_object(id) {
-            Ok(f) => Ok((id, f)),
-            Err(e) => {
-                let _ = self.delete_ids(&[id]);
-                Err(e)
-            }
-        }
+        let made = self.make_version(path, Kind::Undo, meta, "write", |id| {
+            Ok(Some((0, false, self.create_object(id)?)))
+        })?;
+        Ok(made.expect("always made"))
     }
 
     /// Records where an undo version's bytes go.
@@ -484,7 +492,7 @@ impl Store {
         match path {
             None => {
                 let mut st = db
-                    .prepare(&format!("SELECT {COLUMNS} FROM versions ORDER BY ts, id"))
+                    .prepare_cached(&format!("SELECT {COLUMNS} FROM versions ORDER BY ts, id"))
                     .map_err(sql)?;
                 let mut rows = st.query([]).map_err(sql)?;
                 while let Some(r) = rows.next().map_err(sql)? {
@@ -497,7 +505,7 @@ impl Store {
                     prefix.push(b'/');
                 }
                 let mut st = db
-                    .prepare(&format!(
+                    .prepare_cached(&format!(
                         "SELECT {COLUMNS} FROM versions WHERE path = ?1
                          OR (?2 AND substr(path, 1, ?3) = ?4) ORDER BY ts, id"
                     ))
@@ -544,7 +552,8 @@ impl Store {
         let mut db = self.db.lock();
         let tx = db.transaction().map_err(sql)?;
         for id in ids {
-            tx.execute("DELETE FROM versions WHERE id = ?1", params![id])
+            tx.prepare_cached("DELETE FROM versions WHERE id = ?1")
+                .and_then(|mut st| st.execute(params![id]))
                 .map_err(sql)?;
         }
         tx.commit().map_err(sql)?;
@@ -598,16 +607,26 @@ impl Store {
     pub fn prune_after(&self, path: &[u8], policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
         let (old, bytes): (i64, i64) = {
             let db = self.db.lock();
-            let limit = policy
-                .keep_days
-                .map_or(i64::MIN, |d| stamp::now_us() - (d * 86_400e6) as i64);
-            db.query_row(
-                "SELECT (SELECT count(*) FROM versions WHERE ts < ?1),
-                        (SELECT coalesce(sum(stored), 0) FROM versions)",
-                params![limit],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(sql)?
+            let old = match policy.keep_days {
+                Some(d) => db
+                    .prepare_cached("SELECT EXISTS(SELECT 1 FROM versions WHERE ts < ?1)")
+                    .and_then(|mut st| {
+                        st.query_row(params![stamp::now_us() - (d * 86_400e6) as i64], |r| {
+                            r.get(0)
+                        })
+                    })
+                    .map_err(sql)?,
+                None => 0,
+            };
+            // Summing is a scan: only when there is a byte limit.
+            let bytes = match policy.keep_bytes {
+                Some(_) => db
+                    .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
+                    .and_then(|mut st| st.query_row([], |r| r.get(0)))
+                    .map_err(sql)?,
+                None => 0,
+            };
+            (old, bytes)
         };
         if old > 0 || policy.keep_bytes.is_some_and(|b| bytes as u64 > b) {
             return self.prune(policy, protect);

@@ -6,6 +6,7 @@
 //! its newest version); `PATH` is the file's path inside the file system
 //! (`/notes/todo.txt`; the leading `/` may be left out).
 
+use std::fmt::Write as _;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -244,29 +245,36 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             let store = open_store(&backing)?;
             let t = store.totals()?;
             let p = store.load_policy()?;
-            println!(
+            let mut out = String::new();
+            writeln!(
+                out,
                 "versions:        {} ({} whole, {} undo)",
                 t.versions, t.whole, t.undo
-            );
-            println!("paths:           {}", t.paths);
-            println!(
+            )?;
+            writeln!(out, "paths:           {}", t.paths)?;
+            writeln!(
+                out,
                 "version bytes:   {} (their sizes added up)",
                 human(t.logical_bytes)
-            );
-            println!(
+            )?;
+            writeln!(
+                out,
                 "bytes kept:      {} (added to the store; reflinks count 0)",
                 human(t.stored_bytes)
-            );
-            println!(
+            )?;
+            writeln!(
+                out,
                 "allocated:       {} (objects' blocks; shared extents counted in full)",
                 human(t.allocated_bytes)
-            );
-            println!(
+            )?;
+            writeln!(
+                out,
                 "retention:       keep {} per path, {} days, {} in all",
                 p.keep.map_or("all".into(), |k| k.to_string()),
                 p.keep_days.map_or("any".into(), |d| d.to_string()),
                 p.keep_bytes.map_or("any size".into(), human)
-            );
+            )?;
+            std::io::stdout().lock().write_all(out.as_bytes())?;
             Ok(())
         }
     }

@@ -423,3 +423,47 @@ fn bad_options_are_refused_before_mounting() {
         assert!(err.contains(key), "{test}: -o {bad}: {err}");
     }
 }
+
+/// A file held open for reading (kernel passthrough) and then opened for
+/// writing, on a backing without reflink and with undo versions: the
+/// writer must work (executors give every open of such an inode the same
+/// backing file), and the versions still hold the old bytes.
+#[test]
+fn writers_next_to_passthrough_readers_keep_exact_versions() {
+    let test = "versions writer beside a passthrough reader";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(DataMode::Auto, &format!("{KEEP_ALL},max-size=0"));
+    let f = s.mountpoint().join("big");
+    let orig: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(&f, &orig).unwrap();
+    let reader = fs::File::open(&f).unwrap();
+    let mut b = [0u8; 4];
+    reader.read_exact_at(&mut b, 0).unwrap();
+    let w = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    w.write_all_at(b"hello", 100).unwrap();
+    drop(w);
+    drop(reader);
+    // An undo writer, then a reader, then a second writer joining it.
+    let w1 = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    w1.write_all_at(b"AAAA", 200).unwrap();
+    let reader = fs::File::open(&f).unwrap();
+    let w2 = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    w2.write_all_at(b"BBBB", 300).unwrap();
+    drop(w2);
+    drop(w1);
+    drop(reader);
+    let mut now = orig.clone();
+    now[100..105].copy_from_slice(b"hello");
+    let v = listed(&s, "", "big");
+    assert_eq!(v.len(), 2, "{test}: one version per session");
+    assert!(v[0].1 == orig, "{test}: first version is the original");
+    assert!(
+        v[1].1 == now,
+        "{test}: second version has only the first write"
+    );
+    now[200..204].copy_from_slice(b"AAAA");
+    now[300..304].copy_from_slice(b"BBBB");
+    assert!(fs::read(&f).unwrap() == now, "{test}: current bytes");
+}

@@ -33,6 +33,7 @@ fn keep_all(max_size: u64) -> Config {
             keep_days: None,
             keep_bytes: None,
         },
+        keep_bytes_auto: false,
     }
 }
 

@@ -90,13 +90,18 @@ pub struct Config {
     pub max_size: u64,
     /// Retention.
     pub policy: Policy,
+    /// No `keep-bytes` was given: the store may hold a tenth of the backing
+    /// file system (every resource a writer can make the daemon spend is
+    /// bounded).
+    pub keep_bytes_auto: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
-            max_size: 16 << 20,
+            max_size: 64 << 10,
             policy: Policy::default(),
+            keep_bytes_auto: true,
         }
     }
 }
@@ -142,6 +147,7 @@ impl Config {
             };
         }
         if let Some(v) = get("keep-bytes") {
+            c.keep_bytes_auto = false;
             c.policy.keep_bytes = if none(v) {
                 None
             } else {
@@ -204,6 +210,10 @@ pub struct Versions {
     config: Config,
     sessions: Mutex<HashMap<Key, Session>>,
     writers: Mutex<HashMap<u64, Writer>>,
+    /// Opens that are not writers (read-only, and files being created), by
+    /// handle, and how many each inode has (see `open_writer`).
+    readers: Mutex<HashMap<u64, Key>>,
+    opens: Mutex<HashMap<Key, usize>>,
     next_handle: AtomicU64,
 }
 
@@ -241,8 +251,12 @@ fn bytes(p: &Path) -> &[u8] {
 
 impl Versions {
     /// Opens the backing directory and its store (made if missing).
-    pub fn new(backing: &Path, config: Config) -> Result<Self> {
+    pub fn new(backing: &Path, mut config: Config) -> Result<Self> {
         let inner = Passthrough::new(backing)?;
+        if config.keep_bytes_auto && config.policy.keep_bytes.is_none() {
+            let s = rustix::fs::fstatvfs(inner.root().fd())?;
+            config.policy.keep_bytes = Some(s.f_blocks.saturating_mul(s.f_frsize) / 10);
+        }
         let store = Store::open(inner.root().fd(), true)?;
         store.save_policy(&config.policy)?;
         Ok(Versions {
@@ -251,6 +265,8 @@ impl Versions {
             config,
             sessions: Mutex::new(HashMap::new()),
             writers: Mutex::new(HashMap::new()),
+            readers: Mutex::new(HashMap::new()),
+            opens: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
         })
     }
@@ -295,12 +311,18 @@ impl Versions {
     }
 
     /// Starts a session on `path` (whose inode is `key`, `meta`): takes the
-    /// version unless the file is empty.
-    fn start_session(&self, path: &Path, key: Key, meta: &FileMeta) -> Result<Session> {
+    /// version unless the file is empty; with `whole`, never an undo one.
+    fn start_session(
+        &self,
+        path: &Path,
+        key: Key,
+        meta: &FileMeta,
+        whole: bool,
+    ) -> Result<Session> {
         let backing = Arc::new(self.daemon_open(path, key)?);
         let (mut version, mut undo) = (None, None);
         if meta.size > 0 {
-            let copy = meta.size <= self.config.max_size;
+            let copy = whole || meta.size <= self.config.max_size;
             version = self
                 .store
                 .add_whole(bytes(path), &backing, meta, "write", copy)?;
@@ -335,17 +357,29 @@ impl Versions {
         }
         let key = (st.st_dev, st.st_ino);
         let meta = FileMeta::of(&*opened.files[0])?;
-        let (undo, made) = {
+        // Executors hand every open of an inode that has a kernel
+        // passthrough open the same backing file: a writer then needs a
+        // whole-file map too, so its version cannot be an undo one.
+        let readers = self.opens.lock().get(&key).is_some_and(|n| *n > 0);
+        let (mut undo, made) = {
             let mut sessions = self.sessions.lock();
             let made = !sessions.contains_key(&key);
             if made {
-                let s = self.start_session(path, key, &meta)?;
+                let s = self.start_session(path, key, &meta, readers)?;
                 sessions.insert(key, s);
             }
             let s = sessions.get_mut(&key).expect("just made");
             s.writers += 1;
             (s.undo.clone(), made)
         };
+        if readers {
+            if let Some(u) = undo.take() {
+                // Join the undo session whole-file: save every byte not
+                // saved yet, so direct writes cannot lose an old one.
+                let backing = self.session_backing(key)?;
+                u.save(&self.store, &backing, &[(0, u.orig_size)])?;
+            }
+        }
         if made {
             self.retain(path);
         }
@@ -381,6 +415,32 @@ impl Versions {
         opened.handle = handle;
         self.writers.lock().insert(handle, Writer { key, log });
         Ok(opened)
+    }
+
+    /// Gives a non-writer open a handle and counts it on its inode.
+    fn track(&self, opened: &mut Opened) -> Result<()> {
+        let st = rustix::fs::fstat(&*opened.files[0])?;
+        let key = (st.st_dev, st.st_ino);
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        opened.handle = handle;
+        self.readers.lock().insert(handle, key);
+        *self.opens.lock().entry(key).or_default() += 1;
+        Ok(())
+    }
+
+    /// The end of a non-writer open; false if `handle` is not one.
+    fn untrack(&self, handle: u64) -> bool {
+        let Some(key) = self.readers.lock().remove(&handle) else {
+            return false;
+        };
+        let mut opens = self.opens.lock();
+        if let Some(n) = opens.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                opens.remove(&key);
+            }
+        }
+        true
     }
 
     /// The daemon's descriptor of the file of session `key`.
@@ -463,7 +523,14 @@ impl Versions {
         if st.st_nlink == 1 {
             return self
                 .store
-                .add_linked(bytes(path), dir.as_fd_borrowed(), &name, &meta, reason)
+                .add_linked(
+                    bytes(path),
+                    dir.as_fd_borrowed(),
+                    &name,
+                    &meta,
+                    reason,
+                    true,
+                )
                 .map(Some);
         }
         // Other names keep the inode changing: keep a copy of the bytes.
@@ -584,7 +651,9 @@ impl FileSystem for Versions {
     fn readdir(&self, ctx: &Ctx, path: &Path) -> Result<Vec<DirEntry>> {
         match virtual_dir::place(path) {
             Place::Hidden => Err(Error::not_found()),
-            Place::Virtual(rest) => virtual_dir::readdir(&self.store, rest, &self.root_attr(ctx)?),
+            Place::Virtual(rest) => {
+                virtual_dir::readdir(ctx, &self.store, rest, &self.root_attr(ctx)?)
+            }
             Place::Normal => {
                 let mut v = self.inner.readdir(ctx, path)?;
                 if is_root(path) {
@@ -746,7 +815,11 @@ impl FileSystem for Versions {
             Place::Normal if flags.writable() || flags.0 & libc::O_TRUNC != 0 => {
                 self.open_writer(ctx, path, flags)
             }
-            Place::Normal => self.inner.open(ctx, path, flags),
+            Place::Normal => {
+                let mut o = self.inner.open(ctx, path, flags)?;
+                self.track(&mut o)?;
+                Ok(o)
+            }
         }
     }
 
@@ -766,11 +839,13 @@ impl FileSystem for Versions {
                 }
             }
         }
-        self.inner.create(ctx, path, flags, mode)
+        let (attr, mut o) = self.inner.create(ctx, path, flags, mode)?;
+        self.track(&mut o)?;
+        Ok((attr, o))
     }
 
     fn release(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {
-        if handle == 0 {
+        if handle == 0 || self.untrack(handle) {
             return Ok(());
         }
         self.end_writer(handle, map)

@@ -110,7 +110,7 @@ impl Store {
         };
         if st.st_nlink == 1 {
             return self
-                .add_linked(path, dir.as_fd(), name, &meta, "restore")
+                .add_linked(path, dir.as_fd(), name, &meta, "restore", true)
                 .map(Some);
         }
         let f = File::from(openat2_beneath(

@@ -435,15 +435,16 @@ impl Store {
     ) -> Result<Option<i64>> {
         let made = self.make_version(path, Kind::Whole, meta, reason, |id| {
             let obj = self.create_object(id)?;
-            Ok(clone::clone_or_copy(src, &obj, meta.size, copy_allowed)?
-                .map(|shared| (if shared { 0 } else { meta.size }, false, ())))
+            let made = clone::clone_or_copy(src, &obj, meta.size, copy_allowed)?;
+            Ok(made.map(|shared| (if shared { 0 } else { meta.size }, false, ())))
         })?;
         Ok(made.map(|(id, ())| id))
     }
 
-    /// A whole, terminal version of `path` that is the file's own inode:
-    /// `dir`/`name` (a backing name of it) is hard-linked into the store,
-    /// costing nothing. The caller then removes or replaces the name.
+    /// A whole version of `path` that is the file's own inode: `dir`/`name`
+    /// (a backing name of it) is hard-linked into the store, costing
+    /// nothing. The caller then removes or replaces the name; `ends_life`
+    /// when no file takes its place (its lineage ends).
     pub fn add_linked(
         &self,
         path: &[u8],
@@ -451,10 +452,11 @@ impl Store {
         name: &OsStr,
         meta: &FileMeta,
         reason: &str,
+        ends_life: bool,
     ) -> Result<i64> {
         let made = self.make_version(path, Kind::Whole, meta, reason, |id| {
             rustix::fs::linkat(dir, name, &self.objects, object_name(id), AtFlags::empty())?;
-            Ok(Some((meta.size, true, ())))
+            Ok(Some((meta.size, ends_life, ())))
         })?;
         Ok(made.expect("always made").0)
     }

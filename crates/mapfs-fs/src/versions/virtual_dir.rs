@@ -136,15 +136,16 @@ pub fn getattr(store: &Store, rest: &[u8], root: &Attr) -> Result<Attr> {
     Err(Error::not_found())
 }
 
-/// `readdir` inside `.versions`.
-pub fn readdir(store: &Store, rest: &[u8], root: &Attr) -> Result<Vec<DirEntry>> {
+/// `readdir` inside `.versions`: only versions the caller may read, and
+/// directories holding some (so the names of others' files do not show).
+pub fn readdir(ctx: &Ctx, store: &Store, rest: &[u8], root: &Attr) -> Result<Vec<DirEntry>> {
     let all = if rest.is_empty() {
         store.list(None, false)?
     } else {
         store.list(Some(rest), true)?
     };
     let mut out: BTreeMap<Vec<u8>, DirEntry> = BTreeMap::new();
-    for v in &all {
+    for v in all.iter().filter(|v| may_read(ctx, v)) {
         let Some(below) = v.path.strip_prefix(rest).and_then(|b| b.strip_prefix(b"/")) else {
             continue;
         };

@@ -23,8 +23,11 @@ pub const VIRTUAL_DIR: &str = ".versions";
 /// with a high bit set, far above what backing file systems hand out.
 /// Executors key inodes on these numbers with a path, so a version renamed
 /// with its file gets a new number, as a renamed entry would.
-const FILE_INO: u64 = 1 << 62;
-const DIR_INO: u64 = 1 << 61;
+/// Both stay below `1 << 61`: executors hand out nodeids of their own from
+/// `1 << 62` up.
+const FILE_INO: u64 = 1 << 60;
+const DIR_INO: u64 = 1 << 59;
+const HASH_BITS: u64 = (1 << 59) - 1;
 
 /// What a path of the file system names.
 #[derive(Debug, PartialEq, Eq)]
@@ -73,7 +76,7 @@ pub fn file_attr(v: &Version) -> Attr {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (&v.path, v.id).hash(&mut h);
     Attr {
-        ino: FILE_INO | (h.finish() & (DIR_INO - 1)),
+        ino: FILE_INO | (h.finish() & HASH_BITS),
         size: v.size,
         blocks: v.size.div_ceil(512),
         atime: t,
@@ -93,7 +96,7 @@ fn dir_attr(rest: &[u8], like: &Attr) -> Attr {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     rest.hash(&mut h);
     Attr {
-        ino: DIR_INO | (h.finish() & (DIR_INO - 1)),
+        ino: DIR_INO | (h.finish() & HASH_BITS),
         size: 0,
         blocks: 0,
         kind: FileKind::Dir,

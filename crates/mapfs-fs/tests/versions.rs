@@ -765,3 +765,32 @@ fn versions_share_extents_on_xfs() {
 fn versions_share_extents_on_btrfs() {
     reflink_versions_share_extents("mkfs.btrfs", 300);
 }
+
+/// A close reaches the file system late (FUSE `release` is asynchronous):
+/// a writer that opens after another changed the file, while that one
+/// still looks open, gets a version of what it found all the same.
+#[test]
+fn a_writer_joining_after_changes_gets_its_own_version() {
+    for max_size in [1 << 30, 0] {
+        let tmp = tempfile::tempdir().unwrap();
+        let fs = Versions::new(tmp.path(), keep_all(max_size)).unwrap();
+        create(&fs, "/f", b"original bytes");
+        let a = open(&fs, "/f", libc::O_RDWR);
+        a.write(0, b"ORIGINAL");
+        a.flush(); // the close(2); its release has not come yet
+        let b = open(&fs, "/f", libc::O_RDWR);
+        b.write(9, b"BYTES");
+        b.close();
+        a.close();
+        let got: Vec<Vec<u8>> = versions_of(&fs, "/f")
+            .iter()
+            .map(|v| fs.store().read_all(v).unwrap())
+            .collect();
+        assert_eq!(
+            got,
+            [b"original bytes".to_vec(), b"ORIGINAL bytes".to_vec()],
+            "max-size {max_size}"
+        );
+        assert_eq!(read(&fs, "/f"), b"ORIGINAL BYTES");
+    }
+}

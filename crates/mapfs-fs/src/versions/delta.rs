@@ -209,66 +209,63 @@ impl Undo {
         }
         Ok(())
     }
+}
 
-    /// Makes `backing` (files[0]; files[1] is the writer's log) hold what
-    /// a writer changed from `prev` (its map at its last settle) to `map`,
-    /// saving first what that overwrites. Only this writer's changes are
-    /// applied, so writers of one session do not undo each other's bytes; a
-    /// shrink is applied only when this writer shrank the file.
-    pub fn settle(
-        &self,
-        store: &Store,
-        prev: &DataMap,
-        map: &DataMap,
-        files: &[Arc<File>],
-    ) -> Result<()> {
-        let backing = &files[0];
-        let cur = backing.metadata()?.len();
-        let end = map.size().max(prev.size());
-        let todo = changed(prev, map, end);
-        if todo.is_empty() {
-            // Growth alone (an ftruncate up) needs only the size.
-            if map.size() > cur && map.size() > prev.size() {
-                backing.set_len(map.size())?;
-            }
-            return Ok(());
-        }
-        let shrink = map.size() < prev.size() && map.size() < cur;
-        let mut overwritten = todo.clone();
-        if shrink {
-            overwritten.push((map.size(), cur));
-        }
-        self.save(store, backing, &overwritten)?;
-        if shrink || map.size() > cur {
+/// Makes `backing` (files[0]; files[1] is the writer's log) hold what
+/// a writer changed from `prev` (its map at its last settle) to `map`,
+/// saving first what that overwrites into every undo version being
+/// filled (`undos`: a session may have begun several). Only this writer's changes are
+/// applied, so writers of one session do not undo each other's bytes; a
+/// shrink is applied only when this writer shrank the file.
+pub fn settle(
+    undos: &[Arc<Undo>],
+    store: &Store,
+    prev: &DataMap,
+    map: &DataMap,
+    files: &[Arc<File>],
+) -> Result<()> {
+    let backing = &files[0];
+    let cur = backing.metadata()?.len();
+    let end = map.size().max(prev.size());
+    let todo = changed(prev, map, end);
+    if todo.is_empty() {
+        // Growth alone (an ftruncate up) needs only the size.
+        if map.size() > cur && map.size() > prev.size() {
             backing.set_len(map.size())?;
         }
-        let old_end = if shrink { map.size() } else { cur };
-        for &(a, b) in &todo {
-            let b = b.min(map.size());
-            if a >= b {
-                continue;
-            }
-            let mut at = a;
-            for seg in map.locate(a, b - a) {
-                match seg {
-                    Segment::Data { file, offset, len } => {
-                        if !(file == 0 && offset == at) {
-                            super::clone::copy_range(
-                                &files[file as usize],
-                                offset,
-                                backing,
-                                at,
-                                len,
-                            )?;
-                        }
-                    }
-                    Segment::Hole { len } => zero(backing, at, len, old_end)?,
-                }
-                at += seg.len();
-            }
-        }
-        Ok(())
+        return Ok(());
     }
+    let shrink = map.size() < prev.size() && map.size() < cur;
+    let mut overwritten = todo.clone();
+    if shrink {
+        overwritten.push((map.size(), cur));
+    }
+    for u in undos {
+        u.save(store, backing, &overwritten)?;
+    }
+    if shrink || map.size() > cur {
+        backing.set_len(map.size())?;
+    }
+    let old_end = if shrink { map.size() } else { cur };
+    for &(a, b) in &todo {
+        let b = b.min(map.size());
+        if a >= b {
+            continue;
+        }
+        let mut at = a;
+        for seg in map.locate(a, b - a) {
+            match seg {
+                Segment::Data { file, offset, len } => {
+                    if !(file == 0 && offset == at) {
+                        super::clone::copy_range(&files[file as usize], offset, backing, at, len)?;
+                    }
+                }
+                Segment::Hole { len } => zero(backing, at, len, old_end)?,
+            }
+            at += seg.len();
+        }
+    }
+    Ok(())
 }
 
 /// Zeroes `len` bytes at `at` of `f`, whose bytes past `old_end` are zeros

@@ -55,6 +55,7 @@ mod clone;
 pub mod delta;
 mod restore;
 pub mod retention;
+mod session;
 pub mod stamp;
 pub mod store;
 pub mod virtual_dir;
@@ -79,6 +80,7 @@ use tracing::warn;
 use crate::passthrough::Passthrough;
 use delta::Undo;
 pub use retention::Policy;
+use session::{stamp_of, Current, Session};
 use store::{FileMeta, Store};
 use virtual_dir::Place;
 
@@ -183,19 +185,6 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
 /// The key of a backing inode.
 type Key = (u64, u64);
 
-/// The overlapping writable opens of one file, and their version.
-struct Session {
-    writers: usize,
-    version: Option<i64>,
-    undo: Option<Arc<Undo>>,
-    /// The backing file, opened by the daemon read-write (saving and
-    /// settling need to read what the caller's descriptor may not).
-    backing: Arc<File>,
-    /// (size, mtime, ctime) right after the version was taken: unchanged at
-    /// the end means the version is not needed.
-    stamp: (i64, i64, i64, i64, i64),
-}
-
 /// One writable open.
 struct Writer {
     key: Key,
@@ -223,18 +212,6 @@ impl std::fmt::Debug for Versions {
             .field("config", &self.config)
             .finish()
     }
-}
-
-#[allow(clippy::unnecessary_cast)]
-fn stamp_of(f: &File) -> Result<(i64, i64, i64, i64, i64)> {
-    let st = rustix::fs::fstat(f)?;
-    Ok((
-        st.st_size as i64,
-        st.st_mtime as i64,
-        st.st_mtime_nsec as i64,
-        st.st_ctime as i64,
-        st.st_ctime_nsec as i64,
-    ))
 }
 
 fn erofs() -> Error {
@@ -281,7 +258,7 @@ impl Versions {
         self.sessions
             .lock()
             .values()
-            .filter_map(|s| s.version)
+            .flat_map(|s| s.versions.iter().copied())
             .collect()
     }
 
@@ -310,35 +287,41 @@ impl Versions {
         Ok(File::from(fd))
     }
 
-    /// Starts a session on `path` (whose inode is `key`, `meta`): takes the
-    /// version unless the file is empty; with `whole`, never an undo one.
-    fn start_session(
+    /// Takes a version of the file of session `s` as it is now (`meta`):
+    /// a reflink, else a copy up to `max-size` (any size unless `undo_ok`),
+    /// else an undo version. An empty file gets none.
+    fn take_version(
         &self,
         path: &Path,
-        key: Key,
+        s: &mut Session,
         meta: &FileMeta,
-        whole: bool,
-    ) -> Result<Session> {
-        let backing = Arc::new(self.daemon_open(path, key)?);
-        let (mut version, mut undo) = (None, None);
+        undo_ok: bool,
+    ) -> Result<()> {
+        s.current = Current::Nothing;
+        s.latest = None;
         if meta.size > 0 {
-            let copy = whole || meta.size <= self.config.max_size;
-            version = self
+            let copy = !undo_ok || meta.size <= self.config.max_size;
+            match self
                 .store
-                .add_whole(bytes(path), &backing, meta, "write", copy)?;
-            if version.is_none() {
-                let (id, obj) = self.store.add_undo(bytes(path), meta)?;
-                version = Some(id);
-                undo = Some(Undo::new(id, meta.size, obj));
+                .add_whole(bytes(path), &s.backing, meta, "write", copy)?
+            {
+                Some(id) => {
+                    s.versions.push(id);
+                    s.latest = Some(id);
+                    s.current = Current::Whole;
+                }
+                None => {
+                    let (id, obj) = self.store.add_undo(bytes(path), meta)?;
+                    let u = Undo::new(id, meta.size, obj);
+                    s.versions.push(id);
+                    s.latest = Some(id);
+                    s.undos.push(u.clone());
+                    s.current = Current::Undo(u);
+                }
             }
         }
-        Ok(Session {
-            writers: 0,
-            version,
-            undo,
-            stamp: stamp_of(&backing)?,
-            backing,
-        })
+        s.stamp = stamp_of(&s.backing)?;
+        Ok(())
     }
 
     /// A writable (or truncating) open of an existing file.
@@ -356,48 +339,60 @@ impl Versions {
             };
         }
         let key = (st.st_dev, st.st_ino);
-        let meta = FileMeta::of(&*opened.files[0])?;
         // Executors hand every open of an inode that has a kernel
         // passthrough open the same backing file: a writer then needs a
         // whole-file map too, so its version cannot be an undo one.
         let readers = self.opens.lock().get(&key).is_some_and(|n| *n > 0);
-        let (mut undo, made) = {
+        let (undo, made) = {
             let mut sessions = self.sessions.lock();
             let made = !sessions.contains_key(&key);
             if made {
-                let s = self.start_session(path, key, &meta, readers)?;
-                sessions.insert(key, s);
+                let backing = Arc::new(self.daemon_open(path, key)?);
+                sessions.insert(key, Session::new(backing)?);
             }
             let s = sessions.get_mut(&key).expect("just made");
-            s.writers += 1;
-            (s.undo.clone(), made)
-        };
-        if readers {
-            if let Some(u) = undo.take() {
-                // Join the undo session whole-file: save every byte not
-                // saved yet, so direct writes cannot lose an old one.
-                let backing = self.session_backing(key)?;
-                u.save(&self.store, &backing, &[(0, u.orig_size)])?;
+            let fresh = made || s.changed()?;
+            if fresh {
+                let now = FileMeta::of(&*s.backing)?;
+                let undo_ok = !readers && s.direct == 0;
+                self.take_version(path, s, &now, undo_ok)?;
             }
-        }
+            s.writers += 1;
+            let undo = match &s.current {
+                Current::Undo(u) if !readers => Some(u.clone()),
+                Current::Undo(_) => {
+                    // Joins whole-file: every byte is saved first, so its
+                    // direct writes cannot lose an old one.
+                    s.save_all(&self.store, &[(0, u64::MAX)])?;
+                    None
+                }
+                _ => None,
+            };
+            if undo.is_none() {
+                s.direct += 1;
+            }
+            (undo, fresh)
+        };
         if made {
             self.retain(path);
         }
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
         let mut log = None;
-        if let Some(undo) = &undo {
+        if undo.is_some() {
             let l = Arc::new(File::from(rustix::fs::openat(
                 self.store.dir(),
                 ".",
                 OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o600),
             )?));
-            let mut size = meta.size;
+            let backing = self.session_backing(key)?;
+            let mut size = backing.metadata()?.len();
             if trunc {
                 // O_TRUNC takes effect now, as natively (other opens see an
                 // empty file): every byte is overwritten, so all are saved.
-                let backing = self.session_backing(key)?;
-                undo.save(&self.store, &backing, &[(0, size)])?;
+                if let Some(s) = self.sessions.lock().get(&key) {
+                    s.save_all(&self.store, &[(0, size)])?;
+                }
                 backing.set_len(0)?;
                 size = 0;
             }
@@ -461,13 +456,12 @@ impl Versions {
             }) => (*key, log.clone(), settled.clone()),
             _ => return Ok(()),
         };
-        let (undo, backing) = match self.sessions.lock().get(&key) {
-            Some(s) => (s.undo.clone(), s.backing.clone()),
+        let (undos, backing) = match self.sessions.lock().get(&key) {
+            Some(s) => (s.undos.clone(), s.backing.clone()),
             None => return Ok(()),
         };
-        let Some(u) = undo else { return Ok(()) };
         let mut settled = settled.lock();
-        u.settle(&self.store, &settled, map, &[backing, log])?;
+        delta::settle(&undos, &self.store, &settled, map, &[backing, log])?;
         *settled = map.clone();
         Ok(())
     }
@@ -484,17 +478,16 @@ impl Versions {
             return res;
         };
         s.writers -= 1;
+        if w.log.is_none() {
+            s.direct -= 1;
+        }
         if s.writers > 0 {
             return res;
         }
         let s = sessions.remove(&w.key).expect("present");
         drop(sessions);
-        if let Some(id) = s.version {
-            let unchanged = match &s.undo {
-                Some(u) => u.is_empty() && s.backing.metadata()?.len() == u.orig_size,
-                None => stamp_of(&s.backing)? == s.stamp,
-            };
-            if unchanged && res.is_ok() {
+        if let Some(id) = s.latest {
+            if res.is_ok() && !s.changed()? {
                 self.store.delete_ids(&[id])?;
             }
         }
@@ -572,7 +565,7 @@ impl Versions {
             let mut map = prev.clone();
             map.truncate(size);
             let f = Arc::new(f);
-            undo.settle(&self.store, &prev, &map, &[f.clone(), f])?;
+            delta::settle(&[undo], &self.store, &prev, &map, &[f.clone(), f])?;
         }
         self.retain(path);
         Ok(())

@@ -11,8 +11,11 @@
 //! removes a file. Taking it when the open is granted (not at the first
 //! write, which the shim and kernel passthrough never send here) makes the
 //! mount, the shim and embedded use produce the same versions. Opens of one
-//! file for writing that overlap form one *session* and make one version;
-//! a session that changed nothing drops its version.
+//! file for writing that overlap form one *session* (`session.rs`) and share
+//! a version, unless an open finds the file changed since the latest one;
+//! a version nothing changed afterwards is dropped. Readers are counted: a
+//! writer of a file open for reading gets a whole-file map (executors serve
+//! all opens of an inode with kernel passthrough from one backing file).
 //!
 //! How a version is kept (see `store.rs`):
 //! - a reflink of the file (`FICLONE`) where the backing file system shares

@@ -7,7 +7,7 @@
 //! the writer does can touch a pristine byte. At each `flush` and at
 //! `release` the session *settles*: the bytes about to be overwritten in the
 //! backing file (changed ranges not saved yet) are appended, as they were,
-//! to the version's undo object (synced), and only then are the new bytes
+//! to the version's undo object, and only then are the new bytes
 //! copied from the log into the backing file and its size set. So the undo
 //! object plus the file as it is now always give back the file as it was
 //! when the session began, and the backing file alone is always the current
@@ -186,7 +186,7 @@ impl Undo {
     /// start of the session) not saved before.
     pub fn save(&self, store: &Store, backing: &File, ranges: &[(u64, u64)]) -> Result<()> {
         let mut st = self.state.lock();
-        let mut added = false;
+        let before = st.end;
         for &(a, b) in ranges {
             let (a, b) = (a.min(self.orig_size), b.min(self.orig_size));
             for (x, y) in st.saved.missing(a, b) {
@@ -199,13 +199,14 @@ impl Undo {
                 });
                 st.end += y - x;
                 st.saved.insert(x, y);
-                added = true;
             }
         }
-        if added {
-            // The old bytes are durable before any of them is overwritten.
-            rustix::fs::fdatasync(&self.obj)?;
-            store.set_pieces(self.id, &st.pieces, st.end)?;
+        if st.end > before {
+            // Not synced per close (that would cost more than the copy it
+            // replaces): a crash before the backing file system writes the
+            // saved bytes out can leave this version incomplete
+            // (docs/versions.md, Limits).
+            store.set_pieces(self.id, &st.pieces, st.end, st.end - before)?;
         }
         Ok(())
     }

@@ -162,6 +162,9 @@ pub struct Store {
     dir: OwnedFd,
     objects: OwnedFd,
     db: Mutex<Connection>,
+    /// Bytes kept by all versions, as this process last knew (summing is
+    /// a scan); `None` until first needed, refreshed by every full prune.
+    stored_total: Mutex<Option<i64>>,
 }
 
 fn sql(e: rusqlite::Error) -> Error {
@@ -266,6 +269,7 @@ impl Store {
             dir,
             objects,
             db: Mutex::new(conn),
+            stored_total: Mutex::new(None),
         })
     }
 
@@ -389,6 +393,8 @@ impl Store {
                     remove();
                     return Err(sql(e));
                 }
+                drop(db);
+                self.count_stored(stored as i64);
                 Ok(Some((id, t)))
             }
             Ok(None) => {
@@ -470,7 +476,8 @@ impl Store {
     }
 
     /// Records where an undo version's bytes go.
-    pub fn set_pieces(&self, id: i64, pieces: &[Piece], stored: u64) -> Result<()> {
+    pub fn set_pieces(&self, id: i64, pieces: &[Piece], stored: u64, added: u64) -> Result<()> {
+        self.count_stored(added as i64);
         let blob = postcard::to_allocvec(pieces).map_err(|_| Error::io())?;
         self.db
             .lock()
@@ -553,13 +560,20 @@ impl Store {
     pub fn delete_ids(&self, ids: &[i64]) -> Result<()> {
         let mut db = self.db.lock();
         let tx = db.transaction().map_err(sql)?;
+        let mut freed = 0i64;
         for id in ids {
+            freed += tx
+                .prepare_cached("SELECT stored FROM versions WHERE id = ?1")
+                .and_then(|mut st| st.query_row(params![id], |r| r.get::<_, i64>(0)).optional())
+                .map_err(sql)?
+                .unwrap_or(0);
             tx.prepare_cached("DELETE FROM versions WHERE id = ?1")
                 .and_then(|mut st| st.execute(params![id]))
                 .map_err(sql)?;
         }
         tx.commit().map_err(sql)?;
         drop(db);
+        self.count_stored(-freed);
         for id in ids {
             match rustix::fs::unlinkat(&self.objects, object_name(*id), AtFlags::empty()) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => {}
@@ -620,13 +634,19 @@ impl Store {
                     .map_err(sql)?,
                 None => 0,
             };
-            // Summing is a scan: only when there is a byte limit.
-            let bytes = match policy.keep_bytes {
-                Some(_) => db
-                    .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
-                    .and_then(|mut st| st.query_row([], |r| r.get(0)))
-                    .map_err(sql)?,
-                None => 0,
+            let mut total = self.stored_total.lock();
+            let bytes = match (policy.keep_bytes, *total) {
+                (None, _) => 0,
+                (Some(_), Some(t)) => t,
+                // Summing is a scan: once, then kept up to date.
+                (Some(_), None) => {
+                    let t = db
+                        .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
+                        .and_then(|mut st| st.query_row([], |r| r.get(0)))
+                        .map_err(sql)?;
+                    *total = Some(t);
+                    t
+                }
             };
             (old, bytes)
         };
@@ -643,7 +663,18 @@ impl Store {
 
     /// Applies retention; returns the ids dropped.
     pub fn prune(&self, policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
-        self.prune_among(self.list(None, false)?, policy, protect)
+        let all = self.list(None, false)?;
+        let dropped = self.prune_among(all, policy, protect)?;
+        // Other processes (the CLI, another mount) change the store too.
+        *self.stored_total.lock() = None;
+        Ok(dropped)
+    }
+
+    /// Keeps the cached total of bytes kept up to date.
+    fn count_stored(&self, delta: i64) {
+        if let Some(t) = self.stored_total.lock().as_mut() {
+            *t += delta;
+        }
     }
 
     fn prune_among(&self, all: Vec<Version>, policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {

@@ -481,10 +481,8 @@ impl Store {
         let blob = postcard::to_allocvec(pieces).map_err(|_| Error::io())?;
         self.db
             .lock()
-            .execute(
-                "UPDATE versions SET pieces = ?2, stored = ?3 WHERE id = ?1",
-                params![id, blob, stored as i64],
-            )
+            .prepare_cached("UPDATE versions SET pieces = ?2, stored = ?3 WHERE id = ?1")
+            .and_then(|mut st| st.execute(params![id, blob, stored as i64]))
             .map_err(sql)?;
         Ok(())
     }
@@ -653,8 +651,20 @@ impl Store {
         if old > 0 || policy.keep_bytes.is_some_and(|b| bytes as u64 > b) {
             return self.prune(policy, protect);
         }
+        let Some(keep) = policy.keep else {
+            return Ok(Vec::new());
+        };
+        let count: i64 = self
+            .db
+            .lock()
+            .prepare_cached("SELECT count(*) FROM versions WHERE path = ?1")
+            .and_then(|mut st| st.query_row(params![path], |r| r.get(0)))
+            .map_err(sql)?;
+        if count as u64 <= keep {
+            return Ok(Vec::new());
+        }
         let count_only = Policy {
-            keep: policy.keep,
+            keep: Some(keep),
             keep_days: None,
             keep_bytes: None,
         };

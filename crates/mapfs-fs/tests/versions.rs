@@ -794,3 +794,40 @@ fn a_writer_joining_after_changes_gets_its_own_version() {
         assert_eq!(read(&fs, "/f"), b"ORIGINAL BYTES");
     }
 }
+
+/// Versions are read, and listed, only by whoever could read the file
+/// when it was versioned.
+#[test]
+fn versions_of_private_files_stay_private() {
+    const NOBODY: Ctx = Ctx {
+        uid: 65534,
+        gid: 65534,
+        pid: 0,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = Versions::new(tmp.path(), keep_all(1 << 20)).unwrap();
+    let (_, o) = fs
+        .create(
+            &ROOT,
+            p("/secret"),
+            OpenFlags(libc::O_RDWR | libc::O_EXCL),
+            0o600,
+        )
+        .unwrap();
+    fs.release(&ROOT, p("/secret"), o.handle, &o.map).unwrap();
+    let w = open(&fs, "/secret", libc::O_WRONLY);
+    w.write(0, b"password");
+    w.close();
+    let w = open(&fs, "/secret", libc::O_WRONLY | libc::O_TRUNC);
+    w.write(0, b"changed");
+    w.close();
+    let v = versions_of(&fs, "/secret").pop().unwrap();
+    let vp = virtual_path(&v);
+    assert_eq!(fs.readdir(&ROOT, p("/.versions")).unwrap().len(), 1);
+    assert!(fs.readdir(&NOBODY, p("/.versions")).unwrap().is_empty());
+    let e = fs
+        .open(&NOBODY, p(&vp), OpenFlags(libc::O_RDONLY))
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EACCES);
+    assert_eq!(read(&fs, &vp), b"password");
+}

@@ -353,7 +353,10 @@ impl Versions {
             let fresh = made || s.changed()?;
             if fresh {
                 let now = FileMeta::of(&*s.backing)?;
-                let undo_ok = !readers && s.direct == 0;
+                // An O_TRUNC overwrites every byte: an undo version would
+                // save them all anyway, so a copy (and a whole-file map,
+                // natively written) is cheaper.
+                let undo_ok = !readers && s.direct == 0 && !trunc;
                 self.take_version(path, s, &now, undo_ok)?;
             }
             s.writers += 1;

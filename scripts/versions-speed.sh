@@ -103,7 +103,7 @@ measure() {
     echo "versions kept after one run (versions; bytes kept; allocated): $kept"
 }
 
-measure "$W" "$(stat -f -c %T "$W") ($W)"
+measure "$W" "$(findmnt -n -o FSTYPE -T "$W") ($W)"
 T=$W/tmpfs; mkdir -p "$T"
 if mount -t tmpfs -o size=8g tmpfs "$T" 2>/dev/null; then
     MOUNTED+=("$T"); measure "$T" "tmpfs"
@@ -113,7 +113,7 @@ fi
 X=$W/xfs; mkdir -p "$X"; LOOPIMG=$W/xfs.img
 if command -v mkfs.xfs >/dev/null && truncate -s 12g "$LOOPIMG" && mkfs.xfs -q "$LOOPIMG" &&
     mount -o loop "$LOOPIMG" "$X" 2>/dev/null; then
-    MOUNTED+=("$X"); measure "$X" "xfs on a loop device (image on $(stat -f -c %T "$W"))"
+    MOUNTED+=("$X"); measure "$X" "xfs on a loop device (image on $(findmnt -n -o FSTYPE -T "$W"))"
 else
     echo "SKIPPED xfs: no mkfs.xfs or loop devices" >&2
 fi

@@ -4,9 +4,11 @@
 
 mod bench;
 mod fsck_cmd;
+mod versions_cmd;
 
 /// What `mapfs` has beyond every mapfs-based program.
 #[derive(clap::Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per run
 enum Extra {
     /// Benchmark native, FUSE daemon, kernel passthrough (and references) side by side.
     Bench(Box<bench::BenchArgs>),
@@ -14,6 +16,8 @@ enum Extra {
     Fsck(fsck_cmd::FsckArgs),
     /// Compact, inspect and check the backing directory of a `pack` mount.
     Pack(mapfs_cli::pack_cmd::PackArgs),
+    /// History of a `versions` file system: list, show, diff, restore, prune, stats.
+    Versions(versions_cmd::VersionsArgs),
 }
 
 fn main() {
@@ -21,5 +25,6 @@ fn main() {
         Extra::Bench(args) => bench::run(*args),
         Extra::Fsck(args) => fsck_cmd::run(args),
         Extra::Pack(args) => mapfs_cli::pack_cmd::run(args),
+        Extra::Versions(args) => versions_cmd::run(args),
     })
 }

@@ -180,6 +180,18 @@ pub fn builtins() -> Registry {
         )
         .options(&["threshold", "sync"]),
     )
+    .register(
+        FsSpec::new(
+            "versions",
+            "keeps the old bytes of every overwrite (see `mapfs versions`)",
+            |b, o| {
+                let c = mapfs_fs::versions::Config::from_options(|k| o.get(k))
+                    .map_err(|e| mapfs::Error::invalid().context(e))?;
+                Ok(Arc::new(mapfs_fs::versions::Versions::new(b, c)?))
+            },
+        )
+        .options(&["max-size", "keep", "keep-days", "keep-bytes"]),
+    )
 }
 
 #[cfg(test)]
@@ -200,7 +212,7 @@ mod tests {
     #[test]
     fn builtins_are_registered_by_name() {
         let r = builtins();
-        assert_eq!(r.names(), ["passthrough", "plfs", "pack"]);
+        assert_eq!(r.names(), ["passthrough", "plfs", "pack", "versions"]);
         assert!(r.get("passthrough").unwrap().whole_file_maps);
         assert!(!r.get("plfs").unwrap().whole_file_maps);
         let r = r.register(FsSpec::new("plfs", "replaced", |b, _| {

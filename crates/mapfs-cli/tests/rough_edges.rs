@@ -37,7 +37,7 @@ fn bad_input_is_one_line_and_status_1() {
         (&["mount", "passthrough", b, m, "--ttl", "-1"], "invalid value '-1' for '--ttl <TTL>'"),
         (&["mount", "passthrough", b, m, "--ttl=nan"], "invalid value 'nan'"),
         (&["mount", "passthrough", b, m, "--data", "fast"], "invalid value 'fast' for '--data <DATA>' [possible values: auto, daemon, passthrough]"),
-        (&["mount", "nope", b, m], "unknown file system \"nope\" (available: passthrough, plfs, pack)"),
+        (&["mount", "nope", b, m], "unknown file system \"nope\" (available: passthrough, plfs, pack, versions)"),
         (&["mount", "passthrough", b], "the following required arguments were not provided"),
         (&["run", "cp", "a", "b"], "unexpected argument 'cp' found; put `--` before the program: mapfs run -- CMD [ARGS...]"),
         (&["mout", "passthrough", b, m], "unrecognized subcommand 'mout' tip: some similar subcommands exist: 'umount', 'mount'"),

@@ -8,3 +8,4 @@
 pub mod pack;
 pub mod passthrough;
 pub mod plfs;
+pub mod versions;

@@ -1,0 +1,281 @@
+//! `mapfs versions`: the history kept by the `versions` file system, read
+//! and managed directly in the backing directory (safe while it is mounted:
+//! the index is SQLite, objects are never changed once written).
+//!
+//! Versions are named `PATH@STAMP` as `list` prints them (`PATH` alone means
+//! its newest version); `PATH` is the file's path inside the file system
+//! (`/notes/todo.txt`; the leading `/` may be left out).
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use mapfs_fs::versions::store::{Store, Version};
+use mapfs_fs::versions::{parse_size, stamp, Policy};
+
+/// Arguments of `mapfs versions`.
+#[derive(Args, Debug)]
+pub struct VersionsArgs {
+    #[command(subcommand)]
+    cmd: VersionsCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum VersionsCmd {
+    /// List versions (all, or of PATH and the paths beneath it), oldest first.
+    List {
+        /// Backing directory of the versions mount.
+        backing: PathBuf,
+        /// Only this path (a file, or a directory: everything beneath it).
+        path: Option<String>,
+    },
+    /// Write the bytes of a version to standard output.
+    Show {
+        /// Backing directory of the versions mount.
+        backing: PathBuf,
+        /// PATH@STAMP, or PATH for its newest version.
+        version: String,
+    },
+    /// `diff -u` of a version against another version or (by default) the current file.
+    Diff {
+        /// Backing directory of the versions mount.
+        backing: PathBuf,
+        /// PATH@STAMP, or PATH for its newest version.
+        version: String,
+        /// PATH@STAMP to compare with instead of the current file.
+        other: Option<String>,
+    },
+    /// Make PATH hold a version again (the file it replaces becomes a version).
+    Restore {
+        /// Backing directory of the versions mount.
+        backing: PathBuf,
+        /// PATH@STAMP, or PATH for its newest version (works for removed files).
+        version: String,
+        /// Restore to this path instead of the version's own.
+        #[arg(long)]
+        to: Option<String>,
+    },
+    /// Apply retention now (the mount's limits, or those given).
+    Prune {
+        /// Backing directory of the versions mount.
+        backing: PathBuf,
+        /// Versions kept per path.
+        #[arg(long)]
+        keep: Option<u64>,
+        /// Drop versions older than this many days.
+        #[arg(long)]
+        keep_days: Option<f64>,
+        /// Total bytes kept (K, M, G, T suffixes).
+        #[arg(long, value_parser = parse_size)]
+        keep_bytes: Option<u64>,
+    },
+    /// Versions, paths, and the bytes they keep.
+    Stats {
+        /// Backing directory of the versions mount.
+        backing: PathBuf,
+    },
+}
+
+fn open_store(backing: &Path) -> Result<Store> {
+    let root = mapfs::backing::BackingRoot::new(backing)?;
+    Store::open(root.fd(), false).with_context(|| {
+        format!(
+            "{} has no version store (was it mounted with `mapfs mount versions`?)",
+            backing.display()
+        )
+    })
+}
+
+fn fs_path(p: &str) -> Vec<u8> {
+    let t = p.trim_end_matches('/');
+    if t.starts_with('/') {
+        t.as_bytes().to_vec()
+    } else {
+        format!("/{t}").into_bytes()
+    }
+}
+
+/// The version `spec` names: `PATH@STAMP`, or `PATH` for the newest.
+fn resolve(store: &Store, spec: &str) -> Result<Version> {
+    if let Some((path, ts)) = spec
+        .rsplit_once('@')
+        .and_then(|(p, s)| Some((p, stamp::parse(s)?)))
+    {
+        return store
+            .find(&fs_path(path), ts)?
+            .with_context(|| format!("no version {spec}"));
+    }
+    store
+        .list(Some(&fs_path(spec)), false)?
+        .pop()
+        .with_context(|| format!("no versions of {spec}"))
+}
+
+fn human(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Writes a version's bytes to a temporary file (for `diff`).
+fn to_temp(store: &Store, v: &Version) -> Result<tempfile::NamedTempFile> {
+    let mut t = tempfile::NamedTempFile::new()?;
+    t.write_all(&store.read_all(v)?)?;
+    Ok(t)
+}
+
+/// Runs `mapfs versions`.
+pub fn run(args: VersionsArgs) -> Result<()> {
+    match args.cmd {
+        VersionsCmd::List { backing, path } => {
+            let store = open_store(&backing)?;
+            let list = store.list(path.as_deref().map(fs_path).as_deref(), true)?;
+            let mut out = std::io::stdout().lock();
+            for v in &list {
+                writeln!(
+                    out,
+                    "{}\t{}\t{}\t{}",
+                    v.full_name(),
+                    v.size,
+                    v.reason,
+                    if v.kind == mapfs_fs::versions::store::Kind::Undo {
+                        "undo"
+                    } else {
+                        "whole"
+                    }
+                )?;
+            }
+            Ok(())
+        }
+        VersionsCmd::Show { backing, version } => {
+            let store = open_store(&backing)?;
+            let v = resolve(&store, &version)?;
+            std::io::stdout().lock().write_all(&store.read_all(&v)?)?;
+            Ok(())
+        }
+        VersionsCmd::Diff {
+            backing,
+            version,
+            other,
+        } => {
+            let store = open_store(&backing)?;
+            let a = resolve(&store, &version)?;
+            let ta = to_temp(&store, &a)?;
+            let (tb, label_b) = match other {
+                Some(o) => {
+                    let b = resolve(&store, &o)?;
+                    (Some(to_temp(&store, &b)?), b.full_name())
+                }
+                None => (None, String::from_utf8_lossy(&a.path).into_owned()),
+            };
+            let current = backing.join(Path::new(std::ffi::OsStr::from_bytes(&a.path[1..])));
+            let b_path = tb.as_ref().map_or(current.as_path(), |t| t.path());
+            let status = Command::new("diff")
+                .arg("-u")
+                .arg("--label")
+                .arg(a.full_name())
+                .arg("--label")
+                .arg(&label_b)
+                .arg(ta.path())
+                .arg(b_path)
+                .status()
+                .context("cannot run diff (Debian: apt-get install diffutils)")?;
+            match status.code() {
+                Some(0) | Some(1) => Ok(()),
+                _ => bail!("diff failed ({status})"),
+            }
+        }
+        VersionsCmd::Restore {
+            backing,
+            version,
+            to,
+        } => {
+            let store = open_store(&backing)?;
+            let v = resolve(&store, &version)?;
+            let target = to.as_deref().map_or(v.path.clone(), fs_path);
+            let kept = store.restore(&v, &target)?;
+            let kept = match kept.and_then(|id| store.get(id).ok().flatten()) {
+                Some(k) => format!("; what it replaced is {}", k.full_name()),
+                None => String::new(),
+            };
+            println!(
+                "restored {} to {}{kept}",
+                v.full_name(),
+                String::from_utf8_lossy(&target)
+            );
+            Ok(())
+        }
+        VersionsCmd::Prune {
+            backing,
+            keep,
+            keep_days,
+            keep_bytes,
+        } => {
+            let store = open_store(&backing)?;
+            let policy = if keep.is_none() && keep_days.is_none() && keep_bytes.is_none() {
+                store.load_policy()?
+            } else {
+                Policy {
+                    keep,
+                    keep_days,
+                    keep_bytes,
+                }
+            };
+            if keep == Some(0) {
+                bail!("--keep must be at least 1");
+            }
+            let dropped = store.prune(&policy, &[])?;
+            println!("dropped {} versions", dropped.len());
+            Ok(())
+        }
+        VersionsCmd::Stats { backing } => {
+            let store = open_store(&backing)?;
+            let t = store.totals()?;
+            let p = store.load_policy()?;
+            let mut out = String::new();
+            writeln!(
+                out,
+                "versions:        {} ({} whole, {} undo)",
+                t.versions, t.whole, t.undo
+            )?;
+            writeln!(out, "paths:           {}", t.paths)?;
+            writeln!(
+                out,
+                "version bytes:   {} (their sizes added up)",
+                human(t.logical_bytes)
+            )?;
+            writeln!(
+                out,
+                "bytes kept:      {} (added to the store; reflinks count 0)",
+                human(t.stored_bytes)
+            )?;
+            writeln!(
+                out,
+                "allocated:       {} (objects' blocks; shared extents counted in full)",
+                human(t.allocated_bytes)
+            )?;
+            writeln!(
+                out,
+                "retention:       keep {} per path, {} days, {} in all",
+                p.keep.map_or("all".into(), |k| k.to_string()),
+                p.keep_days.map_or("any".into(), |d| d.to_string()),
+                p.keep_bytes.map_or("any size".into(), human)
+            )?;
+            std::io::stdout().lock().write_all(out.as_bytes())?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! The `versions` file system on real mounts: overwrite sequences through
+//! the mount (each data mode) and under `mapfs run`, real programs (sed -i,
+//! cp, git, sqlite3), the fsx exerciser, and `mapfs versions` agreeing with
+//! `.versions/` while mounted. Needs `cargo build --workspace` first for
+//! the shim and `mapfs-fsx`.
+
+mod common;
+mod preload_support;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::{fuse_or_skip, DataMode, MountSession};
+use mapfs_testkit::fsx::{self, FsxConfig};
+use preload_support::{attached, fsx_bin, have, ok, report_path, totals};
+
+/// Retention off, so every version must be there.
+const KEEP_ALL: &str = "keep=none,keep-days=none";
+
+fn mount(mode: DataMode, opts: &str) -> MountSession {
+    MountSession::builder(common::mapfs_bin())
+        .fs("versions")
+        .data(mode)
+        .option(opts)
+        .mount()
+        .unwrap_or_else(|e| panic!("mounting versions --data {mode} -o {opts}: {e:#}"))
+}
+
+/// The entries of `.versions/DIR` for `name`, oldest first, with bytes.
+fn listed(s: &MountSession, dir: &str, name: &str) -> Vec<(String, Vec<u8>)> {
+    let d = s.mountpoint().join(".versions").join(dir);
+    let mut v: Vec<(String, Vec<u8>)> = match fs::read_dir(&d) {
+        Ok(rd) => rd
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.rsplit_once('@').is_some_and(|(f, _)| f == name))
+            .map(|n| {
+                let bytes = fs::read(d.join(&n))
+                    .unwrap_or_else(|e| panic!("{}: {e}", d.join(&n).display()));
+                (n, bytes)
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    v.sort();
+    v
+}
+
+fn contents(v: &[(String, Vec<u8>)]) -> Vec<String> {
+    v.iter()
+        .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
+        .collect()
+}
+
+fn mapfs(args: &[&str]) -> std::process::Output {
+    Command::new(common::mapfs_bin())
+        .args(args)
+        .output()
+        .expect("running mapfs")
+}
+
+fn cli_ok(args: &[&str]) -> String {
+    let out = mapfs(args);
+    assert!(
+        out.status.success(),
+        "mapfs {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+const EXPECTED: [&str; 7] = [
+    "first version\n",
+    "second, by O_TRUNC\n",
+    "third, saved by an editor\n",
+    "thXrd, saved by an editor\n",
+    "th",
+    "th+appended",
+    "another file renamed over\n",
+];
+
+/// The sequence, with plain system calls: each step keeps one version.
+fn sequence_natively(dir: &Path) {
+    let f = dir.join("doc");
+    fs::write(&f, EXPECTED[0]).unwrap();
+    fs::write(&f, EXPECTED[1]).unwrap(); // O_TRUNC rewrite
+    let tmp = dir.join(".doc.swp");
+    fs::write(&tmp, EXPECTED[2]).unwrap();
+    fs::rename(&tmp, &f).unwrap(); // editor: temp + rename over
+    let h = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    h.write_all_at(b"X", 2).unwrap(); // in place
+    drop(h);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(2)
+        .unwrap(); // truncate
+    let mut h = fs::OpenOptions::new().append(true).open(&f).unwrap();
+    h.write_all(b"+appended").unwrap(); // append
+    drop(h);
+    fs::write(dir.join("other"), EXPECTED[6]).unwrap();
+    fs::rename(dir.join("other"), &f).unwrap(); // rename over
+    fs::remove_file(&f).unwrap(); // unlink
+}
+
+/// The same sequence in Python (so through libc, where the shim is).
+const SEQUENCE_PY: &str = r#"
+import os, sys
+d = sys.argv[1]
+f = os.path.join(d, "doc")
+E = sys.argv[2:]
+open(f, "w").write(E[0])
+open(f, "w").write(E[1])
+open(os.path.join(d, ".doc.swp"), "w").write(E[2])
+os.rename(os.path.join(d, ".doc.swp"), f)
+fd = os.open(f, os.O_WRONLY); os.pwrite(fd, b"X", 2); os.close(fd)
+fd = os.open(f, os.O_WRONLY); os.ftruncate(fd, 2); os.close(fd)
+fd = os.open(f, os.O_WRONLY | os.O_APPEND); os.write(fd, b"+appended"); os.close(fd)
+open(os.path.join(d, "other"), "w").write(E[6])
+os.rename(os.path.join(d, "other"), f)
+os.unlink(f)
+"#;
+
+fn check_sequence(s: &MountSession, test: &str) {
+    let got = listed(s, "", "doc");
+    assert_eq!(contents(&got), EXPECTED, "{test}: versions in .versions/");
+    // The CLI, reading the backing directory while mounted, agrees.
+    let list = cli_ok(&["versions", "list", s.backing().to_str().unwrap(), "/doc"]);
+    let names: Vec<&str> = list
+        .lines()
+        .map(|l| l.split('\t').next().unwrap().trim_start_matches('/'))
+        .collect();
+    let want: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, want, "{test}: `mapfs versions list` vs .versions/");
+    for (n, bytes) in &got {
+        let shown = mapfs(&[
+            "versions",
+            "show",
+            s.backing().to_str().unwrap(),
+            &format!("/{n}"),
+        ]);
+        assert_eq!(&shown.stdout, bytes, "{test}: `mapfs versions show /{n}`");
+    }
+    // Versions are never in the namespace.
+    let names: Vec<_> = fs::read_dir(s.mountpoint())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(names.is_empty(), "{test}: the mount lists {names:?}");
+    assert!(!s.mountpoint().join(".mapfs-versions").exists());
+    let v = s.mountpoint().join(".versions").join(&got[0].0);
+    let err = fs::OpenOptions::new().write(true).open(&v).unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::EROFS),
+        "{test}: writing a version"
+    );
+}
+
+#[test]
+fn overwrite_sequences_make_exactly_the_expected_versions() {
+    for mode in [DataMode::Daemon, DataMode::Passthrough] {
+        // Default: whole copies on this backing (no reflink); max-size=0:
+        // undo versions of the bytes changed.
+        for opts in [KEEP_ALL.to_string(), format!("{KEEP_ALL},max-size=0")] {
+            let test = format!("versions sequence --data {mode} -o {opts}");
+            if !fuse_or_skip(&test) {
+                return;
+            }
+            let s = mount(mode, &opts);
+            sequence_natively(s.mountpoint());
+            check_sequence(&s, &test);
+        }
+    }
+}
+
+#[test]
+fn overwrite_sequences_under_mapfs_run_make_the_same_versions() {
+    for opts in [KEEP_ALL.to_string(), format!("{KEEP_ALL},max-size=0")] {
+        let test = format!("versions sequence under mapfs run -o {opts}");
+        if !fuse_or_skip(&test) || !have("python3") {
+            return;
+        }
+        let s = mount(DataMode::Auto, &opts);
+        let report = report_path(&s, "seq");
+        ok(attached(&s, &report, "python3")
+            .arg("-c")
+            .arg(SEQUENCE_PY)
+            .arg(s.mountpoint())
+            .args(EXPECTED));
+        let t = totals(&report, "python3");
+        eprintln!("{test}: shim {t:?}");
+        assert!(t.adopted > 0, "{test}: the shim adopted nothing: {t:?}");
+        check_sequence(&s, &test);
+    }
+}
+
+#[test]
+fn real_programs_make_the_expected_versions() {
+    let test = "versions with sed, cp, git, sqlite3";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(DataMode::Auto, KEEP_ALL);
+    let m = s.mountpoint();
+    let run = |cmd: &mut Command| {
+        let out = cmd.current_dir(m).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{test}: {cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    // sed -i writes a temp file and renames it over.
+    fs::write(m.join("conf"), "colour = red\n").unwrap();
+    run(Command::new("sed").args(["-i", "s/red/blue/", "conf"]));
+    assert_eq!(contents(&listed(&s, "", "conf")), ["colour = red\n"]);
+    // cp over an existing file opens it O_TRUNC.
+    fs::write(m.join("src"), "new bytes\n").unwrap();
+    fs::write(m.join("dst"), "old bytes\n").unwrap();
+    run(Command::new("cp").args(["src", "dst"]));
+    assert_eq!(contents(&listed(&s, "", "dst")), ["old bytes\n"]);
+    // git checkout of an older revision replaces the work-tree file.
+    if have("git") {
+        fs::create_dir(m.join("repo")).unwrap();
+        let git = |args: &[&str]| {
+            run(Command::new("git")
+                .args(["-C", "repo", "-c", "user.name=t", "-c", "user.email=t@t"])
+                .args(args))
+        };
+        git(&["init", "-q"]);
+        fs::write(m.join("repo/file"), "revision 1\n").unwrap();
+        git(&["add", "file"]);
+        git(&["commit", "-qm", "one"]);
+        fs::write(m.join("repo/file"), "revision 2\n").unwrap();
+        git(&["commit", "-qam", "two"]);
+        git(&["checkout", "-q", "HEAD~1", "--", "file"]);
+        assert_eq!(
+            fs::read_to_string(m.join("repo/file")).unwrap(),
+            "revision 1\n"
+        );
+        let v = contents(&listed(&s, "repo", "file"));
+        assert_eq!(
+            v,
+            ["revision 1\n", "revision 2\n"],
+            "{test}: git's versions of file"
+        );
+    } else {
+        eprintln!("SKIPPED part of {test}: git is not installed");
+    }
+    // sqlite3 changes its database in place: the version before the insert
+    // is a database with the old rows.
+    if have("sqlite3") {
+        let db = "app.db";
+        run(Command::new("sqlite3").args([db, "create table t(x); insert into t values (1);"]));
+        run(Command::new("sqlite3").args([db, "insert into t values (2);"]));
+        let versions = listed(&s, "", db);
+        assert!(
+            !versions.is_empty(),
+            "{test}: sqlite3's write made no version"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let copy = tmp.path().join("old.db");
+        fs::write(&copy, &versions.last().unwrap().1).unwrap();
+        let out = run(Command::new("sqlite3")
+            .arg(&copy)
+            .arg("select count(*) from t;"));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "1",
+            "{test}: the old database"
+        );
+        let out = run(Command::new("sqlite3").args([db, "select count(*) from t;"]));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "2");
+    } else {
+        eprintln!("SKIPPED part of {test}: sqlite3 is not installed");
+    }
+}
+
+/// Every version listed in `.versions` reads back whole, at its size.
+fn all_versions_readable(s: &MountSession) -> usize {
+    let mut n = 0;
+    let mut stack = vec![s.mountpoint().join(".versions")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let md = e.metadata().unwrap();
+            if md.is_dir() {
+                stack.push(e.path());
+            } else {
+                assert_eq!(
+                    fs::read(e.path()).unwrap().len() as u64,
+                    md.len(),
+                    "{}",
+                    e.path().display()
+                );
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+#[test]
+fn fsx_through_the_mount() {
+    for mode in [DataMode::Daemon, DataMode::Passthrough] {
+        for opts in ["keep=5", "keep=5,max-size=0"] {
+            let test = format!("fsx on versions --data {mode} -o {opts}");
+            if !fuse_or_skip(&test) {
+                return;
+            }
+            let s = mount(mode, opts);
+            let cfg = FsxConfig::new(s.mountpoint(), 20_261_123, 3_000);
+            let report = fsx::run(&cfg).unwrap_or_else(|f| panic!("{test}:\n{f}"));
+            eprintln!("{test}: {report}");
+            let n = all_versions_readable(&s);
+            assert!(n > 0, "{test}: fsx made no versions");
+        }
+    }
+}
+
+#[test]
+fn fsx_under_mapfs_run() {
+    for opts in ["keep=5", "keep=5,max-size=0"] {
+        let test = format!("fsx under mapfs run on versions -o {opts}");
+        if !fuse_or_skip(&test) {
+            return;
+        }
+        let s = mount(DataMode::Auto, opts);
+        let report = report_path(&s, "fsx");
+        let out = ok(attached(&s, &report, fsx_bin())
+            .arg("--dir")
+            .arg(s.mountpoint())
+            .arg("--ops")
+            .arg("3000")
+            .arg("--seed")
+            .arg("20261124"));
+        eprintln!("{test}: {}", String::from_utf8_lossy(&out.stdout).trim());
+        let t = totals(&report, "mapfs-fsx");
+        eprintln!("{test}: shim {t:?}");
+        assert!(t.adopted > 0, "{test}: the shim adopted nothing: {t:?}");
+        assert!(all_versions_readable(&s) > 0, "{test}: no versions");
+    }
+}
+
+#[test]
+fn cli_restores_prunes_and_reports_while_mounted() {
+    let test = "mapfs versions restore/prune/stats";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(DataMode::Auto, KEEP_ALL);
+    let b = s.backing().to_str().unwrap().to_string();
+    let m = s.mountpoint();
+    fs::create_dir(m.join("d")).unwrap();
+    fs::write(m.join("d/f"), "one\n").unwrap();
+    fs::write(m.join("d/f"), "two\n").unwrap();
+    fs::write(m.join("d/f"), "three\n").unwrap();
+    let v = listed(&s, "d", "f");
+    assert_eq!(contents(&v), ["one\n", "two\n"]);
+    // Restore is itself versioned: "three" becomes a version.
+    let out = cli_ok(&["versions", "restore", &b, &format!("/d/{}", v[0].0)]);
+    assert!(out.contains("restored"), "{out}");
+    assert_eq!(fs::read_to_string(m.join("d/f")).unwrap(), "one\n");
+    assert_eq!(
+        contents(&listed(&s, "d", "f")),
+        ["one\n", "two\n", "three\n"]
+    );
+    // diff against the current file.
+    let diff = cli_ok(&["versions", "diff", &b, &format!("/d/{}", v[1].0)]);
+    assert!(diff.contains("-two") && diff.contains("+one"), "{diff}");
+    // A removed file (and its directory) comes back.
+    fs::remove_file(m.join("d/f")).unwrap();
+    fs::remove_dir(m.join("d")).unwrap();
+    cli_ok(&["versions", "restore", &b, "/d/f"]);
+    assert_eq!(fs::read_to_string(m.join("d/f")).unwrap(), "one\n");
+    // Renames carry history.
+    fs::rename(m.join("d"), m.join("e")).unwrap();
+    assert!(listed(&s, "d", "f").is_empty());
+    assert_eq!(listed(&s, "e", "f").len(), 4);
+    // Prune by count: the CLI and .versions agree.
+    let out = cli_ok(&["versions", "prune", &b, "--keep", "2"]);
+    assert_eq!(out.trim(), "dropped 2 versions");
+    let left = listed(&s, "e", "f");
+    assert_eq!(contents(&left), ["three\n", "one\n"]);
+    let listed_cli = cli_ok(&["versions", "list", &b]);
+    assert_eq!(listed_cli.lines().count(), 2, "{listed_cli}");
+    let stats = cli_ok(&["versions", "stats", &b]);
+    assert!(stats.contains("versions:        2"), "{stats}");
+    // Bad input: a clear error, nothing changed.
+    let out = mapfs(&["versions", "show", &b, "/e/f@2000-01-01T00:00:00.000000Z"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no version"),
+        "{out:?}"
+    );
+    let out = mapfs(&["versions", "list", "/nonexistent-backing"]);
+    assert!(!out.status.success());
+    assert_eq!(listed(&s, "e", "f").len(), 2);
+}
+
+#[test]
+fn bad_options_are_refused_before_mounting() {
+    let test = "versions bad options";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    for bad in ["max-size=lots", "keep=0", "keep-days=-1", "keep-bytes=1X"] {
+        let r = MountSession::builder(common::mapfs_bin())
+            .fs("versions")
+            .option(bad)
+            .mount();
+        let err = format!(
+            "{:#}",
+            r.err()
+                .unwrap_or_else(|| panic!("{test}: -o {bad} mounted"))
+        );
+        let key = bad.split('=').next().unwrap();
+        assert!(err.contains(key), "{test}: -o {bad}: {err}");
+    }
+}
+
+/// A file held open for reading (kernel passthrough) and then opened for
+/// writing, on a backing without reflink and with undo versions: the
+/// writer must work (executors give every open of such an inode the same
+/// backing file), and the versions still hold the old bytes.
+#[test]
+fn writers_next_to_passthrough_readers_keep_exact_versions() {
+    let test = "versions writer beside a passthrough reader";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(DataMode::Auto, &format!("{KEEP_ALL},max-size=0"));
+    let f = s.mountpoint().join("big");
+    let orig: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(&f, &orig).unwrap();
+    let reader = fs::File::open(&f).unwrap();
+    let mut b = [0u8; 4];
+    reader.read_exact_at(&mut b, 0).unwrap();
+    let w = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    w.write_all_at(b"hello", 100).unwrap();
+    drop(w);
+    drop(reader);
+    // An undo writer, then a reader, then a second writer joining it.
+    let w1 = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    w1.write_all_at(b"AAAA", 200).unwrap();
+    let reader = fs::File::open(&f).unwrap();
+    let w2 = fs::OpenOptions::new().write(true).open(&f).unwrap();
+    w2.write_all_at(b"BBBB", 300).unwrap();
+    drop(w2);
+    drop(w1);
+    drop(reader);
+    let mut now = orig.clone();
+    now[100..105].copy_from_slice(b"hello");
+    let v = listed(&s, "", "big");
+    assert_eq!(v.len(), 2, "{test}: one version per session");
+    assert!(v[0].1 == orig, "{test}: first version is the original");
+    assert!(
+        v[1].1 == now,
+        "{test}: second version has only the first write"
+    );
+    now[200..204].copy_from_slice(b"AAAA");
+    now[300..304].copy_from_slice(b"BBBB");
+    assert!(fs::read(&f).unwrap() == now, "{test}: current bytes");
+}

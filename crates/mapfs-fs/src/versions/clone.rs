@@ -1,0 +1,71 @@
+//! Copying bytes between backing files: a reflink (`FICLONE`, shared
+//! extents on xfs, btrfs and others) where the backing file system has it, a
+//! plain copy (`copy_file_range`, itself in-kernel) where it has not.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use rustix::io::Errno;
+
+/// `dst` becomes a reflink of the whole of `src`. `false` when the backing
+/// file system (or this pair of files) cannot share extents; other errors
+/// are real failures.
+pub fn reflink(src: &File, dst: &File) -> std::io::Result<bool> {
+    match rustix::fs::ioctl_ficlone(dst, src) {
+        Ok(()) => Ok(true),
+        Err(Errno::OPNOTSUPP | Errno::NOTTY | Errno::XDEV | Errno::INVAL | Errno::NOSYS) => {
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Copies `len` bytes at `from` of `src` to `to` of `dst`.
+pub fn copy_range(src: &File, from: u64, dst: &File, to: u64, len: u64) -> std::io::Result<()> {
+    let (mut inp, mut out, mut left) = (from, to, len);
+    while left > 0 {
+        let chunk = left.min(1 << 30) as usize;
+        match rustix::fs::copy_file_range(src, Some(&mut inp), dst, Some(&mut out), chunk) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => left -= n as u64,
+            Err(Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS) => {
+                return copy_by_hand(src, inp, dst, out, left)
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The read/write loop for pairs `copy_file_range` refuses.
+fn copy_by_hand(src: &File, from: u64, dst: &File, to: u64, len: u64) -> std::io::Result<()> {
+    let mut buf = vec![0u8; (len.min(1 << 20)) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = buf.len().min((len - done) as usize);
+        src.read_exact_at(&mut buf[..n], from + done)?;
+        dst.write_all_at(&buf[..n], to + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Makes `dst` a copy of all `len` bytes of `src`: a reflink if it can, else
+/// a copy when `copy_allowed`. Returns whether extents are shared, or `None`
+/// when neither was possible/allowed.
+pub fn clone_or_copy(
+    src: &File,
+    dst: &File,
+    len: u64,
+    copy_allowed: bool,
+) -> std::io::Result<Option<bool>> {
+    if reflink(src, dst)? {
+        return Ok(Some(true));
+    }
+    if !copy_allowed {
+        return Ok(None);
+    }
+    copy_range(src, 0, dst, 0, len)?;
+    dst.set_len(len)?;
+    Ok(Some(false))
+}

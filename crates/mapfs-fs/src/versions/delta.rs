@@ -1,0 +1,337 @@
+//! Versions where the backing file system cannot share extents (ext4,
+//! tmpfs): a write session whose cost is the bytes it changes.
+//!
+//! The writer's map keeps every byte it has not written on the backing file
+//! itself (extents of file 0 at their own offsets: *pristine*) and sends
+//! every write to an anonymous log (file 1, `Growth::AppendLog`). Nothing
+//! the writer does can touch a pristine byte. At each `flush` and at
+//! `release` the session *settles*: the bytes about to be overwritten in the
+//! backing file (changed ranges not saved yet) are appended, as they were,
+//! to the version's undo object, and only then are the new bytes
+//! copied from the log into the backing file and its size set. So the undo
+//! object plus the file as it is now always give back the file as it was
+//! when the session began, and the backing file alone is always the current
+//! content after a close (close-to-open).
+//!
+//! Every writer of one file during a session shares the set of saved ranges:
+//! a range is saved once, the first time any of them changes it, so the
+//! undo holds the bytes from before the session even with several writers.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use mapfs::{DataMap, Extent, Growth, Result, Segment};
+use parking_lot::Mutex;
+
+use super::store::{Piece, Store};
+
+/// Half-open ranges, sorted and disjoint.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Ranges(Vec<(u64, u64)>);
+
+impl Ranges {
+    /// Adds `a..b`, merging.
+    pub fn insert(&mut self, a: u64, b: u64) {
+        if a >= b {
+            return;
+        }
+        let (mut a, mut b) = (a, b);
+        self.0.retain(|&(x, y)| {
+            if y < a || x > b {
+                true
+            } else {
+                a = a.min(x);
+                b = b.max(y);
+                false
+            }
+        });
+        let i = self.0.partition_point(|&(x, _)| x < a);
+        self.0.insert(i, (a, b));
+    }
+
+    /// The parts of `a..b` not in the set.
+    pub fn missing(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut cur = a;
+        for &(x, y) in &self.0 {
+            if y <= cur || x >= b {
+                continue;
+            }
+            if x > cur {
+                out.push((cur, x));
+            }
+            cur = cur.max(y);
+        }
+        if cur < b {
+            out.push((cur, b));
+        }
+        out
+    }
+}
+
+/// What a logical byte is in a map: a backing byte at a constant shift
+/// (file, offset - logical), a hole, or past the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece_ {
+    Data(u32, i128),
+    Hole,
+    Past,
+}
+
+/// The runs of `map` over `0..end`: (start, end, what).
+fn runs(map: &DataMap, end: u64) -> Vec<(u64, u64, Piece_)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for seg in map.locate(0, end) {
+        let what = match seg {
+            Segment::Data { file, offset, .. } => Piece_::Data(file, offset as i128 - at as i128),
+            Segment::Hole { .. } => Piece_::Hole,
+        };
+        out.push((at, at + seg.len(), what));
+        at += seg.len();
+    }
+    if at < end {
+        out.push((at, end, Piece_::Past));
+    }
+    out
+}
+
+/// The ranges of `0..end` where `prev` and `cur` differ: what a writer
+/// changed between two settles.
+pub fn changed(prev: &DataMap, cur: &DataMap, end: u64) -> Vec<(u64, u64)> {
+    let (a, b) = (runs(prev, end), runs(cur, end));
+    let mut out = Ranges::default();
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let lo = a[i].0.max(b[j].0);
+        let hi = a[i].1.min(b[j].1);
+        // A hole where the file ended is only growth: it zeroes nothing
+        // that another writer may have put there meanwhile.
+        let grown = a[i].2 == Piece_::Past && b[j].2 == Piece_::Hole;
+        if lo < hi && a[i].2 != b[j].2 && !grown {
+            out.insert(lo, hi);
+        }
+        if a[i].1 <= b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out.0
+}
+
+/// The map a writer of a session starts with: all of the file pristine,
+/// writes to the log (file 1). With `truncate`, the file is empty.
+pub fn writer_map(size: u64, truncate: bool) -> Result<DataMap> {
+    let (extents, size) = if truncate || size == 0 {
+        (Vec::new(), 0)
+    } else {
+        (
+            vec![Extent {
+                logical: 0,
+                file: 0,
+                offset: 0,
+                len: size,
+            }],
+            size,
+        )
+    };
+    DataMap::new(extents, size, Growth::AppendLog { file: 1, end: 0 })
+}
+
+struct UndoState {
+    saved: Ranges,
+    pieces: Vec<Piece>,
+    end: u64,
+}
+
+/// The undo version of one session, shared by its writers.
+pub struct Undo {
+    /// The version's id.
+    pub id: i64,
+    /// The file's size when the session began.
+    pub orig_size: u64,
+    obj: File,
+    state: Mutex<UndoState>,
+}
+
+impl std::fmt::Debug for Undo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Undo").field("id", &self.id).finish()
+    }
+}
+
+impl Undo {
+    /// The undo of a session begun on a file of `orig_size` bytes.
+    pub fn new(id: i64, orig_size: u64, obj: File) -> Arc<Undo> {
+        Arc::new(Undo {
+            id,
+            orig_size,
+            obj,
+            state: Mutex::new(UndoState {
+                saved: Ranges::default(),
+                pieces: Vec::new(),
+                end: 0,
+            }),
+        })
+    }
+
+    /// True when nothing was changed yet.
+    pub fn is_empty(&self) -> bool {
+        self.state.lock().pieces.is_empty()
+    }
+
+    /// Saves the bytes of `backing` in `ranges` (clipped to the size at the
+    /// start of the session) not saved before.
+    pub fn save(&self, store: &Store, backing: &File, ranges: &[(u64, u64)]) -> Result<()> {
+        let mut st = self.state.lock();
+        let before = st.end;
+        for &(a, b) in ranges {
+            let (a, b) = (a.min(self.orig_size), b.min(self.orig_size));
+            for (x, y) in st.saved.missing(a, b) {
+                let at = st.end;
+                super::clone::copy_range(backing, x, &self.obj, at, y - x)?;
+                st.pieces.push(Piece {
+                    logical: x,
+                    len: y - x,
+                    at,
+                });
+                st.end += y - x;
+                st.saved.insert(x, y);
+            }
+        }
+        if st.end > before {
+            // Not synced per close (that would cost more than the copy it
+            // replaces): a crash before the backing file system writes the
+            // saved bytes out can leave this version incomplete
+            // (docs/versions.md, Limits).
+            store.set_pieces(self.id, &st.pieces, st.end, st.end - before)?;
+        }
+        Ok(())
+    }
+}
+
+/// Makes `backing` (files[0]; files[1] is the writer's log) hold what
+/// a writer changed from `prev` (its map at its last settle) to `map`,
+/// saving first what that overwrites into every undo version being
+/// filled (`undos`: a session may have begun several). Only this writer's changes are
+/// applied, so writers of one session do not undo each other's bytes; a
+/// shrink is applied only when this writer shrank the file.
+pub fn settle(
+    undos: &[Arc<Undo>],
+    store: &Store,
+    prev: &DataMap,
+    map: &DataMap,
+    files: &[Arc<File>],
+) -> Result<()> {
+    let backing = &files[0];
+    let cur = backing.metadata()?.len();
+    let end = map.size().max(prev.size());
+    let todo = changed(prev, map, end);
+    if todo.is_empty() {
+        // Growth alone (an ftruncate up) needs only the size.
+        if map.size() > cur && map.size() > prev.size() {
+            backing.set_len(map.size())?;
+        }
+        return Ok(());
+    }
+    let shrink = map.size() < prev.size() && map.size() < cur;
+    let mut overwritten = todo.clone();
+    if shrink {
+        overwritten.push((map.size(), cur));
+    }
+    for u in undos {
+        u.save(store, backing, &overwritten)?;
+    }
+    if shrink || map.size() > cur {
+        backing.set_len(map.size())?;
+    }
+    let old_end = if shrink { map.size() } else { cur };
+    for &(a, b) in &todo {
+        let b = b.min(map.size());
+        if a >= b {
+            continue;
+        }
+        let mut at = a;
+        for seg in map.locate(a, b - a) {
+            match seg {
+                Segment::Data { file, offset, len } => {
+                    if !(file == 0 && offset == at) {
+                        super::clone::copy_range(&files[file as usize], offset, backing, at, len)?;
+                    }
+                }
+                Segment::Hole { len } => zero(backing, at, len, old_end)?,
+            }
+            at += seg.len();
+        }
+    }
+    Ok(())
+}
+
+/// Zeroes `len` bytes at `at` of `f`, whose bytes past `old_end` are zeros
+/// already (it was just extended).
+fn zero(f: &File, at: u64, len: u64, old_end: u64) -> Result<()> {
+    let end = (at + len).min(old_end);
+    if at >= end {
+        return Ok(());
+    }
+    let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+    if rustix::fs::fallocate(f, flags, at, end - at).is_ok() {
+        return Ok(());
+    }
+    let buf = vec![0u8; ((end - at).min(1 << 20)) as usize];
+    let mut off = at;
+    while off < end {
+        let n = buf.len().min((end - off) as usize);
+        f.write_all_at(&buf[..n], off)?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_and_report_gaps() {
+        let mut r = Ranges::default();
+        r.insert(10, 20);
+        r.insert(30, 40);
+        r.insert(20, 25);
+        assert_eq!(r.0, vec![(10, 25), (30, 40)]);
+        assert_eq!(r.missing(0, 50), vec![(0, 10), (25, 30), (40, 50)]);
+        assert_eq!(r.missing(12, 24), vec![]);
+        r.insert(0, 100);
+        assert_eq!(r.0, vec![(0, 100)]);
+    }
+
+    #[test]
+    fn changed_ranges_of_a_writer_map() {
+        let start = writer_map(100, false).unwrap();
+        let mut m = start.clone();
+        assert!(changed(&start, &m, 100).is_empty());
+        let p = m.place_write(10, 5);
+        m.commit_write(10, 5, &p);
+        assert_eq!(changed(&start, &m, 100), vec![(10, 15)]);
+        let mid = m.clone();
+        m.truncate(50);
+        assert_eq!(changed(&start, &m, 100), vec![(10, 15), (50, 100)]);
+        assert_eq!(changed(&mid, &m, 100), vec![(50, 100)]);
+        m.truncate(70);
+        assert_eq!(
+            changed(&mid, &m, 100),
+            vec![(50, 100)],
+            "a hole where bytes were, then past the end"
+        );
+        assert_eq!(
+            changed(
+                &writer_map(100, true).unwrap(),
+                &writer_map(100, true).unwrap(),
+                100
+            ),
+            vec![]
+        );
+    }
+}

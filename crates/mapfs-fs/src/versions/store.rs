@@ -1,0 +1,805 @@
+//! The store of versions, inside the backing directory at
+//! `.mapfs-versions/`: `index.sqlite` (one row per version) and `objects/`
+//! (one file per version, named by its id).
+//!
+//! A version is either *whole* (its object holds all its bytes: a reflink,
+//! a copy, or the very inode of a file that was unlinked or replaced) or an
+//! *undo* (its object holds only the bytes a write session changed, as they
+//! were before, and the row lists where they go; the rest of the version is
+//! the next newer version of the same file, or the current file). Rows of
+//! one file's life share a *lineage*, so a chain of undo versions never
+//! reads through another file that later took the same name.
+//!
+//! SQLite (WAL) lets the daemon and `mapfs versions` use the store at the
+//! same time; objects are written before the rows that point to them are
+//! filled in.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use mapfs::backing::openat2_beneath;
+use mapfs::{Error, Result};
+use parking_lot::Mutex;
+use rusqlite::{params, Connection, OptionalExtension};
+use rustix::fs::{AtFlags, Mode, OFlags};
+use serde::{Deserialize, Serialize};
+
+use super::clone;
+use super::retention::{self, Policy};
+use super::stamp;
+
+/// Name of the store directory in the backing root (hidden from the mount).
+pub const STORE_DIR: &str = ".mapfs-versions";
+
+/// How a version holds its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The object is the whole version.
+    Whole,
+    /// The object holds the changed bytes; the rest is the next version.
+    Undo,
+}
+
+/// Bytes of an undo version: `len` bytes at `logical` are at `at` in its
+/// object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Piece {
+    /// Where in the file.
+    pub logical: u64,
+    /// How many bytes.
+    pub len: u64,
+    /// Where in the object.
+    pub at: u64,
+}
+
+/// One version, as the index holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    /// Id (also the object's name).
+    pub id: i64,
+    /// The file's path in the file system (`/a/b`), bytes as given.
+    pub path: Vec<u8>,
+    /// The life of one file this version belongs to.
+    pub lineage: i64,
+    /// When it was taken, microseconds since the epoch (unique per path).
+    pub ts: i64,
+    /// How it holds its bytes.
+    pub kind: Kind,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Bytes it added to the store (0 for a reflink, until the file
+    /// diverges).
+    pub stored: u64,
+    /// Owner, group and permission bits of the file when it was taken.
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// See `uid`.
+    pub mode: u32,
+    /// What made it: `write`, `truncate`, `unlink`, `replace`, `restore`.
+    pub reason: String,
+    /// The file's life ended here (unlinked or replaced by another file).
+    pub terminal: bool,
+    /// Where an undo version's bytes go.
+    pub pieces: Vec<Piece>,
+}
+
+impl Version {
+    /// `NAME@STAMP`, its name in `.versions/`.
+    pub fn entry_name(&self) -> Vec<u8> {
+        let name = Path::new(OsStr::from_bytes(&self.path))
+            .file_name()
+            .map_or(&b""[..], |n| n.as_bytes());
+        let mut v = name.to_vec();
+        v.push(b'@');
+        v.extend_from_slice(stamp::format(self.ts).as_bytes());
+        v
+    }
+
+    /// `PATH@STAMP`, how the CLI names it.
+    pub fn full_name(&self) -> String {
+        format!(
+            "{}@{}",
+            String::from_utf8_lossy(&self.path),
+            stamp::format(self.ts)
+        )
+    }
+}
+
+/// Owner, mode and size of a file being versioned.
+#[derive(Debug, Clone, Copy)]
+pub struct FileMeta {
+    /// Size in bytes.
+    pub size: u64,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+impl FileMeta {
+    /// The meta of an open file.
+    pub fn of(f: &impl AsFd) -> Result<FileMeta> {
+        let st = rustix::fs::fstat(f)?;
+        Ok(FileMeta {
+            size: st.st_size as u64,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mode: st.st_mode & 0o7777,
+        })
+    }
+}
+
+/// Totals for `mapfs versions stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Number of versions.
+    pub versions: u64,
+    /// Paths with history.
+    pub paths: u64,
+    /// Whole versions.
+    pub whole: u64,
+    /// Undo versions.
+    pub undo: u64,
+    /// Sum of the versions' sizes.
+    pub logical_bytes: u64,
+    /// Bytes the versions added to the store.
+    pub stored_bytes: u64,
+    /// Blocks the objects occupy, in bytes (shared extents count in full).
+    pub allocated_bytes: u64,
+}
+
+/// The store of one backing directory.
+#[derive(Debug)]
+pub struct Store {
+    root: OwnedFd,
+    dir: OwnedFd,
+    objects: OwnedFd,
+    db: Mutex<Connection>,
+    /// Bytes kept by all versions, as this process last knew (summing is
+    /// a scan); `None` until first needed, refreshed by every full prune.
+    stored_total: Mutex<Option<i64>>,
+}
+
+fn sql(e: rusqlite::Error) -> Error {
+    Error::io().context(format!("version index: {e}"))
+}
+
+const SCHEMA: &str = "
+PRAGMA journal_mode=WAL;
+PRAGMA synchronous=NORMAL;
+CREATE TABLE IF NOT EXISTS versions(
+  id INTEGER PRIMARY KEY, path BLOB NOT NULL, lineage INTEGER NOT NULL,
+  ts INTEGER NOT NULL, kind INTEGER NOT NULL, size INTEGER NOT NULL,
+  stored INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
+  mode INTEGER NOT NULL, reason TEXT NOT NULL, terminal INTEGER NOT NULL,
+  pieces BLOB);
+CREATE INDEX IF NOT EXISTS versions_path ON versions(path, ts);
+CREATE INDEX IF NOT EXISTS versions_lineage ON versions(lineage, ts);
+CREATE INDEX IF NOT EXISTS versions_ts ON versions(ts);
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+";
+
+const COLUMNS: &str =
+    "id, path, lineage, ts, kind, size, stored, uid, gid, mode, reason, terminal, pieces";
+
+fn row_version(r: &rusqlite::Row<'_>) -> rusqlite::Result<Version> {
+    let pieces: Option<Vec<u8>> = r.get(12)?;
+    Ok(Version {
+        id: r.get(0)?,
+        path: r.get(1)?,
+        lineage: r.get(2)?,
+        ts: r.get(3)?,
+        kind: if r.get::<_, i64>(4)? == 1 {
+            Kind::Undo
+        } else {
+            Kind::Whole
+        },
+        size: r.get::<_, i64>(5)? as u64,
+        stored: r.get::<_, i64>(6)? as u64,
+        uid: r.get(7)?,
+        gid: r.get(8)?,
+        mode: r.get(9)?,
+        reason: r.get(10)?,
+        terminal: r.get::<_, i64>(11)? != 0,
+        pieces: pieces
+            .and_then(|b| postcard::from_bytes(&b).ok())
+            .unwrap_or_default(),
+    })
+}
+
+/// `path` relative to the root, for `*at` calls.
+fn rel(path: &[u8]) -> &OsStr {
+    let p = path.strip_prefix(b"/").unwrap_or(path);
+    OsStr::from_bytes(if p.is_empty() { b"." } else { p })
+}
+
+fn object_name(id: i64) -> String {
+    id.to_string()
+}
+
+impl Store {
+    /// Opens (and with `create`, makes) the store of the backing directory
+    /// whose root fd is `root`.
+    pub fn open(root: BorrowedFd<'_>, create: bool) -> Result<Store> {
+        let root = rustix::io::fcntl_dupfd_cloexec(root, 3)?;
+        if create {
+            match rustix::fs::mkdirat(&root, STORE_DIR, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(Error::from(e).context("cannot make the version store")),
+            }
+        }
+        let dir = openat2_beneath(
+            root.as_fd(),
+            OsStr::new(STORE_DIR),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::from(e).context(format!("no version store ({STORE_DIR})")))?;
+        if create {
+            match rustix::fs::mkdirat(&dir, "objects", Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let objects = openat2_beneath(
+            dir.as_fd(),
+            OsStr::new("objects"),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let db_path = PathBuf::from(format!("/proc/self/fd/{}/index.sqlite", dir.as_raw_fd()));
+        let mut flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        if create {
+            flags |= rusqlite::OpenFlags::SQLITE_OPEN_CREATE;
+        }
+        let conn = Connection::open_with_flags(&db_path, flags).map_err(sql)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(sql)?;
+        conn.execute_batch(SCHEMA).map_err(sql)?;
+        Ok(Store {
+            root,
+            dir,
+            objects,
+            db: Mutex::new(conn),
+            stored_total: Mutex::new(None),
+        })
+    }
+
+    /// The backing root.
+    pub fn root_fd(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
+    }
+
+    /// The store directory (for anonymous temporary files on the same file
+    /// system).
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
+    }
+
+    /// Records the mount's retention policy, for `prune` without flags.
+    pub fn save_policy(&self, p: &Policy) -> Result<()> {
+        let db = self.db.lock();
+        let put = |k: &str, v: Option<String>| -> Result<()> {
+            match v {
+                Some(v) => db.execute(
+                    "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)",
+                    params![k, v],
+                ),
+                None => db.execute("DELETE FROM meta WHERE key = ?1", params![k]),
+            }
+            .map(|_| ())
+            .map_err(sql)
+        };
+        put("keep", p.keep.map(|v| v.to_string()))?;
+        put("keep_days", p.keep_days.map(|v| v.to_string()))?;
+        put("keep_bytes", p.keep_bytes.map(|v| v.to_string()))?;
+        put("policy", Some("1".into()))
+    }
+
+    /// The policy the last mount recorded (the default if none did).
+    pub fn load_policy(&self) -> Result<Policy> {
+        let db = self.db.lock();
+        let get = |k: &str| -> Result<Option<String>> {
+            db.query_row("SELECT value FROM meta WHERE key = ?1", params![k], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql)
+        };
+        if get("policy")?.is_none() {
+            return Ok(Policy::default());
+        }
+        Ok(Policy {
+            keep: get("keep")?.and_then(|v| v.parse().ok()),
+            keep_days: get("keep_days")?.and_then(|v| v.parse().ok()),
+            keep_bytes: get("keep_bytes")?.and_then(|v| v.parse().ok()),
+        })
+    }
+
+    /// Adds a row for a new version of `path` inside `tx` and returns its
+    /// id. The lineage continues the path's last one unless that ended.
+    fn insert(
+        tx: &rusqlite::Transaction<'_>,
+        path: &[u8],
+        kind: Kind,
+        meta: &FileMeta,
+        reason: &str,
+    ) -> rusqlite::Result<i64> {
+        let last: Option<(i64, i64, i64)> = tx
+            .prepare_cached(
+                "SELECT lineage, terminal, ts FROM versions WHERE path = ?1 ORDER BY ts DESC LIMIT 1",
+            )?
+            .query_row(params![path], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()?;
+        let lineage = match last {
+            Some((l, 0, _)) => l,
+            _ => tx
+                .prepare_cached("SELECT coalesce(max(lineage), 0) + 1 FROM versions")?
+                .query_row([], |r| r.get(0))?,
+        };
+        let ts = stamp::now_us().max(last.map_or(0, |l| l.2 + 1));
+        tx.prepare_cached(
+            "INSERT INTO versions(path, lineage, ts, kind, size, stored, uid, gid, mode, reason, terminal)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, 0)",
+        )?
+        .execute(params![
+            path,
+            lineage,
+            ts,
+            (kind == Kind::Undo) as i64,
+            meta.size as i64,
+            meta.uid,
+            meta.gid,
+            meta.mode,
+            reason
+        ])?;
+        Ok(tx.last_insert_rowid())
+    }
+
+    /// Makes a version in one transaction: its row, then its object by
+    /// `fill(id)`, which answers the bytes it adds to the store and whether
+    /// the file's life ended, or `None` to make no version after all.
+    fn make_version<T>(
+        &self,
+        path: &[u8],
+        kind: Kind,
+        meta: &FileMeta,
+        reason: &str,
+        fill: impl FnOnce(i64) -> Result<Option<(u64, bool, T)>>,
+    ) -> Result<Option<(i64, T)>> {
+        let mut db = self.db.lock();
+        let tx = db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        let id = Self::insert(&tx, path, kind, meta, reason).map_err(sql)?;
+        let remove = || {
+            let _ = rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty());
+        };
+        match fill(id) {
+            Ok(Some((stored, terminal, t))) => {
+                let done = tx
+                    .prepare_cached("UPDATE versions SET stored = ?2, terminal = ?3 WHERE id = ?1")
+                    .and_then(|mut st| st.execute(params![id, stored as i64, terminal as i64]))
+                    .and_then(|_| tx.commit());
+                if let Err(e) = done {
+                    remove();
+                    return Err(sql(e));
+                }
+                drop(db);
+                self.count_stored(stored as i64);
+                Ok(Some((id, t)))
+            }
+            Ok(None) => {
+                remove();
+                Ok(None)
+            }
+            Err(e) => {
+                remove();
+                Err(e)
+            }
+        }
+    }
+
+    fn create_object(&self, id: i64) -> Result<File> {
+        let fd = rustix::fs::openat(
+            &self.objects,
+            object_name(id),
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// Opens the object of version `id` for reading.
+    pub fn open_object(&self, id: i64) -> Result<File> {
+        let fd = openat2_beneath(
+            self.objects.as_fd(),
+            OsStr::new(&object_name(id)),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// A whole version of `path` from `src` (readable): a reflink, or a copy
+    /// if `copy_allowed`. `None` (and nothing kept) when neither applies.
+    pub fn add_whole(
+        &self,
+        path: &[u8],
+        src: &File,
+        meta: &FileMeta,
+        reason: &str,
+        copy_allowed: bool,
+    ) -> Result<Option<i64>> {
+        let made = self.make_version(path, Kind::Whole, meta, reason, |id| {
+            let obj = self.create_object(id)?;
+            let made = clone::clone_or_copy(src, &obj, meta.size, copy_allowed)?;
+            Ok(made.map(|shared| (if shared { 0 } else { meta.size }, false, ())))
+        })?;
+        Ok(made.map(|(id, ())| id))
+    }
+
+    /// A whole version of `path` that is the file's own inode: `dir`/`name`
+    /// (a backing name of it) is hard-linked into the store, costing
+    /// nothing. The caller then removes or replaces the name; `ends_life`
+    /// when no file takes its place (its lineage ends).
+    pub fn add_linked(
+        &self,
+        path: &[u8],
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        meta: &FileMeta,
+        reason: &str,
+        ends_life: bool,
+    ) -> Result<i64> {
+        let made = self.make_version(path, Kind::Whole, meta, reason, |id| {
+            rustix::fs::linkat(dir, name, &self.objects, object_name(id), AtFlags::empty())?;
+            Ok(Some((meta.size, ends_life, ())))
+        })?;
+        Ok(made.expect("always made").0)
+    }
+
+    /// An undo version of `path` (empty so far) and its object.
+    pub fn add_undo(&self, path: &[u8], meta: &FileMeta) -> Result<(i64, File)> {
+        let made = self.make_version(path, Kind::Undo, meta, "write", |id| {
+            Ok(Some((0, false, self.create_object(id)?)))
+        })?;
+        Ok(made.expect("always made"))
+    }
+
+    /// Records where an undo version's bytes go.
+    pub fn set_pieces(&self, id: i64, pieces: &[Piece], stored: u64, added: u64) -> Result<()> {
+        self.count_stored(added as i64);
+        let blob = postcard::to_allocvec(pieces).map_err(|_| Error::io())?;
+        self.db
+            .lock()
+            .prepare_cached("UPDATE versions SET pieces = ?2, stored = ?3 WHERE id = ?1")
+            .and_then(|mut st| st.execute(params![id, blob, stored as i64]))
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    /// Every version, oldest first; only those of `path` (and, with
+    /// `under`, of the paths beneath it) when given.
+    pub fn list(&self, path: Option<&[u8]>, under: bool) -> Result<Vec<Version>> {
+        let db = self.db.lock();
+        let mut out = Vec::new();
+        let mut push = |r: &rusqlite::Row<'_>| -> rusqlite::Result<()> {
+            out.push(row_version(r)?);
+            Ok(())
+        };
+        match path {
+            None => {
+                let mut st = db
+                    .prepare_cached(&format!("SELECT {COLUMNS} FROM versions ORDER BY ts, id"))
+                    .map_err(sql)?;
+                let mut rows = st.query([]).map_err(sql)?;
+                while let Some(r) = rows.next().map_err(sql)? {
+                    push(r).map_err(sql)?;
+                }
+            }
+            Some(p) => {
+                let mut prefix = p.to_vec();
+                if !prefix.ends_with(b"/") {
+                    prefix.push(b'/');
+                }
+                let mut st = db
+                    .prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM versions WHERE path = ?1
+                         OR (?2 AND substr(path, 1, ?3) = ?4) ORDER BY ts, id"
+                    ))
+                    .map_err(sql)?;
+                let mut rows = st
+                    .query(params![p, under, prefix.len() as i64, prefix])
+                    .map_err(sql)?;
+                while let Some(r) = rows.next().map_err(sql)? {
+                    push(r).map_err(sql)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The version of `path` taken at `ts`.
+    pub fn find(&self, path: &[u8], ts: i64) -> Result<Option<Version>> {
+        self.db
+            .lock()
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM versions WHERE path = ?1 AND ts = ?2"),
+                params![path, ts],
+                row_version,
+            )
+            .optional()
+            .map_err(sql)
+    }
+
+    /// The version with id `id`.
+    pub fn get(&self, id: i64) -> Result<Option<Version>> {
+        self.db
+            .lock()
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM versions WHERE id = ?1"),
+                params![id],
+                row_version,
+            )
+            .optional()
+            .map_err(sql)
+    }
+
+    /// Removes versions and their objects.
+    pub fn delete_ids(&self, ids: &[i64]) -> Result<()> {
+        let mut db = self.db.lock();
+        let tx = db.transaction().map_err(sql)?;
+        let mut freed = 0i64;
+        for id in ids {
+            freed += tx
+                .prepare_cached("SELECT stored FROM versions WHERE id = ?1")
+                .and_then(|mut st| st.query_row(params![id], |r| r.get::<_, i64>(0)).optional())
+                .map_err(sql)?
+                .unwrap_or(0);
+            tx.prepare_cached("DELETE FROM versions WHERE id = ?1")
+                .and_then(|mut st| st.execute(params![id]))
+                .map_err(sql)?;
+        }
+        tx.commit().map_err(sql)?;
+        drop(db);
+        self.count_stored(-freed);
+        for id in ids {
+            match rustix::fs::unlinkat(&self.objects, object_name(*id), AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// History follows a rename: versions of `from` (or beneath it, for a
+    /// directory) become versions of `to`. With `exchange`, those of `to`
+    /// move to `from` at the same time.
+    pub fn rename(&self, from: &[u8], to: &[u8], exchange: bool) -> Result<()> {
+        let moves = |a: &[u8], b: &[u8]| -> Result<Vec<(i64, Vec<u8>)>> {
+            Ok(self
+                .list(Some(a), true)?
+                .into_iter()
+                .map(|v| {
+                    let mut p = b.to_vec();
+                    p.extend_from_slice(&v.path[a.len()..]);
+                    (v.id, p)
+                })
+                .collect())
+        };
+        let mut all = moves(from, to)?;
+        if exchange {
+            all.extend(moves(to, from)?);
+        }
+        if all.is_empty() {
+            return Ok(());
+        }
+        let mut db = self.db.lock();
+        let tx = db.transaction().map_err(sql)?;
+        for (id, p) in all {
+            tx.execute(
+                "UPDATE versions SET path = ?2 WHERE id = ?1",
+                params![id, p],
+            )
+            .map_err(sql)?;
+        }
+        tx.commit().map_err(sql)
+    }
+
+    /// Retention after a version of `path` was made: the count limit on
+    /// `path` alone, and the whole store only when the age or byte limit is
+    /// exceeded (so making a version costs no scan of every version).
+    pub fn prune_after(&self, path: &[u8], policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
+        let (old, bytes): (i64, i64) = {
+            let db = self.db.lock();
+            let old = match policy.keep_days {
+                Some(d) => db
+                    .prepare_cached("SELECT EXISTS(SELECT 1 FROM versions WHERE ts < ?1)")
+                    .and_then(|mut st| {
+                        st.query_row(params![stamp::now_us() - (d * 86_400e6) as i64], |r| {
+                            r.get(0)
+                        })
+                    })
+                    .map_err(sql)?,
+                None => 0,
+            };
+            let mut total = self.stored_total.lock();
+            let bytes = match (policy.keep_bytes, *total) {
+                (None, _) => 0,
+                (Some(_), Some(t)) => t,
+                // Summing is a scan: once, then kept up to date.
+                (Some(_), None) => {
+                    let t = db
+                        .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
+                        .and_then(|mut st| st.query_row([], |r| r.get(0)))
+                        .map_err(sql)?;
+                    *total = Some(t);
+                    t
+                }
+            };
+            (old, bytes)
+        };
+        if old > 0 || policy.keep_bytes.is_some_and(|b| bytes as u64 > b) {
+            return self.prune(policy, protect);
+        }
+        let Some(keep) = policy.keep else {
+            return Ok(Vec::new());
+        };
+        let count: i64 = self
+            .db
+            .lock()
+            .prepare_cached("SELECT count(*) FROM versions WHERE path = ?1")
+            .and_then(|mut st| st.query_row(params![path], |r| r.get(0)))
+            .map_err(sql)?;
+        if count as u64 <= keep {
+            return Ok(Vec::new());
+        }
+        let count_only = Policy {
+            keep: Some(keep),
+            keep_days: None,
+            keep_bytes: None,
+        };
+        self.prune_among(self.list(Some(path), false)?, &count_only, protect)
+    }
+
+    /// Applies retention; returns the ids dropped.
+    pub fn prune(&self, policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
+        let all = self.list(None, false)?;
+        let dropped = self.prune_among(all, policy, protect)?;
+        // Other processes (the CLI, another mount) change the store too.
+        *self.stored_total.lock() = None;
+        Ok(dropped)
+    }
+
+    /// Keeps the cached total of bytes kept up to date.
+    fn count_stored(&self, delta: i64) {
+        if let Some(t) = self.stored_total.lock().as_mut() {
+            *t += delta;
+        }
+    }
+
+    fn prune_among(&self, all: Vec<Version>, policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
+        let entries: Vec<retention::Entry<'_>> = all
+            .iter()
+            .map(|v| retention::Entry {
+                id: v.id,
+                path: &v.path,
+                lineage: v.lineage,
+                ts: v.ts,
+                undo: v.kind == Kind::Undo,
+                stored: v.stored,
+            })
+            .collect();
+        let drop = retention::choose(&entries, policy, stamp::now_us(), protect);
+        if !drop.is_empty() {
+            self.delete_ids(&drop)?;
+        }
+        Ok(drop)
+    }
+
+    /// Totals of the store.
+    pub fn totals(&self) -> Result<Totals> {
+        let all = self.list(None, false)?;
+        let mut t = Totals {
+            versions: all.len() as u64,
+            ..Totals::default()
+        };
+        let mut paths: Vec<&[u8]> = all.iter().map(|v| &v.path[..]).collect();
+        paths.sort();
+        paths.dedup();
+        t.paths = paths.len() as u64;
+        for v in &all {
+            match v.kind {
+                Kind::Whole => t.whole += 1,
+                Kind::Undo => t.undo += 1,
+            }
+            t.logical_bytes += v.size;
+            t.stored_bytes += v.stored;
+            if let Ok(st) =
+                rustix::fs::statat(&self.objects, object_name(v.id), AtFlags::SYMLINK_NOFOLLOW)
+            {
+                t.allocated_bytes += st.st_blocks as u64 * 512;
+            }
+        }
+        Ok(t)
+    }
+
+    /// Opens the current backing file at `path` for reading, as the daemon.
+    pub fn open_current(&self, path: &[u8]) -> Result<File> {
+        let fd = openat2_beneath(
+            self.root.as_fd(),
+            rel(path),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// The bytes of version `v`: its object when whole; otherwise an
+    /// anonymous file in the store rebuilt from its base (the next whole
+    /// version of its lineage, or the current file) and the undo versions
+    /// between, newest first.
+    pub fn contents(&self, v: &Version) -> Result<File> {
+        if v.kind == Kind::Whole {
+            return self.open_object(v.id);
+        }
+        let newer: Vec<Version> = {
+            let db = self.db.lock();
+            let mut st = db
+                .prepare(&format!(
+                    "SELECT {COLUMNS} FROM versions WHERE lineage = ?1 AND ts > ?2 ORDER BY ts"
+                ))
+                .map_err(sql)?;
+            let rows = st
+                .query_map(params![v.lineage, v.ts], row_version)
+                .map_err(sql)?;
+            rows.collect::<rusqlite::Result<_>>().map_err(sql)?
+        };
+        let mut chain = vec![v.clone()];
+        let mut base = None;
+        for n in newer {
+            if n.kind == Kind::Whole {
+                base = Some(self.open_object(n.id)?);
+                break;
+            }
+            chain.push(n);
+        }
+        let base = match base {
+            Some(b) => b,
+            None => self.open_current(&v.path)?,
+        };
+        let out = File::from(rustix::fs::openat(
+            &self.dir,
+            ".",
+            OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?);
+        let base_len = base.metadata()?.len();
+        clone::clone_or_copy(&base, &out, base_len, true)?;
+        for u in chain.iter().rev() {
+            out.set_len(u.size)?;
+            let obj = self.open_object(u.id)?;
+            for p in &u.pieces {
+                clone::copy_range(&obj, p.at, &out, p.logical, p.len)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads all of version `v` into memory (for tests and small files).
+    pub fn read_all(&self, v: &Version) -> Result<Vec<u8>> {
+        let f = self.contents(v)?;
+        let mut buf = vec![0u8; v.size as usize];
+        f.read_exact_at(&mut buf, 0)?;
+        Ok(buf)
+    }
+}

@@ -367,3 +367,13 @@ fn a_daemon_that_cannot_start_ends_in_eio_and_umount_works() {
     }
     drop(s.umount());
 }
+
+#[test]
+fn pack_survives_kills() {
+    storm("pack", DataMode::Auto, &["-o", "threshold=4096"], false);
+}
+
+#[test]
+fn versions_survives_kills() {
+    storm("versions", DataMode::Auto, &[], false);
+}

@@ -521,7 +521,8 @@ fn hand_back_lent(why: &str) {
 }
 
 /// The environment for an `exec`: `envp` with [`table::HANDOFF_ENV`] set to
-/// the adopted descriptors (or removed when there are none). It owns the
+/// the adopted descriptors and [`crate::mounts::CONNS_ENV`] to the control
+/// connections (each removed when there are none). It owns the
 /// strings `ptrs` points into; dropped (the `exec` failed and returned), it
 /// makes the kept opens readied for the new image close-on-exec again.
 struct Handoff {
@@ -543,11 +544,17 @@ impl Drop for Handoff {
 /// # Safety
 /// `envp` is null or a null-terminated array of C strings.
 unsafe fn handoff_env(envp: *const *const c_char) -> Handoff {
-    let (spec, kept) = match Guard::enter() {
-        Some(_g) => sys::keep_errno(table::export_adopted),
-        None => (String::new(), Vec::new()),
+    let (spec, mut kept, conns) = match Guard::enter() {
+        Some(_g) => sys::keep_errno(|| {
+            let (spec, kept) = table::export_adopted();
+            (spec, kept, crate::mounts::export_connections())
+        }),
+        None => (String::new(), Vec::new(), (String::new(), Vec::new())),
     };
+    let (conns, handed) = conns;
+    kept.extend(handed);
     let prefix = format!("{}=", table::HANDOFF_ENV);
+    let conns_prefix = format!("{}=", crate::mounts::CONNS_ENV);
     let mut owned = Vec::new();
     let mut ptrs: Vec<*const c_char> = Vec::new();
     if !envp.is_null() {
@@ -560,15 +567,18 @@ unsafe fn handoff_env(envp: *const *const c_char) -> Handoff {
             }
             // SAFETY: a C string of the environment.
             let entry = unsafe { std::ffi::CStr::from_ptr(p) };
-            if !entry.to_bytes().starts_with(prefix.as_bytes()) {
+            let e = entry.to_bytes();
+            if !e.starts_with(prefix.as_bytes()) && !e.starts_with(conns_prefix.as_bytes()) {
                 ptrs.push(p);
             }
             i += 1;
         }
     }
-    if !spec.is_empty() {
-        if let Ok(c) = std::ffi::CString::new(format!("{prefix}{spec}")) {
-            owned.push(c);
+    for (prefix, spec) in [(prefix, spec), (conns_prefix, conns)] {
+        if !spec.is_empty() {
+            if let Ok(c) = std::ffi::CString::new(format!("{prefix}{spec}")) {
+                owned.push(c);
+            }
         }
     }
     ptrs.extend(owned.iter().map(|c| c.as_ptr()));

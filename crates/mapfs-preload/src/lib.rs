@@ -15,6 +15,7 @@
 //!   talks to no daemon (that happens at the first hook that needs it).
 //!
 //! Environment: `MAPFS_MOUNTS` (mountpoints to attach to, `:`-separated;
+//! `MAPFS_MOUNT_DEVS` names their device numbers, see [`mounts`];
 //! default all mapfs mounts), `MAPFS_PRELOAD_REPORT=<path>` (append a JSON
 //! summary line per process at exit, see [`report`]), `MAPFS_PRELOAD_LOG=1`
 //! (diagnostics on stderr), `MAPFS_PRELOAD_MAP_CACHE=<n>` (map cache
@@ -124,6 +125,11 @@ extern "C" fn init() {
     }
     // Descriptors adopted by the image this one replaced (exec). Only then
     // does the constructor read a file (the mount table, in /proc).
+    if let Some(spec) = std::env::var_os(mounts::CONNS_ENV) {
+        if !spec.is_empty() {
+            mounts::import_connections(&spec.to_string_lossy());
+        }
+    }
     if let Some(spec) = std::env::var_os(table::HANDOFF_ENV) {
         if !spec.is_empty() {
             table::import_adopted(&spec.to_string_lossy());

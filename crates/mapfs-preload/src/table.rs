@@ -47,6 +47,7 @@
 //! ([`mcache`]), then a mount's connection lock.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -172,7 +173,10 @@ pub enum Status {
     Mount(String),
 }
 
-type Table = HashMap<RawFd, Arc<Entry>>;
+/// Keyed by descriptor numbers, which no one can choose to collide: a
+/// fixed hasher, so the first table costs no `getrandom` (std's default
+/// seeds each map from the kernel).
+type Table = HashMap<RawFd, Arc<Entry>, BuildHasherDefault<DefaultHasher>>;
 
 static TABLE: RwLock<Option<Table>> = RwLock::new(None);
 
@@ -205,7 +209,10 @@ fn get(fd: RawFd) -> Option<Arc<Entry>> {
 }
 
 fn insert(fd: RawFd, e: Arc<Entry>) {
-    TABLE.write().get_or_insert_with(HashMap::new).insert(fd, e);
+    TABLE
+        .write()
+        .get_or_insert_with(Table::default)
+        .insert(fd, e);
 }
 
 fn remove(fd: RawFd) -> Option<Arc<Entry>> {
@@ -1006,6 +1013,7 @@ pub fn lock_for_fork() {
     mcache::lock_for_fork();
     for m in mounts::loaded() {
         std::mem::forget(m.conn.lock());
+        std::mem::forget(m.generations.lock());
     }
 }
 
@@ -1014,7 +1022,10 @@ pub fn unlock_after_fork() {
     for m in mounts::loaded() {
         // SAFETY: locked by `lock_for_fork` in this thread (in the child, by
         // the thread that forked, which is this one).
-        unsafe { m.conn.force_unlock() };
+        unsafe {
+            m.generations.force_unlock();
+            m.conn.force_unlock();
+        }
     }
     mcache::unlock_after_fork();
     // SAFETY: as above: the table is write-locked by `lock_for_fork`, so it

@@ -246,3 +246,65 @@ fn exec_keeps_connection_passthrough() {
 fn exec_keeps_connection_plfs() {
     exec_keeps_connection("plfs");
 }
+
+/// The process adopts `a` (connecting), lets the daemon close its idle
+/// connection, then adopts `b` while the control socket is missing, as
+/// while a supervisor replaces the daemon; a thread puts the socket back
+/// after `AWAY` seconds.
+const SOCKET_AWAY: &str = r#"
+import os, sys, threading, time
+mnt, sock, away = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with open(os.path.join(mnt, "a"), "rb") as f:
+    f.read()
+time.sleep(2.5)  # the daemon closes connections idle for 1 s (it sweeps each second)
+os.rename(sock, sock + ".away")
+def back():
+    time.sleep(away)
+    os.rename(sock + ".away", sock)
+t = threading.Thread(target=back)
+t.start()
+with open(os.path.join(mnt, "b"), "rb") as f:
+    got = f.read()
+t.join()
+assert got == bytes((i * 13 + 5) % 256 for i in range(50000)), "other bytes"
+print("ok")
+"#;
+
+/// A process whose connection ended finds the control socket missing (a
+/// daemon being replaced): it keeps trying, and adopts once the socket is
+/// back, instead of leaving the file on the mount.
+#[test]
+fn the_client_waits_for_the_control_socket_to_come_back() {
+    let test = "the client reconnects when the control socket comes back";
+    if !fuse_or_skip(test) || !python_or_skip(test) {
+        return;
+    }
+    let s = mapfs_testkit::MountSession::builder(common::mapfs_bin())
+        .data(DataMode::Auto)
+        .env("MAPFS_CONTROL_IDLE_SECS", "1")
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    std::fs::write(s.mountpoint().join("a"), pattern(10_000, 3)).unwrap();
+    let b: Vec<u8> = (0..50_000u32).map(|i| ((i * 13 + 5) % 256) as u8).collect();
+    std::fs::write(s.mountpoint().join("b"), &b).unwrap();
+    let script = tempfile::Builder::new()
+        .prefix("mapfs-away.")
+        .suffix(".py")
+        .tempfile()
+        .unwrap();
+    std::fs::write(script.path(), SOCKET_AWAY).unwrap();
+    let report = report_path(&s, "away");
+    let sock = control::socket_path(s.mountpoint());
+    let out = ok(attached(&s, &report, "python3")
+        .arg(script.path())
+        .arg(s.mountpoint())
+        .arg(&sock)
+        .arg("0.7"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok", "{test}");
+    let t = totals(&report, "python3");
+    assert_eq!(
+        (t.adopted, t.fallbacks),
+        (2, 0),
+        "{test}: the file opened while the socket was away was not adopted: {t:?}"
+    );
+}

@@ -319,12 +319,22 @@ impl Mount {
         prove_on: Option<BorrowedFd<'_>>,
         req: impl Fn(Option<Proof>) -> Request,
     ) -> io::Result<(Response, Vec<OwnedFd>)> {
+        self.retrying(|conn| self.exchange_once(conn, prove_on, &req))
+    }
+
+    /// Runs `attempt` on this process's connection, again and again while
+    /// the daemon is away (see [`Mount::call_proven`]); a failed attempt
+    /// drops the connection.
+    fn retrying<T>(
+        &self,
+        mut attempt: impl FnMut(&mut Option<Conn>) -> io::Result<T>,
+    ) -> io::Result<T> {
         let mut deadline: Option<Instant> = None;
         let mut backoff = Duration::from_millis(5);
         loop {
             let err = {
                 let mut conn = self.conn.lock();
-                match self.exchange_once(&mut conn, prove_on, &req) {
+                match attempt(&mut conn) {
                     Ok(r) => return Ok(r),
                     Err(e) => {
                         *conn = None;
@@ -386,9 +396,10 @@ impl Mount {
         res
     }
 
-    /// Connects this process to the daemon unless it is connected already.
+    /// Connects this process to the daemon unless it is connected already
+    /// (waiting for a daemon being replaced, as [`Mount::call_proven`]).
     pub fn connect(&self) -> io::Result<()> {
-        self.connected(&mut self.conn.lock())
+        self.retrying(|conn| self.connected(conn))
     }
 
     fn connected(&self, conn: &mut Option<Conn>) -> io::Result<()> {

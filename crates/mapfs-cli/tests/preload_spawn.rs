@@ -308,3 +308,46 @@ fn the_client_waits_for_the_control_socket_to_come_back() {
         "{test}: the file opened while the socket was away was not adopted: {t:?}"
     );
 }
+
+/// A `vfork` child (the shim keeps `vfork` a real one, for speed) changes
+/// nothing in its parent's tables while it rearranges its descriptors, and
+/// its `exec` still hands the adopted ones on
+/// (`preload_support/vfork_child.c`, compiled by the test).
+#[test]
+fn a_vfork_child_leaves_the_parents_tables_alone() {
+    let test = "a vfork child leaves the parent's tables alone";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    if !std::process::Command::new("cc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("SKIPPED {test}: no C compiler (scripts/deps.sh installs gcc)");
+        return;
+    }
+    let s = mount_fs(test, "passthrough");
+    std::fs::write(s.mountpoint().join("a"), pattern(4096, 9)).unwrap();
+    std::fs::write(s.mountpoint().join("b"), pattern(4096, 11)).unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/preload_support/vfork_child.c");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("vfork_child");
+    ok(std::process::Command::new("cc")
+        .arg("-O1")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-ldl"));
+    let report = report_path(&s, "vfork");
+    let out = ok(attached(&s, &report, &exe)
+        .arg(s.mountpoint().join("a"))
+        .arg(s.mountpoint().join("b")));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok", "{test}");
+    let cat = totals(&report, "cat");
+    assert!(
+        cat.processes == 1 && cat.native_calls > 0 && cat.fallbacks == 0,
+        "{test}: cat did not get the adopted descriptor handed over: {cat:?}"
+    );
+}

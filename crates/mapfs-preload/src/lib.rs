@@ -90,11 +90,12 @@ thread_local! {
 pub struct Guard(());
 
 impl Guard {
-    /// Enters the shim on this thread; `None` if it is already inside, or the
-    /// library is not initialised yet.
+    /// Enters the shim on this thread; `None` if it is already inside, the
+    /// library is not initialised yet, or this is a `vfork` child (see
+    /// [`in_vfork_child`]).
     #[inline]
     pub fn enter() -> Option<Guard> {
-        if !READY.load(Ordering::Acquire) {
+        if !READY.load(Ordering::Acquire) || in_vfork_child() {
             return None;
         }
         IN_SHIM.with(|g| {
@@ -112,6 +113,38 @@ impl Drop for Guard {
     fn drop(&mut self) {
         IN_SHIM.with(|g| g.set(false));
     }
+}
+
+/// The pid of a process that called `vfork` and whose child has not
+/// `exec`ed yet (0: none). A `vfork` child runs in its parent's memory, so
+/// it must not touch the shim's tables: every hook is plain libc there (its
+/// `close`s and `dup2`s are its own, on its own descriptor table), except
+/// that `exec` still hands adopted descriptors on, reading the tables.
+static VFORK_PARENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// True in a `vfork` child before its `exec` (one relaxed load otherwise).
+#[inline]
+pub fn in_vfork_child() -> bool {
+    let parent = VFORK_PARENT.load(Ordering::Relaxed);
+    parent != 0 && sys::getpid() != parent
+}
+
+/// Called by the `vfork` hook in the parent, before the real `vfork`.
+pub(crate) fn vfork_starting() {
+    VFORK_PARENT.store(sys::getpid(), Ordering::Relaxed);
+}
+
+/// The `vfork` child is about to `exec` (`done`), or its `exec` failed
+/// (`!done`): the parent's tables are the parent's again, or still not the
+/// child's. (Two threads of one process in `vfork` at once share this
+/// flag: the first child to `exec` ends it for both, a documented limit.)
+pub(crate) fn vfork_child_exec(done: bool, parent: u32) {
+    VFORK_PARENT.store(if done { 0 } else { parent }, Ordering::Relaxed);
+}
+
+/// The parent recorded by [`vfork_starting`] (0: none).
+pub(crate) fn vfork_parent() -> u32 {
+    VFORK_PARENT.load(Ordering::Relaxed)
 }
 
 extern "C" fn init() {
@@ -190,6 +223,9 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    // A forked child is a process of its own, even one forked by a vfork
+    // child.
+    VFORK_PARENT.store(0, Ordering::Relaxed);
     fork_done();
 }
 

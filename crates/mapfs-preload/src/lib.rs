@@ -12,11 +12,18 @@
 //!   straight to libc, and errno is saved and restored around the shim's own
 //!   work. The shim's system calls go through rustix's raw syscalls.
 //! - Nothing runs before the constructor; the constructor opens no file and
-//!   talks to no daemon (that happens at the first hook that needs it).
+//!   talks to no daemon (that happens at the first adoption). A process
+//!   that never adopts a file never contacts the daemon; what the shim
+//!   costs such a process is measured in `docs/shim-cost.md`.
+//! - A `vfork` child runs in its parent's memory: until it `exec`s, every
+//!   hook is plain libc there ([`in_vfork_child`]).
 //!
 //! Environment: `MAPFS_MOUNTS` (mountpoints to attach to, `:`-separated;
-//! `MAPFS_MOUNT_DEVS` names their device numbers, see [`mounts`];
-//! default all mapfs mounts), `MAPFS_PRELOAD_REPORT=<path>` (append a JSON
+//! default all mapfs mounts; `MAPFS_MOUNT_DEVS` names their device
+//! numbers, see [`mounts`]), `MAPFS_PRELOAD_CONNS` and
+//! `MAPFS_PRELOAD_ADOPTED` (set by the shim for the next image at `exec`:
+//! control connections, [`mounts::CONNS_ENV`], and adopted descriptors,
+//! [`table::HANDOFF_ENV`]), `MAPFS_PRELOAD_REPORT=<path>` (append a JSON
 //! summary line per process at exit, see [`report`]), `MAPFS_PRELOAD_LOG=1`
 //! (diagnostics on stderr), `MAPFS_PRELOAD_MAP_CACHE=<n>` (map cache
 //! capacity, see [`mcache`]), `MAPFS_RUNTIME_DIR` (where control sockets

@@ -287,7 +287,8 @@ fn classify(fd: RawFd) -> u8 {
 /// 1.8 ms), and from between 64 and 256 cached reads (1.4 vs 1.7 ms at
 /// 256); on a kernel-passthrough mount it paid at none of 4 to 256 reads or
 /// writes (passthrough costs a few hundred ns per call), only over long
-/// runs (the benchmark's preload rows).
+/// runs (the benchmark's preload rows). Per executor, with plfs, in
+/// `docs/shim-cost.md`.
 pub struct Policy {
     calls: u32,
     bytes: usize,

@@ -182,6 +182,9 @@ extern "C" fn fini() {
     let Some(_g) = Guard::enter() else {
         return;
     };
+    // A daemon being replaced is not waited for at exit (the new one would
+    // not know this process's handles anyway).
+    mounts::exiting();
     // Buffered stdio output reaches the files before the daemon is told they
     // changed (exit() flushes streams only after destructors run).
     // SAFETY: fflush(NULL) flushes every open output stream.

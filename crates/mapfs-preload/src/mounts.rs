@@ -257,6 +257,14 @@ fn trim(p: &std::path::Path) -> PathBuf {
 /// is missing or refuses for up to about a second then).
 pub const RECONNECT_FOR: Duration = Duration::from_secs(10);
 
+/// Set when the process exits: its last messages are not worth a wait.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// The process is exiting (see [`EXITING`]).
+pub fn exiting() {
+    EXITING.store(true, Ordering::Relaxed);
+}
+
 /// Longest pause between two attempts to reach a replaced daemon.
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
 
@@ -265,7 +273,9 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 fn lost(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::ECONNRESET | libc::EPIPE | libc::ENOTCONN | libc::ENOENT | libc::ECONNREFUSED)
+        // Not ENOTCONN: that is what a dead mount answers the proof's
+        // ioctl with, and no supervisor brings that back.
+        Some(libc::ECONNRESET | libc::EPIPE | libc::ENOENT | libc::ECONNREFUSED)
     )
 }
 
@@ -342,7 +352,10 @@ impl Mount {
                     }
                 }
             };
-            if !lost(&err) || !self.reached.load(Ordering::Relaxed) {
+            if !lost(&err)
+                || !self.reached.load(Ordering::Relaxed)
+                || EXITING.load(Ordering::Relaxed)
+            {
                 return Err(err);
             }
             let now = Instant::now();

@@ -611,6 +611,7 @@ fn vfork_exec(exec: impl FnOnce() -> c_int) -> c_int {
 }
 
 /// The real `vfork`, found at the first call.
+#[cfg(target_arch = "x86_64")]
 static REAL_VFORK: Real = Real::new(c"vfork");
 
 /// Called by the `vfork` entry point in the parent before the real `vfork`:
@@ -618,6 +619,7 @@ static REAL_VFORK: Real = Real::new(c"vfork");
 /// pending ones pinned to it, see [`table::pin_all_pending`]), then the
 /// children's hooks are made plain libc ([`crate::in_vfork_child`]).
 /// Returns the real `vfork`'s address.
+#[cfg(target_arch = "x86_64")]
 extern "C" fn vfork_prepare() -> *mut c_void {
     if let Some(_g) = Guard::enter() {
         sys::keep_errno(|| {

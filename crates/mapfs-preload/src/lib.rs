@@ -137,6 +137,7 @@ pub fn in_vfork_child() -> bool {
 }
 
 /// Called by the `vfork` hook in the parent, before the real `vfork`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn vfork_starting() {
     VFORK_PARENT.store(sys::getpid(), Ordering::Relaxed);
 }

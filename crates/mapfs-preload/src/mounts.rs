@@ -426,7 +426,12 @@ impl Mount {
         if conn.is_some() {
             return Ok(());
         }
-        let (c, writeback, table) = match take_inherited(self.dev).and_then(resume) {
+        let inherited = take_inherited(self.dev);
+        if inherited.is_some() {
+            // The previous image reached the daemon: worth waiting for.
+            self.reached.store(true, Ordering::Relaxed);
+        }
+        let (c, writeback, table) = match inherited.and_then(resume) {
             Some(resumed) => resumed,
             None => {
                 let (c, writeback) = connect(&self.socket)?;

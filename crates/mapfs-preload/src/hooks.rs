@@ -648,7 +648,10 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
     // At entry the stack holds the caller's return address (rsp is 8 mod
     // 16): 8 more bytes align it for the call, and are given back before
     // the jump, so the real vfork sees exactly the caller's stack.
+    // endbr64 first: a valid target of indirect branches (the PLT) where
+    // the CPU enforces it, a no-op elsewhere.
     std::arch::naked_asm!(
+        "endbr64",
         "sub rsp, 8",
         "call {prepare}",
         "add rsp, 8",

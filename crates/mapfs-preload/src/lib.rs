@@ -129,16 +129,34 @@ impl Drop for Guard {
 /// that `exec` still hands adopted descriptors on, reading the tables.
 static VFORK_PARENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// The thread of [`VFORK_PARENT`] that called `vfork`.
+static VFORK_THREAD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// True in a `vfork` child before its `exec` (one relaxed load otherwise).
 #[inline]
 pub fn in_vfork_child() -> bool {
     let parent = VFORK_PARENT.load(Ordering::Relaxed);
-    parent != 0 && sys::getpid() != parent
+    parent != 0 && vfork_check(parent)
+}
+
+#[cold]
+fn vfork_check(parent: u32) -> bool {
+    if sys::getpid() != parent {
+        return true;
+    }
+    // The thread that called vfork runs again in the parent only once its
+    // child has exec'ed or exited (one whose exec failed leaves the flag
+    // set): the tables are the parent's again.
+    if sys::gettid() == VFORK_THREAD.load(Ordering::Relaxed) {
+        let _ = VFORK_PARENT.compare_exchange(parent, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    false
 }
 
 /// Called by the `vfork` hook in the parent, before the real `vfork`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn vfork_starting() {
+    VFORK_THREAD.store(sys::gettid(), Ordering::Relaxed);
     VFORK_PARENT.store(sys::getpid(), Ordering::Relaxed);
 }
 

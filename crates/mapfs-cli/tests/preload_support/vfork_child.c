@@ -56,6 +56,17 @@ int main(int argc, char **argv) {
     }
     if (pread(a, got, sizeof got, 0) != sizeof got || memcmp(got, want, sizeof got)) { puts("A reads other bytes"); return 1; }
     if (read(b, got, 8) != 8) { puts("B unreadable"); return 1; }
+    /* A vfork child whose exec fails: the parent's own opens are still
+     * classified afterwards. */
+    pid = vfork();
+    if (pid == 0) {
+        char *none[] = {"none", 0};
+        execv("/nonexistent/mapfs-test", none);
+        _exit(0);
+    }
+    if (pid < 0 || waitpid(pid, &ws, 0) != pid) { puts("second child failed"); return 1; }
+    int c = open(argv[2], O_RDONLY);
+    if (c < 0 || status(c) != 2) { printf("an open after a failed exec is not tracked: %d\n", status(c)); return 1; }
     puts("ok");
     return 0;
 }

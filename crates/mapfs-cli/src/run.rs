@@ -10,6 +10,10 @@ use anyhow::{bail, Context, Result};
 
 use crate::mounts;
 
+/// Device numbers of the mounts of `MAPFS_MOUNTS`, for the shim
+/// (`mapfs_preload::mounts::MOUNT_DEVS_ENV`).
+const MOUNT_DEVS_ENV: &str = "MAPFS_MOUNT_DEVS";
+
 /// File name of the shim, built next to the `mapfs` binary.
 const SHIM: &str = "libmapfs_preload.so";
 
@@ -71,6 +75,17 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
     }
     let joined = std::env::join_paths(&chosen).context("joining mountpoints")?;
+    // The shim then needs no look at /proc/self/mountinfo in each process
+    // (see mapfs_preload::mounts); a mount it cannot stat is left out of
+    // the hint, and the shim reads the mount table instead.
+    let devs: Option<Vec<String>> = chosen
+        .iter()
+        .map(|m| {
+            std::fs::metadata(m)
+                .ok()
+                .map(|st| std::os::unix::fs::MetadataExt::dev(&st).to_string())
+        })
+        .collect();
     for m in chosen.iter().filter(|m| uses_writeback_cache(m)) {
         eprintln!(
             "mapfs run: {} is a --data daemon mount with the kernel writeback cache on: the \
@@ -88,11 +103,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     let (prog, rest) = args.command.split_first().expect("clap requires CMD");
     // exec, not spawn: the command gets this process's pid, signals and
     // exit status exactly as if it had been started directly.
-    let err = Command::new(prog)
-        .args(rest)
+    let mut cmd = Command::new(prog);
+    cmd.args(rest)
         .env("LD_PRELOAD", preload)
-        .env("MAPFS_MOUNTS", joined)
-        .exec();
+        .env("MAPFS_MOUNTS", joined);
+    match devs {
+        Some(devs) if !chosen.is_empty() => cmd.env(MOUNT_DEVS_ENV, devs.join(":")),
+        _ => cmd.env_remove(MOUNT_DEVS_ENV),
+    };
+    let err = cmd.exec();
     Err(err).with_context(|| format!("running {}", prog.to_string_lossy()))
 }
 

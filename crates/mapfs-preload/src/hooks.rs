@@ -521,7 +521,8 @@ fn hand_back_lent(why: &str) {
 }
 
 /// The environment for an `exec`: `envp` with [`table::HANDOFF_ENV`] set to
-/// the adopted descriptors (or removed when there are none). It owns the
+/// the adopted descriptors and [`crate::mounts::CONNS_ENV`] to the control
+/// connections (each removed when there are none). It owns the
 /// strings `ptrs` points into; dropped (the `exec` failed and returned), it
 /// makes the kept opens readied for the new image close-on-exec again.
 struct Handoff {
@@ -543,11 +544,24 @@ impl Drop for Handoff {
 /// # Safety
 /// `envp` is null or a null-terminated array of C strings.
 unsafe fn handoff_env(envp: *const *const c_char) -> Handoff {
-    let (spec, kept) = match Guard::enter() {
-        Some(_g) => sys::keep_errno(table::export_adopted),
-        None => (String::new(), Vec::new()),
+    let export = || {
+        let (spec, kept) = table::export_adopted();
+        (spec, kept, crate::mounts::export_connections())
     };
+    let (spec, mut kept, conns) = if crate::in_vfork_child() {
+        // No guard there (the shim is plain libc in a vfork child), and
+        // nothing that export calls is hooked.
+        sys::keep_errno(export)
+    } else {
+        match Guard::enter() {
+            Some(_g) => sys::keep_errno(export),
+            None => (String::new(), Vec::new(), (String::new(), Vec::new())),
+        }
+    };
+    let (conns, handed) = conns;
+    kept.extend(handed);
     let prefix = format!("{}=", table::HANDOFF_ENV);
+    let conns_prefix = format!("{}=", crate::mounts::CONNS_ENV);
     let mut owned = Vec::new();
     let mut ptrs: Vec<*const c_char> = Vec::new();
     if !envp.is_null() {
@@ -560,15 +574,18 @@ unsafe fn handoff_env(envp: *const *const c_char) -> Handoff {
             }
             // SAFETY: a C string of the environment.
             let entry = unsafe { std::ffi::CStr::from_ptr(p) };
-            if !entry.to_bytes().starts_with(prefix.as_bytes()) {
+            let e = entry.to_bytes();
+            if !e.starts_with(prefix.as_bytes()) && !e.starts_with(conns_prefix.as_bytes()) {
                 ptrs.push(p);
             }
             i += 1;
         }
     }
-    if !spec.is_empty() {
-        if let Ok(c) = std::ffi::CString::new(format!("{prefix}{spec}")) {
-            owned.push(c);
+    for (prefix, spec) in [(prefix, spec), (conns_prefix, conns)] {
+        if !spec.is_empty() {
+            if let Ok(c) = std::ffi::CString::new(format!("{prefix}{spec}")) {
+                owned.push(c);
+            }
         }
     }
     ptrs.extend(owned.iter().map(|c| c.as_ptr()));
@@ -578,6 +595,69 @@ unsafe fn handoff_env(envp: *const *const c_char) -> Handoff {
         ptrs,
         kept,
     }
+}
+
+/// Runs the real `exec`; in a `vfork` child, the parent gets its tables
+/// back for the duration (an `exec` that succeeds never returns).
+fn vfork_exec(exec: impl FnOnce() -> c_int) -> c_int {
+    if !crate::in_vfork_child() {
+        return exec();
+    }
+    let parent = crate::vfork_parent();
+    crate::vfork_child_exec(true, parent);
+    let r = exec();
+    sys::keep_errno(|| crate::vfork_child_exec(false, parent));
+    r
+}
+
+/// The real `vfork`, found at the first call.
+#[cfg(target_arch = "x86_64")]
+static REAL_VFORK: Real = Real::new(c"vfork");
+
+/// Called by the `vfork` entry point in the parent before the real `vfork`:
+/// what a `fork` would do first (lent opens handed back to the mount,
+/// pending ones pinned to it, see [`table::pin_all_pending`]), then the
+/// children's hooks are made plain libc ([`crate::in_vfork_child`]).
+/// Returns the real `vfork`'s address.
+#[cfg(target_arch = "x86_64")]
+extern "C" fn vfork_prepare() -> *mut c_void {
+    if let Some(_g) = Guard::enter() {
+        sys::keep_errno(|| {
+            if !crate::mounts::loaded().is_empty() {
+                table::hand_back_all("fork");
+                table::pin_all_pending();
+            }
+        });
+    }
+    crate::vfork_starting();
+    REAL_VFORK.addr()
+}
+
+/// `vfork` stays the real `vfork`: shells (dash) and make start every
+/// command with it, and turning it into a `fork` made each command copy and
+/// tear down the caller's page tables (measured: about 0.2 ms of kernel
+/// time per command under `mapfs run`, most of what the shim cost a shell
+/// loop). The entry point calls [`vfork_prepare`] and then *jumps* to the
+/// real `vfork`, so that the child returns straight to the caller and never
+/// into a frame of the shim (which the parent, sharing the stack, would
+/// then find clobbered).
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // At entry the stack holds the caller's return address (rsp is 8 mod
+    // 16): 8 more bytes align it for the call, and are given back before
+    // the jump, so the real vfork sees exactly the caller's stack.
+    // endbr64 first: a valid target of indirect branches (the PLT) where
+    // the CPU enforces it, a no-op elsewhere.
+    std::arch::naked_asm!(
+        "endbr64",
+        "sub rsp, 8",
+        "call {prepare}",
+        "add rsp, 8",
+        "jmp rax",
+        prepare = sym vfork_prepare,
+    )
 }
 
 extern "C" {
@@ -591,9 +671,10 @@ fn current_environ() -> *const *const c_char {
 }
 
 hooks! {
-    // ---- vfork: a vfork child shares the parent's memory, so its closes
-    // and dup2s before exec would edit the parent's fd table; a real fork
-    // keeps them apart (vfork's contract is a subset of fork's) ----
+    // ---- vfork (other architectures than x86-64): a vfork child shares
+    // the parent's memory, so a real fork keeps the shim's tables apart
+    // (vfork's contract is a subset of fork's) ----
+    #[cfg(not(target_arch = "x86_64"))]
     fn vfork() -> libc::pid_t = |_real| {
         // SAFETY: fork has no preconditions; the atfork handlers run.
         unsafe { libc::fork() }
@@ -623,17 +704,17 @@ hooks! {
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
         let env = unsafe { handoff_env(envp) };
-        real(path, argv, env.ptrs.as_ptr())
+        vfork_exec(|| real(path, argv, env.ptrs.as_ptr()))
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
         let env = unsafe { handoff_env(envp) };
-        real(file, argv, env.ptrs.as_ptr())
+        vfork_exec(|| real(file, argv, env.ptrs.as_ptr()))
     }
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
         let env = unsafe { handoff_env(envp) };
-        real(fd, argv, env.ptrs.as_ptr())
+        vfork_exec(|| real(fd, argv, env.ptrs.as_ptr()))
     }
     // The variants using the process environment become the explicit-
     // environment ones above (glibc's own call execve internally, out of

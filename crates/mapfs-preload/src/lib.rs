@@ -12,10 +12,18 @@
 //!   straight to libc, and errno is saved and restored around the shim's own
 //!   work. The shim's system calls go through rustix's raw syscalls.
 //! - Nothing runs before the constructor; the constructor opens no file and
-//!   talks to no daemon (that happens at the first hook that needs it).
+//!   talks to no daemon (that happens at the first adoption). A process
+//!   that never adopts a file never contacts the daemon; what the shim
+//!   costs such a process is measured in `docs/shim-cost.md`.
+//! - A `vfork` child runs in its parent's memory: until it `exec`s, every
+//!   hook is plain libc there ([`in_vfork_child`]).
 //!
 //! Environment: `MAPFS_MOUNTS` (mountpoints to attach to, `:`-separated;
-//! default all mapfs mounts), `MAPFS_PRELOAD_REPORT=<path>` (append a JSON
+//! default all mapfs mounts; `MAPFS_MOUNT_DEVS` names their device
+//! numbers, see [`mounts`]), `MAPFS_PRELOAD_CONNS` and
+//! `MAPFS_PRELOAD_ADOPTED` (set by the shim for the next image at `exec`:
+//! control connections, [`mounts::CONNS_ENV`], and adopted descriptors,
+//! [`table::HANDOFF_ENV`]), `MAPFS_PRELOAD_REPORT=<path>` (append a JSON
 //! summary line per process at exit, see [`report`]), `MAPFS_PRELOAD_LOG=1`
 //! (diagnostics on stderr), `MAPFS_PRELOAD_MAP_CACHE=<n>` (map cache
 //! capacity, see [`mcache`]), `MAPFS_RUNTIME_DIR` (where control sockets
@@ -89,11 +97,12 @@ thread_local! {
 pub struct Guard(());
 
 impl Guard {
-    /// Enters the shim on this thread; `None` if it is already inside, or the
-    /// library is not initialised yet.
+    /// Enters the shim on this thread; `None` if it is already inside, the
+    /// library is not initialised yet, or this is a `vfork` child (see
+    /// [`in_vfork_child`]).
     #[inline]
     pub fn enter() -> Option<Guard> {
-        if !READY.load(Ordering::Acquire) {
+        if !READY.load(Ordering::Acquire) || in_vfork_child() {
             return None;
         }
         IN_SHIM.with(|g| {
@@ -113,6 +122,57 @@ impl Drop for Guard {
     }
 }
 
+/// The pid of a process that called `vfork` and whose child has not
+/// `exec`ed yet (0: none). A `vfork` child runs in its parent's memory, so
+/// it must not touch the shim's tables: every hook is plain libc there (its
+/// `close`s and `dup2`s are its own, on its own descriptor table), except
+/// that `exec` still hands adopted descriptors on, reading the tables.
+static VFORK_PARENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// The thread of [`VFORK_PARENT`] that called `vfork`.
+static VFORK_THREAD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// True in a `vfork` child before its `exec` (one relaxed load otherwise).
+#[inline]
+pub fn in_vfork_child() -> bool {
+    let parent = VFORK_PARENT.load(Ordering::Relaxed);
+    parent != 0 && vfork_check(parent)
+}
+
+#[cold]
+fn vfork_check(parent: u32) -> bool {
+    if sys::getpid() != parent {
+        return true;
+    }
+    // The thread that called vfork runs again in the parent only once its
+    // child has exec'ed or exited (one whose exec failed leaves the flag
+    // set): the tables are the parent's again.
+    if sys::gettid() == VFORK_THREAD.load(Ordering::Relaxed) {
+        let _ = VFORK_PARENT.compare_exchange(parent, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    false
+}
+
+/// Called by the `vfork` hook in the parent, before the real `vfork`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn vfork_starting() {
+    VFORK_THREAD.store(sys::gettid(), Ordering::Relaxed);
+    VFORK_PARENT.store(sys::getpid(), Ordering::Relaxed);
+}
+
+/// The `vfork` child is about to `exec` (`done`), or its `exec` failed
+/// (`!done`): the parent's tables are the parent's again, or still not the
+/// child's. (Two threads of one process in `vfork` at once share this
+/// flag: the first child to `exec` ends it for both, a documented limit.)
+pub(crate) fn vfork_child_exec(done: bool, parent: u32) {
+    VFORK_PARENT.store(if done { 0 } else { parent }, Ordering::Relaxed);
+}
+
+/// The parent recorded by [`vfork_starting`] (0: none).
+pub(crate) fn vfork_parent() -> u32 {
+    VFORK_PARENT.load(Ordering::Relaxed)
+}
+
 extern "C" fn init() {
     // SAFETY: getenv with a NUL-terminated name; the constructor runs before
     // the program can change its environment concurrently.
@@ -124,6 +184,11 @@ extern "C" fn init() {
     }
     // Descriptors adopted by the image this one replaced (exec). Only then
     // does the constructor read a file (the mount table, in /proc).
+    if let Some(spec) = std::env::var_os(mounts::CONNS_ENV) {
+        if !spec.is_empty() {
+            mounts::import_connections(&spec.to_string_lossy());
+        }
+    }
     if let Some(spec) = std::env::var_os(table::HANDOFF_ENV) {
         if !spec.is_empty() {
             table::import_adopted(&spec.to_string_lossy());
@@ -136,6 +201,9 @@ extern "C" fn fini() {
     let Some(_g) = Guard::enter() else {
         return;
     };
+    // A daemon being replaced is not waited for at exit (the new one would
+    // not know this process's handles anyway).
+    mounts::exiting();
     // Buffered stdio output reaches the files before the daemon is told they
     // changed (exit() flushes streams only after destructors run).
     // SAFETY: fflush(NULL) flushes every open output stream.
@@ -184,6 +252,9 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    // A forked child is a process of its own, even one forked by a vfork
+    // child.
+    VFORK_PARENT.store(0, Ordering::Relaxed);
     fork_done();
 }
 

@@ -76,7 +76,7 @@ pub fn token_before_asking(mount: usize, ino: u64) -> Option<u64> {
     }
     let m = mounts::all().get(mount)?;
     m.connect().ok()?;
-    Some(m.generations.get()?.token(ino))
+    m.token(ino)
 }
 
 /// A new descriptor of the backing file of `ino`, opened with the
@@ -85,8 +85,10 @@ pub fn reopen(mount: usize, ino: u64, flags: i32) -> Option<OwnedFd> {
     if capacity() == 0 {
         return None;
     }
-    let token = mounts::all().get(mount)?.generations.get()?.token(ino);
+    let m = mounts::all().get(mount)?;
+    let token = m.token(ino)?;
     let mut caches = CACHES.lock();
+    drop_if_stale(&mut caches, mount, m);
     let cached = caches.get_mut(mount)?.as_mut()?.get(ino, token)?;
     let Some(fd) = cached.live() else {
         drop(caches);
@@ -129,12 +131,25 @@ pub fn store(mount: usize, ino: u64, token: u64, backing: BorrowedFd<'_>) {
         ino: id.ino,
     };
     let mut caches = CACHES.lock();
+    if let Some(m) = mounts::all().get(mount) {
+        drop_if_stale(&mut caches, mount, m);
+    }
     if caches.len() <= mount {
         caches.resize_with(mount + 1, || None);
     }
     caches[mount]
         .get_or_insert_with(|| MapCache::new(capacity(), |_, c: Cached| c.close()))
         .insert(ino, token, value);
+}
+
+/// Empties the cache of `mount` if its daemon was replaced since (its
+/// entries are keyed by the old daemon's tokens).
+fn drop_if_stale(caches: &mut [Option<MapCache<Cached>>], mount: usize, m: &mounts::Mount) {
+    if m.take_cache_stale() {
+        if let Some(Some(c)) = caches.get_mut(mount) {
+            c.clear();
+        }
+    }
 }
 
 /// Drops what is cached about `ino` whose descriptor number is no longer

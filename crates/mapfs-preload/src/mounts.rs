@@ -7,11 +7,23 @@
 //! separated by `:`) when that is set. A mount is recognised by its device
 //! number, so paths never need to be compared. Mounts made after the first
 //! lookup are not seen.
+//!
+//! `mapfs run` also names each mount's device number in
+//! [`MOUNT_DEVS_ENV`] (decimal, `:`-separated, in the order of
+//! `MAPFS_MOUNTS`), so that its processes need not read
+//! `/proc/self/mountinfo` at all (the kernel formats every mount of the
+//! namespace for each read: measured, about a tenth of the shim's cost in
+//! a process that reads one small file). The list is a hint only: a file
+//! is taken for a mount's file by its device number, and every adoption is
+//! then proven to the daemon through the mount itself, so a wrong number
+//! costs the speed-up, never access.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use mapfs::control::{self, ConnKey, Proof, Request, Response};
 use mapfs::mapcache::Generations;
@@ -35,8 +47,16 @@ pub struct Mount {
     /// connection after `fork`).
     pub conn: Mutex<Option<Conn>>,
     /// The daemon's generation table (see [`crate::mcache`]), attached at
-    /// the first adoption; a mapping, so it survives `fork`.
-    pub generations: OnceLock<Generations>,
+    /// the first adoption; a mapping, so it survives `fork`; replaced when
+    /// the daemon is.
+    pub generations: Mutex<Option<Table>>,
+    /// This process reached the daemon (so a missing socket means it is
+    /// being replaced, worth waiting for; see [`Mount::call_proven`]).
+    reached: AtomicBool,
+    /// Pid of the daemon last connected to (0: none yet).
+    daemon: AtomicU32,
+    /// See [`Mount::take_cache_stale`].
+    cache_stale: AtomicBool,
 }
 
 /// An open connection to a daemon.
@@ -50,6 +70,8 @@ pub struct Conn {
     pid: u32,
     /// The connection's key, for proofs of possession.
     key: ConnKey,
+    /// The daemon's pid (see [`Mount::note_daemon`]).
+    daemon: u32,
 }
 
 impl Conn {
@@ -111,6 +133,7 @@ fn connect(path: &std::path::Path) -> std::io::Result<(Conn, bool)> {
     let ino = rustix::fs::fstat(&sock)?.st_ino;
     crate::table::claim_shim_fd(std::os::fd::AsRawFd::as_raw_fd(&sock));
     let conn = Conn {
+        daemon: peer_pid(sock.as_fd()),
         sock: Some(sock),
         ino,
         pid: sys::getpid(),
@@ -131,7 +154,60 @@ pub fn by_dev(dev: u64) -> Option<usize> {
     all().iter().position(|m| m.dev == dev)
 }
 
+/// Device numbers of the mounts of `MAPFS_MOUNTS`, in its order (see the
+/// module docs).
+pub const MOUNT_DEVS_ENV: &str = "MAPFS_MOUNT_DEVS";
+
 fn discover() -> Vec<Mount> {
+    let found = from_env().unwrap_or_else(from_mountinfo);
+    for m in &found {
+        sys::log(format_args!(
+            "attached to {} (dev {:#x}, socket {})",
+            m.point.display(),
+            m.dev,
+            m.socket.display()
+        ));
+    }
+    found
+}
+
+fn mount(point: PathBuf, dev: u64) -> Mount {
+    let socket = control::socket_path(&point);
+    Mount {
+        writeback: AtomicBool::new(false),
+        point,
+        dev,
+        socket,
+        conn: Mutex::new(None),
+        generations: Mutex::new(None),
+        reached: AtomicBool::new(false),
+        daemon: AtomicU32::new(0),
+        cache_stale: AtomicBool::new(false),
+    }
+}
+
+/// The mounts as `mapfs run` named them ([`MOUNT_DEVS_ENV`]), if it did.
+fn from_env() -> Option<Vec<Mount>> {
+    let points = std::env::var_os("MAPFS_MOUNTS").filter(|v| !v.is_empty())?;
+    let devs = std::env::var(MOUNT_DEVS_ENV).ok()?;
+    let devs: Vec<u64> = devs
+        .split(':')
+        .map(|d| d.parse().ok())
+        .collect::<Option<_>>()?;
+    let points: Vec<PathBuf> = std::env::split_paths(&points).map(|p| trim(&p)).collect();
+    if points.len() != devs.len() {
+        return None;
+    }
+    Some(
+        points
+            .into_iter()
+            .zip(devs)
+            .map(|(point, dev)| mount(point, dev))
+            .collect(),
+    )
+}
+
+fn from_mountinfo() -> Vec<Mount> {
     let wanted: Option<Vec<PathBuf>> = std::env::var_os("MAPFS_MOUNTS")
         .filter(|v| !v.is_empty())
         .map(|v| std::env::split_paths(&v).map(|p| trim(&p)).collect());
@@ -165,23 +241,7 @@ fn discover() -> Vec<Mount> {
         let dev = rustix::fs::makedev(major, minor);
         // A later mount on the same point hides the earlier one.
         found.retain(|m| m.point != point);
-        let socket = control::socket_path(&point);
-        found.push(Mount {
-            writeback: AtomicBool::new(false),
-            point,
-            dev,
-            socket,
-            conn: Mutex::new(None),
-            generations: OnceLock::new(),
-        });
-    }
-    for m in &found {
-        sys::log(format_args!(
-            "attached to {} (dev {:#x}, socket {})",
-            m.point.display(),
-            m.dev,
-            m.socket.display()
-        ));
+        found.push(mount(point, dev));
     }
     found
 }
@@ -192,55 +252,170 @@ fn trim(p: &std::path::Path) -> PathBuf {
     PathBuf::from(if t.is_empty() { "/" } else { t })
 }
 
+/// How long the shim keeps trying to reach a daemon that went away, for a
+/// supervisor to start its successor on the same mount (the control socket
+/// is missing or refuses for up to about a second then).
+pub const RECONNECT_FOR: Duration = Duration::from_secs(10);
+
+/// Set when the process exits: its last messages are not worth a wait.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// The process is exiting (see [`EXITING`]).
+pub fn exiting() {
+    EXITING.store(true, Ordering::Relaxed);
+}
+
+/// Longest pause between two attempts to reach a replaced daemon.
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
+/// The connection was lost (`true`), as opposed to refused or answered with
+/// an error: the daemon went away, or is being replaced.
+fn lost(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        // Not ENOTCONN: that is what a dead mount answers the proof's
+        // ioctl with, and no supervisor brings that back.
+        Some(libc::ECONNRESET | libc::EPIPE | libc::ENOENT | libc::ECONNREFUSED)
+    )
+}
+
+/// A request naming a handle the daemon gave one connection: meaningless on
+/// any other, so never sent on a new one.
+fn names_handle(req: &Request) -> bool {
+    matches!(req, Request::Closed { .. } | Request::Release { .. })
+}
+
+/// The answer for a handle of a connection that is gone.
+fn stale_handle() -> io::Error {
+    io::Error::from_raw_os_error(libc::EBADF)
+}
+
 impl Mount {
     /// One request/response exchange with the daemon, connecting (again) if
-    /// this process has no connection yet. A failed exchange drops the
-    /// connection, so the next call reconnects.
-    pub fn call(&self, req: &Request) -> std::io::Result<(Response, Vec<OwnedFd>)> {
+    /// this process has no connection yet; see [`Mount::call_proven`] for
+    /// what happens when the daemon goes away. A request naming a handle
+    /// (`Closed`, `Release`) goes only on the connection that got the
+    /// handle: once that is gone, the answer is `EBADF` at once (the files
+    /// adopted through it keep working: the shim holds their backing
+    /// descriptors).
+    pub fn call(&self, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
+        if names_handle(req) {
+            return self.call_on_current(req);
+        }
         self.exchange(None, |_| req.clone())
     }
 
     /// An exchange whose request carries a proof that this process holds
     /// `mount_file` (its descriptor of a file on this mount), made for this
     /// process's connection.
+    ///
+    /// The one place that survives a daemon being replaced (a supervisor
+    /// restarting it on the same mount): when the connection ends (EOF,
+    /// `ECONNRESET`, `EPIPE`) or the socket is missing or refuses
+    /// (`ENOENT`, `ECONNREFUSED`) after this process had reached the daemon,
+    /// it reconnects with a fresh Hello (and a fresh proof), retrying with
+    /// backoff for up to [`RECONNECT_FOR`]; after that it gives up, and
+    /// later calls try once each until a connection succeeds again.
     pub fn call_proven(
         &self,
         mount_file: BorrowedFd<'_>,
-        req: impl FnOnce(Proof) -> Request,
-    ) -> std::io::Result<(Response, Vec<OwnedFd>)> {
+        req: impl Fn(Proof) -> Request,
+    ) -> io::Result<(Response, Vec<OwnedFd>)> {
         self.exchange(Some(mount_file), |proof| req(proof.unwrap_or_default()))
     }
 
     fn exchange(
         &self,
         prove_on: Option<BorrowedFd<'_>>,
-        req: impl FnOnce(Option<Proof>) -> Request,
-    ) -> std::io::Result<(Response, Vec<OwnedFd>)> {
-        let mut conn = self.conn.lock();
-        self.connected(&mut conn)?;
-        let c = conn
-            .as_ref()
-            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))?;
-        let sock = c
-            .live()
-            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))?;
+        req: impl Fn(Option<Proof>) -> Request,
+    ) -> io::Result<(Response, Vec<OwnedFd>)> {
+        self.retrying(|conn| self.exchange_once(conn, prove_on, &req))
+    }
+
+    /// Runs `attempt` on this process's connection, again and again while
+    /// the daemon is away (see [`Mount::call_proven`]); a failed attempt
+    /// drops the connection.
+    fn retrying<T>(
+        &self,
+        mut attempt: impl FnMut(&mut Option<Conn>) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let mut deadline: Option<Instant> = None;
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            let err = {
+                let mut conn = self.conn.lock();
+                match attempt(&mut conn) {
+                    Ok(r) => return Ok(r),
+                    Err(e) => {
+                        *conn = None;
+                        e
+                    }
+                }
+            };
+            if !lost(&err)
+                || !self.reached.load(Ordering::Relaxed)
+                || EXITING.load(Ordering::Relaxed)
+            {
+                return Err(err);
+            }
+            let now = Instant::now();
+            let until = *deadline.get_or_insert(now + RECONNECT_FOR);
+            if now >= until {
+                // Later calls try once each, until one gets through.
+                self.reached.store(false, Ordering::Relaxed);
+                sys::log(format_args!(
+                    "{}: the daemon stayed unreachable for {:?}: {err}",
+                    self.point.display(),
+                    RECONNECT_FOR
+                ));
+                return Err(err);
+            }
+            std::thread::sleep(backoff.min(until - now));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn exchange_once(
+        &self,
+        conn: &mut Option<Conn>,
+        prove_on: Option<BorrowedFd<'_>>,
+        req: &impl Fn(Option<Proof>) -> Request,
+    ) -> io::Result<(Response, Vec<OwnedFd>)> {
+        self.connected(conn)?;
+        let c = conn.as_ref().ok_or_else(stale_handle)?;
+        let sock = c.live().ok_or_else(stale_handle)?;
         let proof = match prove_on {
             Some(fd) => Some(control::prove(fd, &c.key)?),
             None => None,
         };
-        let res = control::call(sock, &req(proof));
-        if res.is_err() {
+        control::call(sock, &req(proof))
+    }
+
+    /// [`Mount::call`] of a request naming a handle: on the current
+    /// connection only, never a new one.
+    fn call_on_current(&self, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
+        let mut conn = self.conn.lock();
+        let pid = sys::getpid();
+        let Some(sock) = conn.as_ref().filter(|c| c.pid == pid).and_then(Conn::live) else {
+            return Err(stale_handle());
+        };
+        let res = control::call(sock, req);
+        if let Err(e) = &res {
             *conn = None;
+            if lost(e) {
+                return Err(stale_handle());
+            }
         }
         res
     }
 
-    /// Connects this process to the daemon unless it is connected already.
-    pub fn connect(&self) -> std::io::Result<()> {
-        self.connected(&mut self.conn.lock())
+    /// Connects this process to the daemon unless it is connected already
+    /// (waiting for a daemon being replaced, as [`Mount::call_proven`]).
+    pub fn connect(&self) -> io::Result<()> {
+        self.retrying(|conn| self.connected(conn))
     }
 
-    fn connected(&self, conn: &mut Option<Conn>) -> std::io::Result<()> {
+    fn connected(&self, conn: &mut Option<Conn>) -> io::Result<()> {
         let pid = sys::getpid();
         if conn.as_ref().is_some_and(|c| c.pid != pid || c.hung_up()) {
             // Inherited from the parent across fork (the parent still owns
@@ -248,22 +423,323 @@ impl Mount {
             // by the application, or closed by the daemon.
             *conn = None;
         }
-        if conn.is_none() {
-            let (c, writeback) = connect(&self.socket)?;
-            *conn = Some(c);
-            self.writeback.store(writeback, Ordering::Relaxed);
+        if conn.is_some() {
+            return Ok(());
         }
+        let inherited = take_inherited(self.dev);
+        if inherited.is_some() {
+            // The previous image reached the daemon: worth waiting for.
+            self.reached.store(true, Ordering::Relaxed);
+        }
+        let (c, writeback, table) = match inherited.and_then(resume) {
+            Some(resumed) => resumed,
+            None => {
+                let (c, writeback) = connect(&self.socket)?;
+                (c, writeback, None)
+            }
+        };
+        self.note_daemon(&c);
+        if let Some(t) = table {
+            self.keep_table(t);
+        }
+        *conn = Some(c);
+        self.writeback.store(writeback, Ordering::Relaxed);
+        self.reached.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Remembers which daemon this process talks to; a different one (the
+    /// mount's daemon was replaced) knows nothing of the old one's tokens,
+    /// so the generation table and the map cache of this mount are dropped
+    /// until the new daemon sends its own table.
+    fn note_daemon(&self, c: &Conn) {
+        let before = self.daemon.swap(c.daemon, Ordering::Relaxed);
+        if before != 0 && before != c.daemon {
+            sys::log(format_args!(
+                "{}: a new daemon (pid {} was {before}): map cache dropped",
+                self.point.display(),
+                c.daemon
+            ));
+            *self.generations.lock() = None;
+            // Emptied by the map cache at its next use (it is locked before
+            // the connection, never under it).
+            self.cache_stale.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// True once after the daemon was replaced: what the map cache holds
+    /// for this mount is keyed by the old daemon's tokens.
+    pub fn take_cache_stale(&self) -> bool {
+        self.cache_stale.swap(false, Ordering::Relaxed)
+    }
+
+    /// The current token of inode `ino` in the daemon's generation table,
+    /// if this process has the table.
+    pub fn token(&self, ino: u64) -> Option<u64> {
+        Some(self.generations.lock().as_ref()?.table.token(ino))
     }
 
     /// Keeps the generation table that came with an adoption (the first
     /// one on a connection).
     pub fn keep_generations(&self, fds: &mut Vec<OwnedFd>, files: u32, generations: bool) {
-        if let Some(g) = control::take_generations(fds, files, generations) {
-            // A reconnection to the same daemon sends the same table.
-            let _ = self.generations.set(g);
+        if !generations || fds.len() <= files as usize {
+            return;
+        }
+        if let Some(fd) = fds.pop() {
+            self.keep_table(fd);
         }
     }
+
+    /// Attaches the table `fd` (see [`Mount::keep_generations`]), keeping
+    /// a descriptor of it to hand on across `exec`.
+    fn keep_table(&self, fd: OwnedFd) {
+        let kept = sys::dup_high(fd.as_raw_fd()).ok();
+        match Generations::attach(fd) {
+            Ok(table) => {
+                if let Some(k) = &kept {
+                    crate::table::claim_shim_fd(k.as_raw_fd());
+                }
+                *self.generations.lock() = Some(Table { table, fd: kept });
+            }
+            Err(e) => sys::log(format_args!(
+                "the daemon's generation table is unusable: {e}"
+            )),
+        }
+    }
+}
+
+/// The daemon's generation table as this process holds it.
+pub struct Table {
+    table: Generations,
+    /// A descriptor of it (the shim's own, close-on-exec until an `exec`
+    /// hands it on), `None` if none could be kept.
+    fd: Option<OwnedFd>,
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd.take() {
+            crate::table::release_shim_fd(fd.as_raw_fd());
+        }
+    }
+}
+
+/// Environment variable naming the control connections an image hands to
+/// the next across `exec`: `dev,socket_fd,socket_ino,table_fd` per mount
+/// (`table_fd` -1 when none), `;`-separated. The new image re-validates a
+/// connection with a Hello on it (the daemon answers with the connection's
+/// key) and falls back to a fresh connect if the descriptor is not that
+/// socket any more or the daemon does not answer. Nothing is trusted from
+/// it: every adoption is still proven through the mount, and the daemon
+/// checks the proof against the connection's peer credentials.
+pub const CONNS_ENV: &str = "MAPFS_PRELOAD_CONNS";
+
+/// A connection handed over by the image this process ran before `exec`.
+struct Inherited {
+    dev: u64,
+    sock: OwnedFd,
+    ino: u64,
+    table: Option<OwnedFd>,
+    /// The process it was handed to (a forked child must not use it).
+    pid: u32,
+}
+
+static INHERITED: Mutex<Vec<Inherited>> = Mutex::new(Vec::new());
+
+/// Takes over the connections described by `spec` ([`CONNS_ENV`]), from the
+/// constructor: each descriptor is checked to still be what the previous
+/// image named, then made close-on-exec and marked as the shim's. No
+/// message is sent until the first adoption needs the connection.
+pub fn import_connections(spec: &str) {
+    let pid = sys::getpid();
+    let mut out = Vec::new();
+    for part in spec.split(';').filter(|p| !p.is_empty()) {
+        let v: Vec<i64> = part.split(',').filter_map(|x| x.parse().ok()).collect();
+        let [dev, sock, ino, table] = v[..] else {
+            continue;
+        };
+        let Some(sock) = take_fd(sock, |st| {
+            st.st_mode & libc::S_IFMT == libc::S_IFSOCK && st.st_ino as i64 == ino
+        }) else {
+            continue;
+        };
+        let table = take_fd(table, |st| st.st_mode & libc::S_IFMT == libc::S_IFREG);
+        out.push(Inherited {
+            dev: dev as u64,
+            ino: ino as u64,
+            sock,
+            table,
+            pid,
+        });
+    }
+    *INHERITED.lock() = out;
+}
+
+/// The inherited descriptor `raw` if `ok` accepts its `fstat`, made
+/// close-on-exec and the shim's.
+fn take_fd(raw: i64, ok: impl Fn(&rustix::fs::Stat) -> bool) -> Option<OwnedFd> {
+    let raw = RawFd::try_from(raw).ok().filter(|&r| r >= 0)?;
+    if crate::table::state(raw) != crate::table::UNKNOWN {
+        return None;
+    }
+    let st = rustix::fs::fstat(sys::fd(raw)).ok()?;
+    if !ok(&st) {
+        return None;
+    }
+    sys::set_cloexec(raw, true).ok()?;
+    crate::table::claim_shim_fd(raw);
+    // SAFETY: the previous image of this process handed `raw` over for the
+    // shim (named in CONNS_ENV, checked above to be the object it named and
+    // not yet claimed by anyone in this image); the shim owns it from here.
+    Some(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// The connection inherited for mount `dev`, if this process has one.
+fn take_inherited(dev: u64) -> Option<Inherited> {
+    let mut list = INHERITED.lock();
+    let pid = sys::getpid();
+    if list.iter().any(|i| i.pid != pid) {
+        // A forked child: the parent image's connections are not its own.
+        for i in list.drain(..) {
+            drop_inherited(i);
+        }
+        return None;
+    }
+    let at = list.iter().position(|i| i.dev == dev)?;
+    Some(list.swap_remove(at))
+}
+
+impl Inherited {
+    /// The socket descriptor is still the one handed over (and the table's
+    /// still the shim's).
+    fn still_ours(&self) -> bool {
+        let raw = self.sock.as_raw_fd();
+        crate::table::state(raw) == crate::table::SHIM
+            && rustix::fs::fstat(&self.sock).is_ok_and(|st| st.st_ino == self.ino)
+            && self
+                .table
+                .as_ref()
+                .is_none_or(|t| crate::table::state(t.as_raw_fd()) == crate::table::SHIM)
+    }
+}
+
+fn drop_inherited(i: Inherited) {
+    crate::table::release_shim_fd(i.sock.as_raw_fd());
+    if let Some(t) = &i.table {
+        crate::table::release_shim_fd(t.as_raw_fd());
+    }
+}
+
+/// Re-validates an inherited connection with a Hello on it: the daemon
+/// answers with the connection's key. `None` (and the descriptors closed)
+/// if it does not.
+fn resume(i: Inherited) -> Option<(Conn, bool, Option<OwnedFd>)> {
+    if !i.still_ours() {
+        // The application took the numbers over since (dup2 onto them, or
+        // a close behind the shim's back): nothing of ours to close.
+        std::mem::forget(i);
+        return None;
+    }
+    let hello = control::call(
+        i.sock.as_fd(),
+        &Request::Hello {
+            version: control::VERSION,
+        },
+    );
+    let (key, writeback) = match hello {
+        Ok((
+            Response::Hello {
+                version: control::VERSION,
+                key,
+                writeback_cache,
+            },
+            _,
+        )) => (key, writeback_cache),
+        other => {
+            sys::log(format_args!(
+                "the inherited control connection is not usable ({other:?}); connecting afresh"
+            ));
+            drop_inherited(i);
+            return None;
+        }
+    };
+    let daemon = peer_pid(i.sock.as_fd());
+    let table = i.table;
+    if let Some(t) = &table {
+        // Attached (and duplicated) by keep_table, then closed.
+        crate::table::release_shim_fd(t.as_raw_fd());
+    }
+    Some((
+        Conn {
+            sock: Some(i.sock),
+            ino: i.ino,
+            pid: sys::getpid(),
+            key,
+            daemon,
+        },
+        writeback,
+        table,
+    ))
+}
+
+/// The pid of the daemon at the other end of a control connection (0 if
+/// unknown); only compared with itself, to notice a replaced daemon.
+fn peer_pid(sock: BorrowedFd<'_>) -> u32 {
+    rustix::net::sockopt::socket_peercred(sock)
+        .map(|c| c.pid.as_raw_nonzero().get() as u32)
+        .unwrap_or(0)
+}
+
+/// Describes this process's live control connections (and generation
+/// tables) for the next image, clearing their `FD_CLOEXEC` (see
+/// [`CONNS_ENV`]); the numbers are returned so that a failed `exec` can set
+/// it again.
+pub fn export_connections() -> (String, Vec<RawFd>) {
+    let pid = sys::getpid();
+    let mut parts = Vec::new();
+    let mut handed = Vec::new();
+    for m in loaded() {
+        let conn = m.conn.lock();
+        let Some(c) = conn.as_ref().filter(|c| c.pid == pid) else {
+            continue;
+        };
+        let Some(sock) = c.live() else {
+            continue;
+        };
+        if sys::set_cloexec(sock.as_raw_fd(), false).is_err() {
+            continue;
+        }
+        handed.push(sock.as_raw_fd());
+        let table = m
+            .generations
+            .lock()
+            .as_ref()
+            .and_then(|t| t.fd.as_ref().map(|f| f.as_raw_fd()))
+            .filter(|&f| sys::set_cloexec(f, false).is_ok())
+            .inspect(|&f| handed.push(f))
+            .unwrap_or(-1);
+        parts.push(format!("{},{},{},{table}", m.dev, sock.as_raw_fd(), c.ino));
+    }
+    // Connections this image inherited and never needed go on as they came.
+    for i in INHERITED.lock().iter() {
+        if i.pid != pid || !i.still_ours() {
+            continue;
+        }
+        let sock = i.sock.as_raw_fd();
+        if sys::set_cloexec(sock, false).is_err() {
+            continue;
+        }
+        handed.push(sock);
+        let table = i
+            .table
+            .as_ref()
+            .map(|t| t.as_raw_fd())
+            .filter(|&f| sys::set_cloexec(f, false).is_ok())
+            .inspect(|&f| handed.push(f))
+            .unwrap_or(-1);
+        parts.push(format!("{},{sock},{},{table}", i.dev, i.ino));
+    }
+    (parts.join(";"), handed)
 }
 
 /// The attached mounts if they were looked up already, else none (for

@@ -92,6 +92,11 @@ pub fn getpid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
 }
 
+/// Thread id of the caller.
+pub fn gettid() -> u32 {
+    rustix::thread::gettid().as_raw_nonzero().get() as u32
+}
+
 /// Writes a diagnostic line to stderr when `MAPFS_PRELOAD_LOG` is set.
 pub fn log(msg: std::fmt::Arguments<'_>) {
     if crate::LOG.load(std::sync::atomic::Ordering::Relaxed) {

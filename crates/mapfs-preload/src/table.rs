@@ -47,6 +47,7 @@
 //! ([`mcache`]), then a mount's connection lock.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -92,6 +93,10 @@ pub fn state(fd: RawFd) -> u8 {
 }
 
 fn set_state(fd: RawFd, s: u8) {
+    if crate::in_vfork_child() {
+        // The parent's table, in the parent's memory.
+        return;
+    }
     if let Ok(i) = usize::try_from(fd) {
         if i < MAX_FD {
             STATE[i].store(s, Ordering::Relaxed);
@@ -172,7 +177,10 @@ pub enum Status {
     Mount(String),
 }
 
-type Table = HashMap<RawFd, Arc<Entry>>;
+/// Keyed by descriptor numbers, which no one can choose to collide: a
+/// fixed hasher, so the first table costs no `getrandom` (std's default
+/// seeds each map from the kernel).
+type Table = HashMap<RawFd, Arc<Entry>, BuildHasherDefault<DefaultHasher>>;
 
 static TABLE: RwLock<Option<Table>> = RwLock::new(None);
 
@@ -205,7 +213,10 @@ fn get(fd: RawFd) -> Option<Arc<Entry>> {
 }
 
 fn insert(fd: RawFd, e: Arc<Entry>) {
-    TABLE.write().get_or_insert_with(HashMap::new).insert(fd, e);
+    TABLE
+        .write()
+        .get_or_insert_with(Table::default)
+        .insert(fd, e);
 }
 
 fn remove(fd: RawFd) -> Option<Arc<Entry>> {
@@ -276,7 +287,8 @@ fn classify(fd: RawFd) -> u8 {
 /// 1.8 ms), and from between 64 and 256 cached reads (1.4 vs 1.7 ms at
 /// 256); on a kernel-passthrough mount it paid at none of 4 to 256 reads or
 /// writes (passthrough costs a few hundred ns per call), only over long
-/// runs (the benchmark's preload rows).
+/// runs (the benchmark's preload rows). Per executor, with plfs, in
+/// `docs/shim-cost.md`.
 pub struct Policy {
     calls: u32,
     bytes: usize,
@@ -757,6 +769,9 @@ impl Closed {
 /// message for the daemon if this was the last descriptor of a writable
 /// adoption. Call before the real close, send after it.
 pub fn closing(fd: RawFd) -> Option<Closed> {
+    if crate::in_vfork_child() {
+        return None;
+    }
     let s = state(fd);
     set_state(fd, UNKNOWN);
     if s == UNKNOWN || s == OTHER {
@@ -1006,6 +1021,7 @@ pub fn lock_for_fork() {
     mcache::lock_for_fork();
     for m in mounts::loaded() {
         std::mem::forget(m.conn.lock());
+        std::mem::forget(m.generations.lock());
     }
 }
 
@@ -1014,7 +1030,10 @@ pub fn unlock_after_fork() {
     for m in mounts::loaded() {
         // SAFETY: locked by `lock_for_fork` in this thread (in the child, by
         // the thread that forked, which is this one).
-        unsafe { m.conn.force_unlock() };
+        unsafe {
+            m.generations.force_unlock();
+            m.conn.force_unlock();
+        }
     }
     mcache::unlock_after_fork();
     // SAFETY: as above: the table is write-locked by `lock_for_fork`, so it
@@ -1095,47 +1114,110 @@ pub const HANDOFF_ENV: &str = "MAPFS_PRELOAD_ADOPTED";
 /// system's `release` keep following the application's descriptors.
 pub fn export_adopted() -> (String, Vec<RawFd>) {
     // The new image starts with the mount's opens; it may borrow them again.
-    hand_back_all("exec");
-    let t = TABLE.read();
-    let Some(t) = t.as_ref() else {
+    // (A vfork child reads the tables only: its parent handed everything
+    // back before the vfork.)
+    if !crate::in_vfork_child() {
+        hand_back_all("exec");
+    }
+    let guard = TABLE.read();
+    let Some(t) = guard.as_ref() else {
         return (String::new(), Vec::new());
     };
-    let mut parts = Vec::new();
+    // Each export: the descriptor, the identity of the object it refers to
+    // (the backing file of an adoption, the mount file of a pinned one),
+    // and the rest of its description.
+    let mut exports: Vec<(RawFd, (u64, u64), String)> = Vec::new();
     let mut handed = Vec::new();
+    let vfork_child = crate::in_vfork_child();
     for (&fd, e) in t {
         let (writable, kept) = {
             let inner = e.inner.lock();
             match &inner.status {
                 Status::Adopted { writable, .. } => (*writable, inner.kept),
-                Status::Mount(why) if why == SHARED && !sys::cloexec(fd) => {
+                Status::Mount(why) if why == SHARED => {
                     // Pinned to the mount: the new image keeps it there.
-                    parts.push(format!("{fd},{},{}", e.dev, e.ino));
+                    exports.push((fd, (e.dev, e.ino), format!("{},{}", e.dev, e.ino)));
                     continue;
                 }
                 _ => continue,
             }
         };
-        if sys::cloexec(fd) {
-            continue;
-        }
         let Ok(b) = sys::identity(fd) else {
             continue;
         };
+        if !vfork_child && sys::cloexec(fd) {
+            continue;
+        }
         let kept = kept
             .and_then(|k| k.live(e.dev, e.ino))
             .filter(|&k| sys::set_cloexec(k, false).is_ok())
             .inspect(|&k| handed.push(k))
             .unwrap_or(0);
-        parts.push(format!(
-            "{fd},{},{},{},{},{},{kept}",
-            e.dev,
-            e.ino,
-            b.dev,
-            b.ino,
-            u8::from(writable)
+        exports.push((
+            fd,
+            (b.dev, b.ino),
+            format!(
+                "{},{},{},{},{},{kept}",
+                e.dev,
+                e.ino,
+                b.dev,
+                b.ino,
+                u8::from(writable)
+            ),
         ));
     }
+    drop(guard);
+    if vfork_child && !exports.is_empty() {
+        exports = in_vfork_child_numbers(exports);
+    }
+    let parts: Vec<String> = exports
+        .into_iter()
+        .filter(|(fd, _, _)| vfork_child || !sys::cloexec(*fd))
+        .map(|(fd, _, rest)| format!("{fd},{rest}"))
+        .collect();
     (parts.join(";"), handed)
+}
+
+/// The exports of a `vfork` child under the numbers it gave them: its
+/// `dup2`s and `close`s went untracked (they would have edited its parent's
+/// tables), so its descriptors are matched to the parent's by the object
+/// they refer to. Descriptors marked close-on-exec are left out.
+fn in_vfork_child_numbers(
+    exports: Vec<(RawFd, (u64, u64), String)>,
+) -> Vec<(RawFd, (u64, u64), String)> {
+    let Ok(dir) = rustix::fs::openat(
+        rustix::fs::CWD,
+        "/proc/self/fd",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) else {
+        return Vec::new();
+    };
+    let dir_fd = std::os::fd::AsRawFd::as_raw_fd(&dir);
+    let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .ok()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        if fd == dir_fd || state(fd) == SHIM || sys::cloexec(fd) {
+            continue;
+        }
+        let Ok(id) = sys::identity(fd) else {
+            continue;
+        };
+        if let Some((_, ident, rest)) = exports.iter().find(|(_, i, _)| *i == (id.dev, id.ino)) {
+            out.push((fd, *ident, rest.clone()));
+        }
+    }
+    out
 }
 
 /// Makes the kept opens [`export_adopted`] readied for an `exec` that then

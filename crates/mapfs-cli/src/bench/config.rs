@@ -24,6 +24,14 @@ pub enum Setup {
     },
     /// `bindfs BACKING MNT`, the reference FUSE passthrough.
     Bindfs,
+    /// `mapfs mount <fs> BACKING MNT --data <data>`: another file system
+    /// than passthrough.
+    MapfsFs {
+        /// The file system.
+        fs: &'static str,
+        /// The `--data` mode.
+        data: &'static str,
+    },
 }
 
 /// What the workload command runs under.
@@ -82,6 +90,30 @@ pub const CONFIGS: &[ConfigDef] = &[
         about:
             "mapfs passthrough fs mounted with --data auto, workload under mapfs run (preload shim)",
         setup: Setup::Mapfs { data: "auto" },
+        wrap: Wrap::MapfsRun(&[]),
+    },
+    ConfigDef {
+        name: "auto",
+        about: "mapfs passthrough fs mounted with --data auto (the preload row's mount, without the shim)",
+        setup: Setup::Mapfs { data: "auto" },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "plfs",
+        about: "mapfs plfs fs mounted with --data auto",
+        setup: Setup::MapfsFs {
+            fs: "plfs",
+            data: "auto",
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "plfs-preload",
+        about: "mapfs plfs fs mounted with --data auto, workload under mapfs run (preload shim)",
+        setup: Setup::MapfsFs {
+            fs: "plfs",
+            data: "auto",
+        },
         wrap: Wrap::MapfsRun(&[]),
     },
 ];
@@ -207,12 +239,17 @@ pub fn prepare(
     };
     let (root, guard) = match def.setup {
         Setup::Native => (backing.to_path_buf(), None),
-        Setup::Mapfs { data } => {
+        Setup::Mapfs { .. } | Setup::MapfsFs { .. } => {
+            let (fs, data) = match def.setup {
+                Setup::MapfsFs { fs, data } => (fs, data),
+                Setup::Mapfs { data } => ("passthrough", data),
+                _ => unreachable!("matched above"),
+            };
             let mnt = mnt_parent.join(def.name);
             std::fs::create_dir_all(&mnt)?;
             let mut cmd = Command::new(mapfs);
             cmd.arg("mount")
-                .arg("passthrough")
+                .arg(fs)
                 .arg(backing)
                 .arg(&mnt)
                 .args(["--data", data]);

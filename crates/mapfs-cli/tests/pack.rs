@@ -60,6 +60,20 @@ fn pack_on(mode: DataMode, backing: Option<&Path>, opts: &[&str]) -> MountSessio
         .unwrap_or_else(|e| panic!("mounting pack --data {mode} -o {opts:?}: {e:#}"))
 }
 
+/// [`pack_on`] without a supervisor: a killed daemon stays dead (the
+/// crash test checks what a remount recovers; failover.rs checks the
+/// supervised case).
+fn pack_unsupervised(mode: DataMode, backing: &Path, opts: &[&str]) -> MountSession {
+    MountSession::builder(mapfs_bin())
+        .fs("pack")
+        .data(mode)
+        .options(opts.iter().copied())
+        .backing(backing)
+        .arg("--no-supervisor")
+        .mount()
+        .unwrap_or_else(|e| panic!("mounting pack --data {mode} -o {opts:?}: {e:#}"))
+}
+
 /// A backing directory that outlives the sessions mounted on it.
 fn kept_backing() -> (tempfile::TempDir, PathBuf) {
     let t = native_dir();
@@ -579,7 +593,7 @@ fuse_test!(crash_sigkill_during_write_storm => {
         let seed = 0x5eed_0000 + round;
         let test = format!("pack crash round {round} (seed {seed:#x})");
         let mode = if round % 2 == 0 { DataMode::Auto } else { DataMode::Daemon };
-        let s = pack_on(mode, Some(&backing), &["threshold=8192"]);
+        let s = pack_unsupervised(mode, &backing, &["threshold=8192"]);
         let pid = preload_support::daemon_pid(&s);
         let threads: Vec<_> = (0..3)
             .map(|t| {

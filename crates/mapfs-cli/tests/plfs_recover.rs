@@ -53,6 +53,10 @@ fn mount_plfs(backing: &Path) -> MountSession {
         .backing(backing)
         .arg("--ttl")
         .arg("0")
+        // A killed daemon must stay dead here: these tests check what is
+        // recovered from its logs afterwards (failover.rs: the supervised
+        // case, where a successor takes over and nothing is lost).
+        .arg("--no-supervisor")
         .mount()
         .unwrap_or_else(|e| panic!("mount plfs over {}: {e:#}", backing.display()))
 }

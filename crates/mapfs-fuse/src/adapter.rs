@@ -171,6 +171,9 @@ pub struct Shared {
     /// The supervisor, which keeps what the kernel is told for the next
     /// daemon (see [`crate::failover`]).
     link: OnceLock<Arc<crate::failover::Link>>,
+    /// Bytes of changes handed to the supervisor and not yet in a map the
+    /// file system holds, over all opens (see `resume::JOURNAL_TOTAL_LIMIT`).
+    journaled_total: std::sync::atomic::AtomicU64,
 }
 
 /// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
@@ -205,6 +208,7 @@ impl Adapter {
             unlinked: Mutex::new(std::collections::HashMap::new()),
             stats: Counters::from_env(),
             link: OnceLock::new(),
+            journaled_total: std::sync::atomic::AtomicU64::new(0),
         })))
     }
 
@@ -832,6 +836,7 @@ impl Shared {
             self.fs.release(&file.ctx, &file.path, file.fs_handle, &map)
         };
         self.handles.forget_changes(&file);
+        self.journal_released_file(&file);
         let ino = file.ino;
         if self.handles.any_file_of(ino).is_none() {
             self.unlinked.lock().remove(&ino);

@@ -22,6 +22,11 @@ use crate::handles::{OpenDir, OpenFile, SizeChange};
 /// bounds what the supervisor keeps, and what a successor writes again.
 pub const JOURNAL_LIMIT: u64 = 8 << 20;
 
+/// Bytes of changes all opens together may have handed to the supervisor
+/// before the daemon hands every such map over: bounds the supervisor's
+/// memory whatever number of opens clients make.
+pub const JOURNAL_TOTAL_LIMIT: u64 = 64 << 20;
+
 /// Largest piece of a change in one record.
 const JOURNAL_CHUNK: usize = 128 << 10;
 
@@ -121,19 +126,39 @@ impl Shared {
                     }
                 }
             }
+            self.journaled_total.fetch_add(sent, Ordering::Relaxed);
             file.journaled.fetch_add(sent, Ordering::Relaxed) + sent
         };
+        let hand_over = |f: &OpenFile| {
+            if let Err(e) = self.persist_map(f) {
+                warn!(path = %f.path.display(), "cannot hand a map to the file system: {e}");
+            }
+        };
         if total > JOURNAL_LIMIT {
-            if let Err(e) = self.persist_map(file) {
-                warn!(path = %file.path.display(), "cannot hand a map to the file system: {e}");
+            hand_over(file);
+        }
+        if self.journaled_total.load(Ordering::Relaxed) > JOURNAL_TOTAL_LIMIT {
+            for f in self.handles.all_files() {
+                if f.journaled.load(Ordering::Relaxed) > 0 {
+                    hand_over(&f);
+                }
             }
         }
+    }
+
+    /// `file` was released: what it handed the supervisor is dropped there
+    /// (the release gave the file system its final map).
+    pub(super) fn journal_released_file(&self, file: &OpenFile) {
+        let n = file.journaled.swap(0, Ordering::Relaxed);
+        self.journaled_total.fetch_sub(n, Ordering::Relaxed);
     }
 
     /// The file system holds `file`'s map now (called under its
     /// `persisting` lock).
     pub(super) fn journal_flushed(&self, file: &OpenFile) {
-        if self.link.get().is_some() && file.journaled.swap(0, Ordering::Relaxed) > 0 {
+        let n = file.journaled.swap(0, Ordering::Relaxed);
+        if n > 0 {
+            self.journaled_total.fetch_sub(n, Ordering::Relaxed);
             self.journal(|| ToSupervisor::Flushed { fh: file.fh });
         }
     }
@@ -168,6 +193,7 @@ impl Shared {
         for file in touched.into_values() {
             // A record of its own, so the supervisor drops what it kept.
             file.journaled.store(1, Ordering::Relaxed);
+            self.journaled_total.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = self.persist_map(&file) {
                 warn!(path = %file.path.display(), "cannot hand a map to the file system: {e}");
             }

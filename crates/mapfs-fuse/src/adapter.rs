@@ -1001,6 +1001,7 @@ impl OpenRegistry for Shared {
     fn client_released(&self, fh: u64, map: DataMap) {
         if let Some(f) = self.handles.file(fh) {
             let size = map.size();
+            self.persist_journaled_of(f.ino);
             if f.data.whole_file_backing().is_none() {
                 // The client wrote through its own engine over the same
                 // backing files; adopt its final map so `release` persists it.
@@ -1190,6 +1191,9 @@ impl Filesystem for Adapter {
             None => None,
         });
         if let (Some(sz), Some(file)) = (size, &open) {
+            // Changes of other opens kept by the supervisor must not be
+            // written again after this size change (see `crate::failover`).
+            s.persist_journaled_of(ino.0);
             // A file system that records what each open changed (plfs) can
             // tell a shrink from growth only against what it was last
             // handed: hand it the open's writes before they are cut.

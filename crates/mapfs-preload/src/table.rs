@@ -741,7 +741,16 @@ impl Closed {
         let m = mounts::all().get(self.mount);
         match (self.notice, m) {
             (Some(Notice::Handle(req)), Some(m)) => {
-                let _ = m.call(&req);
+                let gone = matches!(m.call(&req), Err(e) if e.raw_os_error() == Some(libc::EBADF));
+                // A handle of a daemon that was replaced since (failover):
+                // its successor still has to drop the kernel's cached size,
+                // so it is told as for an adoption without a handle, proven
+                // on the kept open (which it took over).
+                if gone && matches!(req, Request::Closed { wrote: true, .. }) {
+                    if let Some(fd) = self.kept.and_then(|k| k.live(self.dev, self.ino)) {
+                        let _ = m.call_proven(sys::fd(fd), |proof| Request::Changed { proof });
+                    }
+                }
             }
             (Some(Notice::Changed), Some(m)) => {
                 // The proof must come from the kept open, before it closes:

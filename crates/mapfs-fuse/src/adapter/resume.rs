@@ -146,6 +146,24 @@ impl Shared {
         }
     }
 
+    /// Hands the file system the map of every open of `ino` that has
+    /// changes kept by the supervisor, before a change that sets the
+    /// file's size (a truncate, a shim client's final map): a successor
+    /// writes kept changes again in their order, and must not write them
+    /// over a size change that came after them.
+    pub(super) fn persist_journaled_of(&self, ino: u64) {
+        if self.link.get().is_none() || self.journaled_total.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        for f in self.handles.all_files() {
+            if f.ino == ino && f.journaled.load(Ordering::Relaxed) > 0 {
+                if let Err(e) = self.persist_map(&f) {
+                    warn!(path = %f.path.display(), "cannot hand a map to the file system: {e}");
+                }
+            }
+        }
+    }
+
     /// `file` was released: what it handed the supervisor is dropped there
     /// (the release gave the file system its final map).
     pub(super) fn journal_released_file(&self, file: &OpenFile) {

@@ -48,10 +48,11 @@ struct Connection {
     init: InitState,
     inodes: Inodes,
     opens: BTreeMap<u64, OpenRec>,
-    /// Acknowledged changes not yet in a map the file system holds, by
-    /// handle, in order (bounded by the daemon, which hands the map over
-    /// after `JOURNAL_LIMIT` bytes).
-    writes: BTreeMap<u64, Vec<(u64, Vec<u8>)>>,
+    /// Acknowledged changes not yet in a map the file system holds, in the
+    /// order they were made (over all opens: two opens of one file may
+    /// overwrite each other), bounded by the daemon, which hands maps over
+    /// after a few MiB of them.
+    writes: Vec<PendingWrite>,
 }
 
 /// How one daemon ended.
@@ -205,7 +206,7 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
                     // only replays and saves.
                     inodes: Inodes::new(0),
                     opens: BTreeMap::new(),
-                    writes: BTreeMap::new(),
+                    writes: Vec::new(),
                 });
             }
             ToSupervisor::Serving => served = true,
@@ -223,17 +224,17 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
             ToSupervisor::Released { fh } => {
                 if let Some(c) = conn {
                     c.opens.remove(&fh);
-                    c.writes.remove(&fh);
+                    c.writes.retain(|w| w.fh != fh);
                 }
             }
             ToSupervisor::Wrote(w) => {
                 if let Some(c) = conn {
-                    c.writes.entry(w.fh).or_default().push((w.offset, w.bytes));
+                    c.writes.push(w);
                 }
             }
             ToSupervisor::Flushed { fh } => {
                 if let Some(c) = conn {
-                    c.writes.remove(&fh);
+                    c.writes.retain(|w| w.fh != fh);
                 }
             }
         }
@@ -261,16 +262,9 @@ fn send_state(sock: &OwnedFd, c: &Connection) -> io::Result<()> {
     for batch in opens.chunks(BATCH) {
         control::send(sock.as_fd(), &ToDaemon::Opens(batch.to_vec()), &[])?;
     }
-    // One change per message: each is at most a journal chunk.
-    for (&fh, writes) in &c.writes {
-        for (offset, bytes) in writes {
-            let w = PendingWrite {
-                fh,
-                offset: *offset,
-                bytes: bytes.clone(),
-            };
-            control::send(sock.as_fd(), &ToDaemon::Writes(vec![w]), &[])?;
-        }
+    // One change per message (each is at most a journal chunk), in order.
+    for w in &c.writes {
+        control::send(sock.as_fd(), &ToDaemon::Writes(vec![w.clone()]), &[])?;
     }
     control::send(sock.as_fd(), &ToDaemon::End, &[])
 }

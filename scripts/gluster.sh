@@ -120,7 +120,7 @@ stop() {
     flock 9
     local m
     for m in "$A" "$B"; do
-        is_mounted "$m" && umount "$m"
+        is_mounted "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }
     done
     if command -v gluster >/dev/null 2>&1 && gluster --mode=script volume info "$VOL" >/dev/null 2>&1; then
         gluster --mode=script volume stop "$VOL" force >/dev/null || true

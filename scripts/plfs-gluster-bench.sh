@@ -63,15 +63,27 @@ one() {
     local common="--ioengine=psync --bs=$bs --end_fsync=1 --output=/dev/null"
     local t0 t1
     t0=$(date +%s%N)
+    local pa pb ok=1
     if [ ${#pre[@]} -gt 0 ]; then
         "$mapfs" run --mount "$ma" -- fio $common $(job 0 "$da/ckpt" $pat $bs) $(job 2 "$da/ckpt" $pat $bs) &
+        pa=$!
         "$mapfs" run --mount "$mb" -- fio $common $(job 1 "$db/ckpt" $pat $bs) $(job 3 "$db/ckpt" $pat $bs) &
+        pb=$!
     else
         fio $common $(job 0 "$da/ckpt" $pat $bs) $(job 2 "$da/ckpt" $pat $bs) &
+        pa=$!
         fio $common $(job 1 "$db/ckpt" $pat $bs) $(job 3 "$db/ckpt" $pat $bs) &
+        pb=$!
     fi
-    wait
+    wait "$pa" || ok=0
+    wait "$pb" || ok=0
     t1=$(date +%s%N)
+    # A run where a writer failed is no figure.
+    if [ $ok = 0 ]; then
+        rm -rf "${da:?}"/ckpt*
+        echo ERR
+        return
+    fi
     # Check the size through host B: every writer's bytes are there.
     local want=$((4 * (io_mib << 20)))
     if [ $pat = n1 ]; then
@@ -88,7 +100,10 @@ for bs in 4096 65536; do
     for cfg in gluster-nn gluster-n1 plfs-n1 plfs-run-n1; do
         vals=()
         for _ in $(seq "$reps"); do vals+=("$(one $cfg $bs)"); done
-        med[$cfg]=$(printf '%s\n' "${vals[@]}" | sort -n | sed -n "$(((reps + 1) / 2))p")
+        good=$(printf '%s\n' "${vals[@]}" | grep -v ERR || true)
+        n=$(echo "$good" | grep -c . || true)
+        med[$cfg]=$(echo "$good" | sort -n | sed -n "$(((n + 1) / 2))p")
+        [ -n "${med[$cfg]}" ] || med[$cfg]=0
         echo "bs=$bs $cfg MB/s: ${vals[*]} (median ${med[$cfg]})"
     done
     echo "bs=$bs plfs-run-n1/gluster-nn = $(echo "scale=2; ${med[plfs-run-n1]} / ${med[gluster-nn]}" | bc -l)" \

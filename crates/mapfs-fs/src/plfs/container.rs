@@ -96,8 +96,6 @@ pub(super) struct Listing {
     pub logs: Vec<String>,
     /// `tmp.*` names (droppings never completed).
     pub tmps: Vec<String>,
-    /// 512-byte blocks allocated to the logs.
-    pub log_blocks: u64,
 }
 
 /// Lists a container (as whoever runs this: the daemon).
@@ -123,9 +121,6 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
             out.index_inos
                 .push(if not_file { u64::MAX } else { e.ino() });
         } else if name.starts_with(LOG_PREFIX) {
-            if let Ok(st) = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-                out.log_blocks += st.st_blocks as u64;
-            }
             out.logs.push(name.to_owned());
         } else if name.starts_with(TMP_PREFIX) {
             out.tmps.push(name.to_owned());
@@ -139,6 +134,11 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
     pairs.sort();
     (out.indexes, out.index_inos) = pairs.into_iter().unzip();
     Ok(out)
+}
+
+/// 512-byte blocks allocated to log `name` of `dir` (0 if it vanished).
+pub(super) fn log_blocks(dir: BorrowedFd<'_>, name: &str) -> u64 {
+    rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_or(0, |st| st.st_blocks as u64)
 }
 
 /// Names of the real subdirectories of `dir` (not following symlinks;

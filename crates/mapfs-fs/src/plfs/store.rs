@@ -72,6 +72,9 @@ struct Cached {
     /// (an open costs a round trip on a distributed store). A log's name is
     /// never reused, and its recorded bytes never change.
     logs: HashMap<String, Arc<File>>,
+    /// Blocks of the logs of closed writers (their logs no longer grow), so
+    /// that a merge does not stat every log again.
+    blocks: HashMap<String, u64>,
     /// Index entries this entry holds (see [`CACHE_ENTRIES_MAX`]).
     entries: usize,
 }
@@ -277,11 +280,11 @@ impl Store {
         let listing = container::list(dir)?;
         // The previous entry's closed droppings and log descriptors,
         // whatever its validator.
-        let (known, mut logs) = self
+        let (known, mut logs, known_blocks) = self
             .cache
             .lock()
             .remove(&key)
-            .map(|c| (c.closed, c.logs))
+            .map(|c| (c.closed, c.logs, c.blocks))
             .unwrap_or_default();
         logs.retain(|n, _| listing.logs.contains(n));
         let mut closed = HashMap::new();
@@ -329,7 +332,19 @@ impl Store {
                 }
             })
             .cloned()
-            .collect();
+            .collect::<Vec<String>>();
+        let mut blocks = HashMap::new();
+        let mut log_blocks = 0;
+        for l in &listing.logs {
+            let b = match known_blocks.get(l) {
+                Some(b) if !suspects.contains(l) => *b,
+                _ => container::log_blocks(dir, l),
+            };
+            log_blocks += b;
+            if !suspects.contains(l) {
+                blocks.insert(l.clone(), b);
+            }
+        }
         let records: usize = closed
             .values()
             .map(|d: &Arc<Dropping>| d.records.len())
@@ -340,7 +355,7 @@ impl Store {
         let entries = merged.map.extents().len() + if closed.is_empty() { 0 } else { records };
         let loaded = Arc::new(Loaded {
             merged,
-            log_blocks: listing.log_blocks,
+            log_blocks,
             suspects,
             droppings: ds.len(),
         });
@@ -356,6 +371,7 @@ impl Store {
                     loaded: loaded.clone(),
                     closed,
                     logs,
+                    blocks,
                     entries,
                 },
             );

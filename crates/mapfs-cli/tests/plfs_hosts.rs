@@ -79,6 +79,10 @@ fn hosts(test: &str) -> Option<Hosts> {
             .option(&format!("hostid={host}"))
             .arg("--ttl")
             .arg("0")
+            // A host whose daemon is killed stays down (the killed-writer
+            // test checks what the other host sees then; failover.rs: the
+            // supervised case, where nothing is lost).
+            .arg("--no-supervisor")
             .mount()
             .map_err(|e| format!("{test}: mount plfs on Gluster as {host}: {e:#}"))
     };

@@ -1082,3 +1082,40 @@ fn rename_over_loop_with_concurrent_reader() {
     assert_eq!(f.contents("/target"), version(200));
     assert_eq!(f.names("/").len(), 1);
 }
+
+/// A directory's link count is 2 plus its real subdirectories (containers
+/// are not counted) through every mix of file creates and removes, which
+/// keep a cached count, and subdirectory changes, which must not be masked
+/// by it.
+#[test]
+fn directory_link_count_follows_subdirectories_not_files() {
+    let f = fx();
+    f.fs.mkdir(&ROOT, p("/d"), 0o755).unwrap();
+    let nlink = |f: &Fx| f.fs.getattr(&ROOT, p("/d")).unwrap().nlink;
+    assert_eq!(nlink(&f), 2);
+    for i in 0..20 {
+        f.create(&format!("/d/f{i}")).close();
+        assert_eq!(nlink(&f), 2, "after creating file {i}");
+    }
+    f.fs.mkdir(&ROOT, p("/d/sub"), 0o755).unwrap();
+    assert_eq!(nlink(&f), 3, "a subdirectory counts");
+    for i in 20..30 {
+        f.create(&format!("/d/f{i}")).close();
+        assert_eq!(nlink(&f), 3, "after creating file {i}");
+    }
+    for i in 0..15 {
+        f.fs.unlink(&ROOT, &PathBuf::from(format!("/d/f{i}")))
+            .unwrap();
+        assert_eq!(nlink(&f), 3, "after removing file {i}");
+    }
+    // A subdirectory made between a cached count and a file create, with
+    // no look in between, must not be hidden by the create.
+    f.fs.mkdir(&ROOT, p("/d/sub2"), 0o755).unwrap();
+    f.create("/d/late").close();
+    assert_eq!(nlink(&f), 4, "mkdir, then a create");
+    f.fs.rmdir(&ROOT, p("/d/sub2")).unwrap();
+    f.fs.unlink(&ROOT, p("/d/late")).unwrap();
+    assert_eq!(nlink(&f), 3, "rmdir, then an unlink");
+    f.fs.rmdir(&ROOT, p("/d/sub")).unwrap();
+    assert_eq!(nlink(&f), 2, "the subdirectory is gone");
+}

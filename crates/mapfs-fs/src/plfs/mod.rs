@@ -150,7 +150,7 @@ mod store;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -586,6 +586,24 @@ impl Plfs {
             }
         }
         a
+    }
+
+    /// This daemon added or removed a container in `dir`, which leaves
+    /// the count of real subdirectories alone: a cached count taken when
+    /// the directory was as `before` stays valid for it now (without this,
+    /// every create in a directory of n files would count n entries again
+    /// at the next `getattr` of the directory).
+    fn nlink_kept(&self, dir: BorrowedFd<'_>, before: Option<store::Validator>) {
+        let (Some(before), Ok(key), Ok(now)) =
+            (before, container::key_of(dir), store::validator(dir))
+        else {
+            return;
+        };
+        if let Some((v, _)) = self.nlinks.lock().get_mut(&key) {
+            if *v == before {
+                *v = now;
+            }
+        }
     }
 
     fn dir_nlink(&self, path: &Path) -> Result<u32> {

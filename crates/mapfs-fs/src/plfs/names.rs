@@ -57,6 +57,7 @@ impl Plfs {
             let f = self.find(path)?;
             match f.node {
                 Node::File(dir) => {
+                    let before = super::store::validator(f.parent.as_fd()).ok();
                     let gone = format!("{GONE_PREFIX}{}", format::new_id());
                     container::rename_noreplace(
                         f.parent.as_fd(),
@@ -64,6 +65,7 @@ impl Plfs {
                         f.parent.as_fd(),
                         gone.as_ref(),
                     )?;
+                    self.nlink_kept(f.parent.as_fd(), before);
                     Ok(Some((f.parent, gone, dir)))
                 }
                 Node::Dir => Err(Error::from_errno(libc::EISDIR)),

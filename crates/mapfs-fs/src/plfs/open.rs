@@ -127,6 +127,7 @@ impl Plfs {
     pub(super) fn make_file(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<OwnedFd> {
         let (parent, tmp, res) = as_caller(ctx, || {
             let (parent, name) = self.parent_for_new(path)?;
+            let before = super::store::validator(parent.as_fd()).ok();
             let tmp = container::new_name();
             rustix::fs::mkdirat(&parent, tmp.as_str(), Mode::from_raw_mode(0o711))?;
             let res = (|| {
@@ -142,6 +143,7 @@ impl Plfs {
                     Mode::from_raw_mode(mode & 0o7777),
                 )?;
                 container::rename_noreplace(parent.as_fd(), tmp.as_ref(), parent.as_fd(), &name)?;
+                self.nlink_kept(parent.as_fd(), before);
                 Ok(dir)
             })();
             Ok((parent, tmp, res))

@@ -200,14 +200,27 @@ pub fn remove_stale() {
         if path.extension().is_none_or(|x| x != "pid") {
             continue;
         }
-        let alive = std::fs::read_to_string(&path)
+        let Ok(before) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let alive = before
+            .trim()
+            .parse::<i32>()
             .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
             .and_then(rustix::process::Pid::from_raw)
             .is_some_and(|p| rustix::process::test_kill_process(p).is_ok());
-        if !alive {
-            let _ = std::fs::remove_file(path.with_extension("json"));
+        // Only while it still names the dead process: a daemon that took
+        // over the mount (failover) may have just written its own.
+        if !alive && std::fs::read_to_string(&path).is_ok_and(|now| now == before) {
             let _ = std::fs::remove_file(&path);
+            let json = path.with_extension("json");
+            let names_dead = std::fs::read(&json)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<MountInfo>(&b).ok())
+                .is_none_or(|i| i.pid.to_string() == before.trim());
+            if names_dead {
+                let _ = std::fs::remove_file(json);
+            }
         }
     }
 }

@@ -324,11 +324,7 @@ fn supervise(reg: &Registry) -> Result<()> {
 /// SIGINT, SIGTERM and SIGHUP to the supervisor go to its daemon (which
 /// unmounts), so the pair stops as one process did.
 fn forward_signals(current: Arc<Mutex<Option<OwnedFd>>>) -> Result<()> {
-    use nix::sys::signal::{SigSet, Signal};
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGINT);
-    set.add(Signal::SIGTERM);
-    set.add(Signal::SIGHUP);
+    let set = stop_signals();
     set.thread_block().context("cannot block signals")?;
     std::thread::Builder::new()
         .name("mapfs-signals".into())
@@ -632,11 +628,7 @@ fn spawn_signal_unmounter(
     mut unmounter: mapfs_fuse::Unmounter,
     supervised: Option<Arc<mapfs_fuse::adapter::Shared>>,
 ) -> Result<()> {
-    use nix::sys::signal::{SigSet, Signal};
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGINT);
-    set.add(Signal::SIGTERM);
-    set.add(Signal::SIGHUP);
+    let mut set = stop_signals();
     set.add(RESTART_SIGNAL);
     set.thread_block().context("cannot block signals")?;
     std::thread::Builder::new()
@@ -662,6 +654,16 @@ fn spawn_signal_unmounter(
             }
         })?;
     Ok(())
+}
+
+/// The signals that stop a mount: SIGINT, SIGTERM, SIGHUP.
+fn stop_signals() -> nix::sys::signal::SigSet {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGHUP);
+    set
 }
 
 /// The signal `mapfs restart` sends a daemon.

@@ -730,20 +730,15 @@ impl Shared {
                 }
             }
         }
-        let fh = self.handles.add_file(OpenFile {
-            fh: 0,
+        let fh = self.handles.add_file(OpenFile::new(
             ino,
             path,
             flags,
+            *c,
             fs_handle,
             data,
-            backing: backing.clone(),
-            wrote: AtomicBool::new(false),
-            persisting: Mutex::new(()),
-            ctx: *c,
-            lent: AtomicBool::new(false),
-            journaled: std::sync::atomic::AtomicU64::new(0),
-        });
+            backing.clone(),
+        ));
         if let Some(file) = self.handles.file(fh) {
             self.journal_file(&file);
         }

@@ -56,6 +56,35 @@ pub struct OpenFile {
     pub journaled: AtomicU64,
 }
 
+impl OpenFile {
+    /// A new open of `ino` (its handle is set when it is registered), with
+    /// nothing written, lent or handed to the supervisor yet.
+    pub fn new(
+        ino: u64,
+        path: PathBuf,
+        flags: i32,
+        ctx: mapfs::Ctx,
+        fs_handle: u64,
+        data: Arc<DataFile>,
+        backing: Option<Arc<BackingId>>,
+    ) -> Self {
+        OpenFile {
+            fh: 0,
+            ino,
+            path,
+            flags,
+            fs_handle,
+            data,
+            backing,
+            wrote: AtomicBool::new(false),
+            persisting: Mutex::new(()),
+            ctx,
+            lent: AtomicBool::new(false),
+            journaled: AtomicU64::new(0),
+        }
+    }
+}
+
 /// An open directory: the listing taken at `opendir`, served by offset.
 #[derive(Debug)]
 pub struct OpenDir {

@@ -4,12 +4,11 @@
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mapfs::engine::DataFile;
 use mapfs::Ctx;
-use parking_lot::Mutex;
 use tracing::{info, warn};
 
 use super::{Shared, ROOT_CTX};
@@ -209,11 +208,13 @@ impl Shared {
         }
         let n = touched.len();
         for file in touched.into_values() {
-            // A record of its own, so the supervisor drops what it kept.
-            file.journaled.store(1, Ordering::Relaxed);
-            self.journaled_total.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.persist_map(&file) {
-                warn!(path = %file.path.display(), "cannot hand a map to the file system: {e}");
+            match self.persist_map(&file) {
+                // The replayed changes were not handed to the supervisor
+                // again, so it is told here that it may drop what it kept.
+                Ok(()) => self.journal(|| ToSupervisor::Flushed { fh: file.fh }),
+                Err(e) => {
+                    warn!(path = %file.path.display(), "cannot hand a map to the file system: {e}")
+                }
             }
         }
         if n > 0 || lost > 0 {
@@ -294,20 +295,9 @@ impl Shared {
                             self.tokens.opened(rec.ino, &data, may_change);
                             self.handles.restore_file(
                                 rec.fh,
-                                OpenFile {
-                                    fh: rec.fh,
-                                    ino: rec.ino,
-                                    path: open_path,
-                                    flags,
-                                    fs_handle,
-                                    data,
-                                    backing,
-                                    wrote: AtomicBool::new(false),
-                                    persisting: Mutex::new(()),
-                                    ctx,
-                                    lent: AtomicBool::new(false),
-                                    journaled: AtomicU64::new(0),
-                                },
+                                OpenFile::new(
+                                    rec.ino, open_path, flags, ctx, fs_handle, data, backing,
+                                ),
                             );
                             files += 1;
                         }

@@ -74,15 +74,6 @@ fn pack_unsupervised(mode: DataMode, backing: &Path, opts: &[&str]) -> MountSess
         .unwrap_or_else(|e| panic!("mounting pack --data {mode} -o {opts:?}: {e:#}"))
 }
 
-/// A backing directory that outlives the sessions mounted on it.
-fn kept_backing() -> (tempfile::TempDir, PathBuf) {
-    let t = native_dir();
-    let b = t.path().join("backing");
-    fs::create_dir(&b).unwrap();
-    fs::set_permissions(&b, fs::Permissions::from_mode(0o755)).unwrap();
-    (t, b)
-}
-
 fn umount_clean(mut s: MountSession, what: &str) {
     let out = s.umount_settled().expect("running mapfs umount");
     assert!(

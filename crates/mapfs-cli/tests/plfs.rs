@@ -64,16 +64,6 @@ fn plfs(mode: DataMode) -> MountSession {
     plfs_on(mode, None, &[])
 }
 
-/// A backing directory that outlives the sessions mounted on it (for
-/// remounts); the returned guard removes it.
-fn kept_backing() -> (tempfile::TempDir, PathBuf) {
-    let t = native_dir();
-    let b = t.path().join("backing");
-    fs::create_dir(&b).unwrap();
-    fs::set_permissions(&b, fs::Permissions::from_mode(0o755)).unwrap();
-    (t, b)
-}
-
 /// Cleanly unmounts `s` (`mapfs umount` waits for the daemon to exit, so
 /// everything it persisted is in the backing dir afterwards).
 fn umount_clean(mut s: MountSession, what: &str) {

@@ -25,6 +25,16 @@ pub fn mount(mode: DataMode, opts: &[&str]) -> MountSession {
         .unwrap_or_else(|e| panic!("mounting passthrough --data {mode} -o {opts:?}: {e:#}"))
 }
 
+/// A backing directory that outlives the sessions mounted on it (for
+/// remounts); the returned guard removes it.
+pub fn kept_backing() -> (tempfile::TempDir, PathBuf) {
+    let t = native_dir();
+    let b = t.path().join("backing");
+    fs::create_dir(&b).unwrap();
+    fs::set_permissions(&b, fs::Permissions::from_mode(0o755)).unwrap();
+    (t, b)
+}
+
 /// A world-traversable temp dir on the same file system as the mounts' backing
 /// dirs (the native control side of a comparison).
 pub fn native_dir() -> tempfile::TempDir {

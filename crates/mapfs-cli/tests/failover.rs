@@ -276,12 +276,11 @@ fn passthrough_under_the_shim_survives_kills() {
     storm("passthrough", DataMode::Auto, &[], true);
 }
 
-/// Not yet: a plfs open lent to a shim client keeps its map in the client,
-/// which hands it over with the handle the dead daemon gave; its successor
-/// does not know that handle, so the changes since the client's last push
-/// are lost (docs/failover.md, Limits).
+/// A plfs open lent to a shim client keeps its map in the client, which
+/// hands it back with the handle the dead daemon gave: the client has it
+/// lent again by the successor and carries its writes since the last push
+/// over (`mapfs::carry`).
 #[test]
-#[ignore = "lent plfs opens do not survive a daemon replacement yet (docs/failover.md, Limits)"]
 fn plfs_under_the_shim_survives_kills() {
     storm("plfs", DataMode::Auto, &[], true);
 }

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use mapfs::engine::DataFile;
 use mapfs::lentsize::LentSize;
 use mapfs::DataMap;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 /// Why a call cannot be served here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,43 +59,27 @@ pub type LentResult<T> = Result<T, Refusal>;
 
 /// A lent open: its data state, offset and access.
 pub struct Lent {
-    /// The daemon's name for this lending.
-    pub handle: u64,
-    data: DataFile,
+    /// The lending itself; replaced when the daemon that lent it was (see
+    /// [`Lent::relend`]), which data calls wait out.
+    lending: RwLock<Lending>,
     offset: Mutex<u64>,
     readable: bool,
     writable: bool,
     append: AtomicBool,
     wrote: AtomicBool,
+}
+
+/// What one daemon lent.
+struct Lending {
+    /// The daemon's name for this lending.
+    handle: u64,
+    data: DataFile,
     /// Where the daemon reads this open's size (writable lendings); it
     /// holds the map's size.
     size_page: Option<LentSize>,
 }
 
-impl Lent {
-    /// A lent open with map `data`, at `offset`, opened with `flags`.
-    pub fn new(handle: u64, data: DataFile, offset: u64, flags: i32) -> Self {
-        let access = flags & libc::O_ACCMODE;
-        Lent {
-            handle,
-            data,
-            offset: Mutex::new(offset),
-            readable: access != libc::O_WRONLY,
-            writable: access != libc::O_RDONLY,
-            append: AtomicBool::new(flags & libc::O_APPEND != 0),
-            wrote: AtomicBool::new(false),
-            size_page: None,
-        }
-    }
-
-    /// Keeps this open's size in `page`, where the daemon reads it.
-    pub fn with_size_page(mut self, page: LentSize) -> Self {
-        let size = self.data.size().unwrap_or(0);
-        page.set(size);
-        self.size_page = Some(page);
-        self
-    }
-
+impl Lending {
     /// After a write ending at `end`: the size grew only if `end` passed it.
     fn grew_to(&self, end: u64) {
         if let Some(p) = &self.size_page {
@@ -111,6 +95,60 @@ impl Lent {
             p.set(size);
         }
     }
+}
+
+impl Lent {
+    /// A lent open with map `data`, at `offset`, opened with `flags`;
+    /// `size_page` is where the daemon reads its size (writable lendings).
+    pub fn new(
+        handle: u64,
+        data: DataFile,
+        size_page: Option<LentSize>,
+        offset: u64,
+        flags: i32,
+    ) -> Self {
+        let access = flags & libc::O_ACCMODE;
+        let lending = Lending {
+            handle,
+            data,
+            size_page,
+        };
+        lending.resized();
+        Lent {
+            lending: RwLock::new(lending),
+            offset: Mutex::new(offset),
+            readable: access != libc::O_WRONLY,
+            writable: access != libc::O_RDONLY,
+            append: AtomicBool::new(flags & libc::O_APPEND != 0),
+            wrote: AtomicBool::new(false),
+        }
+    }
+
+    /// The daemon's name for this lending.
+    pub fn handle(&self) -> u64 {
+        self.lending.read().handle
+    }
+
+    /// Takes the same open lent again by a daemon that replaced the one
+    /// that lent it (failover): carries this process's bytes into the new
+    /// lending (see [`mapfs::carry`]) and runs on it from now on. Returns
+    /// the bytes copied; on error the old lending stays.
+    pub fn relend(
+        &self,
+        handle: u64,
+        data: DataFile,
+        size_page: Option<LentSize>,
+    ) -> mapfs::Result<u64> {
+        let mut lending = self.lending.write();
+        let copied = mapfs::carry::carry_over(&lending.data, &data)?;
+        *lending = Lending {
+            handle,
+            data,
+            size_page,
+        };
+        lending.resized();
+        Ok(copied)
+    }
 
     /// Opened for writing.
     pub fn writable(&self) -> bool {
@@ -124,7 +162,7 @@ impl Lent {
 
     /// The current map (for the daemon).
     pub fn map(&self) -> DataMap {
-        self.data.map()
+        self.lending.read().data.map()
     }
 
     /// The offset of the open file description.
@@ -140,7 +178,7 @@ impl Lent {
 
     /// File size as this open sees it.
     pub fn size(&self) -> LentResult<u64> {
-        Ok(self.data.size()?)
+        Ok(self.lending.read().data.size()?)
     }
 
     fn check_read(&self) -> LentResult<()> {
@@ -162,14 +200,14 @@ impl Lent {
     /// `pread`.
     pub fn pread(&self, buf: &mut [u8], offset: u64) -> LentResult<usize> {
         self.check_read()?;
-        Ok(self.data.read(offset, buf)?)
+        Ok(self.lending.read().data.read(offset, buf)?)
     }
 
     /// `read` at the description's offset, which it advances.
     pub fn read(&self, buf: &mut [u8]) -> LentResult<usize> {
         self.check_read()?;
         let mut off = self.offset.lock();
-        let n = self.data.read(*off, buf)?;
+        let n = self.lending.read().data.read(*off, buf)?;
         *off += n as u64;
         Ok(n)
     }
@@ -177,8 +215,9 @@ impl Lent {
     /// Writes at `offset` (or at the end with `O_APPEND`, as Linux does
     /// for `pwrite` too); returns the bytes written and where they ended.
     fn write_at(&self, data: &[u8], offset: u64) -> LentResult<(usize, u64)> {
+        let lending = self.lending.read();
         let at = if self.append.load(Ordering::Relaxed) {
-            self.data.size()?
+            lending.data.size()?
         } else {
             offset
         };
@@ -188,11 +227,11 @@ impl Lent {
             needs_mount = true;
             Err(mapfs::Error::from_errno(libc::EOPNOTSUPP))
         };
-        match self.data.write(at, data, &mut remap) {
+        match lending.data.write(at, data, &mut remap) {
             Ok(n) => {
                 self.wrote.store(true, Ordering::Relaxed);
                 let end = at + n as u64;
-                self.grew_to(end);
+                lending.grew_to(end);
                 Ok((n, end))
             }
             Err(_) if needs_mount => Err(Refusal::NeedsMount),
@@ -221,16 +260,17 @@ impl Lent {
         let base = match whence {
             libc::SEEK_SET => 0,
             libc::SEEK_CUR => *off as i64,
-            libc::SEEK_END => self.data.size()? as i64,
+            libc::SEEK_END => self.size()? as i64,
             libc::SEEK_DATA | libc::SEEK_HOLE => {
                 if offset < 0 {
                     return Err(Refusal::Errno(libc::ENXIO));
                 }
-                let size = self.data.size()?;
+                let lending = self.lending.read();
+                let size = lending.data.size()?;
                 if offset as u64 >= size {
                     return Err(Refusal::Errno(libc::ENXIO));
                 }
-                let pos = self.data.seek(offset as u64, whence)?.min(size);
+                let pos = lending.data.seek(offset as u64, whence)?.min(size);
                 *off = pos;
                 return Ok(pos);
             }
@@ -249,23 +289,25 @@ impl Lent {
         if !self.writable {
             return Err(Refusal::Errno(libc::EINVAL));
         }
-        self.data.truncate(size)?;
+        let lending = self.lending.read();
+        lending.data.truncate(size)?;
         self.wrote.store(true, Ordering::Relaxed);
-        self.resized();
+        lending.resized();
         Ok(())
     }
 
     /// `fallocate`.
     pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> LentResult<()> {
         self.check_write()?;
-        self.data.fallocate(mode, offset, len)?;
+        let lending = self.lending.read();
+        lending.data.fallocate(mode, offset, len)?;
         self.wrote.store(true, Ordering::Relaxed);
-        self.resized();
+        lending.resized();
         Ok(())
     }
 
     /// `fsync`/`fdatasync` of the backing files.
     pub fn fsync(&self, datasync: bool) -> LentResult<()> {
-        Ok(self.data.fsync(datasync)?)
+        Ok(self.lending.read().data.fsync(datasync)?)
     }
 }

@@ -372,9 +372,9 @@ pub fn hand_back(entry: &Entry, why: &str) {
         let _ = rustix::fs::seek(sys::fd(fd), rustix::fs::SeekFrom::Start(lent.offset()));
     }
     if let Some(m) = mounts::all().get(entry.mount) {
-        push_map(m, &lent);
+        push_map(m, &lent, open);
         let _ = m.call(&Request::Closed {
-            handle: lent.handle,
+            handle: lent.handle(),
             wrote: lent.wrote(),
         });
     }
@@ -419,16 +419,40 @@ fn end_lending(lent: &Lent) {
 
 /// Sends a lent open's current map to the daemon if it wrote (before a
 /// `close(2)` or `fsync` of its mount descriptor, so the file system
-/// persists it).
-fn push_map(m: &mounts::Mount, lent: &Lent) {
+/// persists it). If the daemon that lent it was replaced since (its handle
+/// is unknown now), the open is first lent again through `kept`, the open
+/// itself (see [`relend`]).
+fn push_map(m: &mounts::Mount, lent: &Lent, kept: Option<RawFd>) {
     if !lent.wrote() {
         return;
     }
-    let req = Request::Release {
-        handle: lent.handle,
-        map: lent.map(),
+    let push = || {
+        m.call(&Request::Release {
+            handle: lent.handle(),
+            map: lent.map(),
+        })
     };
-    match m.call(&req) {
+    let mut res = push();
+    let stale = match &res {
+        Err(e) => e.raw_os_error() == Some(libc::EBADF),
+        Ok((Response::Refused { errno, .. }, _)) => *errno == libc::EBADF,
+        Ok(_) => false,
+    };
+    if let (true, Some(k)) = (stale, kept) {
+        match relend(m, k, lent) {
+            Ok(copied) => {
+                sys::log(format_args!(
+                    "a lent open outlived the daemon that lent it: lent again by its \
+                     successor, {copied} bytes written since the last push carried over"
+                ));
+                res = push();
+            }
+            Err(why) => sys::log(format_args!(
+                "a lent open outlived the daemon that lent it and could not be lent again: {why}"
+            )),
+        }
+    }
+    match res {
         Ok((Response::Done, _)) => {}
         other => sys::log(format_args!(
             "the daemon did not take a lent open's map ({other:?}); writes since the last \
@@ -444,7 +468,7 @@ pub fn sync_lent(fd: RawFd) {
     };
     let inner = e.inner.lock();
     if let (Some(lent), Some(m)) = (&inner.lent, mounts::all().get(e.mount)) {
-        push_map(m, lent);
+        push_map(m, lent, inner.kept.and_then(|k| k.live(e.dev, e.ino)));
     }
 }
 
@@ -542,14 +566,59 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
         });
     }
     let token = mcache::token_before_asking(entry.mount, entry.ino);
+    let Handed {
+        handle,
+        map,
+        backing,
+        size_page,
+    } = ask_adopt(mount, first, flags, engine)?;
+    if !map.is_whole_file() {
+        // Lent: the daemon checked the map can run here.
+        let data = lent_data(map, backing);
+        if writable {
+            if let Err(why) = put_placeholders(entry, inner) {
+                // Nothing was written: end the lending, stay on the mount.
+                let _ = mount.call(&Request::Closed {
+                    handle,
+                    wrote: false,
+                });
+                return Err(why);
+            }
+        }
+        let lent = Lent::new(handle, data, size_page, offset, flags);
+        inner.lent = Some(Arc::new(lent));
+        return Ok(Status::Lent);
+    }
+    if backing.len() != 1 {
+        return Err("whole-file map without exactly one backing file".into());
+    }
+    let backing = &backing[0];
+    install(entry, inner, backing.as_fd(), offset)?;
+    if let Some(token) = token {
+        mcache::store(entry.mount, entry.ino, token, backing.as_fd());
+    }
+    Ok(Status::Adopted { handle, writable })
+}
+
+/// What a daemon handed out for an adoption.
+struct Handed {
+    handle: u64,
+    map: mapfs::DataMap,
+    backing: Vec<std::os::fd::OwnedFd>,
+    size_page: Option<mapfs::lentsize::LentSize>,
+}
+
+/// Asks the daemon of `mount` to hand over the open of `fd` (see
+/// [`Request::Adopt`]).
+fn ask_adopt(mount: &mounts::Mount, fd: RawFd, flags: i32, engine: bool) -> Result<Handed, String> {
     let (resp, mut backing) = mount
-        .call_proven(sys::fd(first), |proof| Request::Adopt {
+        .call_proven(sys::fd(fd), |proof| Request::Adopt {
             proof,
             flags,
             engine,
         })
         .map_err(|e| format!("daemon unreachable: {e}"))?;
-    let (handle, map, size_page) = match resp {
+    match resp {
         Response::Adopted {
             handle,
             map,
@@ -558,7 +627,7 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
             generations,
         } => {
             mount.keep_generations(&mut backing, files, generations);
-            let page = if size_slot {
+            let size_page = if size_slot {
                 match mapfs::control::take_size_slot(&mut backing, files, size_slot) {
                     Some(p) => Some(p),
                     None => {
@@ -572,48 +641,53 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
             } else {
                 None
             };
-            (handle, map, page)
+            Ok(Handed {
+                handle,
+                map,
+                backing,
+                size_page,
+            })
         }
-        Response::Refused { reason, .. } => return Err(format!("refused: {reason}")),
-        other => return Err(format!("unexpected answer {other:?}")),
-    };
-    if !map.is_whole_file() {
-        // Lent: the daemon checked the map can run here.
-        let files = backing
-            .into_iter()
-            .map(|fd| Arc::new(std::fs::File::from(fd)))
-            .collect();
-        let data = DataFile::new(mapfs::Opened {
-            map,
-            files,
-            handle: 0,
+        Response::Refused { reason, .. } => Err(format!("refused: {reason}")),
+        other => Err(format!("unexpected answer {other:?}")),
+    }
+}
+
+/// The data state of a lending: `map` over the `backing` descriptors.
+fn lent_data(map: mapfs::DataMap, backing: Vec<std::os::fd::OwnedFd>) -> DataFile {
+    let files = backing
+        .into_iter()
+        .map(|fd| Arc::new(std::fs::File::from(fd)))
+        .collect();
+    DataFile::new(mapfs::Opened {
+        map,
+        files,
+        handle: 0,
+    })
+}
+
+/// Has the open of `kept` lent again by a daemon that replaced the one that
+/// lent `lent` (its handle died with it), carrying this process's writes
+/// since its last push into the new lending; returns the bytes copied.
+fn relend(m: &mounts::Mount, kept: RawFd, lent: &Lent) -> Result<u64, String> {
+    let flags = rustix::fs::fcntl_getfl(sys::fd(kept))
+        .map_err(|e| format!("F_GETFL: {e}"))?
+        .bits() as i32;
+    let h = ask_adopt(m, kept, flags, true)?;
+    let end = |why: String| {
+        let _ = m.call(&Request::Closed {
+            handle: h.handle,
+            wrote: false,
         });
-        if writable {
-            if let Err(why) = put_placeholders(entry, inner) {
-                // Nothing was written: end the lending, stay on the mount.
-                let _ = mount.call(&Request::Closed {
-                    handle,
-                    wrote: false,
-                });
-                return Err(why);
-            }
-        }
-        let mut lent = Lent::new(handle, data, offset, flags);
-        if let Some(p) = size_page {
-            lent = lent.with_size_page(p);
-        }
-        inner.lent = Some(Arc::new(lent));
-        return Ok(Status::Lent);
+        Err(why)
+    };
+    if h.map.is_whole_file() {
+        return end("the new daemon lent a whole-file map".into());
     }
-    if backing.len() != 1 {
-        return Err("whole-file map without exactly one backing file".into());
+    match lent.relend(h.handle, lent_data(h.map, h.backing), h.size_page) {
+        Ok(copied) => Ok(copied),
+        Err(e) => end(format!("carrying the writes over: {e}")),
     }
-    let backing = &backing[0];
-    install(entry, inner, backing.as_fd(), offset)?;
-    if let Some(token) = token {
-        mcache::store(entry.mount, entry.ino, token, backing.as_fd());
-    }
-    Ok(Status::Adopted { handle, writable })
 }
 
 /// Puts `backing` (positioned at the application's `offset`) under every
@@ -805,11 +879,11 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
             // Before the real close: its FLUSH is where the file system
             // persists the map.
             if let Some(m) = mounts::all().get(entry.mount) {
-                push_map(m, &l);
+                push_map(m, &l, inner.kept.and_then(|k| k.live(entry.dev, entry.ino)));
             }
             end_lending(&l);
             Some(Notice::Handle(Request::Closed {
-                handle: l.handle,
+                handle: l.handle(),
                 wrote: l.wrote(),
             }))
         }

@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod backing;
+pub mod carry;
 pub mod control;
 pub mod creds;
 pub mod datamap;

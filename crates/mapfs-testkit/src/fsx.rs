@@ -45,6 +45,9 @@ pub struct FsxConfig {
     pub log_tail: usize,
     /// Keep the test files after a successful run.
     pub keep: bool,
+    /// Print every operation to stderr as it runs (to find which one a
+    /// failure seen elsewhere came from).
+    pub print_ops: bool,
     /// Also run O_DIRECT reads and writes (block-aligned, through a second
     /// descriptor) mixed with the buffered and mapped operations.
     pub direct: bool,
@@ -64,6 +67,7 @@ impl FsxConfig {
             copy_range: true,
             log_tail: 32,
             keep: false,
+            print_ops: false,
             direct: false,
         }
     }
@@ -475,11 +479,19 @@ impl Fsx {
         if self.log.len() == self.cfg.log_tail.max(1) {
             self.log.pop_front();
         }
-        self.log.push_back(format!(
+        let line = format!(
             "{:6} {entry} (size before {:#x})",
             self.op_no,
             self.model.len()
-        ));
+        );
+        if self.cfg.print_ops {
+            // Wall-clock seconds, to line up with a daemon's log.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            eprintln!("{}.{:06} {line}", t.as_secs(), t.subsec_micros());
+        }
+        self.log.push_back(line);
     }
 
     fn run_all(&mut self) -> Result<(), FsxFailure> {

@@ -325,6 +325,19 @@ pub trait FileSystem: Send + Sync + 'static {
         Err(Error::not_implemented())
     }
 
+    /// Opens `path` again for an open that the kernel already runs natively
+    /// on its backing file (FUSE passthrough), when a daemon takes over from
+    /// one that died: the map must be whole-file 1-to-1 over that file, or
+    /// the kernel's reads and writes and the daemon's (`fallocate`,
+    /// `copy_file_range`, replayed writes) would go to different places.
+    /// `flags` never hold `O_CREAT`, `O_EXCL` or `O_TRUNC` (they acted
+    /// already). The default is [`FileSystem::open`], right for a file
+    /// system whose choice of map does not depend on what else is open; one
+    /// whose does (`versions`) must override it.
+    fn reopen_whole_file(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+        self.open(ctx, path, flags)
+    }
+
     /// Creates and opens a regular file (`mode`: permission bits, umask
     /// applied; `flags` may hold `O_EXCL`).
     fn create(

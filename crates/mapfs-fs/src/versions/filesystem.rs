@@ -217,13 +217,21 @@ impl FileSystem for Versions {
             Place::Hidden => Err(Error::not_found()),
             Place::Virtual(rest) => self.virtual_open(ctx, rest, flags),
             Place::Normal if flags.writable() || flags.0 & libc::O_TRUNC != 0 => {
-                self.open_writer(ctx, path, flags)
+                self.open_writer(ctx, path, flags, false)
             }
             Place::Normal => {
                 let mut o = self.inner.open(ctx, path, flags)?;
                 self.track(&mut o)?;
                 Ok(o)
             }
+        }
+    }
+
+    fn reopen_whole_file(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+        match virtual_dir::place(path) {
+            Place::Normal if flags.writable() => self.open_writer(ctx, path, flags, true),
+            // Readers and `.versions` entries always get whole-file maps.
+            _ => self.open(ctx, path, flags),
         }
     }
 
@@ -238,7 +246,7 @@ impl FileSystem for Versions {
         if flags.0 & libc::O_EXCL == 0 {
             if let Ok(a) = self.inner.getattr(ctx, path) {
                 if a.kind == FileKind::File {
-                    let opened = self.open_writer(ctx, path, flags)?;
+                    let opened = self.open_writer(ctx, path, flags, false)?;
                     return Ok((self.inner.getattr(ctx, path)?, opened));
                 }
             }

@@ -323,8 +323,17 @@ impl Versions {
         Ok(())
     }
 
-    /// A writable (or truncating) open of an existing file.
-    fn open_writer(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
+    /// A writable (or truncating) open of an existing file; `native`: the
+    /// executor runs it on the backing file itself (see
+    /// [`mapfs::FileSystem::reopen_whole_file`]), so its map must be
+    /// whole-file, as when the file has a kernel passthrough reader.
+    fn open_writer(
+        &self,
+        ctx: &Ctx,
+        path: &Path,
+        flags: OpenFlags,
+        native: bool,
+    ) -> Result<Opened> {
         let trunc = flags.0 & libc::O_TRUNC != 0;
         let mut opened = self
             .inner
@@ -341,7 +350,7 @@ impl Versions {
         // Executors hand every open of an inode that has a kernel
         // passthrough open the same backing file: a writer then needs a
         // whole-file map too, so its version cannot be an undo one.
-        let readers = self.opens.lock().get(&key).is_some_and(|n| *n > 0);
+        let readers = native || self.opens.lock().get(&key).is_some_and(|n| *n > 0);
         let (undo, made) = {
             let mut sessions = self.sessions.lock();
             let made = !sessions.contains_key(&key);

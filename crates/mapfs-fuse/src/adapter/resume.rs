@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use mapfs::engine::DataFile;
 use mapfs::Ctx;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{Shared, ROOT_CTX};
 use crate::failover::records::{InitState, OpenKind, OpenRec, PendingWrite, ToSupervisor};
@@ -195,6 +195,12 @@ impl Shared {
                 let mut remap = self.remap_for(&file);
                 file.data.write(w.offset, &w.bytes, &mut remap)
             };
+            debug!(
+                fh = w.fh,
+                offset = w.offset,
+                len = w.bytes.len(),
+                "write replayed"
+            );
             match res {
                 Ok(n) => {
                     self.changed(&file, SizeChange::Extend(w.offset + n as u64));
@@ -265,7 +271,21 @@ impl Shared {
         self.inodes
             .restore(std::mem::take(&mut r.table), std::mem::take(&mut r.nodes));
         let (mut files, mut lost) = (0, 0);
-        for rec in std::mem::take(&mut r.opens) {
+        let mut opens = std::mem::take(&mut r.opens);
+        // Opens the kernel runs natively first: a file system whose choice
+        // of map depends on what else is open (versions) then gives the
+        // others of the same inode whole-file maps over the same file, as
+        // it did before.
+        opens.sort_by_key(|rec| {
+            !matches!(
+                rec.kind,
+                OpenKind::File {
+                    backing: Some(_),
+                    ..
+                }
+            )
+        });
+        for rec in opens {
             match rec.kind {
                 OpenKind::Placeholder => self.handles.restore_placeholder(rec.fh),
                 OpenKind::Dir => {
@@ -287,8 +307,29 @@ impl Shared {
                         backing.map(|raw| self.handles.restore_backing(rec.ino, || wrap(raw)));
                     let open_path = PathBuf::from(OsString::from_vec(path));
                     let ctx = Ctx { uid, gid, pid: 0 };
-                    match self.reopen(&ctx, rec.ino, &open_path, flags) {
+                    let native = backing.is_some();
+                    match self.reopen(&ctx, rec.ino, &open_path, flags, native) {
                         Ok(opened) => {
+                            debug!(
+                                fh = rec.fh,
+                                ino = rec.ino,
+                                flags,
+                                native,
+                                whole = opened.map.is_whole_file(),
+                                size = opened.map.size(),
+                                "open restored"
+                            );
+                            if native && !opened.map.is_whole_file() {
+                                // Cannot happen with a file system that
+                                // keeps reopen_whole_file's promise.
+                                warn!(
+                                    fh = rec.fh,
+                                    path = %open_path.display(),
+                                    "the file system reopened a kernel-passthrough open with a \
+                                     map that is not whole-file: the daemon's calls on it \
+                                     (fallocate, copy_file_range) miss the kernel's writes"
+                                );
+                            }
                             let fs_handle = opened.handle;
                             let data = Arc::new(DataFile::new(opened));
                             let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY;
@@ -323,13 +364,16 @@ impl Shared {
     /// Opens an open file again: where its inode is now (or was at open),
     /// without the flags that act only once (`O_CREAT`, `O_EXCL`,
     /// `O_TRUNC`); as its opener, or as root when its permissions changed
-    /// since (the kernel granted the open already).
+    /// since (the kernel granted the open already). `native`: the kernel
+    /// runs it by passthrough, so it needs a whole-file map
+    /// ([`mapfs::FileSystem::reopen_whole_file`]).
     fn reopen(
         &self,
         ctx: &Ctx,
         ino: u64,
         open_path: &std::path::Path,
         flags: i32,
+        native: bool,
     ) -> mapfs::Result<mapfs::Opened> {
         let path = self
             .inodes
@@ -338,10 +382,16 @@ impl Shared {
         let once = libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC;
         let asked = flags & !once;
         let wide = self.open_flags_for_fs(flags) & !once;
-        let first = self.open_with_fallback(wide, |f| self.fs.open(ctx, &path, f), asked);
-        match first {
+        let open = |ctx: &Ctx, f: mapfs::OpenFlags| {
+            if native {
+                self.fs.reopen_whole_file(ctx, &path, f)
+            } else {
+                self.fs.open(ctx, &path, f)
+            }
+        };
+        match self.open_with_fallback(wide, |f| open(ctx, f), asked) {
             Err(e) if matches!(e.errno(), libc::EACCES | libc::EPERM) => {
-                self.open_with_fallback(wide, |f| self.fs.open(&ROOT_CTX, &path, f), asked)
+                self.open_with_fallback(wide, |f| open(&ROOT_CTX, f), asked)
             }
             r => r,
         }

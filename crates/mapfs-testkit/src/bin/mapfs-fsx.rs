@@ -43,6 +43,9 @@ struct Args {
     /// Keep the test files after success.
     #[arg(long)]
     keep: bool,
+    /// Print every operation to stderr as it runs.
+    #[arg(long)]
+    print_ops: bool,
 }
 
 fn main() -> ExitCode {
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
     cfg.fallocate = !a.no_fallocate;
     cfg.copy_range = !a.no_copy_range;
     cfg.keep = a.keep;
+    cfg.print_ops = a.print_ops;
     cfg.direct = a.direct;
     match run(&cfg) {
         Ok(report) => {

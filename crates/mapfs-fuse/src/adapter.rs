@@ -759,12 +759,12 @@ impl Shared {
         // One at a time per open, map taken under the lock: a flush from
         // another thread (a forked child closing its inherited descriptor)
         // holding an older map must not land after a newer one.
-        let _one = file.persisting.lock();
+        let mut held = file.persisting.lock();
         let changes = self.handles.changes(file);
         self.fs
             .flush(&file.ctx, &file.path, file.fs_handle, &file.data.map())?;
         self.handles.flushed(file, changes);
-        self.journal_flushed(file);
+        self.journal_flushed(file, &mut held);
         Ok(())
     }
 

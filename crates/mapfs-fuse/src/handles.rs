@@ -43,8 +43,10 @@ pub struct OpenFile {
     /// Set by a write through the daemon, so `release` knows the map changed.
     pub wrote: AtomicBool,
     /// Held while the open's map is taken and handed to the file system
-    /// (`flush`, `release`), so they reach it in the order of their maps.
-    pub persisting: Mutex<()>,
+    /// (`flush`, `release`), so they reach it in the order of their maps;
+    /// holds the backing files (by index) whose descriptors the supervisor
+    /// keeps for this open's changes (see [`crate::failover`]).
+    pub persisting: Mutex<Vec<u32>>,
     /// The caller's credentials at open (for `release`/`remap`).
     pub ctx: mapfs::Ctx,
     /// Lent to a shim client, which runs its data calls in-process: the
@@ -77,7 +79,7 @@ impl OpenFile {
             data,
             backing,
             wrote: AtomicBool::new(false),
-            persisting: Mutex::new(()),
+            persisting: Mutex::new(Vec::new()),
             ctx,
             lent: AtomicBool::new(false),
             journaled: AtomicU64::new(0),

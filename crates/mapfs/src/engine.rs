@@ -142,6 +142,19 @@ impl DataFile {
         (st.map.clone(), st.files.clone())
     }
 
+    /// Where logical bytes `offset..offset+len` are now, for an open whose
+    /// writes append to a log: the segments of the map, and the log's
+    /// backing file index and file. `None` for other growth policies
+    /// (whole-file and in-place maps overwrite their backing bytes).
+    pub fn locate_in_log(&self, offset: u64, len: u64) -> Option<(Vec<Segment>, u32, Arc<File>)> {
+        let st = self.inner.read();
+        let Growth::AppendLog { file, .. } = st.map.growth() else {
+            return None;
+        };
+        let log = st.files.get(file as usize)?.clone();
+        Some((st.map.locate(offset, len), file, log))
+    }
+
     /// Replaces the map and backing files, e.g. with the final map a shim
     /// client wrote through (it must have been the only writer meanwhile:
     /// two engines appending to one log would overwrite each other).

@@ -1,18 +1,20 @@
 //! The adapter's side of failover (see [`crate::failover`]): reporting what
 //! the kernel is told to the supervisor, and taking over from a dead daemon.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mapfs::engine::DataFile;
-use mapfs::Ctx;
+use mapfs::{Ctx, Segment};
 use tracing::{debug, info, warn};
 
 use super::{Shared, ROOT_CTX};
-use crate::failover::records::{InitState, OpenKind, OpenRec, PendingWrite, ToSupervisor};
+use crate::failover::records::{Bytes, InitState, OpenKind, OpenRec, PendingWrite, ToSupervisor};
 use crate::failover::{Link, Resume};
 use crate::handles::{OpenDir, OpenFile, SizeChange};
 
@@ -28,6 +30,19 @@ pub const JOURNAL_TOTAL_LIMIT: u64 = 64 << 20;
 
 /// Largest piece of a change in one record.
 const JOURNAL_CHUNK: usize = 128 << 10;
+
+/// A change kept by place ([`Bytes::InLog`]) costs the supervisor no
+/// memory, only its successor the time to copy it back: it counts against
+/// the limits above at this fraction of its size (so up to 128 MiB per
+/// open).
+const IN_LOG_WEIGHT: u64 = 16;
+
+/// A kept change with its bytes, being written again.
+struct Replayed {
+    fh: u64,
+    offset: u64,
+    bytes: Vec<u8>,
+}
 
 impl Shared {
     /// Reports every change the kernel will be told of to the supervisor
@@ -77,9 +92,12 @@ impl Shared {
     /// the change is acknowledged. Where those bytes went is in this
     /// daemon's copy of the map only, until the file system is handed the
     /// map; a successor writes them again instead (whole-file maps need
-    /// nothing: their bytes are the backing file's). Under the open's
-    /// `persisting` lock, so the records and the "flushed" marks reach the
-    /// supervisor in the order of the maps they describe.
+    /// nothing: their bytes are the backing file's). Bytes in the open's
+    /// append log are named by place, the log's descriptor sent once (a
+    /// log is never overwritten, and the supervisor holding it keeps it);
+    /// others are copied. Under the open's `persisting` lock, so the
+    /// records and the "flushed" marks reach the supervisor in the order of
+    /// the maps they describe.
     pub(super) fn journal_change(
         &self,
         file: &OpenFile,
@@ -94,39 +112,89 @@ impl Shared {
             return;
         }
         let total = {
-            let _one = file.persisting.lock();
-            let mut sent = 0u64;
-            let mut send = |at: u64, bytes: &[u8]| {
+            let mut logs_sent = file.persisting.lock();
+            let mut cost = 0u64;
+            let mut send = |at: u64, bytes: Bytes| {
+                cost += match &bytes {
+                    Bytes::Copied(b) => b.len() as u64,
+                    Bytes::InLog { len, .. } => len.div_ceil(IN_LOG_WEIGHT),
+                };
                 link.send(&ToSupervisor::Wrote(PendingWrite {
                     fh: file.fh,
                     offset: at,
-                    bytes: bytes.to_vec(),
+                    bytes,
                 }));
-                sent += bytes.len() as u64;
             };
-            match written {
+            // Copies `from..to` (within the change).
+            let copy = |send: &mut dyn FnMut(u64, Bytes), from: u64, to: u64| match written {
                 Some(data) => {
-                    for (i, piece) in data.chunks(JOURNAL_CHUNK).enumerate() {
-                        send(offset + (i * JOURNAL_CHUNK) as u64, piece);
+                    let piece = &data[(from - offset) as usize..(to - offset) as usize];
+                    for (i, chunk) in piece.chunks(JOURNAL_CHUNK).enumerate() {
+                        send(
+                            from + (i * JOURNAL_CHUNK) as u64,
+                            Bytes::Copied(chunk.to_vec()),
+                        );
                     }
                 }
                 None => {
                     let mut buf = vec![0u8; JOURNAL_CHUNK];
-                    let mut at = offset;
-                    while at < offset + len {
-                        let want = ((offset + len - at) as usize).min(JOURNAL_CHUNK);
+                    let mut at = from;
+                    while at < to {
+                        let want = ((to - at) as usize).min(JOURNAL_CHUNK);
                         match file.data.read(at, &mut buf[..want]) {
                             Ok(0) | Err(_) => break,
                             Ok(n) => {
-                                send(at, &buf[..n]);
+                                send(at, Bytes::Copied(buf[..n].to_vec()));
                                 at += n as u64;
                             }
                         }
                     }
                 }
+            };
+            match file.data.locate_in_log(offset, len) {
+                Some((segments, log, log_file)) => {
+                    let mut at = offset;
+                    for seg in segments {
+                        match seg {
+                            Segment::Data {
+                                file: f,
+                                offset: in_log,
+                                len: n,
+                            } if f == log => {
+                                if !logs_sent.contains(&log) {
+                                    link.send_with(
+                                        &ToSupervisor::Log {
+                                            fh: file.fh,
+                                            file: log,
+                                        },
+                                        &[log_file.as_fd()],
+                                    );
+                                    logs_sent.push(log);
+                                }
+                                let mut done = 0;
+                                while done < n {
+                                    let piece = (n - done).min(JOURNAL_CHUNK as u64);
+                                    send(
+                                        at + done,
+                                        Bytes::InLog {
+                                            file: log,
+                                            at: in_log + done,
+                                            len: piece,
+                                        },
+                                    );
+                                    done += piece;
+                                }
+                            }
+                            // Pieces of other files, holes: copied.
+                            other => copy(&mut send, at, at + other.len()),
+                        }
+                        at += seg.len();
+                    }
+                }
+                None => copy(&mut send, offset, offset + len),
             }
-            self.journaled_total.fetch_add(sent, Ordering::Relaxed);
-            file.journaled.fetch_add(sent, Ordering::Relaxed) + sent
+            self.journaled_total.fetch_add(cost, Ordering::Relaxed);
+            file.journaled.fetch_add(cost, Ordering::Relaxed) + cost
         };
         let hand_over = |f: &OpenFile| {
             if let Err(e) = self.persist_map(f) {
@@ -171,9 +239,11 @@ impl Shared {
     }
 
     /// The file system holds `file`'s map now (called under its
-    /// `persisting` lock).
-    pub(super) fn journal_flushed(&self, file: &OpenFile) {
+    /// `persisting` lock, whose list of logs the supervisor holds is
+    /// `logs_sent`: it drops them with the changes).
+    pub(super) fn journal_flushed(&self, file: &OpenFile, logs_sent: &mut Vec<u32>) {
         let n = file.journaled.swap(0, Ordering::Relaxed);
+        logs_sent.clear();
         if n > 0 {
             self.journaled_total.fetch_sub(n, Ordering::Relaxed);
             self.journal(|| ToSupervisor::Flushed { fh: file.fh });
@@ -183,13 +253,39 @@ impl Shared {
     /// Writes again, through the restored opens, the changes the dead
     /// daemon acknowledged but had not handed to the file system, then
     /// hands the maps over.
-    fn replay(&self, writes: Vec<PendingWrite>) {
+    fn replay(&self, writes: Vec<PendingWrite>, logs: &HashMap<(u64, u32), OwnedFd>) {
         let mut touched = std::collections::BTreeMap::new();
-        let mut lost = 0usize;
+        let mut lost = 0u64;
         for w in writes {
             let Some(file) = self.handles.file(w.fh) else {
                 lost += w.bytes.len();
                 continue;
+            };
+            let bytes = match w.bytes {
+                Bytes::Copied(b) => b,
+                Bytes::InLog { file: log, at, len } => {
+                    let mut b = vec![0u8; len as usize];
+                    let read = logs.get(&(w.fh, log)).map(|fd| {
+                        std::os::unix::fs::FileExt::read_exact_at(
+                            &std::fs::File::from(fd.try_clone()?),
+                            &mut b,
+                            at,
+                        )
+                    });
+                    match read {
+                        Some(Ok(())) => b,
+                        other => {
+                            warn!(fh = w.fh, "cannot read a kept change back: {other:?}");
+                            lost += len;
+                            continue;
+                        }
+                    }
+                }
+            };
+            let w = Replayed {
+                fh: w.fh,
+                offset: w.offset,
+                bytes,
             };
             let res = {
                 let mut remap = self.remap_for(&file);
@@ -208,7 +304,7 @@ impl Shared {
                 }
                 Err(e) => {
                     warn!(path = %file.path.display(), "cannot write again a change: {e}");
-                    lost += w.bytes.len();
+                    lost += w.bytes.len() as u64;
                 }
             }
         }
@@ -358,7 +454,7 @@ impl Shared {
             }
         }
         info!("took over the connection: {files} open files restored, {lost} lost");
-        self.replay(std::mem::take(&mut r.writes));
+        self.replay(std::mem::take(&mut r.writes), &r.logs);
     }
 
     /// Opens an open file again: where its inode is now (or was at open),

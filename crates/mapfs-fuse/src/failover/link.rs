@@ -56,6 +56,8 @@ pub struct Resume {
     pub opens: Vec<OpenRec>,
     /// Acknowledged changes the file system was not handed yet.
     pub writes: Vec<PendingWrite>,
+    /// The append logs they name, by open handle and backing file index.
+    pub logs: std::collections::HashMap<(u64, u32), OwnedFd>,
 }
 
 impl Link {
@@ -118,11 +120,18 @@ impl Link {
             nodes: Vec::new(),
             opens: Vec::new(),
             writes: Vec::new(),
+            logs: std::collections::HashMap::new(),
         };
         loop {
-            match self.recv()?.0 {
+            let (msg, mut fds) = self.recv()?;
+            match msg {
                 ToDaemon::Nodes(n) => resume.nodes.extend(n),
                 ToDaemon::Opens(o) => resume.opens.extend(o),
+                ToDaemon::Log { fh, file } => {
+                    if let Some(fd) = fds.pop() {
+                        resume.logs.insert((fh, file), fd);
+                    }
+                }
                 ToDaemon::Writes(w) => resume.writes.extend(w),
                 ToDaemon::End => return Ok(Start::Resume(resume)),
                 other => return Err(io::Error::other(format!("supervisor sent {other:?}"))),

@@ -6,7 +6,11 @@
 //! files and directories (until RELEASE), and the backing ids of passthrough
 //! opens. The daemon reports each change of those before it answers the
 //! request that made it, so the supervisor's copy is never behind what the
-//! kernel was told. Data is never part of it: it is in the backing files.
+//! kernel was told. Data is in the backing files, except the acknowledged
+//! changes of maps that are not whole-file: where their bytes went is known
+//! only to the daemon until the file system is handed the map. Those in an
+//! append log are named by place (the supervisor holds the log); others
+//! are copied.
 
 use serde::{Deserialize, Serialize};
 
@@ -126,7 +130,41 @@ pub struct PendingWrite {
     /// File offset.
     pub offset: u64,
     /// The bytes there after the change.
-    pub bytes: Vec<u8>,
+    pub bytes: Bytes,
+}
+
+/// Where the bytes of a [`PendingWrite`] are.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Bytes {
+    /// A copy.
+    Copied(Vec<u8>),
+    /// `len` bytes at `at` of the open's append log `file` (its index in
+    /// the open's backing files), whose descriptor the supervisor holds
+    /// ([`ToSupervisor::Log`]): a log's bytes are never overwritten, so
+    /// they need no copy.
+    InLog {
+        /// Backing file index of the log.
+        file: u32,
+        /// Offset in the log.
+        at: u64,
+        /// Length.
+        len: u64,
+    },
+}
+
+impl Bytes {
+    /// Number of bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Bytes::Copied(b) => b.len() as u64,
+            Bytes::InLog { len, .. } => *len,
+        }
+    }
+
+    /// No bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Daemon to supervisor.
@@ -146,6 +184,16 @@ pub enum ToSupervisor {
     /// only to the daemon until the file system is handed the map, so the
     /// supervisor keeps the bytes for the next daemon to write again.
     Wrote(PendingWrite),
+    /// The append log `file` of open `fh`, which later [`Bytes::InLog`]
+    /// changes of it name; its descriptor comes with this message (holding
+    /// it also keeps the log's writer lock, so that no one reclaims it as a
+    /// dead writer's). Kept until the open is flushed or released.
+    Log {
+        /// The open's handle.
+        fh: u64,
+        /// The log's index in the open's backing files.
+        file: u32,
+    },
     /// The file system now holds the map of `fh`: the bytes kept for it
     /// are no longer needed.
     Flushed {
@@ -175,6 +223,14 @@ pub enum ToDaemon {
     Nodes(Vec<NodeSnap>),
     /// A batch of open handles.
     Opens(Vec<OpenRec>),
+    /// The append log `file` of open `fh` that [`Bytes::InLog`] changes
+    /// name; its descriptor comes with this message.
+    Log {
+        /// The open's handle.
+        fh: u64,
+        /// The log's index in the open's backing files.
+        file: u32,
+    },
     /// Changes to write again through restored opens, in order.
     Writes(Vec<PendingWrite>),
     /// The saved state is complete.

@@ -53,6 +53,16 @@ struct Connection {
     /// overwrite each other), bounded by the daemon, which hands maps over
     /// after a few MiB of them.
     writes: Vec<PendingWrite>,
+    /// The append logs those changes name (see [`ToSupervisor::Log`]).
+    logs: BTreeMap<(u64, u32), OwnedFd>,
+}
+
+impl Connection {
+    /// Drops what was kept for the changes of open `fh`.
+    fn forget_changes(&mut self, fh: u64) {
+        self.writes.retain(|w| w.fh != fh);
+        self.logs.retain(|&(f, _), _| f != fh);
+    }
 }
 
 /// How one daemon ended.
@@ -207,6 +217,7 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
                     inodes: Inodes::new(0),
                     opens: BTreeMap::new(),
                     writes: Vec::new(),
+                    logs: BTreeMap::new(),
                 });
             }
             ToSupervisor::Serving => served = true,
@@ -224,7 +235,7 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
             ToSupervisor::Released { fh } => {
                 if let Some(c) = conn {
                     c.opens.remove(&fh);
-                    c.writes.retain(|w| w.fh != fh);
+                    c.forget_changes(fh);
                 }
             }
             ToSupervisor::Wrote(w) => {
@@ -232,9 +243,15 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
                     c.writes.push(w);
                 }
             }
+            ToSupervisor::Log { fh, file } => match (conn.as_mut(), fds.pop()) {
+                (Some(c), Some(fd)) => {
+                    c.logs.insert((fh, file), fd);
+                }
+                _ => warn!("the daemon named a log without sending it"),
+            },
             ToSupervisor::Flushed { fh } => {
                 if let Some(c) = conn {
-                    c.writes.retain(|w| w.fh != fh);
+                    c.forget_changes(fh);
                 }
             }
         }
@@ -261,6 +278,9 @@ fn send_state(sock: &OwnedFd, c: &Connection) -> io::Result<()> {
     let opens: Vec<OpenRec> = c.opens.values().cloned().collect();
     for batch in opens.chunks(BATCH) {
         control::send(sock.as_fd(), &ToDaemon::Opens(batch.to_vec()), &[])?;
+    }
+    for (&(fh, file), fd) in &c.logs {
+        control::send(sock.as_fd(), &ToDaemon::Log { fh, file }, &[fd.as_fd()])?;
     }
     // One change per message (each is at most a journal chunk), in order.
     for w in &c.writes {

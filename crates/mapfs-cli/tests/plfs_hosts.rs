@@ -3,9 +3,9 @@
 //! caches off), each with its own plfs daemon and host id. Writers on both
 //! hosts, readers on either; every byte checked against a model. Skips
 //! loudly where Gluster cannot run (not root, no packages, glusterd fails)
-//! or without /dev/fuse or python3. The volume stays up after the tests
-//! (`scripts/gluster.sh stop` removes it); each test works in a directory of
-//! its own, removed at the end.
+//! or without /dev/fuse or python3. The last test of this process to
+//! finish stops the volume and glusterd (`scripts/gluster.sh stop`); each
+//! test works in a directory of its own, removed at the end.
 
 mod common;
 mod preload_support;
@@ -18,15 +18,47 @@ use common::{fuse_or_skip, mapfs_bin, DataMode, MountSession};
 use mapfs_testkit::fsx::{self, FsxConfig};
 use preload_support::have;
 
-/// The two Gluster mounts (host A, host B), or `None` after saying loudly
-/// why not.
-fn gluster_or_skip(test: &str) -> Option<(PathBuf, PathBuf)> {
+fn gluster_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gluster.sh")
+}
+
+/// Tests of this process using the Gluster bed now.
+static BED_USERS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+
+/// A test's use of the Gluster bed: the last one to drop it stops the bed
+/// (a later test starts it again).
+struct Bed;
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let mut users = BED_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        *users -= 1;
+        if *users == 0 {
+            let out = Command::new("bash")
+                .arg(gluster_script())
+                .arg("stop")
+                .output()
+                .expect("bash");
+            if !out.status.success() {
+                eprintln!(
+                    "gluster.sh stop failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+}
+
+/// The two Gluster mounts (host A, host B) and this test's hold on them,
+/// or `None` after saying loudly why not.
+fn gluster_or_skip(test: &str) -> Option<(PathBuf, PathBuf, Bed)> {
     if !fuse_or_skip(test) || !have("python3") {
         return None;
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gluster.sh");
+    // Held while starting, so that no other test stops the bed meanwhile.
+    let mut users = BED_USERS.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new("bash")
-        .arg(&script)
+        .arg(gluster_script())
         .arg("start")
         .output()
         .expect("bash");
@@ -36,9 +68,10 @@ fn gluster_or_skip(test: &str) -> Option<(PathBuf, PathBuf)> {
         return None;
     }
     assert!(out.status.success(), "{test}: gluster.sh start: {stderr}");
+    *users += 1;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = text.lines().map(PathBuf::from);
-    Some((lines.next().unwrap(), lines.next().unwrap()))
+    Some((lines.next().unwrap(), lines.next().unwrap(), Bed))
 }
 
 /// Two plfs mounts (hosts `alpha` and `beta`) of one directory of the
@@ -48,6 +81,8 @@ struct Hosts {
     b: MountSession,
     /// The test's directory through host A's Gluster mount.
     dir: PathBuf,
+    /// Dropped last, after the unmounts.
+    _bed: Bed,
 }
 
 impl Drop for Hosts {
@@ -59,7 +94,7 @@ impl Drop for Hosts {
 }
 
 fn hosts(test: &str) -> Option<Hosts> {
-    let (ga, gb) = gluster_or_skip(test)?;
+    let (ga, gb, bed) = gluster_or_skip(test)?;
     let name = format!(
         "{}-{}-{:x}",
         test.replace(|c: char| !c.is_ascii_alphanumeric(), "-"),
@@ -89,7 +124,12 @@ fn hosts(test: &str) -> Option<Hosts> {
     let mounted =
         mount(dir.clone(), "alpha").and_then(|a| mount(gb.join(&name), "beta").map(|b| (a, b)));
     match mounted {
-        Ok((a, b)) => Some(Hosts { a, b, dir }),
+        Ok((a, b)) => Some(Hosts {
+            a,
+            b,
+            dir,
+            _bed: bed,
+        }),
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
             panic!("{e}");

@@ -74,6 +74,24 @@ pub fn carry_over(from: &DataFile, into: &DataFile) -> Result<u64> {
     Ok(copied)
 }
 
+/// True when both opens append to the same log file: the same daemon lent
+/// the same open again (the client's connection, not the daemon, was
+/// replaced). Nothing must be carried then: `into` would append where
+/// `from` already wrote, over the bytes being carried; `from`'s map is
+/// one the daemon accepts as it is.
+pub fn same_log(from: &DataFile, into: &DataFile) -> bool {
+    let log = |df: &DataFile| {
+        let (map, files) = df.snapshot();
+        match map.growth() {
+            Growth::AppendLog { file, .. } => {
+                identities(&files).get(file as usize).copied().flatten()
+            }
+            _ => None,
+        }
+    };
+    log(from).is_some() && log(from) == log(into)
+}
+
 /// A file's `(st_dev, st_ino)`; `None` when it cannot be told (never alike).
 type Identity = Option<(u64, u64)>;
 
@@ -231,6 +249,20 @@ mod tests {
             "the piece was overwritten"
         );
         assert!(got[4096..].iter().all(|&b| b == 5));
+    }
+
+    #[test]
+    fn a_lending_of_the_same_log_is_told_apart() {
+        let a = lending(vec![], 0, &[]);
+        let b = lending(vec![], 0, &[]);
+        assert!(!same_log(&a, &b), "two logs");
+        let (map, files) = a.snapshot();
+        let again = DataFile::new(Opened {
+            map,
+            files,
+            handle: 0,
+        });
+        assert!(same_log(&a, &again), "one log lent twice");
     }
 
     #[test]

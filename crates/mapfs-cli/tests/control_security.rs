@@ -418,8 +418,13 @@ impl Program {
 
     fn say(&mut self, l: &str) {
         let to = self.to.as_mut().unwrap();
-        writeln!(to, "{l}").unwrap();
-        to.flush().unwrap();
+        if let Err(e) = writeln!(to, "{l}").and_then(|()| to.flush()) {
+            let rest = std::io::read_to_string(&mut self.from).unwrap_or_default();
+            panic!(
+                "cannot tell the program {l:?}: {e}; it ended: {:?}; its output after: {rest}",
+                self.child.try_wait()
+            );
+        }
     }
 
     /// Closes its stdin (the programs here end, or let their helpers end,

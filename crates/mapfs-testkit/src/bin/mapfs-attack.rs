@@ -339,15 +339,26 @@ fn raise_nofile() {
 /// `secs` seconds.
 fn hold(secs: u64) {
     let stdin = std::io::stdin();
-    let mut pfd = [rustix::event::PollFd::new(
-        &stdin,
-        rustix::event::PollFlags::IN,
-    )];
-    let t = rustix::event::Timespec {
-        tv_sec: secs as _,
-        tv_nsec: 0,
-    };
-    let _ = rustix::event::poll(&mut pfd, Some(&t));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        let mut pfd = [rustix::event::PollFd::new(
+            &stdin,
+            rustix::event::PollFlags::IN,
+        )];
+        let t = rustix::event::Timespec {
+            tv_sec: left.as_secs() as _,
+            tv_nsec: left.subsec_nanos() as _,
+        };
+        // A signal ends the wait early; only stdin or the deadline may.
+        match rustix::event::poll(&mut pfd, Some(&t)) {
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => return,
+        }
+    }
 }
 
 fn conns(path: &Path, n: usize, hold_secs: u64) -> Result<()> {

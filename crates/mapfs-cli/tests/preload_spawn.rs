@@ -351,3 +351,70 @@ fn a_vfork_child_leaves_the_parents_tables_alone() {
         "{test}: cat did not get the adopted descriptor handed over: {cat:?}"
     );
 }
+
+/// A mapfs mount whose daemon is gone without an unmount (its mountpoint
+/// cannot be stat'ed) is left out by `mapfs run`: the other mounts keep
+/// their device numbers in `MAPFS_MOUNT_DEVS`, so no process of the job
+/// has to read the mount table (one stale mount on the machine used to
+/// drop the hint for all of them).
+#[test]
+fn a_dead_mount_is_left_out_and_the_others_keep_their_device_hint() {
+    let test = "dead mount left out by mapfs run";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let live = mount_fs(test, "passthrough");
+    // No supervisor to replace the daemon.
+    let dead = MountSession::builder(common::mapfs_bin())
+        .data(DataMode::Passthrough)
+        .arg("--no-supervisor")
+        .mount()
+        .expect("mount --no-supervisor");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon_pid(&dead)),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually("the killed daemon's mount to fail stat", || {
+        std::fs::metadata(dead.mountpoint()).is_err()
+    });
+    let out = ok(std::process::Command::new(mapfs_bin()).args(["run", "--", "env"]));
+    let env = String::from_utf8_lossy(&out.stdout);
+    let var = |name: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("{test}: mapfs run set no {name}: {env}"))
+            .to_string()
+    };
+    let mounts = var("MAPFS_MOUNTS");
+    let devs = var("MAPFS_MOUNT_DEVS");
+    let points: Vec<&str> = mounts.split(':').collect();
+    let live_point = live.mountpoint().to_str().unwrap();
+    let dead_point = dead.mountpoint().to_str().unwrap();
+    assert!(
+        points.contains(&live_point),
+        "{test}: the live mount is not attached: {mounts}"
+    );
+    assert!(
+        !points.contains(&dead_point),
+        "{test}: the dead mount is attached: {mounts}"
+    );
+    let live_dev = std::fs::metadata(live.mountpoint())
+        .unwrap()
+        .dev()
+        .to_string();
+    assert_eq!(
+        devs.split(':').count(),
+        points.len(),
+        "{test}: one device number per mount: {mounts} / {devs}"
+    );
+    assert!(
+        devs.split(':').any(|d| d == live_dev),
+        "{test}: the live mount's device {live_dev} is not in {devs}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("not attaching to {dead_point}")),
+        "{test}: mapfs run did not say it left the dead mount out: {err}"
+    );
+}

@@ -527,7 +527,10 @@ fn hand_back_lent(why: &str) {
 /// makes the kept opens readied for the new image close-on-exec again.
 struct Handoff {
     _owned: Vec<std::ffi::CString>,
-    ptrs: Vec<*const c_char>,
+    _ptrs: Vec<*const c_char>,
+    /// The environment to pass: the copy, or the caller's own when nothing
+    /// changes.
+    envp: *const *const c_char,
     kept: Vec<c_int>,
 }
 
@@ -560,30 +563,43 @@ unsafe fn handoff_env(envp: *const *const c_char) -> Handoff {
     };
     let (conns, handed) = conns;
     kept.extend(handed);
-    let prefix = format!("{}=", table::HANDOFF_ENV);
-    let conns_prefix = format!("{}=", crate::mounts::CONNS_ENV);
+    let ours = |p: *const c_char| {
+        // SAFETY: a C string of the environment.
+        let e = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+        [table::HANDOFF_ENV, crate::mounts::CONNS_ENV]
+            .iter()
+            .any(|name| {
+                e.strip_prefix(name.as_bytes())
+                    .is_some_and(|r| r.starts_with(b"="))
+            })
+    };
+    // SAFETY: per the contract, entries up to the null one are valid.
+    let entries = || {
+        (0..)
+            .map(|i| unsafe { *envp.add(i) })
+            .take_while(|p| !p.is_null())
+    };
+    if spec.is_empty() && conns.is_empty() && (envp.is_null() || !entries().any(ours)) {
+        // Nothing to hand on and nothing to remove (every `exec` of a shell
+        // loop): the caller's environment as it is, without copying it.
+        return Handoff {
+            _owned: Vec::new(),
+            _ptrs: Vec::new(),
+            envp,
+            kept,
+        };
+    }
     let mut owned = Vec::new();
     let mut ptrs: Vec<*const c_char> = Vec::new();
     if !envp.is_null() {
-        let mut i = 0;
-        loop {
-            // SAFETY: per the contract, entries up to the null one are valid.
-            let p = unsafe { *envp.add(i) };
-            if p.is_null() {
-                break;
-            }
-            // SAFETY: a C string of the environment.
-            let entry = unsafe { std::ffi::CStr::from_ptr(p) };
-            let e = entry.to_bytes();
-            if !e.starts_with(prefix.as_bytes()) && !e.starts_with(conns_prefix.as_bytes()) {
-                ptrs.push(p);
-            }
-            i += 1;
-        }
+        ptrs.extend(entries().filter(|p| !ours(*p)));
     }
-    for (prefix, spec) in [(prefix, spec), (conns_prefix, conns)] {
+    for (name, spec) in [
+        (table::HANDOFF_ENV, spec),
+        (crate::mounts::CONNS_ENV, conns),
+    ] {
         if !spec.is_empty() {
-            if let Ok(c) = std::ffi::CString::new(format!("{prefix}{spec}")) {
+            if let Ok(c) = std::ffi::CString::new(format!("{name}={spec}")) {
                 owned.push(c);
             }
         }
@@ -592,7 +608,8 @@ unsafe fn handoff_env(envp: *const *const c_char) -> Handoff {
     ptrs.push(std::ptr::null());
     Handoff {
         _owned: owned,
-        ptrs,
+        envp: ptrs.as_ptr(),
+        _ptrs: ptrs,
         kept,
     }
 }
@@ -704,17 +721,17 @@ hooks! {
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
         let env = unsafe { handoff_env(envp) };
-        vfork_exec(|| real(path, argv, env.ptrs.as_ptr()))
+        vfork_exec(|| real(path, argv, env.envp))
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
         let env = unsafe { handoff_env(envp) };
-        vfork_exec(|| real(file, argv, env.ptrs.as_ptr()))
+        vfork_exec(|| real(file, argv, env.envp))
     }
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
         let env = unsafe { handoff_env(envp) };
-        vfork_exec(|| real(fd, argv, env.ptrs.as_ptr()))
+        vfork_exec(|| real(fd, argv, env.envp))
     }
     // The variants using the process environment become the explicit-
     // environment ones above (glibc's own call execve internally, out of

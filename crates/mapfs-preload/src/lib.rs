@@ -184,17 +184,32 @@ extern "C" fn init() {
     }
     // Descriptors adopted by the image this one replaced (exec). Only then
     // does the constructor read a file (the mount table, in /proc).
-    if let Some(spec) = std::env::var_os(mounts::CONNS_ENV) {
-        if !spec.is_empty() {
-            mounts::import_connections(&spec.to_string_lossy());
-        }
+    if let Some(spec) = env_nonempty(mounts::CONNS_ENV) {
+        mounts::import_connections(&spec.to_string_lossy());
     }
-    if let Some(spec) = std::env::var_os(table::HANDOFF_ENV) {
-        if !spec.is_empty() {
-            table::import_adopted(&spec.to_string_lossy());
-        }
+    if let Some(spec) = env_nonempty(table::HANDOFF_ENV) {
+        table::import_adopted(&spec.to_string_lossy());
     }
     READY.store(true, Ordering::Release);
+}
+
+/// A non-empty environment variable, read with libc's `getenv`: the
+/// constructor runs in every process of a job, and std's `var_os` takes
+/// the environment lock and copies the value even when it is absent.
+fn env_nonempty(name: &str) -> Option<&'static std::ffi::CStr> {
+    let mut buf = [0u8; 64];
+    buf.get_mut(..name.len())?.copy_from_slice(name.as_bytes());
+    // SAFETY: getenv with a NUL-terminated name (`buf` is longer than the
+    // name and zeroed after it); the constructor runs before the program can
+    // change its environment concurrently, and the value is used before it
+    // returns.
+    let p = unsafe { libc::getenv(buf.as_ptr().cast()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: getenv returned a NUL-terminated string of the environment.
+    let v = unsafe { std::ffi::CStr::from_ptr(p) };
+    (!v.is_empty()).then_some(v)
 }
 
 extern "C" fn fini() {
@@ -204,6 +219,12 @@ extern "C" fn fini() {
     // A daemon being replaced is not waited for at exit (the new one would
     // not know this process's handles anyway).
     mounts::exiting();
+    if table::is_empty() {
+        // No mapfs file open (most processes of a job): nothing to hand
+        // back or to tell the daemon, and exit() flushes stdio itself.
+        report::write_at_exit();
+        return;
+    }
     // Buffered stdio output reaches the files before the daemon is told they
     // changed (exit() flushes streams only after destructors run).
     // SAFETY: fflush(NULL) flushes every open output stream.

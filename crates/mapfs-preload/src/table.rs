@@ -1079,13 +1079,13 @@ pub fn describe(fd: RawFd) -> (u8, Option<String>) {
     (s, reason)
 }
 
-/// The distinct entries of the table (several descriptors may share one).
 /// No descriptor of this process is a mapfs file the shim knows
 /// (nothing pending, adopted, lent or pinned).
 pub fn is_empty() -> bool {
     TABLE.read().as_ref().is_none_or(|t| t.is_empty())
 }
 
+/// The distinct entries of the table (several descriptors may share one).
 fn distinct(t: &Table) -> Vec<&Arc<Entry>> {
     let mut out: Vec<&Arc<Entry>> = Vec::new();
     for e in t.values() {

@@ -37,7 +37,8 @@ const EMBED_LIB: &str = "libmapfs_embed.so";
       Programs making raw system calls (static or Go binaries) are not sped up;\n\
       their files still work through the mount.")]
 pub struct RunArgs {
-    /// Attach to this mapfs mount (repeatable); default: every mapfs mount.
+    /// Attach to this mapfs mount (repeatable); default: every mapfs mount
+    /// (none with --embed).
     #[arg(long = "mount", value_name = "MOUNTPOINT")]
     pub mounts: Vec<PathBuf>,
     /// Serve file system FS over BACKING under PREFIX inside every process
@@ -59,7 +60,10 @@ pub struct RunArgs {
 pub fn run(registry: &Registry, args: RunArgs) -> Result<()> {
     let embedded = embeddings(registry, &args)?;
     let table = mounts::mount_table();
-    let chosen: Vec<PathBuf> = if args.mounts.is_empty() {
+    // With --embed, only the mounts named with --mount are attached.
+    let chosen: Vec<PathBuf> = if args.mounts.is_empty() && embedded.is_some() {
+        Vec::new()
+    } else if args.mounts.is_empty() {
         table
             .iter()
             .filter(|m| m.is_mapfs())

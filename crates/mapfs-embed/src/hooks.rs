@@ -11,8 +11,8 @@
 //!
 //! Fortified variants (`__open_2`, `__realpath_chk`...) are hooked too, as
 //! Debian builds programs with `_FORTIFY_SOURCE`. Not hooked (documented
-//! in docs/embedded.md): `execve` of a program under a prefix, `mkstemp`
-//! and other calls glibc makes internally (`nftw`, `ftw`, `freopen`), raw
+//! in docs/embedded.md): `execve` of a program under a prefix, and other
+//! calls glibc makes internally (`nftw`, `ftw`, `freopen`), raw
 //! system calls.
 //!
 //! Variadic C functions (`open`, `openat`) are defined with their optional
@@ -1150,7 +1150,7 @@ hooks! {
             finish(path, out, |p| {
                 let r = real(p);
                 if r == 0 {
-                    state::set_cwd(None);
+                    host_cwd_changed();
                 }
                 r
             }, |()| 0, -1)
@@ -1181,7 +1181,7 @@ hooks! {
                 // SAFETY: libc's fchdir on the application's descriptor.
                 let r = unsafe { real(fd) };
                 if r == 0 {
-                    state::set_cwd(None);
+                    host_cwd_changed();
                 }
                 r
             }
@@ -1223,10 +1223,132 @@ hooks! {
         // SAFETY: the application's path.
         unsafe { realpath_into(path, std::ptr::null_mut(), |p| real(p)) }
     }
+    fn mkstemp(tmpl: *mut c_char) -> c_int = |real| {
+        // SAFETY: the application's template.
+        unsafe { mkstemp_impl(tmpl, 0, 0, || real(tmpl)) }
+    }
+    fn mkstemp64(tmpl: *mut c_char) -> c_int = |real| {
+        // SAFETY: the application's template.
+        unsafe { mkstemp_impl(tmpl, 0, 0, || real(tmpl)) }
+    }
+    fn mkostemp(tmpl: *mut c_char, flags: c_int) -> c_int = |real| {
+        // SAFETY: the application's template.
+        unsafe { mkstemp_impl(tmpl, 0, flags, || real(tmpl, flags)) }
+    }
+    fn mkostemp64(tmpl: *mut c_char, flags: c_int) -> c_int = |real| {
+        // SAFETY: the application's template.
+        unsafe { mkstemp_impl(tmpl, 0, flags, || real(tmpl, flags)) }
+    }
+    fn mkstemps(tmpl: *mut c_char, suffix: c_int) -> c_int = |real| {
+        // SAFETY: the application's template.
+        unsafe { mkstemp_impl(tmpl, suffix, 0, || real(tmpl, suffix)) }
+    }
+    fn mkstemps64(tmpl: *mut c_char, suffix: c_int) -> c_int = |real| {
+        // SAFETY: the application's template.
+        unsafe { mkstemp_impl(tmpl, suffix, 0, || real(tmpl, suffix)) }
+    }
+    fn mkostemps(tmpl: *mut c_char, suffix: c_int, flags: c_int) -> c_int = |real| {
+        // SAFETY: the application's template.
+        unsafe { mkstemp_impl(tmpl, suffix, flags, || real(tmpl, suffix, flags)) }
+    }
+    fn mkostemps64(tmpl: *mut c_char, suffix: c_int, flags: c_int) -> c_int = |real| {
+        // SAFETY: the application's template.
+        unsafe { mkstemp_impl(tmpl, suffix, flags, || real(tmpl, suffix, flags)) }
+    }
     fn umask(mask: mode_t) -> mode_t = |real| {
         state::set_umask(mask);
         // SAFETY: libc's umask.
         unsafe { real(mask) }
+    }
+}
+
+/// A new pseudo-random number for temporary names (not a secret: names
+/// are only made unique, `O_EXCL` makes the creation safe).
+fn tmp_random() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut x =
+        t ^ (u64::from(std::process::id()) << 32) ^ N.fetch_add(0x9e37_79b9, Ordering::Relaxed);
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
+/// `mkstemp` and its variants on an embedded template: glibc creates the
+/// file with an internal `open` no hook sees, so the library makes the
+/// name and creates it itself (`O_EXCL`, mode 0600).
+///
+/// # Safety
+/// `tmpl` is a writable NUL-terminated template.
+unsafe fn mkstemp_impl(
+    tmpl: *mut c_char,
+    suffix: c_int,
+    flags: c_int,
+    real: impl FnOnce() -> c_int,
+) -> c_int {
+    // SAFETY: per the contract.
+    let Some(b) = (unsafe { bytes(tmpl) }) else {
+        return real();
+    };
+    let len = b.len();
+    let Ok(suffix) = usize::try_from(suffix) else {
+        return real();
+    };
+    if state::embs().is_empty()
+        || len < 6 + suffix
+        || &b[len - 6 - suffix..len - suffix] != b"XXXXXX"
+    {
+        return real();
+    }
+    let start = len - 6 - suffix;
+    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let flags = (flags & !libc::O_ACCMODE) | libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;
+    for _ in 0..1000 {
+        let mut r = tmp_random();
+        for i in 0..6 {
+            // SAFETY: within the template's `len` bytes (checked above).
+            unsafe { *tmpl.add(start + i) = CHARS[(r % 62) as usize] as c_char };
+            r /= 62;
+        }
+        // SAFETY: the template, now a full name.
+        let out = unsafe {
+            on_path(libc::AT_FDCWD, tmpl, Follow::No, |e, p, _| {
+                ops::open(e, p, flags, 0o600)
+            })
+        };
+        match out {
+            Out::Host(_) => {
+                for i in 0..6 {
+                    // SAFETY: as above.
+                    unsafe { *tmpl.add(start + i) = b'X' as c_char };
+                }
+                return real();
+            }
+            Out::Done(Err(libc::EEXIST)) => continue,
+            Out::Done(Ok(fd)) => return fd,
+            Out::Done(Err(e)) => {
+                set_errno(e);
+                return -1;
+            }
+        }
+    }
+    set_errno(libc::EEXIST);
+    -1
+}
+
+/// After a successful `chdir`/`fchdir` on the host.
+fn host_cwd_changed() {
+    if state::embs().is_empty() {
+        return;
+    }
+    state::set_cwd(None);
+    if let Some(_g) = Guard::enter() {
+        let saved = errno();
+        state::note_host_cwd();
+        set_errno(saved);
     }
 }
 

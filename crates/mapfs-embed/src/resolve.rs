@@ -109,9 +109,15 @@ pub fn locate(dirfd: i32, path: &[u8]) -> Option<Loc> {
         return match_prefix(path);
     }
     let base = if dirfd == libc::AT_FDCWD {
-        state::cwd()?
+        match state::cwd() {
+            Some(b) => b,
+            None => return match_prefix(&state::host_path_from_cwd(path)?),
+        }
     } else {
-        state::dir_of(dirfd)?
+        match state::dir_of(dirfd) {
+            Some(b) => b,
+            None => return match_prefix(&state::host_path_from_dirfd(dirfd, path)?),
+        }
     };
     let mut comps = state::split(base.path.as_os_str().as_bytes());
     comps.extend(

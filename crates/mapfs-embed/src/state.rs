@@ -129,7 +129,118 @@ pub fn init() {
         }
     }
     let _ = EMBS.set(embs);
+    find_ancestors();
+    note_host_cwd();
     adopt_inherited_cwd();
+}
+
+/// A host directory above (or at) a prefix: relative paths from it can
+/// lead into the prefix (`mkdir -p` walks there with `chdir`, `tar -C`
+/// and `fts` with directory descriptors).
+struct Ancestor {
+    dev: u64,
+    ino: u64,
+    path: Vec<u8>,
+}
+
+static ANCESTORS: OnceLock<(Vec<Ancestor>, Vec<Vec<u8>>)> = OnceLock::new();
+
+/// Records the existing host directories on the way to each prefix, and
+/// the names of every prefix component (a quick filter for relative
+/// paths that cannot lead into a prefix).
+fn find_ancestors() {
+    let mut list = Vec::new();
+    let mut names = Vec::new();
+    for e in embs() {
+        let mut p = Vec::new();
+        let mut check = |p: &[u8]| {
+            let path = if p.is_empty() {
+                b"/".to_vec()
+            } else {
+                p.to_vec()
+            };
+            if let Ok(st) = rustix::fs::stat(std::ffi::OsStr::from_bytes(&path)) {
+                if st.st_mode & libc::S_IFMT == libc::S_IFDIR
+                    && !list.iter().any(|a: &Ancestor| a.path == path)
+                {
+                    list.push(Ancestor {
+                        dev: st.st_dev,
+                        ino: st.st_ino,
+                        path,
+                    });
+                }
+            }
+        };
+        check(&p);
+        for c in &e.prefix_comps {
+            p.push(b'/');
+            p.extend_from_slice(c);
+            check(&p);
+            names.push(c.clone());
+        }
+    }
+    let _ = ANCESTORS.set((list, names));
+}
+
+/// The host path `rel` (relative) names from directory `fd`, when `fd` is
+/// a host directory on the way to a prefix and `rel` starts with a prefix
+/// component's name.
+pub fn host_path_from_dirfd(fd: i32, rel: &[u8]) -> Option<Vec<u8>> {
+    let (list, names) = ANCESTORS.get()?;
+    let first = rel
+        .split(|&b| b == b'/')
+        .find(|c| !c.is_empty() && *c != b".")?;
+    if !names.iter().any(|n| n == first) {
+        return None;
+    }
+    // SAFETY: `fd` is the application's descriptor, only borrowed for one
+    // fstat; a concurrent close makes the call fail with EBADF.
+    let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let st = rustix::fs::fstat(bfd.as_fd()).ok()?;
+    let a = list
+        .iter()
+        .find(|a| a.dev == st.st_dev && a.ino == st.st_ino)?;
+    let mut p = a.path.clone();
+    if p != b"/" {
+        p.push(b'/');
+    }
+    p.extend_from_slice(rel);
+    Some(p)
+}
+
+static HOST_CWD: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+static HOST_CWD_NEAR: AtomicBool = AtomicBool::new(false);
+
+/// Records the host working directory after a change of it (a successful
+/// `chdir`/`fchdir` on the host, and at start), and whether relative paths
+/// from it can reach a prefix.
+pub fn note_host_cwd() {
+    let Ok(real) = rustix::process::getcwd(Vec::new()) else {
+        HOST_CWD_NEAR.store(false, Ordering::Release);
+        return;
+    };
+    let real = real.as_bytes().to_vec();
+    let near = embs().iter().any(|e| {
+        real == b"/"
+            || (e.prefix.starts_with(&real) && e.prefix.get(real.len()) == Some(&b'/'))
+            || e.prefix == real
+    });
+    *HOST_CWD.lock() = real;
+    HOST_CWD_NEAR.store(near, Ordering::Release);
+}
+
+/// The host path of relative `rel` when the host working directory is on
+/// the way to a prefix.
+pub fn host_path_from_cwd(rel: &[u8]) -> Option<Vec<u8>> {
+    if !HOST_CWD_NEAR.load(Ordering::Acquire) {
+        return None;
+    }
+    let mut p = HOST_CWD.lock().clone();
+    if p != b"/" {
+        p.push(b'/');
+    }
+    p.extend_from_slice(rel);
+    Some(p)
 }
 
 /// The non-empty components of `path` other than `.`.
@@ -271,6 +382,7 @@ pub fn dir_of(fd: i32) -> Option<Place> {
 
 /// Locks held across `fork` so the child never inherits one mid-change.
 pub fn lock_for_fork() {
+    std::mem::forget(HOST_CWD.lock());
     std::mem::forget(CWD.lock());
     std::mem::forget(DIRS.lock());
 }
@@ -280,10 +392,11 @@ pub fn lock_for_fork() {
 /// # Safety
 /// Only after [`lock_for_fork`] on this thread (the fork handlers).
 pub unsafe fn unlock_after_fork() {
-    // SAFETY: both mutexes were locked by `lock_for_fork` on this thread and
+    // SAFETY: the three mutexes were locked by `lock_for_fork` on this thread and
     // their guards forgotten; nothing else can hold them meanwhile.
     unsafe {
         DIRS.force_unlock();
         CWD.force_unlock();
+        HOST_CWD.force_unlock();
     }
 }

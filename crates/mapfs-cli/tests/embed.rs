@@ -198,6 +198,10 @@ cd "$D/src/sub" && ls && cat ../f && pwd && cat deeper/../link
 sh -c 'pwd; ls deeper; cat ../f'
 cd .. && ls -d "$PWD" && realpath sub/link
 test -x /bin/sh -a -d "$D/src/empty" -a ! -e "$D/src/none" && echo tests-ok
+ls "$D/.." | grep -x -e backing -e native
+cat "$D/src/sub/../../src/sub/deeper/../../f"
+printf 'a longer line\n' > "$D/src/t" && printf 'short\n' > "$D/src/t" && cat "$D/src/t"
+rm "$D/src/t"
 rm -r "$D/copy"
 ls "$D"
 "#
@@ -246,6 +250,8 @@ print(os.getcwd().replace(d, "$D"), sorted(os.listdir(".")), os.path.exists("../
 print(os.path.realpath("b/../x").replace(d, "$D"))
 os.rename("x", "z"); os.unlink("z"); print(sorted(os.listdir(".")))
 st = os.stat(d + "/q/a/b/y"); print(st.st_size, oct(st.st_mode))
+pfd = os.open(os.path.dirname(d), os.O_RDONLY)
+print(os.stat(os.path.basename(d) + "/q/a/b/y", dir_fd=pfd).st_size)
 "#;
     let (emb, nat) = both(&a, &format!("python3 -c '{}'", py.replace('\'', "'\\''")));
     same(&emb, &nat);
@@ -349,7 +355,14 @@ fn embedded_nobody_gets_eacces_on_a_root_0600_file() {
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
+    std::fs::create_dir(a.backing.join("private")).unwrap();
+    std::fs::set_permissions(
+        a.backing.join("private"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
     let script = r#"cat "$D/public"; cat "$D/secret"; echo "cat=$?";
+        (cd "$D/private"); echo "cd=$?"; ls "$D/private"; echo "ls=$?";
         echo x >> "$D/secret"; echo "append=$?"; touch "$D/new"; echo "create=$?";
         python3 -c 'import os,sys
 try:
@@ -380,6 +393,7 @@ except OSError as e: print("open=" + str(e.errno))' "$D/secret""#;
         so.contains("cat=1") && !so.contains("append=0"),
         "{so} {se}"
     );
+    assert!(!so.contains("cd=0") && !so.contains("ls=0"), "{so} {se}");
     assert!(
         so.contains("create=1"),
         "nobody created a file in root's 0755 dir: {so}"

@@ -493,3 +493,50 @@ fn embedded_bad_specs_are_refused_clearly() {
         assert!(!marker.exists(), "--embed {spec}: the command ran");
     }
 }
+
+#[test]
+fn embedded_combines_with_an_attached_mount() {
+    let test = "embedded with an attached mount";
+    if !common::fuse_or_skip(test) {
+        return;
+    }
+    let a = Area::new();
+    let s = common::MountSession::builder(mapfs_bin())
+        .data(common::DataMode::Auto)
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    std::fs::write(s.backing().join("m"), b"mounted\n").unwrap();
+    std::fs::write(a.backing.join("e"), b"embedded\n").unwrap();
+    let report = a.native.join("report.json");
+    let out = ok(Command::new(mapfs_bin())
+        .arg("run")
+        .arg("--mount")
+        .arg(s.mountpoint())
+        .arg("--embed")
+        .arg(a.spec("passthrough"))
+        .arg("--")
+        .arg("sh")
+        .arg("-c")
+        .arg(r#"cat "$M/m" "$P/e" && cp "$P/e" "$M/copied" && cp "$M/m" "$P/copied""#)
+        .env("M", s.mountpoint())
+        .env("P", &a.prefix)
+        .env("MAPFS_PRELOAD_REPORT", &report)
+        .env("MAPFS_PRELOAD_ADOPT_CALLS", "1")
+        .env_remove("LD_PRELOAD"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "mounted\nembedded\n");
+    assert_eq!(
+        std::fs::read(s.backing().join("copied")).unwrap(),
+        b"embedded\n"
+    );
+    assert_eq!(
+        std::fs::read(a.backing.join("copied")).unwrap(),
+        b"mounted\n"
+    );
+    // The attached shim still saw the mount's files behind the embedded
+    // library: it adopted them (data calls native).
+    let r = std::fs::read_to_string(&report).unwrap_or_default();
+    assert!(
+        r.lines().any(|l| l.contains("\"adopted\":1")),
+        "{test}: the shim adopted nothing: {r}"
+    );
+}

@@ -47,6 +47,7 @@
 
 #![warn(missing_docs)]
 
+pub mod embed_spec;
 mod helper;
 pub mod list;
 pub mod mount_cmd;
@@ -211,7 +212,7 @@ fn run_args<E: Subcommand>(
         Command::Mount(a) => mount_cmd::mount(registry, a),
         Command::Umount(a) => mount_cmd::umount(a),
         Command::Restart(a) => restart::restart(a),
-        Command::Run(a) => run::run(a),
+        Command::Run(a) => run::run(registry, a),
         Command::List(a) => list::list(a),
         Command::Stats(a) => stats::stats(a),
         Command::Trace(a) => trace::trace(a),

@@ -96,6 +96,12 @@ impl FsSpec {
     pub fn about(&self) -> &'static str {
         self.about
     }
+
+    /// Builds the file system over `backing` (checked, canonical), as a
+    /// mount does; for executors other than the daemon (embedded mode).
+    pub fn build(&self, backing: &Path, options: &FsOptions) -> mapfs::Result<Arc<dyn FileSystem>> {
+        (self.build)(backing, options)
+    }
 }
 
 /// The file systems of one program, and the program's name (used in

@@ -8,7 +8,9 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use crate::embed_spec::{self, Embedding};
 use crate::mounts;
+use crate::registry::Registry;
 
 /// Device numbers of the mounts of `MAPFS_MOUNTS`, for the shim
 /// (`mapfs_preload::mounts::MOUNT_DEVS_ENV`).
@@ -17,11 +19,15 @@ const MOUNT_DEVS_ENV: &str = "MAPFS_MOUNT_DEVS";
 /// File name of the shim, built next to the `mapfs` binary.
 const SHIM: &str = "libmapfs_preload.so";
 
+/// File name of the embedded-mode library (`--embed`), built next to it.
+const EMBED_LIB: &str = "libmapfs_embed.so";
+
 /// Arguments of `mapfs run`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
       mapfs run -- cp /mnt/data/big /mnt/data/big.copy\n  \
       mapfs run --mount /mnt/data -- python3 train.py\n  \
+      mapfs run --embed passthrough:/srv/data:/data -- python3 train.py   # no mount, no daemon\n  \
       MAPFS_PRELOAD_REPORT=/tmp/r.json mapfs run -- fio job.fio   # what was served natively\n\n\
       Environment of the shim:\n  \
       MAPFS_PRELOAD_REPORT=FILE       append a JSON summary line per process at exit\n  \
@@ -31,9 +37,19 @@ const SHIM: &str = "libmapfs_preload.so";
       Programs making raw system calls (static or Go binaries) are not sped up;\n\
       their files still work through the mount.")]
 pub struct RunArgs {
-    /// Attach to this mapfs mount (repeatable); default: every mapfs mount.
+    /// Attach to this mapfs mount (repeatable); default: every mapfs mount
+    /// (none with --embed).
     #[arg(long = "mount", value_name = "MOUNTPOINT")]
     pub mounts: Vec<PathBuf>,
+    /// Serve file system FS over BACKING under PREFIX inside every process
+    /// of the command: no mount, no daemon, no privilege (repeatable; see
+    /// docs/embedded.md). PREFIX need not exist.
+    #[arg(long = "embed", value_name = "FS:BACKING:PREFIX")]
+    pub embed: Vec<String>,
+    /// Options of the embedded file systems (`name` or `name=value`,
+    /// comma-separated or repeated); each file system gets those it declares.
+    #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
+    pub options: Vec<String>,
     /// The program and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -41,10 +57,13 @@ pub struct RunArgs {
 
 /// Replaces this process with the command, `LD_PRELOAD` and `MAPFS_MOUNTS`
 /// set; returns only if it cannot be started.
-pub fn run(args: RunArgs) -> Result<()> {
-    let shim = shim_path()?;
+pub fn run(registry: &Registry, args: RunArgs) -> Result<()> {
+    let embedded = embeddings(registry, &args)?;
     let table = mounts::mount_table();
-    let chosen: Vec<PathBuf> = if args.mounts.is_empty() {
+    // With --embed, only the mounts named with --mount are attached.
+    let chosen: Vec<PathBuf> = if args.mounts.is_empty() && embedded.is_some() {
+        Vec::new()
+    } else if args.mounts.is_empty() {
         table
             .iter()
             .filter(|m| m.is_mapfs())
@@ -81,7 +100,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
     }
     let chosen = chosen_devs;
-    if chosen.is_empty() {
+    if chosen.is_empty() && embedded.is_none() {
         eprintln!("mapfs run: no mapfs mount found; running the command without attaching");
     }
     if let Some(bad) = chosen
@@ -103,18 +122,43 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
     }
 
-    let mut preload = OsString::from(&shim);
+    // The embedded library comes first: it serves its prefixes and passes
+    // every other call on to the next definition (the attached shim's, then
+    // libc's), so both see what they serve.
+    let mut libs: Vec<PathBuf> = Vec::new();
+    if embedded.is_some() {
+        libs.push(lib_path(EMBED_LIB)?);
+    }
+    if !chosen.is_empty() || embedded.is_none() {
+        libs.push(shim_path()?);
+    }
+    let mut preload = OsString::new();
+    for l in &libs {
+        if !preload.is_empty() {
+            preload.push(" ");
+        }
+        preload.push(l);
+    }
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
         preload.push(" ");
         preload.push(old);
     }
     let (prog, rest) = args.command.split_first().expect("clap requires CMD");
+    if embedded.is_some() {
+        if let Some(why) = embed_spec::static_refusal(Path::new(prog)) {
+            bail!("cannot run embedded: {why}");
+        }
+    }
     // exec, not spawn: the command gets this process's pid, signals and
     // exit status exactly as if it had been started directly.
     let mut cmd = Command::new(prog);
     cmd.args(rest)
         .env("LD_PRELOAD", preload)
         .env("MAPFS_MOUNTS", joined);
+    match &embedded {
+        Some(v) => cmd.env(embed_spec::EMBED_ENV, v),
+        None => cmd.env_remove(embed_spec::EMBED_ENV),
+    };
     if chosen.is_empty() {
         cmd.env_remove(MOUNT_DEVS_ENV);
     } else {
@@ -136,21 +180,54 @@ fn uses_writeback_cache(mountpoint: &Path) -> bool {
         .is_ok_and(|s| s.writeback_cache)
 }
 
+/// The checked `--embed` list as [`embed_spec::EMBED_ENV`] carries it
+/// (`None` without `--embed`).
+fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<String>> {
+    if args.embed.is_empty() {
+        if !args.options.is_empty() {
+            bail!("-o is for embedded file systems; it needs --embed");
+        }
+        return Ok(None);
+    }
+    let list = args
+        .embed
+        .iter()
+        .map(|e| Embedding::parse(e, registry, &args.options))
+        .collect::<Result<Vec<_>>>()?;
+    embed_spec::check_disjoint(&list)?;
+    for o in &args.options {
+        let name = o.split_once('=').map_or(o.as_str(), |(k, _)| k);
+        if !list.iter().any(|e| {
+            registry
+                .get(&e.fs)
+                .is_some_and(|s| s.options.contains(&name))
+        }) {
+            bail!("-o {o}: no embedded file system takes option {name:?}");
+        }
+    }
+    Ok(Some(embed_spec::encode(&list)))
+}
+
 /// The shim, found relative to the running binary: installed
 /// (`PREFIX/bin/mapfs` with `PREFIX/lib/mapfs/libmapfs_preload.so`) or in
 /// the cargo target dir (next to it, or one level up for test binaries in
 /// `deps/` and examples in `examples/`).
 pub fn shim_path() -> Result<PathBuf> {
+    lib_path(SHIM)
+}
+
+/// A library of ours (`name`), found as [`shim_path`] describes.
+fn lib_path(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the running binary")?;
     let dir = exe.parent().unwrap_or(Path::new("."));
-    let installed = dir.join("../lib/mapfs").join(SHIM);
-    for cand in [dir.join(SHIM), dir.join("..").join(SHIM), installed] {
+    let installed = dir.join("../lib/mapfs").join(name);
+    for cand in [dir.join(name), dir.join("..").join(name), installed] {
         if cand.exists() {
             return Ok(cand.canonicalize()?);
         }
     }
     bail!(
-        "{SHIM} not found next to {} nor in ../lib/mapfs/; install with `bash scripts/install.sh` \
+        "{name} not found next to {} nor in ../lib/mapfs/; install with `bash scripts/install.sh` \
          or build it with `cargo build --workspace` (same profile)",
         exe.display()
     )

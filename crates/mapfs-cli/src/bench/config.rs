@@ -24,6 +24,13 @@ pub enum Setup {
     },
     /// `bindfs BACKING MNT`, the reference FUSE passthrough.
     Bindfs,
+    /// No mount: the workload runs under `mapfs run --embed
+    /// FS:BACKING:DIR`, DIR existing only inside its processes (so only
+    /// workloads run by a worker under the command prefix work there).
+    Embedded {
+        /// The file system.
+        fs: &'static str,
+    },
     /// `mapfs mount <fs> BACKING MNT --data <data>`: another file system
     /// than passthrough.
     MapfsFs {
@@ -115,6 +122,12 @@ pub const CONFIGS: &[ConfigDef] = &[
             data: "auto",
         },
         wrap: Wrap::MapfsRun(&[]),
+    },
+    ConfigDef {
+        name: "embedded",
+        about: "no mount: mapfs passthrough run inside the workload's processes (mapfs run --embed)",
+        setup: Setup::Embedded { fs: "passthrough" },
+        wrap: Wrap::None,
     },
 ];
 
@@ -228,7 +241,7 @@ pub fn prepare(
     mnt_parent: &Path,
     mapfs: &Path,
 ) -> Result<Prepared> {
-    let prefix = match def.wrap {
+    let mut prefix = match def.wrap {
         Wrap::None => vec![],
         Wrap::MapfsRun(args) => {
             let mut p: Vec<OsString> = vec![mapfs.into(), "run".into()];
@@ -239,6 +252,21 @@ pub fn prepare(
     };
     let (root, guard) = match def.setup {
         Setup::Native => (backing.to_path_buf(), None),
+        Setup::Embedded { fs } => {
+            let dir = mnt_parent.join(def.name);
+            let mut spec = OsString::from(format!("{fs}:"));
+            spec.push(backing);
+            spec.push(":");
+            spec.push(&dir);
+            prefix = vec![
+                mapfs.into(),
+                "run".into(),
+                "--embed".into(),
+                spec,
+                "--".into(),
+            ];
+            (dir, None)
+        }
         Setup::Mapfs { .. } | Setup::MapfsFs { .. } => {
             let (fs, data) = match def.setup {
                 Setup::MapfsFs { fs, data } => (fs, data),

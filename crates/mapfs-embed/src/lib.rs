@@ -1,0 +1,98 @@
+//! `libmapfs_embed.so`: embedded mode (`mapfs run --embed FS:BACKING:PREFIX`).
+//! The file system's own code runs inside the application, behind the libc
+//! calls it already makes: no mount, no daemon, no privilege. Paths under
+//! each prefix are served by the file system (the same `FileSystem`
+//! implementations and registry as `mapfs mount`); every other call goes on
+//! to the next definition of the symbol (the attached shim when it is
+//! preloaded too, then libc).
+//!
+//! Rules every hook follows (see [`hooks`](mod@hooks)):
+//! - Every descriptor is a real kernel descriptor: an open of a whole-file
+//!   1-to-1 map *is* the backing file, so data calls need no hook at all.
+//! - A thread-local guard ([`Guard`]) sends calls made while the library
+//!   works (by the file system, std, the allocator) straight on, and errno
+//!   is kept across the library's own work.
+//! - Nothing is served before the constructor ran; the constructor builds
+//!   the file systems once per process image (a forked child keeps its
+//!   parent's, an `exec`ed image builds its own from `MAPFS_EMBED`).
+//! - The process acts with its own credentials: the file system opens the
+//!   backing files in the caller's process, so the backing kernel decides
+//!   every permission exactly as for the caller.
+//!
+//! Environment: `MAPFS_EMBED` (written by `mapfs run`, see
+//! `mapfs_cli::embed_spec`), `MAPFS_PRELOAD_LOG=1` (diagnostics on stderr).
+
+#![warn(missing_docs)]
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub mod hooks;
+pub mod ops;
+pub mod resolve;
+pub mod statbuf;
+pub mod state;
+
+/// Set by the constructor; hooks do nothing but pass calls on before it.
+static READY: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The re-entrancy guard: held while the library does its own work on a
+/// thread, so libc calls made meanwhile go straight on.
+pub struct Guard(());
+
+impl Guard {
+    /// Enters the library on this thread; `None` if it is already inside or
+    /// not initialised yet.
+    #[inline]
+    pub fn enter() -> Option<Guard> {
+        if !READY.load(Ordering::Acquire) {
+            return None;
+        }
+        INSIDE.with(|g| {
+            if g.get() {
+                None
+            } else {
+                g.set(true);
+                Some(Guard(()))
+            }
+        })
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        INSIDE.with(|g| g.set(false));
+    }
+}
+
+/// Writes one diagnostic line to stderr when `MAPFS_PRELOAD_LOG` is set.
+pub fn log(msg: std::fmt::Arguments<'_>) {
+    if state::log_enabled() {
+        warn(msg);
+    }
+}
+
+/// Writes one line to stderr (raw write, no stdio buffer involved).
+pub fn warn(msg: std::fmt::Arguments<'_>) {
+    let line = format!(
+        "mapfs-embed[{}]: {msg}\n",
+        rustix::process::getpid().as_raw_nonzero()
+    );
+    let _ = rustix::io::write(rustix::stdio::stderr(), line.as_bytes());
+}
+
+extern "C" fn init() {
+    INSIDE.with(|g| g.set(true));
+    state::init();
+    hooks::install_fork_handlers();
+    INSIDE.with(|g| g.set(false));
+    READY.store(true, Ordering::Release);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;

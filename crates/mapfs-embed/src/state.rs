@@ -1,0 +1,402 @@
+//! What one process knows: the embedded file systems (built once by the
+//! constructor), the embedded working directory, the directory descriptors
+//! opened under a prefix, and the umask.
+//!
+//! No instance caches what another process of the job may change: every
+//! call goes to the file system, which goes to the backing directory.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use mapfs::{Ctx, FileSystem};
+use mapfs_cli::embed_spec;
+use parking_lot::Mutex;
+
+/// One embedded file system.
+pub struct Emb {
+    /// Registry name (for messages).
+    pub name: String,
+    /// Where it appears, as bytes without a trailing `/`.
+    pub prefix: Vec<u8>,
+    /// The prefix's components.
+    pub prefix_comps: Vec<Vec<u8>>,
+    /// The canonical backing directory.
+    pub backing: PathBuf,
+    /// The file system.
+    pub fs: Arc<dyn FileSystem>,
+    /// `st_dev` reported for its files: the backing directory's, so that
+    /// `stat` by path and `fstat` of an open backing file agree.
+    pub dev: u64,
+}
+
+static EMBS: OnceLock<Vec<Emb>> = OnceLock::new();
+static LOG: AtomicBool = AtomicBool::new(false);
+static UMASK: AtomicU32 = AtomicU32::new(0o022);
+
+/// The embedded file systems of this process (empty before the constructor).
+pub fn embs() -> &'static [Emb] {
+    EMBS.get().map_or(&[], |v| v.as_slice())
+}
+
+/// `MAPFS_PRELOAD_LOG` was set.
+pub fn log_enabled() -> bool {
+    LOG.load(Ordering::Relaxed)
+}
+
+/// The caller's context for file-system calls.
+pub fn ctx() -> Ctx {
+    Ctx::current()
+}
+
+/// The process umask as last set (tracked by the `umask` hook).
+pub fn umask() -> u32 {
+    UMASK.load(Ordering::Relaxed)
+}
+
+/// Records a new umask.
+pub fn set_umask(m: u32) {
+    UMASK.store(m & 0o777, Ordering::Relaxed);
+}
+
+/// Builds the file systems named in `MAPFS_EMBED`. A file system that cannot
+/// be built is reported once on stderr and left out (its paths then do not
+/// exist for this process).
+pub fn init() {
+    LOG.store(
+        std::env::var_os("MAPFS_PRELOAD_LOG").is_some(),
+        Ordering::Relaxed,
+    );
+    let old = rustix::process::umask(rustix::fs::Mode::empty());
+    rustix::process::umask(old);
+    set_umask(old.bits());
+    let spec = std::env::var(embed_spec::EMBED_ENV).unwrap_or_default();
+    let list = match embed_spec::decode(&spec) {
+        Ok(l) => l,
+        Err(e) => {
+            crate::warn(format_args!("{e:#}; nothing is embedded"));
+            Vec::new()
+        }
+    };
+    let registry = mapfs_cli::builtins();
+    let mut embs = Vec::new();
+    for e in list {
+        let Some(spec) = registry.get(&e.fs) else {
+            crate::warn(format_args!("unknown file system {:?}; not embedded", e.fs));
+            continue;
+        };
+        let opts = mapfs_cli::FsOptions {
+            read_only: false,
+            layers: vec![e.backing.clone()],
+            custom: e.options.clone(),
+        };
+        let built = spec.build(&e.backing, &opts);
+        let dev = std::fs::metadata(&e.backing).map(|m| std::os::unix::fs::MetadataExt::dev(&m));
+        match (built, dev) {
+            (Ok(fs), Ok(dev)) => {
+                let prefix = e.prefix.as_os_str().as_bytes().to_vec();
+                let prefix_comps = split(&prefix);
+                crate::log(format_args!(
+                    "{} over {} at {}",
+                    e.fs,
+                    e.backing.display(),
+                    e.prefix.display()
+                ));
+                embs.push(Emb {
+                    name: e.fs,
+                    prefix,
+                    prefix_comps,
+                    backing: e.backing,
+                    fs,
+                    dev,
+                });
+            }
+            (Err(err), _) => crate::warn(format_args!(
+                "cannot start {} over {}: {err}; {} is not served",
+                e.fs,
+                e.backing.display(),
+                e.prefix.display()
+            )),
+            (_, Err(err)) => crate::warn(format_args!(
+                "backing {}: {err}; {} is not served",
+                e.backing.display(),
+                e.prefix.display()
+            )),
+        }
+    }
+    let _ = EMBS.set(embs);
+    find_ancestors();
+    note_host_cwd();
+    adopt_inherited_cwd();
+}
+
+/// A host directory above (or at) a prefix: relative paths from it can
+/// lead into the prefix (`mkdir -p` walks there with `chdir`, `tar -C`
+/// and `fts` with directory descriptors).
+struct Ancestor {
+    dev: u64,
+    ino: u64,
+    path: Vec<u8>,
+}
+
+static ANCESTORS: OnceLock<(Vec<Ancestor>, Vec<Vec<u8>>)> = OnceLock::new();
+
+/// Records the existing host directories on the way to each prefix, and
+/// the names of every prefix component (a quick filter for relative
+/// paths that cannot lead into a prefix).
+fn find_ancestors() {
+    let mut list = Vec::new();
+    let mut names = Vec::new();
+    for e in embs() {
+        let mut p = Vec::new();
+        let mut check = |p: &[u8]| {
+            let path = if p.is_empty() {
+                b"/".to_vec()
+            } else {
+                p.to_vec()
+            };
+            if let Ok(st) = rustix::fs::stat(std::ffi::OsStr::from_bytes(&path)) {
+                if st.st_mode & libc::S_IFMT == libc::S_IFDIR
+                    && !list.iter().any(|a: &Ancestor| a.path == path)
+                {
+                    list.push(Ancestor {
+                        dev: st.st_dev,
+                        ino: st.st_ino,
+                        path,
+                    });
+                }
+            }
+        };
+        check(&p);
+        for c in &e.prefix_comps {
+            p.push(b'/');
+            p.extend_from_slice(c);
+            check(&p);
+            names.push(c.clone());
+        }
+    }
+    let _ = ANCESTORS.set((list, names));
+}
+
+/// The host path `rel` (relative) names from directory `fd`, when `fd` is
+/// a host directory on the way to a prefix and `rel` starts with a prefix
+/// component's name.
+pub fn host_path_from_dirfd(fd: i32, rel: &[u8]) -> Option<Vec<u8>> {
+    let (list, names) = ANCESTORS.get()?;
+    let first = rel
+        .split(|&b| b == b'/')
+        .find(|c| !c.is_empty() && *c != b".")?;
+    if !names.iter().any(|n| n == first) {
+        return None;
+    }
+    // SAFETY: `fd` is the application's descriptor, only borrowed for one
+    // fstat; a concurrent close makes the call fail with EBADF.
+    let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let st = rustix::fs::fstat(bfd.as_fd()).ok()?;
+    let a = list
+        .iter()
+        .find(|a| a.dev == st.st_dev && a.ino == st.st_ino)?;
+    let mut p = a.path.clone();
+    if p != b"/" {
+        p.push(b'/');
+    }
+    p.extend_from_slice(rel);
+    Some(p)
+}
+
+static HOST_CWD: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+static HOST_CWD_NEAR: AtomicBool = AtomicBool::new(false);
+
+/// Records the host working directory after a change of it (a successful
+/// `chdir`/`fchdir` on the host, and at start), and whether relative paths
+/// from it can reach a prefix.
+pub fn note_host_cwd() {
+    let Ok(real) = rustix::process::getcwd(Vec::new()) else {
+        HOST_CWD_NEAR.store(false, Ordering::Release);
+        return;
+    };
+    let real = real.as_bytes().to_vec();
+    let near = embs().iter().any(|e| {
+        real == b"/"
+            || (e.prefix.starts_with(&real) && e.prefix.get(real.len()) == Some(&b'/'))
+            || e.prefix == real
+    });
+    *HOST_CWD.lock() = real;
+    HOST_CWD_NEAR.store(near, Ordering::Release);
+}
+
+/// The host path of relative `rel` when the host working directory is on
+/// the way to a prefix.
+pub fn host_path_from_cwd(rel: &[u8]) -> Option<Vec<u8>> {
+    if !HOST_CWD_NEAR.load(Ordering::Acquire) {
+        return None;
+    }
+    let mut p = HOST_CWD.lock().clone();
+    if p != b"/" {
+        p.push(b'/');
+    }
+    p.extend_from_slice(rel);
+    Some(p)
+}
+
+/// The non-empty components of `path` other than `.`.
+pub fn split(path: &[u8]) -> Vec<Vec<u8>> {
+    path.split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// An embedded location: file system index and absolute path inside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// Index into [`embs`].
+    pub idx: usize,
+    /// Absolute path inside the file system.
+    pub path: PathBuf,
+}
+
+impl Place {
+    /// The host path this place appears at (prefix + path).
+    pub fn host_path(&self) -> Vec<u8> {
+        let mut v = embs()[self.idx].prefix.clone();
+        let p = self.path.as_os_str().as_bytes();
+        if p != b"/" {
+            v.extend_from_slice(p);
+        }
+        v
+    }
+}
+
+static CWD: Mutex<Option<Place>> = Mutex::new(None);
+static CWD_SET: AtomicBool = AtomicBool::new(false);
+
+/// The working directory when it is under a prefix.
+pub fn cwd() -> Option<Place> {
+    if !CWD_SET.load(Ordering::Acquire) {
+        return None;
+    }
+    CWD.lock().clone()
+}
+
+/// Sets (or clears, `None`) the embedded working directory.
+pub fn set_cwd(p: Option<Place>) {
+    let mut g = CWD.lock();
+    CWD_SET.store(p.is_some(), Ordering::Release);
+    *g = p;
+}
+
+/// A process started with its working directory in a backing directory
+/// (its parent changed into an embedded directory, which also moves the
+/// real working directory to the backing one when the file system can open
+/// it, then ran it) works in the embedded directory. Accepted only when the
+/// file system reports the same inode for that path as the kernel for the
+/// real directory.
+fn adopt_inherited_cwd() {
+    let Ok(real) = rustix::process::getcwd(Vec::new()) else {
+        return;
+    };
+    let real = real.as_bytes().to_vec();
+    let Ok(st) = rustix::fs::stat(".") else {
+        return;
+    };
+    for (idx, e) in embs().iter().enumerate() {
+        let b = e.backing.as_os_str().as_bytes();
+        let Some(rest) = real.strip_prefix(b) else {
+            continue;
+        };
+        if !(rest.is_empty() || rest.starts_with(b"/")) || st.st_dev != e.dev {
+            continue;
+        }
+        let path = if rest.is_empty() {
+            PathBuf::from("/")
+        } else {
+            PathBuf::from(OsString::from(std::ffi::OsStr::from_bytes(rest)))
+        };
+        if e.fs
+            .getattr(&ctx(), &path)
+            .is_ok_and(|a| a.ino == st.st_ino && a.kind == mapfs::FileKind::Dir)
+        {
+            set_cwd(Some(Place { idx, path }));
+            return;
+        }
+    }
+}
+
+/// A directory descriptor opened under a prefix, and the kernel identity of
+/// its open file, to notice the number being reused for something else
+/// (closed by a call this library does not see, e.g. inside `closedir`).
+#[derive(Debug, Clone)]
+struct DirFd {
+    place: Place,
+    dev: u64,
+    ino: u64,
+}
+
+static DIRS: Mutex<Option<HashMap<i32, DirFd>>> = Mutex::new(None);
+static DIRS_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// Records that descriptor `fd` is the embedded directory `place`.
+pub fn track_dir(fd: i32, place: Place, dev: u64, ino: u64) {
+    let mut g = DIRS.lock();
+    let m = g.get_or_insert_with(HashMap::new);
+    m.insert(fd, DirFd { place, dev, ino });
+    DIRS_LEN.store(m.len(), Ordering::Release);
+}
+
+/// Forgets descriptor `fd` (closed).
+#[inline]
+pub fn untrack(fd: i32) {
+    if DIRS_LEN.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut g = DIRS.lock();
+    if let Some(m) = g.as_mut() {
+        m.remove(&fd);
+        DIRS_LEN.store(m.len(), Ordering::Release);
+    }
+}
+
+/// The embedded directory `fd` refers to, if it is one this process opened
+/// under a prefix and still the same open directory.
+pub fn dir_of(fd: i32) -> Option<Place> {
+    if fd < 0 || DIRS_LEN.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let entry = DIRS.lock().as_ref()?.get(&fd).cloned()?;
+    // SAFETY: `fd` is the application's descriptor, only borrowed for one
+    // fstat; a concurrent close makes the call fail with EBADF.
+    let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
+    match rustix::fs::fstat(bfd.as_fd()) {
+        Ok(st) if st.st_dev == entry.dev && st.st_ino == entry.ino => Some(entry.place),
+        _ => {
+            untrack(fd);
+            None
+        }
+    }
+}
+
+/// Locks held across `fork` so the child never inherits one mid-change.
+pub fn lock_for_fork() {
+    std::mem::forget(HOST_CWD.lock());
+    std::mem::forget(CWD.lock());
+    std::mem::forget(DIRS.lock());
+}
+
+/// Releases what [`lock_for_fork`] took (in parent and child).
+///
+/// # Safety
+/// Only after [`lock_for_fork`] on this thread (the fork handlers).
+pub unsafe fn unlock_after_fork() {
+    // SAFETY: the three mutexes were locked by `lock_for_fork` on this thread and
+    // their guards forgotten; nothing else can hold them meanwhile.
+    unsafe {
+        DIRS.force_unlock();
+        CWD.force_unlock();
+        HOST_CWD.force_unlock();
+    }
+}

@@ -11,8 +11,10 @@
 //!   log line and the daemon executor takes over.
 //!
 //! Kernel caching: attributes and entries are cached for `ttl` (1 s by
-//! default); changes made in the backing directory behind the mount's back
-//! show after that. In daemon mode the kernel's writeback cache is on, so the
+//! default, a year with `mapfs mount --exclusive`); changes made in the
+//! backing directory behind the mount's back show after that. Changes the
+//! kernel is not told of by a reply (a shim client's writes) are
+//! invalidated by the daemon ([`OpenRegistry::invalidate`]). In daemon mode the kernel's writeback cache is on, so the
 //! kernel owns file size and mtime while pages are dirty.
 //!
 //! Locks (`flock`, POSIX) are handled by the kernel locally on the mount: they

@@ -17,7 +17,7 @@ const FSTAB_ONLY: &[&str] = &[
 /// The `PROGRAM BACKING MOUNTPOINT [-o OPTIONS]` form that `mount.fuse3`
 /// uses for `mount -t fuse.PROGRAM` and fstab lines, as `mount` arguments.
 /// `-o` carries `fs=NAME` (default: the first registered file system),
-/// `data=`, `ttl=`, `writeback_cache=`, and mount options.
+/// `data=`, `ttl=`, `exclusive`, `writeback_cache=`, and mount options.
 pub fn helper_args(reg: &Registry, args: &[OsString]) -> Result<MountArgs> {
     let mut positional = Vec::new();
     let mut opts = Vec::new();
@@ -49,7 +49,8 @@ pub fn helper_args(reg: &Registry, args: &[OsString]) -> Result<MountArgs> {
         data: "auto".into(),
         options: Vec::new(),
         foreground: false,
-        ttl: 1.0,
+        ttl: None,
+        exclusive: false,
         writeback_cache: "on".into(),
         no_supervisor: false,
         daemonized: false,
@@ -65,7 +66,8 @@ pub fn helper_args(reg: &Registry, args: &[OsString]) -> Result<MountArgs> {
             "fs" => m.fs = v.to_string(),
             "data" if ["auto", "daemon", "passthrough"].contains(&v) => m.data = v.to_string(),
             "data" => bail!("invalid data={v:?} (auto, daemon or passthrough)"),
-            "ttl" => m.ttl = parse_ttl(v).map_err(|e| anyhow!("invalid ttl={v:?}: {e}"))?,
+            "exclusive" if v.is_empty() => m.exclusive = true,
+            "ttl" => m.ttl = Some(parse_ttl(v).map_err(|e| anyhow!("invalid ttl={v:?}: {e}"))?),
             "writeback_cache" if ["on", "off"].contains(&v) => m.writeback_cache = v.to_string(),
             "writeback_cache" => bail!("invalid writeback_cache={v:?} (on or off)"),
             _ if FSTAB_ONLY.contains(&k) || k.starts_with("x-") || k == "comment" => {}
@@ -101,7 +103,7 @@ mod tests {
         .unwrap();
         assert_eq!(m.fs, "plfs");
         assert_eq!(m.data, "daemon");
-        assert_eq!(m.ttl, 2.0);
+        assert_eq!(m.ttl, Some(2.0));
         assert_eq!(m.options, ["rw,allow_other"]);
         assert_eq!(m.backing, PathBuf::from("/b"));
         assert_eq!(

@@ -49,9 +49,17 @@ pub struct MountArgs {
     /// Stay in the foreground and log to stderr.
     #[arg(long)]
     pub foreground: bool,
-    /// Attribute and entry cache time in seconds (0 to 31536000).
-    #[arg(long, default_value = "1", value_parser = parse_ttl, allow_hyphen_values = true)]
-    pub ttl: f64,
+    /// Attribute and entry cache time in seconds (0 to 31536000)
+    /// [default: 1; 31536000 with --exclusive].
+    #[arg(long, value_parser = parse_ttl, allow_hyphen_values = true)]
+    pub ttl: Option<f64>,
+    /// Nothing but this mount (and `mapfs run` clients of it) changes the
+    /// backing directory: the kernel keeps names, missing names and
+    /// attributes for a long time (see --ttl), so repeated path walks and
+    /// stats never reach the daemon. Changes made directly in the backing
+    /// directory may then stay unseen until remount.
+    #[arg(long)]
+    pub exclusive: bool,
     /// With `--data daemon`: let the kernel buffer writes (fast small writes;
     /// sizes changed outside this mount show late). `off` for strict
     /// close-to-open with shim clients and other writers. Always off for
@@ -66,6 +74,22 @@ pub struct MountArgs {
     /// Internal: set by the background starter.
     #[arg(long, hide = true)]
     pub daemonized: bool,
+}
+
+/// How long the kernel caches names and attributes when `--exclusive` is
+/// given without `--ttl`.
+const EXCLUSIVE_TTL_SECS: f64 = MAX_TTL_SECS;
+
+impl MountArgs {
+    /// The attribute and entry cache time in seconds: `--ttl`, else 1 s,
+    /// or [`EXCLUSIVE_TTL_SECS`] with `--exclusive`.
+    pub fn ttl_secs(&self) -> f64 {
+        match (self.ttl, self.exclusive) {
+            (Some(t), _) => t,
+            (None, true) => EXCLUSIVE_TTL_SECS,
+            (None, false) => 1.0,
+        }
+    }
 }
 
 /// `--ttl`: a finite number of seconds in 0..=one year.
@@ -128,6 +152,13 @@ fn check(reg: &Registry, args: &MountArgs, live: bool) -> Result<Checked> {
         );
     };
     let data: DataMode = args.data.parse().map_err(|e: String| anyhow!(e))?;
+    if args.exclusive && !spec.cacheable {
+        bail!(
+            "--exclusive: {} changes names or attributes by itself, so the kernel must not \
+             keep them long; mount it without --exclusive",
+            spec.name
+        );
+    }
     let mut kernel_opts = Vec::new();
     let mut fs_opts = FsOptions::default();
     let mut nonempty = false;
@@ -355,11 +386,14 @@ fn start_background(reg: &Registry, args: &MountArgs, c: &Checked) -> Result<()>
         .arg("--data")
         .arg(&args.data)
         .arg("--ttl")
-        .arg(args.ttl.to_string())
+        .arg(args.ttl_secs().to_string())
         .arg("--writeback-cache")
         .arg(&args.writeback_cache)
         .arg("--foreground")
         .arg("--daemonized");
+    if args.exclusive {
+        cmd.arg("--exclusive");
+    }
     if args.no_supervisor {
         cmd.arg("--no-supervisor");
     }
@@ -441,7 +475,7 @@ fn serve(
     };
     let adapter = AdapterOptions {
         data: c.data,
-        ttl: Duration::from_secs_f64(args.ttl),
+        ttl: Duration::from_secs_f64(args.ttl_secs()),
         entry_ttl: if c.opts.needs_uncached_names() {
             tracing::info!(
                 "allow_other without default_permissions: names are not cached, so every \
@@ -449,7 +483,7 @@ fn serve(
             );
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(args.ttl)
+            Duration::from_secs_f64(args.ttl_secs())
         },
         writeback_cache: args.writeback_cache == "on",
     };

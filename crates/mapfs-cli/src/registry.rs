@@ -46,6 +46,7 @@ pub struct FsSpec {
     pub(crate) build: Build,
     pub(crate) whole_file_maps: bool,
     pub(crate) layered: bool,
+    pub(crate) cacheable: bool,
     pub(crate) options: &'static [&'static str],
 }
 
@@ -59,6 +60,7 @@ impl FsSpec {
             build,
             whole_file_maps: false,
             layered: false,
+            cacheable: false,
             options: &[],
         }
     }
@@ -77,6 +79,16 @@ impl FsSpec {
     /// (`UPPER:LOWER`); each is checked like a single backing directory.
     pub fn layered(mut self) -> Self {
         self.layered = true;
+        self
+    }
+
+    /// Every name and attribute of this file system changes only by a
+    /// request through the mount (or a `mapfs run` client's write, which the
+    /// daemon tells the kernel of), never by the file system on its own:
+    /// `mount --exclusive` may then let the kernel cache them for long.
+    /// Without this, `--exclusive` is refused.
+    pub fn cacheable(mut self) -> Self {
+        self.cacheable = true;
         self
     }
 
@@ -159,7 +171,8 @@ pub fn builtins() -> Registry {
         FsSpec::new("passthrough", "a 1-to-1 mirror of BACKING", |b, _| {
             Ok(Arc::new(Passthrough::new(b)?))
         })
-        .whole_file_maps(),
+        .whole_file_maps()
+        .cacheable(),
     )
     .register(
         FsSpec::new(
@@ -173,7 +186,8 @@ pub fn builtins() -> Registry {
                 Ok(Arc::new(Plfs::on_host(b, &host)?))
             },
         )
-        .options(&["hostid"]),
+        .options(&["hostid"])
+        .cacheable(),
     )
     .register(
         FsSpec::new(
@@ -184,7 +198,8 @@ pub fn builtins() -> Registry {
                 Ok(Arc::new(Pack::new(b, opts)?))
             },
         )
-        .options(&["threshold", "sync"]),
+        .options(&["threshold", "sync"])
+        .cacheable(),
     )
     .register(
         FsSpec::new(

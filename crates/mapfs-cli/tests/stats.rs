@@ -165,6 +165,44 @@ fn counters_match_a_known_sequence() {
     }
 }
 
+/// plfs maps are not whole-file, so a writable open's `close(2)` waits for
+/// a FLUSH (the map is persisted there); a read-only open has nothing to
+/// persist and closes without one.
+#[test]
+fn only_writable_opens_of_plfs_flush_at_close() {
+    if !fuse_or_skip("only_writable_opens_of_plfs_flush_at_close") {
+        return;
+    }
+    const N: u64 = 20;
+    let s = MountSession::builder(mapfs_bin())
+        .fs("plfs")
+        .data(DataMode::Auto)
+        .arg("--ttl")
+        .arg("3600")
+        .mount()
+        .unwrap_or_else(|e| panic!("mounting plfs: {e:#}"));
+    let m = s.mountpoint();
+    std::fs::write(m.join("f"), b"plfs bytes").unwrap();
+    stats(m, true);
+    for _ in 0..N {
+        assert_eq!(std::fs::read(m.join("f")).unwrap(), b"plfs bytes");
+    }
+    let c = counts(&stats(m, true));
+    assert_eq!(c.get("OPEN"), Some(&(N, 0)), "{c:?}");
+    assert_eq!(c.get("FLUSH"), None, "read-only closes flushed: {c:?}");
+    for _ in 0..N {
+        drop(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(m.join("f"))
+                .unwrap(),
+        );
+    }
+    let c = counts(&stats(m, true));
+    assert_eq!(c.get("FLUSH"), Some(&(N, 0)), "{c:?}");
+}
+
 /// Label pairs of a sample, in order.
 type Labels = Vec<(String, String)>;
 

@@ -1116,6 +1116,15 @@ fn directory_link_count_follows_subdirectories_not_files() {
     f.fs.rmdir(&ROOT, p("/d/sub2")).unwrap();
     f.fs.unlink(&ROOT, p("/d/late")).unwrap();
     assert_eq!(nlink(&f), 3, "rmdir, then an unlink");
+    // Same for an unlink, which keeps the count across both of its steps
+    // (the container renamed away, then removed).
+    assert_eq!(nlink(&f), 3);
+    f.fs.mkdir(&ROOT, p("/d/sub3"), 0o755).unwrap();
+    f.fs.unlink(&ROOT, p("/d/f20")).unwrap();
+    assert_eq!(nlink(&f), 4, "mkdir, then an unlink");
+    f.fs.unlink(&ROOT, p("/d/f21")).unwrap();
+    f.fs.rmdir(&ROOT, p("/d/sub3")).unwrap();
+    assert_eq!(nlink(&f), 3, "an unlink, then rmdir");
     f.fs.rmdir(&ROOT, p("/d/sub")).unwrap();
     assert_eq!(nlink(&f), 2, "the subdirectory is gone");
 }

@@ -11,8 +11,10 @@
 //!   log line and the daemon executor takes over.
 //!
 //! Kernel caching: attributes and entries are cached for `ttl` (1 s by
-//! default); changes made in the backing directory behind the mount's back
-//! show after that. In daemon mode the kernel's writeback cache is on, so the
+//! default, a year with `mapfs mount --exclusive`); changes made in the
+//! backing directory behind the mount's back show after that. Changes the
+//! kernel is not told of by a reply (a shim client's writes) are
+//! invalidated by the daemon ([`OpenRegistry::invalidate`]). In daemon mode the kernel's writeback cache is on, so the
 //! kernel owns file size and mtime while pages are dirty.
 //!
 //! Locks (`flock`, POSIX) are handled by the kernel locally on the mount: they
@@ -244,14 +246,19 @@ thread_local! {
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Flags of an open with a whole-file 1-to-1 map: the daemon buffers
-/// nothing and locks are kept by the kernel, so `close` need not wait for a
-/// FLUSH round trip (the kernel still flushes its writeback cache itself).
-/// Other maps get a FLUSH at every `close(2)`, where the file system persists
-/// the map (close-to-open: the kernel's `release` may come after `close`
-/// returned and after another process's `open`).
-fn file_open_flags(data: &DataFile) -> FopenFlags {
-    if data.whole_file_backing().is_some() {
+/// Flags of an open with a whole-file 1-to-1 map, or of a read-only open
+/// (`flags`, its access mode and `O_TRUNC` as the application asked): the
+/// daemon buffers nothing for it and locks are kept by the kernel, so
+/// `close` need not wait for a FLUSH round trip (the kernel still flushes
+/// its writeback cache itself). Other opens get a FLUSH at every `close(2)`,
+/// where the file system persists the map (close-to-open: the kernel's
+/// `release` may come after `close` returned and after another process's
+/// `open`). A read-only open never changes the map (the kernel refuses its
+/// writes, and a truncate by path that uses it persists at once), so it
+/// has nothing to persist.
+fn file_open_flags(data: &DataFile, flags: i32) -> FopenFlags {
+    let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY && flags & libc::O_TRUNC == 0;
+    if data.whole_file_backing().is_some() || read_only {
         FopenFlags::FOPEN_NOFLUSH
     } else {
         FopenFlags::empty()
@@ -712,7 +719,7 @@ impl Shared {
     ) -> (u64, Option<Arc<fuser::BackingId>>, FopenFlags) {
         let fs_handle = opened.handle;
         let data = Arc::new(DataFile::new(opened));
-        let fopen = file_open_flags(&data);
+        let fopen = file_open_flags(&data, flags);
         let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         self.tokens.opened(ino, &data, may_change);
         let mut backing = None;

@@ -39,6 +39,16 @@ pub enum Setup {
         /// The `--data` mode.
         data: &'static str,
     },
+    /// `mapfs mount <fs> BACKING MNT --data <data> --exclusive`. Sound in
+    /// a benchmark whose other configurations change the same backing
+    /// directory only because every workload leaves it as it found it
+    /// (and the read files are made before any mount looks at them).
+    Exclusive {
+        /// The file system.
+        fs: &'static str,
+        /// The `--data` mode.
+        data: &'static str,
+    },
 }
 
 /// What the workload command runs under.
@@ -127,6 +137,33 @@ pub const CONFIGS: &[ConfigDef] = &[
         name: "embedded",
         about: "no mount: mapfs passthrough run inside the workload's processes (mapfs run --embed)",
         setup: Setup::Embedded { fs: "passthrough" },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "auto-excl",
+        about: "mapfs passthrough fs mounted with --data auto --exclusive (long kernel caching)",
+        setup: Setup::Exclusive {
+            fs: "passthrough",
+            data: "auto",
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "fuse-excl",
+        about: "mapfs passthrough fs mounted with --data daemon --exclusive",
+        setup: Setup::Exclusive {
+            fs: "passthrough",
+            data: "daemon",
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "plfs-excl",
+        about: "mapfs plfs fs mounted with --data auto --exclusive",
+        setup: Setup::Exclusive {
+            fs: "plfs",
+            data: "auto",
+        },
         wrap: Wrap::None,
     },
 ];
@@ -267,10 +304,11 @@ pub fn prepare(
             ];
             (dir, None)
         }
-        Setup::Mapfs { .. } | Setup::MapfsFs { .. } => {
-            let (fs, data) = match def.setup {
-                Setup::MapfsFs { fs, data } => (fs, data),
-                Setup::Mapfs { data } => ("passthrough", data),
+        Setup::Mapfs { .. } | Setup::MapfsFs { .. } | Setup::Exclusive { .. } => {
+            let (fs, data, exclusive) = match def.setup {
+                Setup::MapfsFs { fs, data } => (fs, data, false),
+                Setup::Exclusive { fs, data } => (fs, data, true),
+                Setup::Mapfs { data } => ("passthrough", data, false),
                 _ => unreachable!("matched above"),
             };
             let mnt = mnt_parent.join(def.name);
@@ -281,6 +319,9 @@ pub fn prepare(
                 .arg(backing)
                 .arg(&mnt)
                 .args(["--data", data]);
+            if exclusive {
+                cmd.arg("--exclusive");
+            }
             run_mount_command(cmd, Duration::from_secs(60))?;
             let mnt_os: OsString = mnt.clone().into();
             let guard = MountGuard {

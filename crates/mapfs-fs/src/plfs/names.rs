@@ -75,7 +75,14 @@ impl Plfs {
         match gone {
             None => self.pt.unlink(ctx, path),
             Some((parent, gone, dir)) => {
-                self.remove_container(parent.as_fd(), OsStr::new(&gone), &dir)
+                // Removing the renamed container changes the parent's times
+                // again: without this the cached link count taken before
+                // the unlink was lost, and the next getattr of the parent
+                // opened every subdirectory to count again (O(n) per unlink).
+                let before = super::store::validator(parent.as_fd()).ok();
+                let res = self.remove_container(parent.as_fd(), OsStr::new(&gone), &dir);
+                self.nlink_kept(parent.as_fd(), before);
+                res
             }
         }
     }

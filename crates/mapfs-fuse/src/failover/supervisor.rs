@@ -42,6 +42,15 @@ pub const CRASH_WINDOW: Duration = Duration::from_secs(60);
 /// Nodes and opens per message of a saved state.
 const BATCH: usize = 1000;
 
+/// How long the supervisor sleeps once it has read every record waiting:
+/// records sent meanwhile wait in the link's socket buffer (which survives
+/// the daemon, so they are as safe there as read) and are read in one go.
+/// Without it every record woke the supervisor, a context switch per
+/// record, three per file created (on 2 cores: 15,100 creates/s instead of
+/// 19,200/s unsupervised, tmpfs backing). A daemon's death is noticed at
+/// most this much later.
+const COALESCE: Duration = Duration::from_millis(1);
+
 /// The state a live connection carries from one daemon to the next.
 struct Connection {
     dev: OwnedFd,
@@ -255,6 +264,9 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
                 }
             }
         }
+        if !readable(sock) {
+            std::thread::sleep(COALESCE);
+        }
     }
     let status = child.wait()?;
     Ok(Ended {
@@ -262,6 +274,12 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
         restarting: restarting && status.code() == Some(RESTART_EXIT),
         status,
     })
+}
+
+/// Whether a record (or the daemon's end of the link closing) is waiting.
+fn readable(sock: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(sock, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&rustix::event::Timespec::default())), Ok(n) if n > 0)
 }
 
 /// Hands a live connection and its state to a new daemon.

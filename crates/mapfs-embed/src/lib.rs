@@ -27,6 +27,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+pub mod data_hooks;
+pub mod engine_fd;
 pub mod hooks;
 pub mod ops;
 pub mod resolve;
@@ -89,6 +91,7 @@ extern "C" fn init() {
     INSIDE.with(|g| g.set(true));
     state::init();
     hooks::install_fork_handlers();
+    engine_fd::install();
     INSIDE.with(|g| g.set(false));
     READY.store(true, Ordering::Release);
 }

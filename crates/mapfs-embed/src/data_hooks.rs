@@ -256,7 +256,7 @@ fn refused<T>(call: &'static str, errno: c_int, fail: T) -> T {
 fn before_exec() {
     if engine_fd::any() {
         if let Some(_g) = Guard::enter() {
-            engine_fd::flush_all();
+            engine_fd::before_exec();
         }
     }
 }

@@ -23,7 +23,7 @@
 //! as plfs's cross-process rule requires, and never to the parent's.
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -41,6 +41,8 @@ pub struct EngineOpen {
     /// The flags given to the file system at open, for a forked child's
     /// reopen (without `O_TRUNC`).
     fsflags: i32,
+    /// The flags of the application's open (carried across `exec`).
+    flags: i32,
     inner: RwLock<Inner>,
     offset: Mutex<u64>,
     readable: bool,
@@ -143,6 +145,7 @@ pub fn adopt(
         idx,
         path,
         fsflags: fsflags & !libc::O_TRUNC,
+        flags,
         inner: RwLock::new(Inner {
             handle,
             data: DataFile::new(opened),
@@ -377,6 +380,120 @@ pub fn duped(old: i32, new: i32) {
     let _ = closed(new);
     if let Some(o) = get(old) {
         insert(new, o);
+    }
+}
+
+/// Prefix of the name of a memfd that carries an open across `exec`.
+const CARRY: &str = "mapfs-embed-fd:";
+
+/// Before `exec`: flushes every open, and puts under each descriptor the
+/// new image inherits a memfd whose name says what it is (file system,
+/// flags, offset, path), which the new image's constructor reopens
+/// ([`adopt_inherited`]). A name too long for a memfd (249 bytes) is not
+/// carried: that descriptor fails every data call in the new image.
+pub fn before_exec() {
+    flush_all();
+    let entries: Vec<(i32, Arc<EngineOpen>)> = match TABLE.read().as_ref() {
+        Some(m) => m.iter().map(|(k, v)| (*k, v.clone())).collect(),
+        None => return,
+    };
+    for (fd, o) in entries {
+        // SAFETY: a descriptor of the table, borrowed for two fcntls.
+        let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        match rustix::io::fcntl_getfd(bfd) {
+            Ok(f) if !f.contains(rustix::io::FdFlags::CLOEXEC) => {}
+            _ => continue,
+        }
+        let name = format!(
+            "{CARRY}{}:{}:{}:{}:{}",
+            o.idx,
+            o.fsflags,
+            o.flags,
+            *o.offset.lock(),
+            o.path.display()
+        );
+        if name.len() > 249 || name.contains('\0') {
+            crate::log(format_args!(
+                "exec: descriptor {fd} not carried: name too long"
+            ));
+            continue;
+        }
+        let m = match rustix::fs::memfd_create(name.as_str(), rustix::fs::MemfdFlags::CLOEXEC) {
+            Ok(m) => m,
+            Err(e) => {
+                crate::log(format_args!("exec: descriptor {fd} not carried: {e}"));
+                continue;
+            }
+        };
+        crate::log(format_args!("exec: descriptor {fd} carried as {name}"));
+        // SAFETY: `fd` is the table's descriptor, replaced in place (and
+        // not closed: the `OwnedFd` is forgotten). `dup2` leaves
+        // FD_CLOEXEC clear on it, as it was.
+        let mut target = unsafe { OwnedFd::from_raw_fd(fd) };
+        let _ = rustix::io::dup2(&m, &mut target);
+        std::mem::forget(target);
+    }
+}
+
+/// In a new process image: reopens the opens carried across `exec` (see
+/// [`before_exec`]) under the same descriptor numbers.
+pub fn adopt_inherited() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    for ent in dir.flatten() {
+        let Some(fd) = ent.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(link) = std::fs::read_link(ent.path()) else {
+            continue;
+        };
+        let link = link.to_string_lossy().into_owned();
+        let Some(rest) = link
+            .strip_prefix("/memfd:")
+            .and_then(|l| l.strip_prefix(CARRY))
+        else {
+            continue;
+        };
+        let rest = rest.strip_suffix(" (deleted)").unwrap_or(rest);
+        let mut it = rest.splitn(5, ':');
+        let (Some(idx), Some(fsflags), Some(flags), Some(off), Some(path)) = (
+            it.next().and_then(|v| v.parse::<usize>().ok()),
+            it.next().and_then(|v| v.parse::<i32>().ok()),
+            it.next().and_then(|v| v.parse::<i32>().ok()),
+            it.next().and_then(|v| v.parse::<u64>().ok()),
+            it.next(),
+        ) else {
+            continue;
+        };
+        if idx >= embs().len() {
+            continue;
+        }
+        let path = PathBuf::from(path);
+        let e = &embs()[idx];
+        let opened = match e.fs.open(&state::ctx(), &path, OpenFlags(fsflags)) {
+            Ok(o) => o,
+            Err(err) => {
+                crate::warn(format_args!(
+                    "descriptor {fd} (inherited {}): {err}; it cannot be served",
+                    path.display()
+                ));
+                continue;
+            }
+        };
+        let Ok(ph) = adopt(idx, path, flags & !libc::O_TRUNC, fsflags, opened) else {
+            continue;
+        };
+        let new = std::os::fd::AsRawFd::as_raw_fd(&ph);
+        if let Some(o) = remove(new) {
+            // SAFETY: `fd` is the inherited descriptor, replaced in place.
+            let mut target = unsafe { OwnedFd::from_raw_fd(fd) };
+            if rustix::io::dup2(&ph, &mut target).is_ok() {
+                *o.offset.lock() = off;
+                insert(fd, o);
+            }
+            std::mem::forget(target);
+        }
     }
 }
 

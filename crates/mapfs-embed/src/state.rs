@@ -129,6 +129,12 @@ pub fn init() {
         }
     }
     let _ = EMBS.set(embs);
+    if self::embs()
+        .iter()
+        .any(|e| crate::ops::ENGINE_SERVED.contains(&e.name.as_str()))
+    {
+        crate::engine_fd::adopt_inherited();
+    }
     find_ancestors();
     note_host_cwd();
     adopt_inherited_cwd();

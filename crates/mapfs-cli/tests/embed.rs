@@ -728,6 +728,9 @@ cat "$D/f" | md5sum
 cp "$D/f" "$D/g"
 cmp "$D/f" "$D/g" && echo same
 wc -c < "$D/g"
+exec 3< "$D/f"
+head -c 5 <&3 && echo
+exec 3<&-
 printf 'from the shell\n' > "$D/h"
 printf 'and more\n' >> "$D/h"
 cat "$D/h" "$D/f.fork" | od -c | tail -3

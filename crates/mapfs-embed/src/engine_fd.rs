@@ -122,6 +122,27 @@ fn placeholder() -> Result<OwnedFd, i32> {
     .map_err(|e| e.raw_os_error())
 }
 
+/// Lowest number for the descriptors an engine open holds for its life:
+/// programs take small numbers for themselves (a shell's `exec 3< f`
+/// closes whatever has number 3; dash keeps its own at 10 and up).
+const HIGH_FD: i32 = 100;
+
+/// `f` moved to a descriptor number of [`HIGH_FD`] or more when nothing
+/// else holds it (kept as it is when that fails).
+fn above_program_fds(f: Arc<std::fs::File>) -> Arc<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    if f.as_raw_fd() >= HIGH_FD {
+        return f;
+    }
+    match Arc::try_unwrap(f) {
+        Ok(file) => match rustix::io::fcntl_dupfd_cloexec(&file, HIGH_FD) {
+            Ok(high) => Arc::new(std::fs::File::from(high)),
+            Err(_) => Arc::new(file),
+        },
+        Err(shared) => shared,
+    }
+}
+
 /// Takes `opened` (not whole-file 1-to-1) as an engine open and returns its
 /// placeholder, `FD_CLOEXEC` set (the caller applies the open's flags).
 pub fn adopt(
@@ -132,6 +153,8 @@ pub fn adopt(
     opened: Opened,
 ) -> Result<OwnedFd, i32> {
     let e = &embs()[idx];
+    let mut opened = opened;
+    opened.files = opened.files.into_iter().map(above_program_fds).collect();
     let handle = opened.handle;
     let fd = match placeholder() {
         Ok(fd) => fd,

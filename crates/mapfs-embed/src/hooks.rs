@@ -3,9 +3,10 @@
 //! (`dlsym(RTLD_NEXT)`: the attached shim when it is preloaded too, then
 //! libc) unchanged; an embedded one is served by its file system.
 //!
-//! Descriptors need no hook: an embedded open returns the backing file
-//! itself, so `read`, `write`, `mmap`, `fstat`, locks, `dup`, `fork` and
-//! `exec` are native. Directory descriptors opened under a prefix are
+//! Descriptors of whole-file 1-to-1 maps need no hook: an embedded open
+//! returns the backing file itself, so `read`, `write`, `mmap`, `fstat`,
+//! locks, `dup`, `fork` and `exec` are native. Other maps (plfs) get a
+//! placeholder served by [`crate::data_hooks`]. Directory descriptors opened under a prefix are
 //! remembered so that `*at` calls relative to them, and `fchdir`, stay in
 //! the file system.
 //!

@@ -681,9 +681,10 @@ fn embedded_plfs_n_to_1_strided_job_reads_back_embedded_and_mounted() {
 }
 
 /// cp, cat, the shell and python3 reading and writing plfs files under the
-/// prefix (offsets, O_APPEND, a dup'ed redirection, a forked child writing
-/// through an inherited descriptor): the same output as on a native
-/// directory.
+/// prefix (offsets, O_APPEND, shell redirections into programs, a forked
+/// child writing through an inherited descriptor, `posix_spawn` and
+/// `subprocess` children writing to a plfs stdout): the same output as on a
+/// native directory.
 #[test]
 fn embedded_plfs_cp_cat_python_match_native() {
     let a = Area::new();
@@ -723,6 +724,15 @@ os.waitpid(pid, 0)
 os.pwrite(g, b"parent2\n", 8)
 os.close(g)
 print(open(p + ".fork", "rb").read())
+import subprocess
+g = os.open(p + ".spawn", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+pid = os.posix_spawn("/bin/cat", ["cat", p + ".fork"], dict(os.environ),
+                     file_actions=[(os.POSIX_SPAWN_DUP2, g, 1)])
+assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+os.close(g)
+with open(p + ".sub", "wb") as out:
+    subprocess.run(["cat", p + ".spawn"], stdout=out, check=True)
+print(open(p + ".sub", "rb").read() == open(p + ".fork", "rb").read())
 PY
 cat "$D/f" | md5sum
 cp "$D/f" "$D/g"

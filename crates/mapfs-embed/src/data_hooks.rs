@@ -3,8 +3,9 @@
 //! calls that cannot be served in-process (`mmap`, `sendfile`, `splice`,
 //! `copy_file_range`, stdio streams), which fail with a clear errno and one
 //! warning. Every hook costs one atomic load when no placeholder is open.
-//! `exec` flushes what this image's opens wrote first: the new image cannot
-//! carry the in-process map.
+//! `exec` and `posix_spawn` flush what this image's opens wrote first and
+//! carry the inherited opens to the new image (see
+//! [`engine_fd::before_exec`]).
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -253,12 +254,26 @@ fn refused<T>(call: &'static str, errno: c_int, fail: T) -> T {
 }
 
 /// Before `exec`: the new image cannot carry the in-process maps.
-fn before_exec() {
+fn before_exec() -> Vec<(c_int, std::os::fd::OwnedFd)> {
     if engine_fd::any() {
         if let Some(_g) = Guard::enter() {
-            engine_fd::before_exec();
+            return engine_fd::before_exec();
         }
     }
+    Vec::new()
+}
+
+/// `exec*`/`posix_spawn*`: the new image gets the carried opens, and this
+/// one (a spawning parent, a failed `exec`) its placeholders back.
+fn spawn(call: impl FnOnce() -> c_int) -> c_int {
+    let saved = before_exec();
+    let r = call();
+    if !saved.is_empty() {
+        if let Some(_g) = Guard::enter() {
+            engine_fd::after_spawn(saved);
+        }
+    }
+    r
 }
 
 hooks! {
@@ -590,29 +605,37 @@ hooks! {
         unsafe { real(fd, mode) }
     }
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
-        before_exec();
-        // SAFETY: libc's call with the caller's arguments.
-        unsafe { real(path, argv, envp) }
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(path, argv, envp) })
     }
     fn execv(path: *const c_char, argv: *const *const c_char) -> c_int = |real| {
-        before_exec();
-        // SAFETY: libc's call with the caller's arguments.
-        unsafe { real(path, argv) }
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(path, argv) })
     }
     fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int = |real| {
-        before_exec();
-        // SAFETY: libc's call with the caller's arguments.
-        unsafe { real(file, argv) }
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(file, argv) })
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
-        before_exec();
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(file, argv, envp) })
+    }
+    fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
         // SAFETY: libc's call with the caller's arguments.
-        unsafe { real(file, argv, envp) }
+        spawn(|| unsafe { real(pid, path, actions, attr, argv, envp) })
+    }
+    fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments.
+        spawn(|| unsafe { real(pid, file, actions, attr, argv, envp) })
     }
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
-        before_exec();
-        // SAFETY: libc's call with the caller's arguments.
-        unsafe { real(fd, argv, envp) }
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(fd, argv, envp) })
     }
 }
 

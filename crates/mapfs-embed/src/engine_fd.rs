@@ -43,6 +43,9 @@ pub struct EngineOpen {
     fsflags: i32,
     /// The flags of the application's open (carried across `exec`).
     flags: i32,
+    /// The placeholder's inode: recognises its descriptors however they
+    /// were duplicated (see [`before_exec`]).
+    ph_ino: u64,
     inner: RwLock<Inner>,
     offset: Mutex<u64>,
     readable: bool,
@@ -143,6 +146,30 @@ fn above_program_fds(f: Arc<std::fs::File>) -> Arc<std::fs::File> {
     }
 }
 
+/// The device of memfds (every placeholder's `st_dev`).
+fn placeholder_dev() -> Option<u64> {
+    static DEV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *DEV.get_or_init(|| {
+        let m =
+            rustix::fs::memfd_create("mapfs-embed-dev", rustix::fs::MemfdFlags::CLOEXEC).ok()?;
+        rustix::fs::fstat(&m).ok().map(|st| st.st_dev)
+    })
+}
+
+/// This process's id as the library knows it (set at start and by the
+/// fork handler).
+static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+fn own_pid() -> i32 {
+    rustix::process::getpid().as_raw_nonzero().get()
+}
+
+/// Running in a `vfork` child (or `posix_spawn`'s), which shares the
+/// parent's memory: the table is the parent's and must not change.
+pub fn foreign() -> bool {
+    PID.load(Ordering::Relaxed) != own_pid()
+}
+
 /// Takes `opened` (not whole-file 1-to-1) as an engine open and returns its
 /// placeholder, `FD_CLOEXEC` set (the caller applies the open's flags).
 pub fn adopt(
@@ -163,8 +190,16 @@ pub fn adopt(
             return Err(n);
         }
     };
+    let ph_ino = match rustix::fs::fstat(&fd) {
+        Ok(st) => st.st_ino,
+        Err(err) => {
+            let _ = e.fs.release(&state::ctx(), &path, handle, &opened.map);
+            return Err(err.raw_os_error());
+        }
+    };
     let access = flags & libc::O_ACCMODE;
     let open = EngineOpen {
+        ph_ino,
         idx,
         path,
         fsflags: fsflags & !libc::O_TRUNC,
@@ -176,8 +211,8 @@ pub fn adopt(
             dirty: flags & libc::O_TRUNC != 0,
         }),
         offset: Mutex::new(0),
-        readable: access != libc::O_WRONLY,
-        writable: access != libc::O_RDONLY,
+        readable: access != libc::O_WRONLY && flags & libc::O_PATH == 0,
+        writable: access != libc::O_RDONLY && flags & libc::O_PATH == 0,
         append: AtomicBool::new(flags & libc::O_APPEND != 0),
     };
     insert(std::os::fd::AsRawFd::as_raw_fd(&fd), Arc::new(open));
@@ -383,6 +418,9 @@ impl EngineOpen {
 /// descriptor. `Some(Err)` reports a failed flush (the descriptor is closed
 /// all the same, as the kernel does).
 pub fn closed(fd: i32) -> Option<Result<(), i32>> {
+    if !any() || foreign() {
+        return None;
+    }
     let o = remove(fd)?;
     let mut r = o.flush();
     if let Some(last) = Arc::into_inner(o) {
@@ -396,7 +434,7 @@ pub fn closed(fd: i32) -> Option<Result<(), i32>> {
 
 /// After a successful `dup` of `old` to `new` (the real call done).
 pub fn duped(old: i32, new: i32) {
-    if old == new {
+    if old == new || foreign() {
         return;
     }
     // `dup2`/`dup3` closed what `new` was.
@@ -409,24 +447,52 @@ pub fn duped(old: i32, new: i32) {
 /// Prefix of the name of a memfd that carries an open across `exec`.
 const CARRY: &str = "mapfs-embed-fd:";
 
-/// Before `exec`: flushes every open, and puts under each descriptor the
-/// new image inherits a memfd whose name says what it is (file system,
+/// Before `exec`: flushes every open, and puts under each of its
+/// descriptors (keeping its `FD_CLOEXEC`) a memfd whose name says what it is (file system,
 /// flags, offset, path), which the new image's constructor reopens
 /// ([`adopt_inherited`]). A name too long for a memfd (249 bytes) is not
 /// carried: that descriptor fails every data call in the new image.
-pub fn before_exec() {
-    flush_all();
-    let entries: Vec<(i32, Arc<EngineOpen>)> = match TABLE.read().as_ref() {
-        Some(m) => m.iter().map(|(k, v)| (*k, v.clone())).collect(),
-        None => return,
+///
+/// The descriptors are found by their inode (each placeholder is a memfd
+/// of its own) in `/proc/self/fd`, not by the table: a `vfork` child (or
+/// `posix_spawn`'s) `dup2`s them without the table seeing it, as its hooks
+/// must leave the parent's table alone ([`foreign`]).
+pub fn before_exec() -> Vec<(i32, OwnedFd)> {
+    let mut saved = Vec::new();
+    if !foreign() {
+        flush_all();
+    }
+    let opens: HashMap<u64, Arc<EngineOpen>> = match TABLE.read().as_ref() {
+        Some(m) => m.values().map(|o| (o.ph_ino, o.clone())).collect(),
+        None => return saved,
     };
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return saved;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect();
+    let memfd_dev = placeholder_dev();
+    let entries: Vec<(i32, Arc<EngineOpen>)> = fds
+        .into_iter()
+        .filter_map(|fd| {
+            // SAFETY: borrowed for one fstat; a closed number fails it.
+            let st = rustix::fs::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).ok()?;
+            if Some(st.st_dev) != memfd_dev {
+                return None;
+            }
+            Some((fd, opens.get(&st.st_ino)?.clone()))
+        })
+        .collect();
     for (fd, o) in entries {
         // SAFETY: a descriptor of the table, borrowed for two fcntls.
         let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        match rustix::io::fcntl_getfd(bfd) {
-            Ok(f) if !f.contains(rustix::io::FdFlags::CLOEXEC) => {}
-            _ => continue,
-        }
+        // Descriptors with FD_CLOEXEC are carried too: `posix_spawn`'s file
+        // actions can `dup2` them into the child.
+        let Ok(fdflags) = rustix::io::fcntl_getfd(bfd) else {
+            continue;
+        };
         let name = format!(
             "{CARRY}{}:{}:{}:{}:{}",
             o.idx,
@@ -450,10 +516,31 @@ pub fn before_exec() {
         };
         crate::log(format_args!("exec: descriptor {fd} carried as {name}"));
         // SAFETY: `fd` is the table's descriptor, replaced in place (and
-        // not closed: the `OwnedFd` is forgotten). `dup2` leaves
-        // FD_CLOEXEC clear on it, as it was.
+        // not closed: the `OwnedFd` is forgotten).
         let mut target = unsafe { OwnedFd::from_raw_fd(fd) };
-        let _ = rustix::io::dup2(&m, &mut target);
+        if let Ok(keep) = rustix::io::fcntl_dupfd_cloexec(&target, HIGH_FD) {
+            if rustix::io::dup2(&m, &mut target).is_ok() {
+                let _ = rustix::io::fcntl_setfd(&target, fdflags);
+                saved.push((fd, keep));
+            }
+        }
+        std::mem::forget(target);
+    }
+    saved
+}
+
+/// After a `posix_spawn` (the parent goes on): puts the placeholders
+/// [`before_exec`] replaced back under their numbers.
+pub fn after_spawn(saved: Vec<(i32, OwnedFd)>) {
+    for (fd, keep) in saved {
+        // SAFETY: `fd` is the table's descriptor, replaced in place and not
+        // closed (the `OwnedFd` is forgotten).
+        let mut target = unsafe { OwnedFd::from_raw_fd(fd) };
+        let flags = rustix::io::fcntl_getfd(&target);
+        let _ = rustix::io::dup2(&keep, &mut target);
+        if let Ok(f) = flags {
+            let _ = rustix::io::fcntl_setfd(&target, f);
+        }
         std::mem::forget(target);
     }
 }
@@ -586,6 +673,7 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     GEN.fetch_add(1, Ordering::AcqRel);
+    PID.store(own_pid(), Ordering::Relaxed);
     // SAFETY: as in `fork_parent`.
     unsafe { TABLE.force_unlock_write() };
 }
@@ -599,6 +687,7 @@ extern "C" fn at_exit() {
 /// Keeps the table consistent across `fork` (opens are persisted at exit
 /// by the library's destructor).
 pub fn install() {
+    PID.store(own_pid(), Ordering::Relaxed);
     // SAFETY: registering plain extern "C" functions with no arguments.
     unsafe {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));

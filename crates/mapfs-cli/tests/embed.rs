@@ -750,3 +750,42 @@ ls -l "$D" | tail -n +2 | awk '{print $1, $5, $NF}'
     same(&emb, &nat);
     assert!(emb.contains("same\n12345\n"), "{emb}");
 }
+
+/// What cannot be served on a plfs placeholder fails with a clear errno and
+/// one warning naming the call (issue 10 item 5): mmap, sendfile.
+#[test]
+fn embedded_plfs_refuses_mmap_and_sendfile_with_one_warning() {
+    let a = Area::new();
+    let script = r#"
+import errno, mmap, os, sys
+p = sys.argv[1]
+open(p, "wb").write(b"x" * 8192)
+fd = os.open(p, os.O_RDONLY)
+for _ in range(2):
+    try:
+        mmap.mmap(fd, 4096, prot=mmap.PROT_READ)
+        print("mmap served")
+    except OSError as e:
+        print("mmap", errno.errorcode[e.errno])
+out = os.open(os.devnull, os.O_WRONLY)
+try:
+    os.sendfile(out, fd, 0, 10)
+    print("sendfile served")
+except OSError as e:
+    print("sendfile", errno.errorcode[e.errno])
+print(len(os.read(fd, 100000)))
+"#;
+    let out = ok(a
+        .run_fs("plfs", "python3")
+        .arg("-c")
+        .arg(script)
+        .arg(a.prefix.join("f")));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stdout, "mmap ENODEV\nmmap ENODEV\nsendfile EINVAL\n8192\n",
+        "stderr: {stderr}"
+    );
+    assert_eq!(stderr.matches("mmap on a file").count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("sendfile on a file").count(), 1, "{stderr}");
+}

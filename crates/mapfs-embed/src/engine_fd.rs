@@ -215,7 +215,11 @@ pub fn adopt(
         writable: access != libc::O_RDONLY && flags & libc::O_PATH == 0,
         append: AtomicBool::new(flags & libc::O_APPEND != 0),
     };
-    insert(std::os::fd::AsRawFd::as_raw_fd(&fd), Arc::new(open));
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // An open whose descriptor was closed unseen (`close_range`, a raw
+    // system call) ends now that its number is reused.
+    let _ = closed(raw);
+    insert(raw, Arc::new(open));
     Ok(fd)
 }
 

@@ -14,7 +14,7 @@ pub const EMBED_ENV: &str = "MAPFS_EMBED";
 
 /// File systems the embedded library can run today. Others are refused by
 /// `mapfs run --embed` before the command starts.
-pub const EMBEDDABLE: &[&str] = &["passthrough"];
+pub const EMBEDDABLE: &[&str] = &["passthrough", "plfs"];
 
 /// Separates embeddings in [`EMBED_ENV`].
 const REC: char = '\n';

@@ -29,7 +29,12 @@ fn embed_lib() -> PathBuf {
             )
         });
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for d in ["mapfs-embed/src", "mapfs-fs/src/passthrough", "mapfs/src"] {
+    for d in [
+        "mapfs-embed/src",
+        "mapfs-fs/src/passthrough",
+        "mapfs-fs/src/plfs",
+        "mapfs/src",
+    ] {
         for e in std::fs::read_dir(crates.join(d))
             .into_iter()
             .flatten()
@@ -84,10 +89,15 @@ impl Area {
 
     /// `prog` under `mapfs run --embed passthrough:BACKING:PREFIX`.
     fn run(&self, prog: &str) -> Command {
+        self.run_fs("passthrough", prog)
+    }
+
+    /// `prog` under `mapfs run --embed FS:BACKING:PREFIX`.
+    fn run_fs(&self, fs: &str, prog: &str) -> Command {
         let mut c = Command::new(mapfs_bin());
         c.arg("run")
             .arg("--embed")
-            .arg(self.spec("passthrough"))
+            .arg(self.spec(fs))
             .arg("--")
             .arg(prog)
             .env_remove("LD_PRELOAD")
@@ -128,8 +138,13 @@ fn have(prog: &str) -> bool {
 /// native directory, and returns both outputs with the directory's name
 /// replaced by `$D`.
 fn both(a: &Area, script: &str) -> (String, String) {
+    both_fs(a, "passthrough", script)
+}
+
+/// [`both`] with file system `fs` embedded.
+fn both_fs(a: &Area, fs: &str, script: &str) -> (String, String) {
     let emb = ok(a
-        .run("sh")
+        .run_fs(fs, "sh")
         .arg("-c")
         .arg(script)
         .env("D", &a.prefix)
@@ -539,4 +554,238 @@ fn embedded_combines_with_an_attached_mount() {
         r.lines().any(|l| l.contains("\"adopted\":1")),
         "{test}: the shim adopted nothing: {r}"
     );
+}
+
+/// The fsx exerciser on an embedded plfs prefix: every open is served by
+/// the data engine in-process on a placeholder descriptor. mmap and
+/// copy_file_range cannot be served there (refused, see docs/embedded.md).
+#[test]
+fn embedded_fsx_byte_model_plfs() {
+    let a = Area::new();
+    let fsx = Path::new(mapfs_bin()).parent().unwrap().join("mapfs-fsx");
+    assert!(
+        fsx.exists(),
+        "{} is missing: build it first with `cargo build --workspace`",
+        fsx.display()
+    );
+    let out = ok(a
+        .run_fs("plfs", fsx.to_str().unwrap())
+        .arg("--dir")
+        .arg(&a.prefix)
+        .arg("--ops")
+        .arg("10000")
+        .arg("--seed")
+        .arg("20261124")
+        .arg("--no-mmap")
+        .arg("--no-copy-range")
+        .arg("--keep"));
+    let summary = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", summary.trim());
+    assert!(summary.contains("reopen="), "{summary}");
+    // The exerciser's files are plfs containers (directories) in the
+    // backing directory.
+    let containers = std::fs::read_dir(&a.backing)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .count();
+    assert!(containers > 0, "no plfs container in the backing directory");
+}
+
+/// One N-1 strided writer: `python3 -c WRITER FILE RANK NPROC NBLOCKS BS`
+/// opens the shared file itself and writes its own blocks (block `i` of
+/// rank `r` at `(i * NPROC + r) * BS`), checking the count of each write.
+const N1_WRITER: &str = r#"
+import os, sys
+path, rank, nproc, nb, bs = sys.argv[1], *map(int, sys.argv[2:6])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+for i in range(nb):
+    k = (rank * 7 + i * 13) % 251
+    blk = bytes((k + j) % 251 for j in range(bs))
+    assert os.pwrite(fd, blk, (i * nproc + rank) * bs) == bs
+os.close(fd)
+"#;
+
+/// The job's parent: forks and execs NPROC writers, waits for them all.
+const N1_PARENT: &str = r#"
+import os, sys
+writer, path, nproc, nb, bs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+pids = []
+for r in range(nproc):
+    pid = os.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-c", writer, path, str(r), str(nproc), str(nb), str(bs)])
+    pids.append(pid)
+for p in pids:
+    _, st = os.waitpid(p, 0)
+    assert os.waitstatus_to_exitcode(st) == 0, st
+"#;
+
+/// The file the N-1 job writes (the model).
+fn n1_model(nproc: usize, nb: usize, bs: usize) -> Vec<u8> {
+    let mut v = vec![0u8; nproc * nb * bs];
+    for r in 0..nproc {
+        for i in 0..nb {
+            let k = (r * 7 + i * 13) % 251;
+            let at = (i * nproc + r) * bs;
+            for j in 0..bs {
+                v[at + j] = ((k + j) % 251) as u8;
+            }
+        }
+    }
+    v
+}
+
+/// The issue's N-1 test: a job of 4 processes (forked and execed by a
+/// python3 parent) writes one plfs file N-1 strided; a fifth embedded
+/// process reads it back byte-exact, and so does a `mapfs mount plfs` of
+/// the same backing directory.
+#[test]
+fn embedded_plfs_n_to_1_strided_job_reads_back_embedded_and_mounted() {
+    let a = Area::new();
+    let (nproc, nb, bs) = (4, 64, 4096 + 17);
+    let file = a.prefix.join("shared.out");
+    ok(a.run_fs("plfs", "python3")
+        .arg("-c")
+        .arg(N1_PARENT)
+        .arg(N1_WRITER)
+        .arg(&file)
+        .args([nproc, nb, bs].map(|n| n.to_string())));
+    let model = n1_model(nproc, nb, bs);
+    // The fifth process: an embedded reader copying the file out.
+    let copy = a.native.join("read-back");
+    ok(a.run_fs("plfs", "python3")
+        .arg("-c")
+        .arg("import sys, os; d = open(sys.argv[1], 'rb').read(); assert os.stat(sys.argv[1]).st_size == len(d); open(sys.argv[2], 'wb').write(d)")
+        .arg(&file)
+        .arg(&copy));
+    let got = std::fs::read(&copy).unwrap();
+    assert_eq!(got.len(), model.len(), "embedded read-back: size");
+    assert!(got == model, "embedded read-back differs from the model");
+    // The same backing directory through a mount.
+    let test = "embedded plfs N-1 read through a mount";
+    if !common::fuse_or_skip(test) {
+        return;
+    }
+    let s = common::MountSession::builder(mapfs_bin())
+        .fs("plfs")
+        .data(common::DataMode::Daemon)
+        .backing(&a.backing)
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mounted = std::fs::read(s.mountpoint().join("shared.out")).unwrap();
+    assert!(
+        mounted == model,
+        "{test}: the mount's bytes differ from the model"
+    );
+}
+
+/// cp, cat, the shell and python3 reading and writing plfs files under the
+/// prefix (offsets, O_APPEND, shell redirections into programs, a forked
+/// child writing through an inherited descriptor, `posix_spawn` and
+/// `subprocess` children writing to a plfs stdout): the same output as on a
+/// native directory.
+#[test]
+fn embedded_plfs_cp_cat_python_match_native() {
+    let a = Area::new();
+    let src = a.native.join("..").join("src.txt");
+    let text: String = (1..40000).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(&src, text).unwrap();
+    let script = r#"
+set -e
+cp "$S" "$D/f"
+cat "$D/f" | md5sum
+python3 - "$D/f" <<'PY'
+import os, sys, hashlib
+p = sys.argv[1]
+with open(p, "r+b") as f:
+    f.seek(1000); f.write(b"X" * 5000)
+    f.seek(0, 2); f.write(b"tail\n")
+with open(p, "ab") as f:
+    f.write(b"appended\n")
+d = open(p, "rb").read()
+print(len(d), os.stat(p).st_size, hashlib.md5(d).hexdigest())
+fd = os.open(p, os.O_RDWR)
+print(os.lseek(fd, -9, os.SEEK_END), os.read(fd, 100))
+os.ftruncate(fd, 12345)
+print(os.fstat(fd).st_size, os.pread(fd, 10, 12340))
+fd2 = os.dup(fd)
+os.lseek(fd2, 100, os.SEEK_SET)
+print(os.lseek(fd, 0, os.SEEK_CUR), os.read(fd, 7))
+os.close(fd); os.close(fd2)
+g = os.open(p + ".fork", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(g, b"parent1\n")
+pid = os.fork()
+if pid == 0:
+    os.pwrite(g, b"child at 100\n", 100)
+    os.close(g)
+    os._exit(0)
+os.waitpid(pid, 0)
+os.pwrite(g, b"parent2\n", 8)
+os.close(g)
+print(open(p + ".fork", "rb").read())
+import subprocess
+g = os.open(p + ".spawn", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+pid = os.posix_spawn("/bin/cat", ["cat", p + ".fork"], dict(os.environ),
+                     file_actions=[(os.POSIX_SPAWN_DUP2, g, 1)])
+assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+os.close(g)
+with open(p + ".sub", "wb") as out:
+    subprocess.run(["cat", p + ".spawn"], stdout=out, check=True)
+print(open(p + ".sub", "rb").read() == open(p + ".fork", "rb").read())
+PY
+cat "$D/f" | md5sum
+cp "$D/f" "$D/g"
+cmp "$D/f" "$D/g" && echo same
+wc -c < "$D/g"
+exec 3< "$D/f"
+head -c 5 <&3 && echo
+exec 3<&-
+printf 'from the shell\n' > "$D/h"
+printf 'and more\n' >> "$D/h"
+cat "$D/h" "$D/f.fork" | od -c | tail -3
+ls -l "$D" | tail -n +2 | awk '{print $1, $5, $NF}'
+"#;
+    let (emb, nat) = both_fs(&a, "plfs", &format!("S='{}'\n{script}", src.display()));
+    same(&emb, &nat);
+    assert!(emb.contains("same\n12345\n"), "{emb}");
+}
+
+/// What cannot be served on a plfs placeholder fails with a clear errno and
+/// one warning naming the call (issue 10 item 5): mmap, sendfile.
+#[test]
+fn embedded_plfs_refuses_mmap_and_sendfile_with_one_warning() {
+    let a = Area::new();
+    let script = r#"
+import errno, mmap, os, sys
+p = sys.argv[1]
+open(p, "wb").write(b"x" * 8192)
+fd = os.open(p, os.O_RDONLY)
+for _ in range(2):
+    try:
+        mmap.mmap(fd, 4096, prot=mmap.PROT_READ)
+        print("mmap served")
+    except OSError as e:
+        print("mmap", errno.errorcode[e.errno])
+out = os.open(os.devnull, os.O_WRONLY)
+try:
+    os.sendfile(out, fd, 0, 10)
+    print("sendfile served")
+except OSError as e:
+    print("sendfile", errno.errorcode[e.errno])
+print(len(os.read(fd, 100000)))
+"#;
+    let out = ok(a
+        .run_fs("plfs", "python3")
+        .arg("-c")
+        .arg(script)
+        .arg(a.prefix.join("f")));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stdout, "mmap ENODEV\nmmap ENODEV\nsendfile EINVAL\n8192\n",
+        "stderr: {stderr}"
+    );
+    assert_eq!(stderr.matches("mmap on a file").count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("sendfile on a file").count(), 1, "{stderr}");
 }

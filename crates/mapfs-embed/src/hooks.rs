@@ -3,9 +3,10 @@
 //! (`dlsym(RTLD_NEXT)`: the attached shim when it is preloaded too, then
 //! libc) unchanged; an embedded one is served by its file system.
 //!
-//! Descriptors need no hook: an embedded open returns the backing file
-//! itself, so `read`, `write`, `mmap`, `fstat`, locks, `dup`, `fork` and
-//! `exec` are native. Directory descriptors opened under a prefix are
+//! Descriptors of whole-file 1-to-1 maps need no hook: an embedded open
+//! returns the backing file itself, so `read`, `write`, `mmap`, `fstat`,
+//! locks, `dup`, `fork` and `exec` are native. Other maps (plfs) get a
+//! placeholder served by [`crate::data_hooks`]. Directory descriptors opened under a prefix are
 //! remembered so that `*at` calls relative to them, and `fchdir`, stay in
 //! the file system.
 //!
@@ -91,6 +92,8 @@ macro_rules! hooks {
         )*
     };
 }
+
+pub(crate) use hooks;
 
 fn errno() -> c_int {
     // SAFETY: __errno_location returns this thread's errno slot.
@@ -531,6 +534,18 @@ unsafe fn fopen_impl(
             std::ptr::null_mut()
         }
         Out::Done(Ok(fd)) => {
+            if crate::data_hooks::is_placeholder(fd) {
+                if let Some(_g) = Guard::enter() {
+                    let _ = crate::engine_fd::closed(fd);
+                }
+                // SAFETY: closing the descriptor opened above.
+                unsafe { libc::close(fd) };
+                set_errno(crate::engine_fd::refuse(
+                    "a stdio stream (fdopen/fopen)",
+                    libc::EOPNOTSUPP,
+                ));
+                return std::ptr::null_mut();
+            }
             // SAFETY: `fd` was just opened for this stream; `mode` is the
             // caller's valid string.
             let f = unsafe { libc::fdopen(fd, mode) };
@@ -647,8 +662,22 @@ hooks! {
     }
     fn close(fd: c_int) -> c_int = |real| {
         state::untrack(fd);
+        let flushed = if crate::engine_fd::any() {
+            Guard::enter().and_then(|_g| crate::engine_fd::closed(fd))
+        } else {
+            None
+        };
         // SAFETY: libc's close on the application's descriptor.
-        unsafe { real(fd) }
+        let r = unsafe { real(fd) };
+        match flushed {
+            Some(Err(e)) if r == 0 => {
+                // The descriptor is gone, as the kernel does when a close
+                // fails, but the program learns its writes were not kept.
+                set_errno(e);
+                -1
+            }
+            _ => r,
+        }
     }
 
     fn stat(path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
@@ -680,6 +709,10 @@ hooks! {
         }
     }
     fn fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |real| {
+        // SAFETY: the application's path and buffer.
+        if let Some(r) = unsafe { crate::data_hooks::stat_empty_path(dirfd, path, flags, buf, statbuf::stat) } {
+            return r;
+        }
         let follow = follow_if(flags, libc::AT_SYMLINK_NOFOLLOW);
         let f = if follow == Follow::Yes { attr_yes } else { attr_no };
         // SAFETY: the application's path and buffer.
@@ -689,6 +722,10 @@ hooks! {
         }
     }
     fn fstatat64(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = |real| {
+        // SAFETY: the application's path and buffer.
+        if let Some(r) = unsafe { crate::data_hooks::stat_empty_path(dirfd, path, flags, buf, statbuf::stat64) } {
+            return r;
+        }
         let follow = follow_if(flags, libc::AT_SYMLINK_NOFOLLOW);
         let f = if follow == Follow::Yes { attr_yes } else { attr_no };
         // SAFETY: the application's path and buffer.
@@ -698,6 +735,10 @@ hooks! {
         }
     }
     fn statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: libc::c_uint, buf: *mut libc::statx) -> c_int = |real| {
+        // SAFETY: the application's path and buffer.
+        if let Some(r) = unsafe { crate::data_hooks::stat_empty_path(dirfd, path, flags, buf, statbuf::statx) } {
+            return r;
+        }
         let follow = follow_if(flags, libc::AT_SYMLINK_NOFOLLOW);
         let f = if follow == Follow::Yes { attr_yes } else { attr_no };
         // SAFETY: the application's path and buffer.

@@ -8,7 +8,9 @@
 //!
 //! Rules every hook follows (see [`hooks`](mod@hooks)):
 //! - Every descriptor is a real kernel descriptor: an open of a whole-file
-//!   1-to-1 map *is* the backing file, so data calls need no hook at all.
+//!   1-to-1 map *is* the backing file, so data calls need no hook at all;
+//!   an open of another map (plfs) is a placeholder whose data calls the
+//!   data engine runs in-process ([`engine_fd`], [`data_hooks`]).
 //! - A thread-local guard ([`Guard`]) sends calls made while the library
 //!   works (by the file system, std, the allocator) straight on, and errno
 //!   is kept across the library's own work.
@@ -27,6 +29,8 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+pub mod data_hooks;
+pub mod engine_fd;
 pub mod hooks;
 pub mod ops;
 pub mod resolve;
@@ -89,6 +93,7 @@ extern "C" fn init() {
     INSIDE.with(|g| g.set(true));
     state::init();
     hooks::install_fork_handlers();
+    engine_fd::install();
     INSIDE.with(|g| g.set(false));
     READY.store(true, Ordering::Release);
 }

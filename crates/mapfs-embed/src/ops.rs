@@ -156,6 +156,18 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
         e.fs.open(&ctx, &place.path, OpenFlags(fsflags))
             .map_err(|e| e.errno())?
     };
+    if !(opened.map.is_whole_file() && opened.files.len() == 1) && engine_served(e) {
+        let fd = crate::engine_fd::adopt(place.idx, place.path.clone(), flags, fsflags, opened)?;
+        if flags & libc::O_DIRECTORY != 0 {
+            // Only regular files have such maps.
+            let _ = crate::engine_fd::closed(std::os::fd::AsRawFd::as_raw_fd(&fd));
+            return Err(libc::ENOTDIR);
+        }
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        return finish_fd(fd, flags).inspect_err(|_| {
+            let _ = crate::engine_fd::closed(raw);
+        });
+    }
     let fd = take_fd(e, place, opened)?;
     let check_dir = flags & libc::O_ACCMODE == libc::O_RDONLY && flags & libc::O_CREAT == 0;
     if check_dir {
@@ -174,6 +186,15 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
         return Err(libc::EISDIR);
     }
     finish_fd(fd, flags)
+}
+
+/// File systems whose opens that are not whole-file 1-to-1 the data
+/// engine serves in-process (placeholder descriptors, see
+/// [`crate::engine_fd`]).
+pub const ENGINE_SERVED: &[&str] = &["plfs"];
+
+fn engine_served(e: &Emb) -> bool {
+    ENGINE_SERVED.contains(&e.name.as_str())
 }
 
 /// Sets `FD_CLOEXEC` as asked and hands the number to the application.

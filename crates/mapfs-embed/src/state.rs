@@ -83,6 +83,10 @@ pub fn init() {
         }
     };
     let registry = mapfs_cli::builtins();
+    // Descriptors 0-9 are the program's (a shell's `exec 3< f` closes
+    // whatever has number 3): the file systems' own (a backing root held
+    // for the process's life) are opened above them.
+    let fillers = reserve_low_fds();
     let mut embs = Vec::new();
     for e in list {
         let Some(spec) = registry.get(&e.fs) else {
@@ -128,10 +132,34 @@ pub fn init() {
             )),
         }
     }
+    drop(fillers);
     let _ = EMBS.set(embs);
+    if self::embs()
+        .iter()
+        .any(|e| crate::ops::ENGINE_SERVED.contains(&e.name.as_str()))
+    {
+        crate::engine_fd::adopt_inherited();
+    }
     find_ancestors();
     note_host_cwd();
     adopt_inherited_cwd();
+}
+
+/// The lowest free descriptors up to 9, held open (on `/dev/null`) while
+/// the file systems are built.
+fn reserve_low_fds() -> Vec<std::os::fd::OwnedFd> {
+    let mut held = Vec::new();
+    while let Ok(fd) = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        if std::os::fd::AsRawFd::as_raw_fd(&fd) > 9 {
+            break;
+        }
+        held.push(fd);
+    }
+    held
 }
 
 /// A host directory above (or at) a prefix: relative paths from it can

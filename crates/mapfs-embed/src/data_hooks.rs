@@ -1,0 +1,658 @@
+//! The descriptor calls on placeholders of engine-served opens (see
+//! [`crate::engine_fd`]): the data calls, `fstat`, `dup`/`fcntl`, and the
+//! calls that cannot be served in-process (`mmap`, `sendfile`, `splice`,
+//! `copy_file_range`, stdio streams), which fail with a clear errno and one
+//! warning. Every hook costs one atomic load when no placeholder is open.
+//! `exec` and `posix_spawn` flush what this image's opens wrote first and
+//! carry the inherited opens to the new image (see
+//! [`engine_fd::before_exec`]).
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::Arc;
+
+use libc::{off64_t, off_t, size_t, ssize_t};
+
+use crate::engine_fd::{self, EngineOpen};
+use crate::hooks::{hooks, Real};
+use crate::{statbuf, Guard};
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// The engine open of `fd` when the call is to be served here, with the
+/// guard held.
+#[inline]
+fn open_of(fd: c_int) -> Option<(Arc<EngineOpen>, Guard)> {
+    if !engine_fd::any() {
+        return None;
+    }
+    let g = Guard::enter()?;
+    Some((engine_fd::get(fd)?, g))
+}
+
+fn count(r: Result<usize, i32>) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn status(r: Result<(), i32>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn position(r: Result<u64, i32>) -> off64_t {
+    match r {
+        Ok(p) => p as off64_t,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn offset(off: i64) -> Result<u64, i32> {
+    u64::try_from(off).map_err(|_| libc::EINVAL)
+}
+
+/// `read`/`pread` (`off`: `None` for the description's offset).
+///
+/// # Safety
+/// `buf` is valid for `n` bytes of writing.
+unsafe fn read_at(o: &EngineOpen, buf: *mut c_void, n: size_t, off: Option<i64>) -> ssize_t {
+    if n == 0 {
+        return 0;
+    }
+    // SAFETY: per the contract.
+    let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), n) };
+    count(match off {
+        None => o.read(b),
+        Some(x) => offset(x).and_then(|x| o.pread(b, x)),
+    })
+}
+
+/// `write`/`pwrite`.
+///
+/// # Safety
+/// `buf` is valid for `n` bytes of reading.
+unsafe fn write_at(o: &EngineOpen, buf: *const c_void, n: size_t, off: Option<i64>) -> ssize_t {
+    let b: &[u8] = if n == 0 {
+        &[]
+    } else {
+        // SAFETY: per the contract.
+        unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), n) }
+    };
+    count(match off {
+        None => o.write(b),
+        Some(x) => offset(x).and_then(|x| o.pwrite(b, x)),
+    })
+}
+
+/// The iovecs of a vectored call.
+///
+/// # Safety
+/// `iov` points to `cnt` valid iovecs.
+unsafe fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> Result<&'a [libc::iovec], i32> {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        return Err(libc::EINVAL);
+    }
+    if cnt == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: per the contract.
+    Ok(unsafe { std::slice::from_raw_parts(iov, cnt as usize) })
+}
+
+/// `readv` family (`off` `None` or -1: the description's offset): one read
+/// into a bounce buffer, scattered, so the call stays one read.
+///
+/// # Safety
+/// `iov` points to `cnt` valid iovecs, each valid for writing.
+unsafe fn readv_at(
+    o: &EngineOpen,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: Option<i64>,
+) -> ssize_t {
+    // SAFETY: per the contract.
+    let v = match unsafe { iovecs(iov, cnt) } {
+        Ok(v) => v,
+        Err(e) => return count(Err(e)),
+    };
+    let mut buf = vec![0u8; v.iter().map(|i| i.iov_len).sum()];
+    let r = match off {
+        None | Some(-1) => o.read(&mut buf),
+        Some(x) => offset(x).and_then(|x| o.pread(&mut buf, x)),
+    };
+    if let Ok(n) = r {
+        let mut done = 0;
+        for i in v {
+            if done == n {
+                break;
+            }
+            let k = i.iov_len.min(n - done);
+            // SAFETY: the caller's iovec is valid for `iov_len` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(buf.as_ptr().add(done), i.iov_base.cast::<u8>(), k)
+            };
+            done += k;
+        }
+    }
+    count(r)
+}
+
+/// `writev` family, gathered into one write (one extent in a log).
+///
+/// # Safety
+/// `iov` points to `cnt` valid iovecs, each valid for reading.
+unsafe fn writev_at(
+    o: &EngineOpen,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: Option<i64>,
+) -> ssize_t {
+    // SAFETY: per the contract.
+    let v = match unsafe { iovecs(iov, cnt) } {
+        Ok(v) => v,
+        Err(e) => return count(Err(e)),
+    };
+    let mut buf = Vec::with_capacity(v.iter().map(|i| i.iov_len).sum());
+    for i in v {
+        if i.iov_len > 0 {
+            // SAFETY: the caller's iovec is valid for `iov_len` bytes.
+            buf.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(i.iov_base.cast::<u8>(), i.iov_len)
+            });
+        }
+    }
+    count(match off {
+        None | Some(-1) => o.write(&buf),
+        Some(x) => offset(x).and_then(|x| o.pwrite(&buf, x)),
+    })
+}
+
+fn fallocate_on(o: &EngineOpen, mode: c_int, off: i64, len: i64) -> Result<(), i32> {
+    if off < 0 || len <= 0 {
+        return Err(libc::EINVAL);
+    }
+    o.fallocate(mode, off as u64, len as u64)
+}
+
+/// `fstat` of a placeholder into `buf` (through `fill`).
+fn fstat_with<T>(o: &EngineOpen, buf: *mut T, fill: fn(&mapfs::Attr, u64) -> T) -> c_int {
+    match o.attr() {
+        Ok((a, dev)) => {
+            // SAFETY: the caller's buffer for one `T`.
+            unsafe { *buf = fill(&a, dev) };
+            0
+        }
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// `fstatat`/`statx` with `AT_EMPTY_PATH` and an empty path on a
+/// placeholder: the open's attributes (`None`: not one).
+///
+/// # Safety
+/// `path` is NULL or a valid C string; `buf` valid for one `T`.
+pub unsafe fn stat_empty_path<T>(
+    fd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    buf: *mut T,
+    fill: fn(&mapfs::Attr, u64) -> T,
+) -> Option<c_int> {
+    if flags & libc::AT_EMPTY_PATH == 0 || path.is_null() || !engine_fd::any() {
+        return None;
+    }
+    // SAFETY: per the contract.
+    if !unsafe { CStr::from_ptr(path) }.is_empty() {
+        return None;
+    }
+    let (o, _g) = open_of(fd)?;
+    Some(fstat_with(&o, buf, fill))
+}
+
+/// Whether `fd` is a placeholder (for hooks elsewhere).
+pub fn is_placeholder(fd: c_int) -> bool {
+    engine_fd::any() && engine_fd::get(fd).is_some()
+}
+
+/// After a successful dup-like call.
+fn duped(old: c_int, new: c_int) -> c_int {
+    if new >= 0 && engine_fd::any() {
+        if let Some(_g) = Guard::enter() {
+            engine_fd::duped(old, new);
+        }
+    }
+    new
+}
+
+fn refused<T>(call: &'static str, errno: c_int, fail: T) -> T {
+    if let Some(_g) = Guard::enter() {
+        set_errno(engine_fd::refuse(call, errno));
+    } else {
+        set_errno(errno);
+    }
+    fail
+}
+
+/// Before `exec`: the new image cannot carry the in-process maps.
+fn before_exec() -> Vec<(c_int, std::os::fd::OwnedFd)> {
+    if engine_fd::any() {
+        if let Some(_g) = Guard::enter() {
+            return engine_fd::before_exec();
+        }
+    }
+    Vec::new()
+}
+
+/// `exec*`/`posix_spawn*`: the new image gets the carried opens, and this
+/// one (a spawning parent, a failed `exec`) its placeholders back.
+fn spawn(call: impl FnOnce() -> c_int) -> c_int {
+    let saved = before_exec();
+    let r = call();
+    if !saved.is_empty() {
+        if let Some(_g) = Guard::enter() {
+            engine_fd::after_spawn(saved);
+        }
+    }
+    r
+}
+
+hooks! {
+    fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's buffer.
+            Some((o, _g)) => unsafe { read_at(&o, buf, n, None) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf, n) },
+        }
+    }
+    fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's buffer, `n` checked against its length.
+            Some((o, _g)) if n <= buflen => unsafe { read_at(&o, buf, n, None) },
+            // SAFETY: libc's call with the caller's arguments.
+            _ => unsafe { real(fd, buf, n, buflen) },
+        }
+    }
+    fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's buffer.
+            Some((o, _g)) => unsafe { read_at(&o, buf, n, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf, n, off) },
+        }
+    }
+    fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's buffer.
+            Some((o, _g)) => unsafe { read_at(&o, buf, n, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf, n, off) },
+        }
+    }
+    fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's buffer, `n` checked against its length.
+            Some((o, _g)) if n <= buflen => unsafe { read_at(&o, buf, n, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            _ => unsafe { real(fd, buf, n, off, buflen) },
+        }
+    }
+    fn __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t, buflen: size_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's buffer, `n` checked against its length.
+            Some((o, _g)) if n <= buflen => unsafe { read_at(&o, buf, n, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            _ => unsafe { real(fd, buf, n, off, buflen) },
+        }
+    }
+    fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's buffer.
+            Some((o, _g)) => unsafe { write_at(&o, buf, n, None) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf, n) },
+        }
+    }
+    fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's buffer.
+            Some((o, _g)) => unsafe { write_at(&o, buf, n, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf, n, off) },
+        }
+    }
+    fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's buffer.
+            Some((o, _g)) => unsafe { write_at(&o, buf, n, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf, n, off) },
+        }
+    }
+    fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { readv_at(&o, iov, cnt, None) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt) },
+        }
+    }
+    fn preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { readv_at(&o, iov, cnt, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt, off) },
+        }
+    }
+    fn preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { readv_at(&o, iov, cnt, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt, off) },
+        }
+    }
+    fn preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { readv_at(&o, iov, cnt, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt, off, flags) },
+        }
+    }
+    fn preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { readv_at(&o, iov, cnt, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt, off, flags) },
+        }
+    }
+    fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { writev_at(&o, iov, cnt, None) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt) },
+        }
+    }
+    fn pwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { writev_at(&o, iov, cnt, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt, off) },
+        }
+    }
+    fn pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { writev_at(&o, iov, cnt, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt, off) },
+        }
+    }
+    fn pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { writev_at(&o, iov, cnt, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt, off, flags) },
+        }
+    }
+    fn pwritev64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
+        match open_of(fd) {
+            // SAFETY: the caller's iovecs.
+            Some((o, _g)) => unsafe { writev_at(&o, iov, cnt, Some(off)) },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, iov, cnt, off, flags) },
+        }
+    }
+    fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => position(o.seek(off, whence)),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, off, whence) },
+        }
+    }
+    fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => position(o.seek(off, whence)),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, off, whence) },
+        }
+    }
+    fn ftruncate(fd: c_int, len: off_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => status(offset(len).and_then(|l| o.truncate(l))),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, len) },
+        }
+    }
+    fn ftruncate64(fd: c_int, len: off64_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => status(offset(len).and_then(|l| o.truncate(l))),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, len) },
+        }
+    }
+    fn fsync(fd: c_int) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => status(o.fsync(false)),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd) },
+        }
+    }
+    fn fdatasync(fd: c_int) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => status(o.fsync(true)),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd) },
+        }
+    }
+    fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => status(fallocate_on(&o, mode, off, len)),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, mode, off, len) },
+        }
+    }
+    fn fallocate64(fd: c_int, mode: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => status(fallocate_on(&o, mode, off, len)),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, mode, off, len) },
+        }
+    }
+    fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => fallocate_on(&o, 0, off, len).err().unwrap_or(0),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, off, len) },
+        }
+    }
+    fn posix_fallocate64(fd: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => fallocate_on(&o, 0, off, len).err().unwrap_or(0),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, off, len) },
+        }
+    }
+    fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => fstat_with(&o, buf, statbuf::stat),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf) },
+        }
+    }
+    fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => fstat_with(&o, buf, statbuf::stat64),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf) },
+        }
+    }
+    fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => fstat_with(&o, buf, statbuf::stat),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(ver, fd, buf) },
+        }
+    }
+    fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => fstat_with(&o, buf, statbuf::stat64),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(ver, fd, buf) },
+        }
+    }
+    fn dup(fd: c_int) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments.
+        let new = unsafe { real(fd) };
+        duped(fd, new)
+    }
+    fn dup2(fd: c_int, to: c_int) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments.
+        let new = unsafe { real(fd, to) };
+        duped(fd, new)
+    }
+    fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments.
+        let new = unsafe { real(fd, to, flags) };
+        duped(fd, new)
+    }
+    fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments (an integer or a
+        // pointer travels alike in the variadic slot).
+        let r = unsafe { real(fd, cmd, arg) };
+        fcntl_after(fd, cmd, arg, r)
+    }
+    fn fcntl64(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int = |real| {
+        // SAFETY: as for `fcntl`.
+        let r = unsafe { real(fd, cmd, arg) };
+        fcntl_after(fd, cmd, arg, r)
+    }
+    fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void = |real| {
+        if flags & libc::MAP_ANONYMOUS == 0 && is_placeholder(fd) {
+            return refused("mmap", libc::ENODEV, libc::MAP_FAILED);
+        }
+        // SAFETY: libc's call with the caller's arguments.
+        unsafe { real(addr, len, prot, flags, fd, off) }
+    }
+    fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void = |real| {
+        if flags & libc::MAP_ANONYMOUS == 0 && is_placeholder(fd) {
+            return refused("mmap", libc::ENODEV, libc::MAP_FAILED);
+        }
+        // SAFETY: libc's call with the caller's arguments.
+        unsafe { real(addr, len, prot, flags, fd, off) }
+    }
+    fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t = |real| {
+        if is_placeholder(out) || is_placeholder(inp) {
+            return refused("sendfile", libc::EINVAL, -1);
+        }
+        // SAFETY: libc's call with the caller's arguments.
+        unsafe { real(out, inp, off, n) }
+    }
+    fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, n: size_t) -> ssize_t = |real| {
+        if is_placeholder(out) || is_placeholder(inp) {
+            return refused("sendfile", libc::EINVAL, -1);
+        }
+        // SAFETY: libc's call with the caller's arguments.
+        unsafe { real(out, inp, off, n) }
+    }
+    fn splice(inp: c_int, ioff: *mut off64_t, out: c_int, ooff: *mut off64_t, n: size_t, flags: libc::c_uint) -> ssize_t = |real| {
+        if is_placeholder(out) || is_placeholder(inp) {
+            return refused("splice", libc::EINVAL, -1);
+        }
+        // SAFETY: libc's call with the caller's arguments.
+        unsafe { real(inp, ioff, out, ooff, n, flags) }
+    }
+    fn copy_file_range(inp: c_int, ioff: *mut off64_t, out: c_int, ooff: *mut off64_t, n: size_t, flags: libc::c_uint) -> ssize_t = |real| {
+        // EXDEV: callers (cp) copy by read/write instead, as across file
+        // systems.
+        if is_placeholder(out) || is_placeholder(inp) {
+            return refused("copy_file_range", libc::EXDEV, -1);
+        }
+        // SAFETY: libc's call with the caller's arguments.
+        unsafe { real(inp, ioff, out, ooff, n, flags) }
+    }
+    fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE = |real| {
+        if is_placeholder(fd) {
+            return refused("a stdio stream (fdopen/fopen)", libc::EOPNOTSUPP, std::ptr::null_mut());
+        }
+        // SAFETY: libc's call with the caller's arguments.
+        unsafe { real(fd, mode) }
+    }
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(path, argv, envp) })
+    }
+    fn execv(path: *const c_char, argv: *const *const c_char) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(path, argv) })
+    }
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(file, argv) })
+    }
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(file, argv, envp) })
+    }
+    fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments.
+        spawn(|| unsafe { real(pid, path, actions, attr, argv, envp) })
+    }
+    fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments.
+        spawn(|| unsafe { real(pid, file, actions, attr, argv, envp) })
+    }
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments (returns
+        // only on failure: the placeholders are put back).
+        spawn(|| unsafe { real(fd, argv, envp) })
+    }
+}
+
+/// After `fcntl`: a duplicate shares the open; `F_SETFL` may change
+/// `O_APPEND`.
+fn fcntl_after(fd: c_int, cmd: c_int, arg: libc::c_ulong, r: c_int) -> c_int {
+    if r < 0 || !engine_fd::any() {
+        return r;
+    }
+    match cmd {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duped(fd, r),
+        libc::F_SETFL => {
+            if let Some((o, _g)) = open_of(fd) {
+                o.set_flags(arg as c_int);
+            }
+            r
+        }
+        _ => r,
+    }
+}

@@ -1,0 +1,705 @@
+//! Opens whose map is not whole-file 1-to-1 (plfs: an append log per open
+//! plus the other writers' logs), run by the data engine in-process.
+//!
+//! The application gets a *placeholder*: a kernel descriptor of an empty,
+//! sealed memfd reopened write-only. It is a real descriptor, so `select`/
+//! `poll` (always ready, as for a regular file), `/proc/self/fd`, `fcntl`,
+//! `dup` and closing in any order keep working; every data call the
+//! library does not see (a raw system call, io_uring, a descriptor
+//! inherited across `exec`) fails on it (`read` `EBADF`, `write` `EPERM`,
+//! `mmap` `EACCES`) instead of silently reading or writing something else.
+//! The hooked data calls run here on the open's [`DataFile`], with the
+//! offset kept here and shared by every descriptor `dup`ed from the open
+//! (as the kernel shares a description's offset).
+//!
+//! Persistence follows the file system's close-to-open rule: an open that
+//! wrote is flushed (`FileSystem::flush`) at every close of one of its
+//! descriptors, at `fsync`, before a shrinking `ftruncate`, before `exec`
+//! and at exit; it is released at its last close (or at exit).
+//!
+//! `fork`: the child's copy of an open keeps the parent's map and offset
+//! (copied at the fork) but not its handle: at its first data call the
+//! child opens the file again, so that its writes go to a log of its own,
+//! as plfs's cross-process rule requires, and never to the parent's.
+
+use std::collections::HashMap;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use mapfs::engine::DataFile;
+use mapfs::{OpenFlags, Opened};
+use parking_lot::{Mutex, RwLock};
+
+use crate::state::{self, embs};
+
+/// One open of an engine-served file, shared by its `dup`s.
+pub struct EngineOpen {
+    idx: usize,
+    path: PathBuf,
+    /// The flags given to the file system at open, for a forked child's
+    /// reopen (without `O_TRUNC`).
+    fsflags: i32,
+    /// The flags of the application's open (carried across `exec`).
+    flags: i32,
+    /// The placeholder's inode: recognises its descriptors however they
+    /// were duplicated (see [`before_exec`]).
+    ph_ino: u64,
+    inner: RwLock<Inner>,
+    offset: Mutex<u64>,
+    readable: bool,
+    writable: bool,
+    append: AtomicBool,
+}
+
+/// What one process image holds of an open.
+struct Inner {
+    handle: u64,
+    data: DataFile,
+    /// The fork generation that opened it (see [`GEN`]).
+    gen: u64,
+    /// Changed since the last flush.
+    dirty: bool,
+}
+
+/// Bumped in a forked child: opens of an older generation are the
+/// parent's and must be reopened before use.
+static GEN: AtomicU64 = AtomicU64::new(0);
+
+static TABLE: RwLock<Option<HashMap<i32, Arc<EngineOpen>>>> = RwLock::new(None);
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any placeholder is open (the hooks' fast path).
+#[inline]
+pub fn any() -> bool {
+    COUNT.load(Ordering::Acquire) != 0
+}
+
+/// The open behind placeholder `fd`.
+pub fn get(fd: i32) -> Option<Arc<EngineOpen>> {
+    if !any() {
+        return None;
+    }
+    TABLE.read().as_ref()?.get(&fd).cloned()
+}
+
+fn insert(fd: i32, o: Arc<EngineOpen>) {
+    let mut g = TABLE.write();
+    let m = g.get_or_insert_with(HashMap::new);
+    m.insert(fd, o);
+    COUNT.store(m.len(), Ordering::Release);
+}
+
+fn remove(fd: i32) -> Option<Arc<EngineOpen>> {
+    if !any() {
+        return None;
+    }
+    let mut g = TABLE.write();
+    let m = g.as_mut()?;
+    let o = m.remove(&fd);
+    COUNT.store(m.len(), Ordering::Release);
+    o
+}
+
+/// A sealed empty memfd reopened write-only: no data call reaches any
+/// bytes through it.
+fn placeholder() -> Result<OwnedFd, i32> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let m = rustix::fs::memfd_create(
+        "mapfs-embed-placeholder",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|e| e.raw_os_error())?;
+    rustix::fs::fcntl_add_seals(
+        &m,
+        SealFlags::SEAL | SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK,
+    )
+    .map_err(|e| e.raw_os_error())?;
+    let proc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&m));
+    // Without /proc the sealed memfd itself serves (unhooked reads then
+    // see an empty file instead of failing).
+    Ok(rustix::fs::open(
+        proc_path.as_str(),
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap_or(m))
+}
+
+/// Lowest number for the descriptors an engine open holds for its life:
+/// programs take small numbers for themselves (a shell's `exec 3< f`
+/// closes whatever has number 3; dash keeps its own at 10 and up).
+const HIGH_FD: i32 = 100;
+
+/// `f` moved to a descriptor number of [`HIGH_FD`] or more when nothing
+/// else holds it (kept as it is when that fails).
+fn above_program_fds(f: Arc<std::fs::File>) -> Arc<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    if f.as_raw_fd() >= HIGH_FD {
+        return f;
+    }
+    match Arc::try_unwrap(f) {
+        Ok(file) => match rustix::io::fcntl_dupfd_cloexec(&file, HIGH_FD) {
+            Ok(high) => Arc::new(std::fs::File::from(high)),
+            Err(_) => Arc::new(file),
+        },
+        Err(shared) => shared,
+    }
+}
+
+/// The device of memfds (every placeholder's `st_dev`).
+fn placeholder_dev() -> Option<u64> {
+    static DEV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *DEV.get_or_init(|| {
+        let m =
+            rustix::fs::memfd_create("mapfs-embed-dev", rustix::fs::MemfdFlags::CLOEXEC).ok()?;
+        rustix::fs::fstat(&m).ok().map(|st| st.st_dev)
+    })
+}
+
+/// This process's id as the library knows it (set at start and by the
+/// fork handler).
+static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+fn own_pid() -> i32 {
+    rustix::process::getpid().as_raw_nonzero().get()
+}
+
+/// Running in a `vfork` child (or `posix_spawn`'s), which shares the
+/// parent's memory: the table is the parent's and must not change.
+pub fn foreign() -> bool {
+    PID.load(Ordering::Relaxed) != own_pid()
+}
+
+/// Takes `opened` (not whole-file 1-to-1) as an engine open and returns its
+/// placeholder, `FD_CLOEXEC` set (the caller applies the open's flags).
+pub fn adopt(
+    idx: usize,
+    path: PathBuf,
+    flags: i32,
+    fsflags: i32,
+    opened: Opened,
+) -> Result<OwnedFd, i32> {
+    let e = &embs()[idx];
+    let mut opened = opened;
+    opened.files = opened.files.into_iter().map(above_program_fds).collect();
+    let handle = opened.handle;
+    let fd = match placeholder() {
+        Ok(fd) => fd,
+        Err(n) => {
+            let _ = e.fs.release(&state::ctx(), &path, handle, &opened.map);
+            return Err(n);
+        }
+    };
+    let ph_ino = match rustix::fs::fstat(&fd) {
+        Ok(st) => st.st_ino,
+        Err(err) => {
+            let _ = e.fs.release(&state::ctx(), &path, handle, &opened.map);
+            return Err(err.raw_os_error());
+        }
+    };
+    let access = flags & libc::O_ACCMODE;
+    let open = EngineOpen {
+        ph_ino,
+        idx,
+        path,
+        fsflags: fsflags & !libc::O_TRUNC,
+        flags,
+        inner: RwLock::new(Inner {
+            handle,
+            data: DataFile::new(opened),
+            gen: GEN.load(Ordering::Acquire),
+            dirty: flags & libc::O_TRUNC != 0,
+        }),
+        offset: Mutex::new(0),
+        readable: access != libc::O_WRONLY && flags & libc::O_PATH == 0,
+        writable: access != libc::O_RDONLY && flags & libc::O_PATH == 0,
+        append: AtomicBool::new(flags & libc::O_APPEND != 0),
+    };
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // An open whose descriptor was closed unseen (`close_range`, a raw
+    // system call) ends now that its number is reused.
+    let _ = closed(raw);
+    insert(raw, Arc::new(open));
+    Ok(fd)
+}
+
+impl EngineOpen {
+    /// Runs `f` on this image's state of the open, reopening it first in a
+    /// forked child.
+    fn with<T>(&self, f: impl FnOnce(&Inner) -> Result<T, i32>) -> Result<T, i32> {
+        let now = GEN.load(Ordering::Acquire);
+        {
+            let g = self.inner.read();
+            if g.gen == now {
+                return f(&g);
+            }
+        }
+        let mut g = self.inner.write();
+        if g.gen != now {
+            let e = &embs()[self.idx];
+            let o =
+                e.fs.open(&state::ctx(), &self.path, OpenFlags(self.fsflags))
+                    .map_err(|e| e.errno())?;
+            // The parent's handle is the parent's to release.
+            *g = Inner {
+                handle: o.handle,
+                data: DataFile::new(o),
+                gen: now,
+                dirty: false,
+            };
+        }
+        f(&g)
+    }
+
+    fn mark(&self) {
+        self.inner.write().dirty = true;
+    }
+
+    /// The file system and the path of this open.
+    fn fs(&self) -> &dyn mapfs::FileSystem {
+        &*embs()[self.idx].fs
+    }
+
+    /// Persists this image's map if it changed (close, fsync, exec, exit).
+    fn flush(&self) -> Result<(), i32> {
+        let mut g = self.inner.write();
+        if g.gen != GEN.load(Ordering::Acquire) || !g.dirty {
+            return Ok(());
+        }
+        g.dirty = false;
+        self.fs()
+            .flush(&state::ctx(), &self.path, g.handle, &g.data.map())
+            .map_err(|e| e.errno())
+    }
+
+    /// Ends the open in this image (its last close).
+    fn release(&self) -> Result<(), i32> {
+        let g = self.inner.read();
+        if g.gen != GEN.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.fs()
+            .release(&state::ctx(), &self.path, g.handle, &g.data.map())
+            .map_err(|e| e.errno())
+    }
+
+    /// The size as this open sees it.
+    pub fn size(&self) -> Result<u64, i32> {
+        self.with(|i| i.data.size().map_err(|e| e.errno()))
+    }
+
+    /// `pread`.
+    pub fn pread(&self, buf: &mut [u8], off: u64) -> Result<usize, i32> {
+        if !self.readable {
+            return Err(libc::EBADF);
+        }
+        self.with(|i| i.data.read(off, buf).map_err(|e| e.errno()))
+    }
+
+    /// `read` at the description's offset.
+    pub fn read(&self, buf: &mut [u8]) -> Result<usize, i32> {
+        let mut off = self.offset.lock();
+        let n = self.pread(buf, *off)?;
+        *off += n as u64;
+        Ok(n)
+    }
+
+    /// Writes at `off` (at the end with `O_APPEND`, as Linux does for
+    /// `pwrite` too); returns the count and where the write ended.
+    fn write_at(&self, data: &[u8], off: u64) -> Result<(usize, u64), i32> {
+        if !self.writable {
+            return Err(libc::EBADF);
+        }
+        let r = self.with(|i| {
+            let at = if self.append.load(Ordering::Relaxed) {
+                i.data.size().map_err(|e| e.errno())?
+            } else {
+                off
+            };
+            let fs = self.fs();
+            let ctx = state::ctx();
+            let mut remap = |map: &mapfs::DataMap, o: u64, l: u64| {
+                fs.remap(&ctx, &self.path, i.handle, map, o, l)
+            };
+            let n = i.data.write(at, data, &mut remap).map_err(|e| e.errno())?;
+            Ok((n, at + n as u64))
+        })?;
+        self.mark();
+        Ok(r)
+    }
+
+    /// `pwrite`.
+    pub fn pwrite(&self, data: &[u8], off: u64) -> Result<usize, i32> {
+        Ok(self.write_at(data, off)?.0)
+    }
+
+    /// `write` at the description's offset.
+    pub fn write(&self, data: &[u8]) -> Result<usize, i32> {
+        let mut off = self.offset.lock();
+        let (n, end) = self.write_at(data, *off)?;
+        *off = end;
+        Ok(n)
+    }
+
+    /// `lseek`.
+    pub fn seek(&self, offset: i64, whence: i32) -> Result<u64, i32> {
+        let mut off = self.offset.lock();
+        let base = match whence {
+            libc::SEEK_SET => 0,
+            libc::SEEK_CUR => *off as i64,
+            libc::SEEK_END => self.size()? as i64,
+            libc::SEEK_DATA | libc::SEEK_HOLE => {
+                let size = self.size()?;
+                if offset < 0 || offset as u64 >= size {
+                    return Err(libc::ENXIO);
+                }
+                let pos = self
+                    .with(|i| i.data.seek(offset as u64, whence).map_err(|e| e.errno()))?
+                    .min(size);
+                *off = pos;
+                return Ok(pos);
+            }
+            _ => return Err(libc::EINVAL),
+        };
+        let pos = base
+            .checked_add(offset)
+            .filter(|p| *p >= 0)
+            .ok_or(libc::EINVAL)?;
+        *off = pos as u64;
+        Ok(pos as u64)
+    }
+
+    /// `ftruncate`. A shrink is preceded by a flush: a file system that
+    /// records what each open changed tells the shrink from the writes it
+    /// cuts only that way (see `FileSystem::flush`).
+    pub fn truncate(&self, size: u64) -> Result<(), i32> {
+        if !self.writable {
+            return Err(libc::EINVAL);
+        }
+        if self.size()? > size {
+            self.flush()?;
+        }
+        self.with(|i| i.data.truncate(size).map_err(|e| e.errno()))?;
+        self.mark();
+        Ok(())
+    }
+
+    /// `fallocate`.
+    pub fn fallocate(&self, mode: i32, off: u64, len: u64) -> Result<(), i32> {
+        if !self.writable {
+            return Err(libc::EBADF);
+        }
+        self.with(|i| i.data.fallocate(mode, off, len).map_err(|e| e.errno()))?;
+        self.mark();
+        Ok(())
+    }
+
+    /// `fsync`/`fdatasync`: the backing files, then the map.
+    pub fn fsync(&self, datasync: bool) -> Result<(), i32> {
+        self.with(|i| i.data.fsync(datasync).map_err(|e| e.errno()))?;
+        self.flush()
+    }
+
+    /// Follows `F_SETFL`.
+    pub fn set_flags(&self, flags: i32) {
+        self.append
+            .store(flags & libc::O_APPEND != 0, Ordering::Relaxed);
+    }
+
+    /// The file's attributes, with the size this open sees.
+    pub fn attr(&self) -> Result<(mapfs::Attr, u64), i32> {
+        let e = &embs()[self.idx];
+        let mut a =
+            e.fs.getattr(&state::ctx(), &self.path)
+                .map_err(|e| e.errno())?;
+        a.size = self.size()?;
+        a.blocks = a.size.div_ceil(512);
+        Ok((a, e.dev))
+    }
+}
+
+/// `close` of `fd`: flushes its open if it wrote, releases it at its last
+/// descriptor. `Some(Err)` reports a failed flush (the descriptor is closed
+/// all the same, as the kernel does).
+pub fn closed(fd: i32) -> Option<Result<(), i32>> {
+    if !any() || foreign() {
+        return None;
+    }
+    let o = remove(fd)?;
+    let mut r = o.flush();
+    if let Some(last) = Arc::into_inner(o) {
+        let rel = last.release();
+        if r.is_ok() {
+            r = rel;
+        }
+    }
+    Some(r)
+}
+
+/// After a successful `dup` of `old` to `new` (the real call done).
+pub fn duped(old: i32, new: i32) {
+    if old == new || foreign() {
+        return;
+    }
+    // `dup2`/`dup3` closed what `new` was.
+    let _ = closed(new);
+    if let Some(o) = get(old) {
+        insert(new, o);
+    }
+}
+
+/// Prefix of the name of a memfd that carries an open across `exec`.
+const CARRY: &str = "mapfs-embed-fd:";
+
+/// Before `exec`: flushes every open, and puts under each of its
+/// descriptors (keeping its `FD_CLOEXEC`) a memfd whose name says what it is (file system,
+/// flags, offset, path), which the new image's constructor reopens
+/// ([`adopt_inherited`]). A name too long for a memfd (249 bytes) is not
+/// carried: that descriptor fails every data call in the new image.
+///
+/// The descriptors are found by their inode (each placeholder is a memfd
+/// of its own) in `/proc/self/fd`, not by the table: a `vfork` child (or
+/// `posix_spawn`'s) `dup2`s them without the table seeing it, as its hooks
+/// must leave the parent's table alone ([`foreign`]).
+pub fn before_exec() -> Vec<(i32, OwnedFd)> {
+    let mut saved = Vec::new();
+    if !foreign() {
+        flush_all();
+    }
+    let opens: HashMap<u64, Arc<EngineOpen>> = match TABLE.read().as_ref() {
+        Some(m) => m.values().map(|o| (o.ph_ino, o.clone())).collect(),
+        None => return saved,
+    };
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return saved;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect();
+    let memfd_dev = placeholder_dev();
+    let entries: Vec<(i32, Arc<EngineOpen>)> = fds
+        .into_iter()
+        .filter_map(|fd| {
+            // SAFETY: borrowed for one fstat; a closed number fails it.
+            let st = rustix::fs::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).ok()?;
+            if Some(st.st_dev) != memfd_dev {
+                return None;
+            }
+            Some((fd, opens.get(&st.st_ino)?.clone()))
+        })
+        .collect();
+    for (fd, o) in entries {
+        // SAFETY: a descriptor of the table, borrowed for two fcntls.
+        let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        // Descriptors with FD_CLOEXEC are carried too: `posix_spawn`'s file
+        // actions can `dup2` them into the child.
+        let Ok(fdflags) = rustix::io::fcntl_getfd(bfd) else {
+            continue;
+        };
+        let name = format!(
+            "{CARRY}{}:{}:{}:{}:{}",
+            o.idx,
+            o.fsflags,
+            o.flags,
+            *o.offset.lock(),
+            o.path.display()
+        );
+        if name.len() > 249 || name.contains('\0') {
+            crate::log(format_args!(
+                "exec: descriptor {fd} not carried: name too long"
+            ));
+            continue;
+        }
+        let m = match rustix::fs::memfd_create(name.as_str(), rustix::fs::MemfdFlags::CLOEXEC) {
+            Ok(m) => m,
+            Err(e) => {
+                crate::log(format_args!("exec: descriptor {fd} not carried: {e}"));
+                continue;
+            }
+        };
+        crate::log(format_args!("exec: descriptor {fd} carried as {name}"));
+        // SAFETY: `fd` is the table's descriptor, replaced in place (and
+        // not closed: the `OwnedFd` is forgotten).
+        let mut target = unsafe { OwnedFd::from_raw_fd(fd) };
+        if let Ok(keep) = rustix::io::fcntl_dupfd_cloexec(&target, HIGH_FD) {
+            if rustix::io::dup2(&m, &mut target).is_ok() {
+                let _ = rustix::io::fcntl_setfd(&target, fdflags);
+                saved.push((fd, keep));
+            }
+        }
+        std::mem::forget(target);
+    }
+    saved
+}
+
+/// After a `posix_spawn` (the parent goes on): puts the placeholders
+/// [`before_exec`] replaced back under their numbers.
+pub fn after_spawn(saved: Vec<(i32, OwnedFd)>) {
+    for (fd, keep) in saved {
+        // SAFETY: `fd` is the table's descriptor, replaced in place and not
+        // closed (the `OwnedFd` is forgotten).
+        let mut target = unsafe { OwnedFd::from_raw_fd(fd) };
+        let flags = rustix::io::fcntl_getfd(&target);
+        let _ = rustix::io::dup2(&keep, &mut target);
+        if let Ok(f) = flags {
+            let _ = rustix::io::fcntl_setfd(&target, f);
+        }
+        std::mem::forget(target);
+    }
+}
+
+/// In a new process image: reopens the opens carried across `exec` (see
+/// [`before_exec`]) under the same descriptor numbers.
+pub fn adopt_inherited() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    for ent in dir.flatten() {
+        let Some(fd) = ent.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(link) = std::fs::read_link(ent.path()) else {
+            continue;
+        };
+        let link = link.to_string_lossy().into_owned();
+        let Some(rest) = link
+            .strip_prefix("/memfd:")
+            .and_then(|l| l.strip_prefix(CARRY))
+        else {
+            continue;
+        };
+        let rest = rest.strip_suffix(" (deleted)").unwrap_or(rest);
+        let mut it = rest.splitn(5, ':');
+        let (Some(idx), Some(fsflags), Some(flags), Some(off), Some(path)) = (
+            it.next().and_then(|v| v.parse::<usize>().ok()),
+            it.next().and_then(|v| v.parse::<i32>().ok()),
+            it.next().and_then(|v| v.parse::<i32>().ok()),
+            it.next().and_then(|v| v.parse::<u64>().ok()),
+            it.next(),
+        ) else {
+            continue;
+        };
+        if idx >= embs().len() {
+            continue;
+        }
+        let path = PathBuf::from(path);
+        let e = &embs()[idx];
+        let opened = match e.fs.open(&state::ctx(), &path, OpenFlags(fsflags)) {
+            Ok(o) => o,
+            Err(err) => {
+                crate::warn(format_args!(
+                    "descriptor {fd} (inherited {}): {err}; it cannot be served",
+                    path.display()
+                ));
+                continue;
+            }
+        };
+        let Ok(ph) = adopt(idx, path, flags & !libc::O_TRUNC, fsflags, opened) else {
+            continue;
+        };
+        let new = std::os::fd::AsRawFd::as_raw_fd(&ph);
+        if let Some(o) = remove(new) {
+            // SAFETY: `fd` is the inherited descriptor, replaced in place.
+            let mut target = unsafe { OwnedFd::from_raw_fd(fd) };
+            if rustix::io::dup2(&ph, &mut target).is_ok() {
+                *o.offset.lock() = off;
+                insert(fd, o);
+            }
+            std::mem::forget(target);
+        }
+    }
+}
+
+/// Flushes every open this image changed (before `exec`, at exit).
+pub fn flush_all() {
+    if !any() {
+        return;
+    }
+    let opens: Vec<Arc<EngineOpen>> = match TABLE.read().as_ref() {
+        Some(m) => m.values().cloned().collect(),
+        None => return,
+    };
+    for o in opens {
+        if let Err(n) = o.flush() {
+            crate::warn(format_args!(
+                "flush of {}: errno {n}",
+                String::from_utf8_lossy(
+                    &state::Place {
+                        idx: o.idx,
+                        path: o.path.clone()
+                    }
+                    .host_path()
+                )
+            ));
+        }
+    }
+}
+
+/// At exit: flushes and releases every open still held.
+pub fn close_all() {
+    if !any() {
+        return;
+    }
+    let all: Vec<i32> = match TABLE.read().as_ref() {
+        Some(m) => m.keys().copied().collect(),
+        None => return,
+    };
+    for fd in all {
+        let _ = closed(fd);
+    }
+}
+
+static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+/// Refuses `call` on a placeholder: one warning per call name, `errno`.
+pub fn refuse(call: &'static str, errno: i32) -> i32 {
+    let mut w = WARNED.lock();
+    if !w.contains(&call) {
+        w.push(call);
+        drop(w);
+        crate::warn(format_args!(
+            "{call} on a file of an embedded file system served by the data engine \
+             (plfs) cannot be served in-process; it fails with errno {errno}"
+        ));
+    }
+    errno
+}
+
+extern "C" fn fork_prepare() {
+    std::mem::forget(TABLE.write());
+}
+
+extern "C" fn fork_parent() {
+    // SAFETY: locked by `fork_prepare` on this thread, guard forgotten.
+    unsafe { TABLE.force_unlock_write() };
+}
+
+extern "C" fn fork_child() {
+    GEN.fetch_add(1, Ordering::AcqRel);
+    PID.store(own_pid(), Ordering::Relaxed);
+    // SAFETY: as in `fork_parent`.
+    unsafe { TABLE.force_unlock_write() };
+}
+
+extern "C" fn at_exit() {
+    if let Some(_g) = crate::Guard::enter() {
+        close_all();
+    }
+}
+
+/// Keeps the table consistent across `fork` (opens are persisted at exit
+/// by the library's destructor).
+pub fn install() {
+    PID.store(own_pid(), Ordering::Relaxed);
+    // SAFETY: registering plain extern "C" functions with no arguments.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+    }
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = at_exit;

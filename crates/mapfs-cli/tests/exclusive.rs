@@ -40,16 +40,9 @@ fn requests(mnt: &Path) -> HashMap<String, u64> {
     .unwrap();
     assert!(out.success(), "mapfs stats failed: {}", out.stderr);
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
-    v["ops"]
-        .as_array()
-        .expect("ops array")
-        .iter()
-        .map(|o| {
-            (
-                o["op"].as_str().unwrap().to_string(),
-                o["count"].as_u64().unwrap(),
-            )
-        })
+    common::op_counts(&v)
+        .into_iter()
+        .map(|(op, (count, _))| (op, count))
         .collect()
 }
 

@@ -44,21 +44,6 @@ fn stats(mnt: &Path, reset: bool) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("stats --json: {e}: {text}"))
 }
 
-/// Per opcode: (count, errors), from a parsed `stats --json`.
-fn counts(v: &serde_json::Value) -> HashMap<String, (u64, u64)> {
-    v["ops"]
-        .as_array()
-        .expect("ops array")
-        .iter()
-        .map(|o| {
-            (
-                o["op"].as_str().unwrap().to_string(),
-                (o["count"].as_u64().unwrap(), o["errors"].as_u64().unwrap()),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn counters_match_a_known_sequence() {
     if !fuse_or_skip("counters_match_a_known_sequence") {
@@ -83,7 +68,7 @@ fn counters_match_a_known_sequence() {
                 std::fs::metadata(m.join(format!("seen{i}"))).unwrap();
             }
         }
-        let c = counts(&stats(m, true));
+        let c = common::op_counts(&stats(m, true));
         assert_eq!(c.get("LOOKUP"), Some(&(N, 0)), "{mode}: {c:?}");
         assert_eq!(c.get("GETATTR"), None, "{mode}: cached stats asked: {c:?}");
 
@@ -92,7 +77,7 @@ fn counters_match_a_known_sequence() {
         for _ in 0..3 {
             assert!(std::fs::metadata(m.join("missing")).is_err());
         }
-        let c = counts(&stats(m, true));
+        let c = common::op_counts(&stats(m, true));
         assert_eq!(c.get("LOOKUP"), Some(&(1, 0)), "{mode}: {c:?}");
 
         // N creates of new names: one negative LOOKUP and one CREATE each.
@@ -100,7 +85,7 @@ fn counters_match_a_known_sequence() {
             std::fs::File::create(m.join(format!("new{i}"))).unwrap();
         }
         let v = stats(m, false);
-        let c = counts(&v);
+        let c = common::op_counts(&v);
         assert_eq!(c.get("CREATE"), Some(&(N, 0)), "{mode}: {c:?}");
         assert_eq!(c.get("LOOKUP"), Some(&(N, 0)), "{mode}: {c:?}");
         // What a stat of a just-created, closed file costs is the kernel's
@@ -112,7 +97,7 @@ fn counters_match_a_known_sequence() {
                 0
             );
         }
-        let later = counts(&stats(m, false));
+        let later = common::op_counts(&stats(m, false));
         eprintln!(
             "{mode}: {N} creates cost {c:?}; then {N} stats of them: GETATTR {:?}",
             later.get("GETATTR").map(|g| g.0).unwrap_or(0)
@@ -187,7 +172,7 @@ fn only_writable_opens_of_plfs_flush_at_close() {
     for _ in 0..N {
         assert_eq!(std::fs::read(m.join("f")).unwrap(), b"plfs bytes");
     }
-    let c = counts(&stats(m, true));
+    let c = common::op_counts(&stats(m, true));
     assert_eq!(c.get("OPEN"), Some(&(N, 0)), "{c:?}");
     assert_eq!(c.get("FLUSH"), None, "read-only closes flushed: {c:?}");
     for _ in 0..N {
@@ -199,7 +184,7 @@ fn only_writable_opens_of_plfs_flush_at_close() {
                 .unwrap(),
         );
     }
-    let c = counts(&stats(m, true));
+    let c = common::op_counts(&stats(m, true));
     assert_eq!(c.get("FLUSH"), Some(&(N, 0)), "{c:?}");
 }
 
@@ -467,7 +452,7 @@ fn only_the_owner_or_root_resets_or_traces() {
     let s = mount(DataMode::Daemon);
     let m = s.mountpoint();
     std::fs::write(m.join("f"), b"x").unwrap();
-    let before = counts(&stats(m, false));
+    let before = common::op_counts(&stats(m, false));
     assert!(before.contains_key("CREATE"), "{before:?}");
 
     let as_nobody = |args: &[&str]| {
@@ -487,7 +472,7 @@ fn only_the_owner_or_root_resets_or_traces() {
         reset.stdout
     );
     assert!(reset.stderr.contains("only the owner"), "{}", reset.stderr);
-    let after = counts(&stats(m, false));
+    let after = common::op_counts(&stats(m, false));
     assert_eq!(
         after.get("CREATE"),
         before.get("CREATE"),

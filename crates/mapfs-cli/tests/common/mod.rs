@@ -139,3 +139,18 @@ pub fn in_private_mount_ns(
     }
     Some(mapfs_testkit::mount::run_captured(&mut cmd).expect("running unshare"))
 }
+
+/// Per FUSE opcode: (count, errors), from a parsed `mapfs stats --json`.
+pub fn op_counts(v: &serde_json::Value) -> std::collections::HashMap<String, (u64, u64)> {
+    v["ops"]
+        .as_array()
+        .expect("ops array")
+        .iter()
+        .map(|o| {
+            (
+                o["op"].as_str().unwrap().to_string(),
+                (o["count"].as_u64().unwrap(), o["errors"].as_u64().unwrap()),
+            )
+        })
+        .collect()
+}

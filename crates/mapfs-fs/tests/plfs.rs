@@ -1128,3 +1128,37 @@ fn directory_link_count_follows_subdirectories_not_files() {
     f.fs.rmdir(&ROOT, p("/d/sub")).unwrap();
     assert_eq!(nlink(&f), 2, "the subdirectory is gone");
 }
+
+/// O_CREAT without O_EXCL never fails with ENOENT, even while another
+/// instance (another host) removes and creates the same name again and
+/// again: a name found taken and gone when opened is created again.
+#[test]
+fn create_without_excl_races_unlink_without_enoent() {
+    let f = fx();
+    let other = Plfs::new(&f.b).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok((_, o)) = other.create(&ROOT, p("/race"), OpenFlags(libc::O_RDWR), 0o644)
+                {
+                    let _ = other.release(&ROOT, p("/race"), o.handle, &o.map);
+                }
+                let _ = other.unlink(&ROOT, p("/race"));
+            }
+        });
+        for i in 0..2000 {
+            match f
+                .fs
+                .create(&ROOT, p("/race"), OpenFlags(libc::O_RDWR), 0o644)
+            {
+                Ok((_, o)) => f.fs.release(&ROOT, p("/race"), o.handle, &o.map).unwrap(),
+                Err(e) => {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    panic!("create {i} of a name another instance removes: {e}");
+                }
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}

@@ -85,6 +85,10 @@ fn identity_mtime(dir: &OwnedFd) -> Result<(i64, i64)> {
     }
 }
 
+/// How many times a create without `O_EXCL` tries again when the name it
+/// found taken is gone when opened (see `do_create`).
+const CREATE_TRIES: u64 = 20;
+
 impl Plfs {
     /// Opens `path`; a file removed or replaced between its lookup and its
     /// open (`ESTALE`) is looked up again, as the kernel would have found
@@ -163,20 +167,57 @@ impl Plfs {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
-        match self.make_file(ctx, path, mode) {
-            Ok(dir) => {
-                // A new file is empty: no truncation, and its creator may
-                // open it whatever its mode says (as open(2) with O_CREAT).
-                let flags = OpenFlags(flags.0 & !libc::O_TRUNC);
-                let attr = self.file_attr(&dir)?;
-                Ok((attr, self.open_file(dir, flags)?))
+        // O_CREAT without O_EXCL never fails with ENOENT: a name that exists
+        // when the container is put in place but not when it is opened was
+        // removed in between (or, on a distributed store such as Gluster,
+        // is still being renamed into place by another host), so try again.
+        let mut tries = 0;
+        loop {
+            match self.make_file(ctx, path, mode) {
+                Ok(dir) => {
+                    // A new file is empty: no truncation, and its creator may
+                    // open it whatever its mode says (as open(2) with O_CREAT).
+                    let flags = OpenFlags(flags.0 & !libc::O_TRUNC);
+                    let made = self
+                        .file_attr(&dir)
+                        .and_then(|attr| Ok((attr, self.open_file(dir, flags)?)));
+                    match made {
+                        // Removed by someone else before it could be opened.
+                        Err(e)
+                            if matches!(e.errno(), libc::ENOENT | libc::ESTALE)
+                                && tries < CREATE_TRIES =>
+                        {
+                            tries += 1;
+                        }
+                        other => return other,
+                    }
+                }
+                Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
+                    let gone = match self.do_open(ctx, path, flags) {
+                        Ok(opened) => match self.getattr_opened(ctx, path) {
+                            Ok(attr) => return Ok((attr, opened)),
+                            // Removed since it was opened: this open is of
+                            // a file no name leads to; create the name.
+                            Err(e) if e.errno() == libc::ENOENT => {
+                                let _ = self.do_release(opened.handle, &opened.map);
+                                e
+                            }
+                            Err(e) => {
+                                let _ = self.do_release(opened.handle, &opened.map);
+                                return Err(e);
+                            }
+                        },
+                        Err(e) if e.errno() == libc::ENOENT => e,
+                        Err(e) => return Err(e),
+                    };
+                    if tries == CREATE_TRIES {
+                        return Err(gone);
+                    }
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(tries));
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
-                let opened = self.do_open(ctx, path, flags)?;
-                let attr = self.getattr_opened(ctx, path)?;
-                Ok((attr, opened))
-            }
-            Err(e) => Err(e),
         }
     }
 

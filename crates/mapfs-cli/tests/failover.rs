@@ -331,7 +331,15 @@ fn a_daemon_that_cannot_start_ends_in_eio_and_umount_works() {
     // a copy we can break.
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("mapfs");
-    std::fs::copy(mapfs_bin(), &exe).unwrap();
+    // Copied by `cp`, not by this process: a test thread that forks while
+    // our copy is open for writing would hold it open until its child execs,
+    // and starting the copy would then fail with ETXTBSY.
+    let copied = Command::new("cp")
+        .arg(mapfs_bin())
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(copied.success(), "{test}: cp of the binary failed");
     let mut s = MountSession::builder(&exe)
         .mount()
         .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));

@@ -1296,6 +1296,54 @@ hooks! {
         // SAFETY: the application's template.
         unsafe { mkstemp_impl(tmpl, suffix, flags, || real(tmpl, suffix, flags)) }
     }
+    fn setuid(uid: libc::uid_t) -> c_int = |real| {
+        // SAFETY: libc's call with the application's arguments.
+        let r = unsafe { real(uid) };
+        state::forget_ctx();
+        r
+    }
+    fn seteuid(uid: libc::uid_t) -> c_int = |real| {
+        // SAFETY: as for setuid.
+        let r = unsafe { real(uid) };
+        state::forget_ctx();
+        r
+    }
+    fn setreuid(ruid: libc::uid_t, euid: libc::uid_t) -> c_int = |real| {
+        // SAFETY: as for setuid.
+        let r = unsafe { real(ruid, euid) };
+        state::forget_ctx();
+        r
+    }
+    fn setresuid(ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t) -> c_int = |real| {
+        // SAFETY: as for setuid.
+        let r = unsafe { real(ruid, euid, suid) };
+        state::forget_ctx();
+        r
+    }
+    fn setgid(gid: libc::gid_t) -> c_int = |real| {
+        // SAFETY: as for setuid.
+        let r = unsafe { real(gid) };
+        state::forget_ctx();
+        r
+    }
+    fn setegid(gid: libc::gid_t) -> c_int = |real| {
+        // SAFETY: as for setuid.
+        let r = unsafe { real(gid) };
+        state::forget_ctx();
+        r
+    }
+    fn setregid(rgid: libc::gid_t, egid: libc::gid_t) -> c_int = |real| {
+        // SAFETY: as for setuid.
+        let r = unsafe { real(rgid, egid) };
+        state::forget_ctx();
+        r
+    }
+    fn setresgid(rgid: libc::gid_t, egid: libc::gid_t, sgid: libc::gid_t) -> c_int = |real| {
+        // SAFETY: as for setuid.
+        let r = unsafe { real(rgid, egid, sgid) };
+        state::forget_ctx();
+        r
+    }
     fn umask(mask: mode_t) -> mode_t = |real| {
         state::set_umask(mask);
         // SAFETY: libc's umask.
@@ -1542,6 +1590,8 @@ extern "C" fn fork_prepare() {
 extern "C" fn fork_done() {
     // SAFETY: runs only after `fork_prepare` on the forking thread.
     unsafe { state::unlock_after_fork() };
+    // The child has a pid of its own (the parent just reads its own again).
+    state::forget_ctx();
 }
 
 /// Keeps the library's locks consistent across `fork`.

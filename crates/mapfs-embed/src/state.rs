@@ -48,9 +48,24 @@ pub fn log_enabled() -> bool {
     LOG.load(Ordering::Relaxed)
 }
 
+/// The caller's context, as last read: three system calls per file-system
+/// call otherwise, against the one the call replaces. It only changes with
+/// `fork` and the `set*id` calls, whose hooks [`forget_ctx`]. (The file
+/// systems embedded today leave every permission to the backing kernel,
+/// which judges the process's real credentials; the context matters to
+/// those that check permissions themselves, as pack and versions do.)
+static CTX: Mutex<Option<Ctx>> = Mutex::new(None);
+
 /// The caller's context for file-system calls.
 pub fn ctx() -> Ctx {
-    Ctx::current()
+    let mut c = CTX.lock();
+    *c.get_or_insert_with(Ctx::current)
+}
+
+/// The process's identity may have changed (`fork`, `setuid`...): the next
+/// [`ctx`] reads it again.
+pub fn forget_ctx() {
+    *CTX.lock() = None;
 }
 
 /// The process umask as last set (tracked by the `umask` hook).
@@ -410,6 +425,7 @@ pub fn dir_of(fd: i32) -> Option<Place> {
 
 /// Locks held across `fork` so the child never inherits one mid-change.
 pub fn lock_for_fork() {
+    std::mem::forget(CTX.lock());
     std::mem::forget(HOST_CWD.lock());
     std::mem::forget(CWD.lock());
     std::mem::forget(DIRS.lock());
@@ -420,11 +436,12 @@ pub fn lock_for_fork() {
 /// # Safety
 /// Only after [`lock_for_fork`] on this thread (the fork handlers).
 pub unsafe fn unlock_after_fork() {
-    // SAFETY: the three mutexes were locked by `lock_for_fork` on this thread and
+    // SAFETY: the four mutexes were locked by `lock_for_fork` on this thread and
     // their guards forgotten; nothing else can hold them meanwhile.
     unsafe {
         DIRS.force_unlock();
         CWD.force_unlock();
         HOST_CWD.force_unlock();
+        CTX.force_unlock();
     }
 }

@@ -751,6 +751,71 @@ ls -l "$D" | tail -n +2 | awk '{print $1, $5, $NF}'
     assert!(emb.contains("same\n12345\n"), "{emb}");
 }
 
+/// stdio on plfs files: `fopen`/`fdopen` streams (glibc's buffering over
+/// the data engine: seek, tell, read after write, append, `fileno`) and
+/// programs whose standard streams are redirected to or from a plfs file
+/// and do their I/O with stdio (`seq`, `sort`, `sed`, `ls`, `awk`).
+#[test]
+fn embedded_plfs_stdio_streams_match_native() {
+    let a = Area::new();
+    let script = r#"
+set -e
+seq 1 30000 > "$D/seq"
+wc -l < "$D/seq"
+sort -r < "$D/seq" | head -3
+sort -n -r "$D/seq" > "$D/sorted"
+head -2 "$D/sorted"
+sed 's/1/one/g' "$D/seq" > "$D/sed"
+tail -2 "$D/sed"
+awk '{ s += $1 } END { print s }' < "$D/seq"
+ls -d / /usr > "$D/ls"
+cat "$D/ls"
+echo appended >> "$D/sed"
+tail -1 "$D/sed"
+python3 - "$D/c" <<'PY'
+import ctypes, os, sys
+# The global namespace: the calls an application makes, hooks first.
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fopen.restype = ctypes.c_void_p
+libc.fdopen.restype = ctypes.c_void_p
+for f in ("fwrite", "fread", "fseek", "ftell", "fflush", "fclose", "fileno", "fputs", "fgets"):
+    getattr(libc, f).argtypes = None
+libc.ftell.restype = ctypes.c_long
+p = sys.argv[1].encode()
+f = ctypes.c_void_p(libc.fopen(p, b"w+"))
+assert f.value, os.strerror(ctypes.get_errno())
+for i in range(2000):
+    libc.fputs(b"record %d\n" % i, f)
+print("tell", libc.ftell(f))
+print("seek", libc.fseek(f, ctypes.c_long(7), 0))
+buf = ctypes.create_string_buffer(32)
+n = libc.fread(buf, 1, 20, f)
+print("read", n, buf.raw[:n])
+libc.fseek(f, ctypes.c_long(0), 2)
+libc.fputs(b"end\n", f)
+fd = libc.fileno(f)
+libc.fflush(f)
+print("fileno ok", fd > 2, os.fstat(fd).st_size)
+print("close", libc.fclose(f))
+g = ctypes.c_void_p(libc.fopen(p, b"a"))
+libc.fputs(b"more\n", g)
+libc.fclose(g)
+fd = os.open(sys.argv[1], os.O_RDONLY)
+h = ctypes.c_void_p(libc.fdopen(fd, b"r"))
+line = ctypes.create_string_buffer(64)
+libc.fgets(line, 64, h)
+print("fdopen", line.value)
+libc.fclose(h)
+d = open(sys.argv[1], "rb").read()
+print(len(d), d[-9:])
+PY
+"#;
+    let (emb, nat) = both_fs(&a, "plfs", script);
+    same(&emb, &nat);
+    assert!(emb.contains("30000\n"), "{emb}");
+    assert!(emb.contains("fileno ok True"), "{emb}");
+}
+
 /// What cannot be served on a plfs placeholder fails with a clear errno and
 /// one warning naming the call (issue 10 item 5): mmap, sendfile.
 #[test]

@@ -599,7 +599,8 @@ hooks! {
     }
     fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE = |real| {
         if is_placeholder(fd) {
-            return refused("a stdio stream (fdopen/fopen)", libc::EOPNOTSUPP, std::ptr::null_mut());
+            // SAFETY: the application's mode string.
+            return unsafe { crate::streams::open(fd, mode) };
         }
         // SAFETY: libc's call with the caller's arguments.
         unsafe { real(fd, mode) }

@@ -403,6 +403,11 @@ impl EngineOpen {
     }
 
     /// Follows `F_SETFL`.
+    pub fn flags(&self) -> i32 {
+        self.flags
+    }
+
+    /// Changes the application's flags (`F_SETFL`: only `O_APPEND` counts).
     pub fn set_flags(&self, flags: i32) {
         self.append
             .store(flags & libc::O_APPEND != 0, Ordering::Relaxed);
@@ -685,6 +690,13 @@ extern "C" fn fork_child() {
 }
 
 extern "C" fn at_exit() {
+    if any() {
+        // Streams of placeholders (see `streams`) write through the hooks,
+        // which must not be inside the guard: stdio flushes them only
+        // after the destructors ran.
+        // SAFETY: fflush(NULL) flushes every open output stream.
+        unsafe { libc::fflush(std::ptr::null_mut()) };
+    }
     if let Some(_g) = crate::Guard::enter() {
         close_all();
     }

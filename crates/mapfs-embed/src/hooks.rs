@@ -534,25 +534,18 @@ unsafe fn fopen_impl(
             std::ptr::null_mut()
         }
         Out::Done(Ok(fd)) => {
-            if crate::data_hooks::is_placeholder(fd) {
-                if let Some(_g) = Guard::enter() {
-                    let _ = crate::engine_fd::closed(fd);
-                }
-                // SAFETY: closing the descriptor opened above.
-                unsafe { libc::close(fd) };
-                set_errno(crate::engine_fd::refuse(
-                    "a stdio stream (fdopen/fopen)",
-                    libc::EOPNOTSUPP,
-                ));
-                return std::ptr::null_mut();
-            }
             // SAFETY: `fd` was just opened for this stream; `mode` is the
             // caller's valid string.
-            let f = unsafe { libc::fdopen(fd, mode) };
+            let f = if crate::data_hooks::is_placeholder(fd) {
+                unsafe { crate::streams::open(fd, mode) }
+            } else {
+                unsafe { libc::fdopen(fd, mode) }
+            };
             if f.is_null() {
                 let e = errno();
-                // SAFETY: closing the descriptor opened above.
-                unsafe { libc::close(fd) };
+                // SAFETY: closing the descriptor opened above (through the
+                // hook, which releases a placeholder's open).
+                unsafe { close(fd) };
                 set_errno(e);
             }
             f

@@ -36,6 +36,7 @@ pub mod ops;
 pub mod resolve;
 pub mod statbuf;
 pub mod state;
+pub mod streams;
 
 /// Set by the constructor; hooks do nothing but pass calls on before it.
 static READY: AtomicBool = AtomicBool::new(false);

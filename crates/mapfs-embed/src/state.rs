@@ -154,6 +154,7 @@ pub fn init() {
         .any(|e| crate::ops::ENGINE_SERVED.contains(&e.name.as_str()))
     {
         crate::engine_fd::adopt_inherited();
+        crate::streams::replace_std_streams();
     }
     find_ancestors();
     note_host_cwd();

@@ -816,6 +816,66 @@ PY
     assert!(emb.contains("fileno ok True"), "{emb}");
 }
 
+/// `MAPFS_PRELOAD_REPORT` counts the calls the embedded file systems
+/// served, per process, with the time spent in them (issue 10 item 7):
+/// exactly the application's calls on prefixes, none of the host's.
+#[test]
+fn embedded_report_counts_served_calls_per_process() {
+    let a = Area::new();
+    let report = a.native.join("report.json");
+    let host = a.native.join("host");
+    let script = r#"
+import os, sys
+pre, host = sys.argv[1], sys.argv[2]
+os.mkdir(host)
+for i in range(4):
+    os.mkdir(os.path.join(pre, "d%d" % i))
+    os.mkdir(os.path.join(host, "h%d" % i))
+fd = os.open(os.path.join(pre, "d0", "f"), os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"x" * 100)
+os.lseek(fd, 0, 0)
+for i in range(5):
+    os.read(fd, 10)
+os.close(fd)
+"#;
+    let mut cmd = Command::new(mapfs_bin());
+    cmd.arg("run")
+        .arg("--embed")
+        .arg(a.spec("plfs"))
+        .arg("--")
+        .arg("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&a.prefix)
+        .arg(&host)
+        .env("MAPFS_PRELOAD_REPORT", &report)
+        .env_remove("LD_PRELOAD")
+        .env_remove("MAPFS_EMBED");
+    ok(&mut cmd);
+    let text = std::fs::read_to_string(&report).expect("the report was written");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let py: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["exe"].as_str().is_some_and(|e| e.contains("python3")))
+        .filter(|l| l["calls"].as_object().is_some_and(|c| !c.is_empty()))
+        .collect();
+    assert_eq!(py.len(), 1, "one python3 line with calls:\n{text}");
+    let calls = &py[0]["calls"];
+    let count = |name: &str| calls[name]["count"].as_u64().unwrap_or(0);
+    assert_eq!(count("mkdir"), 4, "host mkdirs are not counted:\n{text}");
+    assert_eq!(count("read"), 5, "{text}");
+    assert_eq!(count("write"), 1, "{text}");
+    assert!(
+        calls["read"]["ns"].as_u64().is_some_and(|n| n > 0),
+        "time is reported: {text}"
+    );
+    assert_eq!(py[0]["library"], "embed");
+    assert!(host.join("h3").is_dir() && a.backing.join("d3").is_dir());
+}
+
 /// What cannot be served on a plfs placeholder fails with a clear errno and
 /// one warning naming the call (issue 10 item 5): mmap, sendfile.
 #[test]

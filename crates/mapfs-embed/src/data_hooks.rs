@@ -23,15 +23,28 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
+/// A call being served: the guard held, the time counted for the report.
+struct Serving {
+    _served: crate::report::Served,
+    _g: Guard,
+}
+
 /// The engine open of `fd` when the call is to be served here, with the
 /// guard held.
 #[inline]
-fn open_of(fd: c_int) -> Option<(Arc<EngineOpen>, Guard)> {
+fn open_of(fd: c_int) -> Option<(Arc<EngineOpen>, Serving)> {
     if !engine_fd::any() {
         return None;
     }
     let g = Guard::enter()?;
-    Some((engine_fd::get(fd)?, g))
+    let o = engine_fd::get(fd)?;
+    Some((
+        o,
+        Serving {
+            _served: crate::report::Served::start(),
+            _g: g,
+        },
+    ))
 }
 
 fn count(r: Result<usize, i32>) -> ssize_t {
@@ -606,21 +619,25 @@ hooks! {
         unsafe { real(fd, mode) }
     }
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
+        crate::report::before_exec();
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(path, argv, envp) })
     }
     fn execv(path: *const c_char, argv: *const *const c_char) -> c_int = |real| {
+        crate::report::before_exec();
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(path, argv) })
     }
     fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int = |real| {
+        crate::report::before_exec();
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(file, argv) })
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
+        crate::report::before_exec();
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(file, argv, envp) })
@@ -634,6 +651,7 @@ hooks! {
         spawn(|| unsafe { real(pid, file, actions, attr, argv, envp) })
     }
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
+        crate::report::before_exec();
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(fd, argv, envp) })

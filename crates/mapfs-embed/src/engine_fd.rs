@@ -699,6 +699,7 @@ extern "C" fn at_exit() {
     }
     if let Some(_g) = crate::Guard::enter() {
         close_all();
+        crate::report::write_at_exit();
     }
 }
 

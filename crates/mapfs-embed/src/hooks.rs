@@ -87,6 +87,7 @@ macro_rules! hooks {
                 #[allow(unused_variables)]
                 let $real: unsafe extern "C" fn($($ty),*) -> $ret =
                     unsafe { std::mem::transmute::<*mut c_void, _>(REAL.addr()) };
+                $crate::report::enter_call(stringify!($name));
                 $body
             }
         )*
@@ -139,10 +140,14 @@ unsafe fn on_path<T>(
     let Some(_g) = Guard::enter() else {
         return Out::Host(None);
     };
+    let served = crate::report::Served::start();
     let saved = errno();
     let out = ops::route(dirfd, p, follow, f);
     if !matches!(out, Out::Done(Err(_))) {
         set_errno(saved);
+    }
+    if matches!(out, Out::Host(_)) {
+        served.not_served();
     }
     out
 }
@@ -379,6 +384,7 @@ unsafe fn two_paths(
             let Some(_g) = Guard::enter() else {
                 return host(p1, p2);
             };
+            let _served = crate::report::Served::start();
             let saved = errno();
             match emb(&state::embs()[idx], &a, &b) {
                 Ok(()) => {

@@ -33,6 +33,7 @@ pub mod data_hooks;
 pub mod engine_fd;
 pub mod hooks;
 pub mod ops;
+pub mod report;
 pub mod resolve;
 pub mod statbuf;
 pub mod state;
@@ -68,6 +69,13 @@ impl Guard {
     }
 }
 
+/// This thread is inside the library (its own libc calls pass through the
+/// hooks).
+#[inline]
+pub fn inside() -> bool {
+    INSIDE.with(|g| g.get())
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
         INSIDE.with(|g| g.set(false));
@@ -92,6 +100,7 @@ pub fn warn(msg: std::fmt::Arguments<'_>) {
 
 extern "C" fn init() {
     INSIDE.with(|g| g.set(true));
+    report::init();
     state::init();
     hooks::install_fork_handlers();
     engine_fd::install();

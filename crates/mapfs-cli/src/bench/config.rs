@@ -140,6 +140,12 @@ pub const CONFIGS: &[ConfigDef] = &[
         wrap: Wrap::None,
     },
     ConfigDef {
+        name: "embedded-plfs",
+        about: "no mount: mapfs plfs run inside the workload's processes (mapfs run --embed)",
+        setup: Setup::Embedded { fs: "plfs" },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
         name: "auto-excl",
         about: "mapfs passthrough fs mounted with --data auto --exclusive (long kernel caching)",
         setup: Setup::Exclusive {

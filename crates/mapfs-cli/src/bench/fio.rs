@@ -17,6 +17,10 @@ pub enum Files {
     Shared(String),
     /// Thread `i` works on `<prefix>.<i>`.
     PerThread(String),
+    /// All threads write one new file of this name, N-1 strided (the PLFS
+    /// checkpoint pattern): of N threads, thread `i` writes blocks `i`,
+    /// `i + N`, `i + 2N`... until the file has its size.
+    Strided(String),
 }
 
 /// One fio invocation: every parameter that differs between runs.
@@ -59,7 +63,6 @@ impl FioJob {
                 d
             },
             "--ioengine=psync".into(),
-            format!("--rw={}", self.rw).into(),
             format!("--bs={}", self.bs).into(),
             format!("--size={}", self.size).into(),
             format!("--numjobs={}", self.threads).into(),
@@ -83,6 +86,18 @@ impl FioJob {
         match &self.files {
             Files::Shared(f) => a.push(format!("--filename={f}").into()),
             Files::PerThread(p) => a.push(format!("--filename_format={p}.$jobnum").into()),
+            Files::Strided(f) => {
+                let n = self.threads.max(1) as u64;
+                a.push(format!("--filename={f}").into());
+                // Write one block, skip the other threads' blocks; thread
+                // `i` starts at block `i` and writes its share of the size.
+                a.push(format!("--rw={}:{}", self.rw, (n - 1) * self.bs).into());
+                a.push(format!("--offset_increment={}", self.bs).into());
+                a.push(format!("--io_size={}", (self.size / n / self.bs).max(1) * self.bs).into());
+            }
+        }
+        if !matches!(self.files, Files::Strided(_)) {
+            a.push(format!("--rw={}", self.rw).into());
         }
         match self.time_based {
             Some(secs) => {
@@ -205,6 +220,43 @@ mod tests {
 
     const RANDREAD: &str = include_str!("testdata/fio-randread-2th.json");
     const SEQWRITE: &str = include_str!("testdata/fio-write-1th.json");
+
+    /// The strided job, run by the real fio: 4 threads leave one file of
+    /// exactly the size with no hole, so every block was written by some
+    /// thread (a wrong stride or start leaves holes or a longer file).
+    #[test]
+    fn strided_job_fills_one_file_without_holes() {
+        if check_installed().is_err() {
+            eprintln!("SKIPPED: fio is not installed; the strided fio job was not run");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let job = FioJob {
+            rw: "write",
+            bs: 4096,
+            size: 1 << 20,
+            threads: 4,
+            files: Files::Strided("n1.0".into()),
+            time_based: None,
+            runtime_cap: 60,
+            unlink: false,
+        };
+        let out = std::process::Command::new("fio")
+            .args(job.args("strided", dir.path()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = parse(&String::from_utf8_lossy(&out.stdout), true).unwrap();
+        assert_eq!(r.io_bytes, 1 << 20);
+        let f = std::fs::File::open(dir.path().join("n1.0")).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+        let hole = rustix::fs::seek(&f, rustix::fs::SeekFrom::Hole(0)).unwrap();
+        assert_eq!(hole, 1 << 20, "a block no thread wrote");
+    }
 
     #[test]
     fn parses_fixture_read() {

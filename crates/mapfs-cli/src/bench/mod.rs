@@ -391,7 +391,17 @@ fn run_fio(p: &Prepared, dir: &Path, w: &Workload, job: &fio::FioJob) -> Result<
     let mut cmd = p.command("fio");
     cmd.args(job.args(w.name, dir));
     let limit = job.time_based.unwrap_or(job.runtime_cap) + 120;
-    let out = process::run(cmd, Duration::from_secs(limit))?;
+    let out = process::run(cmd, Duration::from_secs(limit));
+    if let fio::Files::Strided(f) = &job.files {
+        // Not fio's --unlink: each thread would remove the shared file when
+        // it is done, under threads still to open it. Removed by `rm` under
+        // the configuration's prefix (an embedded directory exists only
+        // there).
+        let mut rm = p.command("rm");
+        rm.arg("-f").arg(dir.join(f));
+        process::run(rm, Duration::from_secs(120))?;
+    }
+    let out = out?;
     match fio::parse(&out.stdout, job.is_write()) {
         Ok(r) if out.status.success() => Ok(r),
         Ok(_) => bail!("fio exited with {}: {}", out.status, out.error_line()),

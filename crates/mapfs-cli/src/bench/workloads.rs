@@ -10,6 +10,8 @@ pub const READ_PREFIX: &str = "rd";
 pub const RANDWRITE_FILE: &str = "rw.0";
 /// Files created (and removed) by the sequential-write workloads.
 pub const WRITE_PREFIX: &str = "wr";
+/// The shared file written (and removed) by the N-1 strided workload.
+pub const STRIDED_FILE: &str = "n1.0";
 
 /// How many threads a data workload runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +148,13 @@ pub const WORKLOADS: &[Workload] = &[
         Threads::N,
         false,
     ),
+    data(
+        "n1-strided-Nth",
+        "N threads write 1 new shared file N-1 strided (thread i: blocks i, i+N, i+2N...; the PLFS checkpoint pattern)",
+        "write",
+        Threads::N,
+        false,
+    ),
     Workload {
         name: "create-stat-unlink",
         about: "create --files empty files in one directory, stat them, unlink them",
@@ -227,6 +236,7 @@ impl Workload {
         let files = match (own_files, write) {
             (true, true) => Files::PerThread(WRITE_PREFIX.into()),
             (true, false) => Files::PerThread(READ_PREFIX.into()),
+            (false, true) if rw == "write" => Files::Strided(STRIDED_FILE.into()),
             (false, true) => Files::Shared(RANDWRITE_FILE.into()),
             (false, false) => Files::Shared(format!("{READ_PREFIX}.0")),
         };

@@ -876,6 +876,61 @@ os.close(fd)
     assert!(host.join("h3").is_dir() && a.backing.join("d3").is_dir());
 }
 
+/// Programs stored under a prefix run (`execve` loads the backing file of
+/// a whole-file map): by absolute and relative path, a script through its
+/// interpreter, from `subprocess` (whose child closes the library's
+/// descriptors before it execs) and `posix_spawn`. A plfs file cannot be
+/// run (EACCES, as on a `noexec` mount).
+#[test]
+fn embedded_programs_stored_under_a_prefix_run() {
+    let a = Area::new();
+    let script = r#"
+set -e
+cp /bin/echo "$D/myecho"
+"$D/myecho" absolute
+cd "$D" && ./myecho relative && cd /
+printf '#!/bin/sh\necho "script $1"\n' > "$D/s.sh"
+chmod +x "$D/s.sh"
+"$D/s.sh" arg
+python3 - "$D" <<'PY'
+import os, subprocess, sys
+d = sys.argv[1]
+print(subprocess.run([d + "/myecho", "subprocess"], capture_output=True, check=True).stdout.decode().strip())
+print(subprocess.run([d + "/s.sh", "from-python"], capture_output=True, check=True).stdout.decode().strip())
+r, w = os.pipe()
+pid = os.posix_spawn(d + "/myecho", ["myecho", "spawned"], dict(os.environ),
+                     file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
+os.close(w)
+os.waitpid(pid, 0)
+print(os.read(r, 100).decode().strip())
+try:
+    os.execv(d + "/missing", ["missing"])
+except OSError as e:
+    print("missing", e.errno)
+PY
+"#;
+    let (emb, nat) = both(&a, script);
+    same(&emb, &nat);
+    assert!(
+        emb.contains("relative\nscript arg\nsubprocess\nscript from-python\nspawned\n"),
+        "{emb}"
+    );
+    // plfs: no single backing file to load.
+    let out = a
+        .run_fs("plfs", "sh")
+        .arg("-c")
+        .arg(r#"cp /bin/echo "$D/e" && chmod +x "$D/e" && "$D/e" hi; echo "rc=$?""#)
+        .env("D", &a.prefix)
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        so.contains("rc=126"),
+        "{so} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// What cannot be served on a plfs placeholder fails with a clear errno and
 /// one warning naming the call (issue 10 item 5): mmap, sendfile.
 #[test]

@@ -620,33 +620,81 @@ hooks! {
     }
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         crate::report::before_exec();
+        // SAFETY: the application's path.
+        let host = match unsafe { crate::hooks::exec_target(path) } {
+            Ok(h) => h,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        };
+        let path = host.as_ref().map_or(path, |c| c.as_ptr());
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(path, argv, envp) })
     }
     fn execv(path: *const c_char, argv: *const *const c_char) -> c_int = |real| {
         crate::report::before_exec();
+        // SAFETY: the application's path.
+        let host = match unsafe { crate::hooks::exec_target(path) } {
+            Ok(h) => h,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        };
+        let path = host.as_ref().map_or(path, |c| c.as_ptr());
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(path, argv) })
     }
     fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int = |real| {
         crate::report::before_exec();
+        // SAFETY: the application's path.
+        let host = match unsafe { crate::hooks::exec_target(file) } {
+            Ok(h) => h,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        };
+        let file = host.as_ref().map_or(file, |c| c.as_ptr());
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(file, argv) })
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         crate::report::before_exec();
+        // SAFETY: the application's path.
+        let host = match unsafe { crate::hooks::exec_target(file) } {
+            Ok(h) => h,
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        };
+        let file = host.as_ref().map_or(file, |c| c.as_ptr());
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(file, argv, envp) })
     }
     fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
+        // SAFETY: the application's path.
+        let host = match unsafe { crate::hooks::exec_target(path) } {
+            Ok(h) => h,
+            Err(e) => return e,
+        };
+        let path = host.as_ref().map_or(path, |c| c.as_ptr());
         // SAFETY: libc's call with the caller's arguments.
         spawn(|| unsafe { real(pid, path, actions, attr, argv, envp) })
     }
     fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
+        // SAFETY: the application's path.
+        let host = match unsafe { crate::hooks::exec_target(file) } {
+            Ok(h) => h,
+            Err(e) => return e,
+        };
+        let file = host.as_ref().map_or(file, |c| c.as_ptr());
         // SAFETY: libc's call with the caller's arguments.
         spawn(|| unsafe { real(pid, file, actions, attr, argv, envp) })
     }

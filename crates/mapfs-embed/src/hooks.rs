@@ -22,7 +22,7 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::{mode_t, size_t, ssize_t};
@@ -150,6 +150,35 @@ unsafe fn on_path<T>(
         served.not_served();
     }
     out
+}
+
+/// The path `exec` should load for `path`: `Ok(None)` to load it as given
+/// (a host path, or a bare name searched in `PATH`), the backing file of a
+/// program stored under a prefix (see [`ops::exec_path`]), or an errno.
+///
+/// # Safety
+/// `path` as for [`bytes`].
+pub(crate) unsafe fn exec_target(path: *const c_char) -> Result<Option<CString>, c_int> {
+    // SAFETY: per the contract.
+    match unsafe { bytes(path) } {
+        Some(p) if p.contains(&b'/') => {}
+        _ => return Ok(None),
+    }
+    // SAFETY: per the contract.
+    let host = match unsafe { on_path(libc::AT_FDCWD, path, Follow::Yes, ops::exec_path) } {
+        Out::Host(c) => return Ok(c),
+        Out::Done(Ok(v)) => v,
+        Out::Done(Err(libc::EBADF)) => {
+            let lexical = Guard::enter().and_then(|_g| {
+                // SAFETY: per the contract.
+                let p = unsafe { bytes(path) }?;
+                ops::exec_path_lexical(libc::AT_FDCWD, p)
+            });
+            lexical.ok_or(libc::EBADF)?
+        }
+        Out::Done(Err(e)) => return Err(e),
+    };
+    CString::new(host).map(Some).map_err(|_| libc::ENOENT)
 }
 
 /// Ends a hooked call: the real function on a host path (as given or

@@ -258,6 +258,53 @@ pub fn chdir(e: &Emb, place: &Place, attr: Option<&Attr>) -> Result<(), i32> {
     Ok(())
 }
 
+/// The host path of the backing file a program stored at `place` runs from
+/// (`execve` of an embedded path): the kernel loads programs by path, and
+/// a file whose map is its whole backing file is that file. A file of
+/// another map (plfs) cannot be run: `EACCES`, as for a file system
+/// mounted `noexec`.
+pub fn exec_path(e: &Emb, place: &Place, attr: Option<&Attr>) -> Result<Vec<u8>, i32> {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(a) = attr else {
+        return Err(libc::ENOENT);
+    };
+    if a.kind == FileKind::Dir {
+        return Err(libc::EACCES);
+    }
+    let ctx = state::ctx();
+    let o =
+        e.fs.open(&ctx, &place.path, OpenFlags(libc::O_RDONLY))
+            .map_err(|e| e.errno())?;
+    let whole = o.map.is_whole_file() && o.files.len() == 1;
+    let host = if whole {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&*o.files[0]);
+        std::fs::read_link(format!("/proc/self/fd/{fd}"))
+            .map(|p| p.as_os_str().as_bytes().to_vec())
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+    } else {
+        Err(libc::EACCES)
+    };
+    let _ = e.fs.release(&ctx, &place.path, o.handle, &o.map);
+    host
+}
+
+/// [`exec_path`] for a child about to exec that closed every descriptor it
+/// did not mean to pass on (`subprocess`'s close_fds, `closefrom`), the
+/// file systems' backing roots with them (their calls then fail with
+/// `EBADF`): passthrough's backing file has the file's own path under the
+/// backing directory, and the kernel resolves the rest. `None` for other
+/// file systems and paths through `..`.
+pub fn exec_path_lexical(dirfd: i32, path: &[u8]) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let place = resolve::locate(dirfd, path)?.lexical()?;
+    let e = &embs()[place.idx];
+    if e.name != "passthrough" {
+        return None;
+    }
+    let rel = place.path.strip_prefix("/").unwrap_or(&place.path);
+    Some(e.backing.join(rel).as_os_str().as_bytes().to_vec())
+}
+
 /// The host path of an existing embedded place, every symlink resolved.
 pub fn realpath(dirfd: i32, path: &[u8]) -> Out<Vec<u8>> {
     let Some(loc) = resolve::locate(dirfd, path) else {

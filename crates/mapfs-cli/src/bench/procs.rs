@@ -56,20 +56,48 @@ fn timed_shell(p: &Prepared, script: &str, args: &[&Path], limit: Duration) -> R
     Ok(secs)
 }
 
+/// Copies the natively made tree `src` to `dest` in the configuration's
+/// directory, untimed, by `cp` under the configuration's prefix: an
+/// embedded directory exists only there, not in this process.
+fn stage(p: &Prepared, src: &Path, dest: &Path) -> Result<()> {
+    let mut cmd = p.command("sh");
+    cmd.arg("-c")
+        .arg("rm -rf \"$2\" && cp -r \"$1\" \"$2\"")
+        .arg("sh")
+        .arg(src)
+        .arg(dest);
+    let out = process::run(cmd, Duration::from_secs(600))?;
+    if !out.status.success() {
+        bail!("copying the workload's files in: {}", out.error_line());
+    }
+    Ok(())
+}
+
+/// Removes what [`stage`] or a workload made at `dest` (best effort).
+fn unstage(p: &Prepared, dest: &Path) {
+    let mut rm = p.command("rm");
+    rm.arg("-rf").arg(dest);
+    let _ = process::run(rm, Duration::from_secs(300));
+}
+
 /// `spawn-read`: a shell loop of [`SPAWN_PROCESSES`] `cat`s, each reading
 /// one 8 KiB file of the mount.
 pub fn spawn_read(p: &Prepared, dir: &Path) -> Result<ProcsResult> {
-    let d = dir.join("spawn");
-    fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-    let file = d.join("small.txt");
+    let src = tempfile::Builder::new()
+        .prefix("mapfs-bench-spawn.")
+        .tempdir()
+        .context("a directory for the small file")?;
     let line = b"a small file read whole by a short-lived process\n";
     let body: Vec<u8> = line.iter().copied().cycle().take(8192).collect();
-    fs::write(&file, &body).with_context(|| format!("writing {}", file.display()))?;
+    fs::write(src.path().join("small.txt"), &body).context("writing the small file")?;
+    let d = dir.join("spawn");
+    stage(p, src.path(), &d)?;
+    let file = d.join("small.txt");
     let script = format!(
         "i=0; while [ $i -lt {SPAWN_PROCESSES} ]; do cat \"$1\" >/dev/null || exit 1; i=$((i+1)); done"
     );
     let secs = timed_shell(p, &script, &[&file], Duration::from_secs(600));
-    let _ = fs::remove_dir_all(&d);
+    unstage(p, &d);
     Ok(ProcsResult {
         units: SPAWN_PROCESSES as u64,
         secs: secs?,
@@ -80,21 +108,21 @@ pub fn spawn_read(p: &Prepared, dir: &Path) -> Result<ProcsResult> {
 /// (each compiled and linked into one program, which is then run), from a
 /// clean tree.
 pub fn build(p: &Prepared, dir: &Path) -> Result<ProcsResult> {
+    let src = tempfile::Builder::new()
+        .prefix("mapfs-bench-build.")
+        .tempdir()
+        .context("a directory for the project")?;
+    generate_project(src.path())?;
     let d = dir.join("build");
-    if d.exists() {
-        fs::remove_dir_all(&d).with_context(|| format!("removing stale {}", d.display()))?;
-    }
-    fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-    let res = (|| -> Result<f64> {
-        generate_project(&d)?;
+    let res = stage(p, src.path(), &d).and_then(|()| {
         timed_shell(
             p,
             "make -s -j2 -C \"$1\" && \"$1/prog\" >/dev/null",
             &[&d],
             Duration::from_secs(900),
         )
-    })();
-    let _ = fs::remove_dir_all(&d);
+    });
+    unstage(p, &d);
     Ok(ProcsResult {
         units: BUILD_UNITS as u64 + 1,
         secs: res?,
@@ -133,18 +161,19 @@ pub fn untar(p: &Prepared, dir: &Path) -> Result<ProcsResult> {
     if !st.success() {
         bail!("tar -cf failed: {st}");
     }
+    // Made and removed by the timed shell and by `rm` under the
+    // configuration's prefix, not by this process: an embedded directory
+    // exists only there.
     let out = dir.join("untar");
-    if out.exists() {
-        fs::remove_dir_all(&out).with_context(|| format!("removing stale {}", out.display()))?;
-    }
-    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let secs = timed_shell(
         p,
-        "tar -xf \"$1\" -C \"$2\"",
+        "rm -rf \"$2\" && mkdir \"$2\" && tar -xf \"$1\" -C \"$2\"",
         &[&tarball, &out],
         Duration::from_secs(900),
     );
-    let _ = fs::remove_dir_all(&out);
+    let mut rm = p.command("rm");
+    rm.arg("-rf").arg(&out);
+    let _ = super::process::run(rm, Duration::from_secs(300));
     Ok(ProcsResult {
         units: files,
         secs: secs?,

@@ -1,5 +1,5 @@
-//! Link options of the shim, chosen by measuring what loading it costs a
-//! short-lived process (see `docs/shim-cost.md`).
+// Link options of the shim, chosen by measuring what loading it costs a
+// short-lived process (see `docs/shim-cost.md`).
 
 use std::path::PathBuf;
 use std::process::Command;

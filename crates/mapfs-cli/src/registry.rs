@@ -162,6 +162,38 @@ impl Registry {
 /// registered exactly as an outside file system registers itself.
 pub fn builtins() -> Registry {
     use mapfs_fs::pack::{Pack, PackOptions};
+    embeddable()
+        .register(
+            FsSpec::new(
+                "pack",
+                "many small files in slots of a few pack files (SQLite namespace)",
+                |b, o| {
+                    let opts = PackOptions::parse(o.get("threshold"), o.get("sync"))?;
+                    Ok(Arc::new(Pack::new(b, opts)?))
+                },
+            )
+            .options(&["threshold", "sync"])
+            .cacheable(),
+        )
+        .register(
+            FsSpec::new(
+                "versions",
+                "keeps the old bytes of every overwrite (see `mapfs versions`)",
+                |b, o| {
+                    let c = mapfs_fs::versions::Config::from_options(|k| o.get(k))
+                        .map_err(|e| mapfs::Error::invalid().context(e))?;
+                    Ok(Arc::new(mapfs_fs::versions::Versions::new(b, c)?))
+                },
+            )
+            .options(&["max-size", "keep", "keep-days", "keep-bytes"]),
+        )
+}
+
+/// The built-in file systems embedded mode can run (`mapfs run --embed`),
+/// registered as in [`builtins`]: the registry of the embedding library,
+/// which so links neither SQLite nor what only `pack` and `versions` use
+/// (every process of an embedded job loads it).
+pub fn embeddable() -> Registry {
     use mapfs_fs::{passthrough::Passthrough, plfs::Plfs};
     Registry::new(
         "mapfs",
@@ -189,30 +221,6 @@ pub fn builtins() -> Registry {
         .options(&["hostid"])
         .cacheable(),
     )
-    .register(
-        FsSpec::new(
-            "pack",
-            "many small files in slots of a few pack files (SQLite namespace)",
-            |b, o| {
-                let opts = PackOptions::parse(o.get("threshold"), o.get("sync"))?;
-                Ok(Arc::new(Pack::new(b, opts)?))
-            },
-        )
-        .options(&["threshold", "sync"])
-        .cacheable(),
-    )
-    .register(
-        FsSpec::new(
-            "versions",
-            "keeps the old bytes of every overwrite (see `mapfs versions`)",
-            |b, o| {
-                let c = mapfs_fs::versions::Config::from_options(|k| o.get(k))
-                    .map_err(|e| mapfs::Error::invalid().context(e))?;
-                Ok(Arc::new(mapfs_fs::versions::Versions::new(b, c)?))
-            },
-        )
-        .options(&["max-size", "keep", "keep-days", "keep-bytes"]),
-    )
 }
 
 #[cfg(test)]
@@ -234,6 +242,7 @@ mod tests {
     fn builtins_are_registered_by_name() {
         let r = builtins();
         assert_eq!(r.names(), ["passthrough", "plfs", "pack", "versions"]);
+        assert_eq!(embeddable().names(), crate::embed_spec::EMBEDDABLE);
         assert!(r.get("passthrough").unwrap().whole_file_maps);
         assert!(!r.get("plfs").unwrap().whole_file_maps);
         let r = r.register(FsSpec::new("plfs", "replaced", |b, _| {

@@ -97,7 +97,7 @@ pub fn init() {
             Vec::new()
         }
     };
-    let registry = mapfs_cli::builtins();
+    let registry = mapfs_cli::embeddable();
     // Descriptors 0-9 are the program's (a shell's `exec 3< f` closes
     // whatever has number 3): the file systems' own (a backing root held
     // for the process's life) are opened above them.

@@ -16,6 +16,12 @@ pub const EMBED_ENV: &str = "MAPFS_EMBED";
 /// `mapfs run --embed` before the command starts.
 pub const EMBEDDABLE: &[&str] = &["passthrough", "plfs"];
 
+/// The option `mapfs run --embed` adds to every embedding once it built the
+/// file system over its backing directory itself: the store was checked
+/// (plfs's requirements) for the whole job, so the job's processes need not
+/// check it again. Not a declared option: `-o` cannot pass it.
+pub const STORE_CHECKED: &str = "mapfs-store-checked";
+
 /// Separates embeddings in [`EMBED_ENV`].
 const REC: char = '\n';
 /// Separates the fields of one embedding.

@@ -215,6 +215,9 @@ pub fn embeddable() -> Registry {
                     Some(h) => h.to_owned(),
                     None => mapfs_fs::plfs::default_hostid(),
                 };
+                if o.get(crate::embed_spec::STORE_CHECKED).is_some() {
+                    return Ok(Arc::new(Plfs::on_checked_host(b, &host)?));
+                }
                 Ok(Arc::new(Plfs::on_host(b, &host)?))
             },
         )

@@ -189,7 +189,7 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<String>> {
         }
         return Ok(None);
     }
-    let list = args
+    let mut list = args
         .embed
         .iter()
         .map(|e| Embedding::parse(e, registry, &args.options))
@@ -204,6 +204,19 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<String>> {
         }) {
             bail!("-o {o}: no embedded file system takes option {name:?}");
         }
+    }
+    // Each file system built once here: a backing store it refuses stops
+    // the job before it starts, and its processes skip the checks.
+    for e in &mut list {
+        let spec = registry.get(&e.fs).expect("checked by Embedding::parse");
+        let opts = crate::FsOptions {
+            read_only: false,
+            layers: vec![e.backing.clone()],
+            custom: e.options.clone(),
+        };
+        spec.build(&e.backing, &opts)
+            .with_context(|| format!("--embed {}: {}", e.fs, e.backing.display()))?;
+        e.options.push(embed_spec::STORE_CHECKED.to_string());
     }
     Ok(Some(embed_spec::encode(&list)))
 }

@@ -507,6 +507,25 @@ fn embedded_bad_specs_are_refused_clearly() {
         assert!(err.contains(want), "--embed {spec}: {err}");
         assert!(!marker.exists(), "--embed {spec}: the command ran");
     }
+    // The option `mapfs run` adds once it checked a store itself is not
+    // the user's to give: the checks cannot be skipped from the command line.
+    let out = Command::new(mapfs_bin())
+        .arg("run")
+        .arg("--embed")
+        .arg(a.spec("plfs"))
+        .arg("-o")
+        .arg(mapfs_cli::embed_spec::STORE_CHECKED)
+        .arg("--")
+        .arg("touch")
+        .arg(&marker)
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && !marker.exists());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no embedded file system takes option"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -305,6 +305,21 @@ impl Plfs {
         })
     }
 
+    /// [`Plfs::on_host`] over a store already checked for this job: every
+    /// process of an embedded job builds its own instance (`mapfs run
+    /// --embed`, which checks the store once before starting the job), and
+    /// the check costs about a hundred system calls.
+    pub fn on_checked_host(backing: &Path, hostid: &str) -> Result<Self> {
+        check_hostid(hostid)?;
+        Ok(Plfs {
+            pt: Passthrough::new(backing)?,
+            store: Store::new(hostid),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            nlinks: Mutex::new(HashMap::new()),
+        })
+    }
+
     /// What the index cache holds and has read (for measurements: see
     /// `docs/plfs-hosts.md`).
     pub fn index_stats(&self) -> IndexStats {

@@ -950,6 +950,52 @@ PY
     );
 }
 
+/// A plfs open's offset is shared like a description's with the children
+/// that inherit the descriptor (fork, exec, a shell's subshells and
+/// commands), and what a child wrote survives its `_exit`: sequences of
+/// commands writing to one redirection give what they give natively.
+#[test]
+fn embedded_plfs_children_share_the_offset() {
+    let a = Area::new();
+    let script = r#"
+set -e
+(seq 1 3; seq 4 6) > "$D/x"
+cat "$D/x"
+{ /bin/echo a; /bin/echo b; } > "$D/y"
+(echo first; /bin/echo second; echo third) >> "$D/y"
+cat "$D/y"
+exec 3> "$D/w"
+echo one >&3
+/bin/echo two >&3
+sh -c 'echo three; /bin/echo four' >&3
+echo five >&3
+exec 3>&-
+cat "$D/w"
+python3 - "$D/z" <<'PY'
+import os, subprocess, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"parent1\n")
+pid = os.fork()
+if pid == 0:
+    os.write(fd, b"child\n")
+    os._exit(0)
+os.waitpid(pid, 0)
+os.write(fd, b"parent2\n")
+subprocess.run(["/bin/echo", "spawned"], stdout=fd, close_fds=False, check=True)
+os.write(fd, b"parent3\n")
+print(os.lseek(fd, 0, os.SEEK_CUR))
+os.close(fd)
+print(open(sys.argv[1]).read(), end="")
+PY
+"#;
+    let (emb, nat) = both_fs(&a, "plfs", script);
+    same(&emb, &nat);
+    assert!(
+        emb.starts_with("1\n2\n3\n4\n5\n6\na\nb\nfirst\nsecond\nthird\n"),
+        "{emb}"
+    );
+}
+
 /// What cannot be served on a plfs placeholder fails with a clear errno and
 /// one warning naming the call (issue 10 item 5): mmap, sendfile.
 #[test]

@@ -602,13 +602,24 @@ hooks! {
         unsafe { real(inp, ioff, out, ooff, n, flags) }
     }
     fn copy_file_range(inp: c_int, ioff: *mut off64_t, out: c_int, ooff: *mut off64_t, n: size_t, flags: libc::c_uint) -> ssize_t = |real| {
-        // EXDEV: callers (cp) copy by read/write instead, as across file
-        // systems.
+        // EXDEV: callers (cp, cat) copy by read/write instead, as across
+        // file systems; an ordinary answer, so no warning.
         if is_placeholder(out) || is_placeholder(inp) {
-            return refused("copy_file_range", libc::EXDEV, -1);
+            set_errno(libc::EXDEV);
+            return -1;
         }
         // SAFETY: libc's call with the caller's arguments.
         unsafe { real(inp, ioff, out, ooff, n, flags) }
+    }
+    fn _exit(status: c_int) -> () = |real| {
+        at_quick_exit();
+        // SAFETY: libc's call; it does not return.
+        unsafe { real(status) }
+    }
+    fn _Exit(status: c_int) -> () = |real| {
+        at_quick_exit();
+        // SAFETY: libc's call; it does not return.
+        unsafe { real(status) }
     }
     fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE = |real| {
         if is_placeholder(fd) {
@@ -704,6 +715,19 @@ hooks! {
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(fd, argv, envp) })
     }
+}
+
+/// `_exit` runs no destructor, but what a process wrote through a file
+/// descriptor natively survives it: the opens are persisted first (a
+/// forked shell subshell, `os._exit` in a forked child). stdio buffers are
+/// not flushed, as natively.
+fn at_quick_exit() {
+    if engine_fd::any() {
+        if let Some(_g) = Guard::enter() {
+            engine_fd::close_all();
+        }
+    }
+    crate::report::write_at_quick_exit();
 }
 
 /// After `fcntl`: a duplicate shares the open; `F_SETFL` may change

@@ -9,29 +9,32 @@
 //! inherited across `exec`) fails on it (`read` `EBADF`, `write` `EPERM`,
 //! `mmap` `EACCES`) instead of silently reading or writing something else.
 //! The hooked data calls run here on the open's [`DataFile`], with the
-//! offset kept here and shared by every descriptor `dup`ed from the open
-//! (as the kernel shares a description's offset).
+//! offset and `O_APPEND` in a page shared by every descriptor `dup`ed from
+//! the open and by the processes that inherit it across `fork` and `exec`
+//! ([`crate::desc`]), as the kernel shares a description's.
 //!
 //! Persistence follows the file system's close-to-open rule: an open that
 //! wrote is flushed (`FileSystem::flush`) at every close of one of its
 //! descriptors, at `fsync`, before a shrinking `ftruncate`, before `exec`
 //! and at exit; it is released at its last close (or at exit).
 //!
-//! `fork`: the child's copy of an open keeps the parent's map and offset
-//! (copied at the fork) but not its handle: at its first data call the
-//! child opens the file again, so that its writes go to a log of its own,
-//! as plfs's cross-process rule requires, and never to the parent's.
+//! `fork`: the child's copy of an open shares the offset, and keeps the
+//! parent's map (copied at the fork) but not its handle: at its first data
+//! call the child opens the file again, so that its writes go to a log of
+//! its own, as plfs's cross-process rule requires, and never to the
+//! parent's.
 
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use mapfs::engine::DataFile;
 use mapfs::{OpenFlags, Opened};
 use parking_lot::{Mutex, RwLock};
 
+use crate::desc::Desc;
 use crate::state::{self, embs};
 
 /// One open of an engine-served file, shared by its `dup`s.
@@ -47,10 +50,10 @@ pub struct EngineOpen {
     /// were duplicated (see [`before_exec`]).
     ph_ino: u64,
     inner: RwLock<Inner>,
-    offset: Mutex<u64>,
+    /// Offset and `O_APPEND`, shared like a description's.
+    desc: Desc,
     readable: bool,
     writable: bool,
-    append: AtomicBool,
 }
 
 /// What one process image holds of an open.
@@ -130,7 +133,15 @@ fn placeholder() -> Result<OwnedFd, i32> {
 /// Lowest number for the descriptors an engine open holds for its life:
 /// programs take small numbers for themselves (a shell's `exec 3< f`
 /// closes whatever has number 3; dash keeps its own at 10 and up).
-const HIGH_FD: i32 = 100;
+pub(crate) const HIGH_FD: i32 = 100;
+
+/// `fd` moved to a number of [`HIGH_FD`] or more (kept when that fails).
+pub(crate) fn above_program_fd(fd: OwnedFd) -> OwnedFd {
+    if std::os::fd::AsRawFd::as_raw_fd(&fd) >= HIGH_FD {
+        return fd;
+    }
+    rustix::io::fcntl_dupfd_cloexec(&fd, HIGH_FD).unwrap_or(fd)
+}
 
 /// `f` moved to a descriptor number of [`HIGH_FD`] or more when nothing
 /// else holds it (kept as it is when that fails).
@@ -174,17 +185,43 @@ pub fn foreign() -> bool {
 
 /// Takes `opened` (not whole-file 1-to-1) as an engine open and returns its
 /// placeholder, `FD_CLOEXEC` set (the caller applies the open's flags).
+/// `desc`: the description carried from a previous image, or `None` for a
+/// new one.
 pub fn adopt(
     idx: usize,
     path: PathBuf,
     flags: i32,
     fsflags: i32,
     opened: Opened,
+    desc: Option<Desc>,
 ) -> Result<OwnedFd, i32> {
     let e = &embs()[idx];
     let mut opened = opened;
     opened.files = opened.files.into_iter().map(above_program_fds).collect();
     let handle = opened.handle;
+    let desc = match desc {
+        Some(d) => Ok(d),
+        None => {
+            let name = format!(
+                "{CARRY}{idx}:{}:{}:{}",
+                fsflags & !libc::O_TRUNC,
+                flags & !libc::O_TRUNC,
+                path.display()
+            );
+            let carryable = name.len() <= 249 && !name.contains('\0');
+            Desc::new(
+                carryable.then_some(name.as_str()),
+                flags & libc::O_APPEND != 0,
+            )
+        }
+    };
+    let desc = match desc {
+        Ok(d) => d,
+        Err(n) => {
+            let _ = e.fs.release(&state::ctx(), &path, handle, &opened.map);
+            return Err(n);
+        }
+    };
     let fd = match placeholder() {
         Ok(fd) => fd,
         Err(n) => {
@@ -212,10 +249,9 @@ pub fn adopt(
             gen: GEN.load(Ordering::Acquire),
             dirty: flags & libc::O_TRUNC != 0,
         }),
-        offset: Mutex::new(0),
+        desc,
         readable: access != libc::O_WRONLY && flags & libc::O_PATH == 0,
         writable: access != libc::O_RDONLY && flags & libc::O_PATH == 0,
-        append: AtomicBool::new(flags & libc::O_APPEND != 0),
     };
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
     // An open whose descriptor was closed unseen (`close_range`, a raw
@@ -298,12 +334,21 @@ impl EngineOpen {
         self.with(|i| i.data.read(off, buf).map_err(|e| e.errno()))
     }
 
-    /// `read` at the description's offset.
+    /// `read` at the description's offset. Another process sharing it
+    /// may move it meanwhile: the read is done again from where it is then,
+    /// as if it came after.
     pub fn read(&self, buf: &mut [u8]) -> Result<usize, i32> {
-        let mut off = self.offset.lock();
-        let n = self.pread(buf, *off)?;
-        *off += n as u64;
-        Ok(n)
+        let off = self.desc.offset();
+        loop {
+            let cur = off.load(Ordering::Acquire);
+            let n = self.pread(buf, cur)?;
+            if off
+                .compare_exchange(cur, cur + n as u64, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Ok(n);
+            }
+        }
     }
 
     /// Writes at `off` (at the end with `O_APPEND`, as Linux does for
@@ -313,8 +358,12 @@ impl EngineOpen {
             return Err(libc::EBADF);
         }
         let r = self.with(|i| {
-            let at = if self.append.load(Ordering::Relaxed) {
-                i.data.size().map_err(|e| e.errno())?
+            let at = if self.desc.append() {
+                // This image's view of the size misses what other
+                // processes sharing the description appended since it
+                // opened; each left the shared offset at its end.
+                let size = i.data.size().map_err(|e| e.errno())?;
+                size.max(self.desc.offset().load(Ordering::Acquire))
             } else {
                 off
             };
@@ -335,20 +384,42 @@ impl EngineOpen {
         Ok(self.write_at(data, off)?.0)
     }
 
-    /// `write` at the description's offset.
+    /// `write` at the description's offset: the range is taken from the
+    /// shared offset first, so writers sharing it (a process and its
+    /// children) never write over each other, as the kernel's lock on the
+    /// offset ensures for a description.
     pub fn write(&self, data: &[u8]) -> Result<usize, i32> {
-        let mut off = self.offset.lock();
-        let (n, end) = self.write_at(data, *off)?;
-        *off = end;
-        Ok(n)
+        let off = self.desc.offset();
+        if self.desc.append() {
+            let (n, end) = self.write_at(data, 0)?;
+            off.store(end, Ordering::Release);
+            return Ok(n);
+        }
+        let len = data.len() as u64;
+        let at = off.fetch_add(len, Ordering::AcqRel);
+        match self.write_at(data, at) {
+            Ok((n, end)) => {
+                if end < at + len {
+                    // Short: give back what was not written, unless the
+                    // offset moved on since.
+                    let _ =
+                        off.compare_exchange(at + len, end, Ordering::AcqRel, Ordering::Acquire);
+                }
+                Ok(n)
+            }
+            Err(e) => {
+                let _ = off.compare_exchange(at + len, at, Ordering::AcqRel, Ordering::Acquire);
+                Err(e)
+            }
+        }
     }
 
     /// `lseek`.
     pub fn seek(&self, offset: i64, whence: i32) -> Result<u64, i32> {
-        let mut off = self.offset.lock();
+        let off = self.desc.offset();
         let base = match whence {
             libc::SEEK_SET => 0,
-            libc::SEEK_CUR => *off as i64,
+            libc::SEEK_CUR => off.load(Ordering::Acquire) as i64,
             libc::SEEK_END => self.size()? as i64,
             libc::SEEK_DATA | libc::SEEK_HOLE => {
                 let size = self.size()?;
@@ -358,7 +429,7 @@ impl EngineOpen {
                 let pos = self
                     .with(|i| i.data.seek(offset as u64, whence).map_err(|e| e.errno()))?
                     .min(size);
-                *off = pos;
+                off.store(pos, Ordering::Release);
                 return Ok(pos);
             }
             _ => return Err(libc::EINVAL),
@@ -367,7 +438,7 @@ impl EngineOpen {
             .checked_add(offset)
             .filter(|p| *p >= 0)
             .ok_or(libc::EINVAL)?;
-        *off = pos as u64;
+        off.store(pos as u64, Ordering::Release);
         Ok(pos as u64)
     }
 
@@ -382,6 +453,10 @@ impl EngineOpen {
             self.flush()?;
         }
         self.with(|i| i.data.truncate(size).map_err(|e| e.errno()))?;
+        if self.desc.append() {
+            // The offset stands for the end of appends (see `write_at`).
+            let _ = self.desc.offset().fetch_min(size, Ordering::AcqRel);
+        }
         self.mark();
         Ok(())
     }
@@ -409,8 +484,7 @@ impl EngineOpen {
 
     /// Changes the application's flags (`F_SETFL`: only `O_APPEND` counts).
     pub fn set_flags(&self, flags: i32) {
-        self.append
-            .store(flags & libc::O_APPEND != 0, Ordering::Relaxed);
+        self.desc.set_append(flags & libc::O_APPEND != 0);
     }
 
     /// The file's attributes, with the size this open sees.
@@ -504,33 +578,36 @@ pub fn before_exec() -> Vec<(i32, OwnedFd)> {
         let Ok(fdflags) = rustix::io::fcntl_getfd(bfd) else {
             continue;
         };
-        let name = format!(
-            "{CARRY}{}:{}:{}:{}:{}",
-            o.idx,
-            o.fsflags,
-            o.flags,
-            *o.offset.lock(),
-            o.path.display()
-        );
-        if name.len() > 249 || name.contains('\0') {
+        if !o.desc.carryable() {
             crate::log(format_args!(
-                "exec: descriptor {fd} not carried: name too long"
+                "exec: descriptor {fd} not carried: path too long"
             ));
             continue;
         }
-        let m = match rustix::fs::memfd_create(name.as_str(), rustix::fs::MemfdFlags::CLOEXEC) {
-            Ok(m) => m,
-            Err(e) => {
-                crate::log(format_args!("exec: descriptor {fd} not carried: {e}"));
-                continue;
-            }
-        };
-        crate::log(format_args!("exec: descriptor {fd} carried as {name}"));
+        crate::log(format_args!(
+            "exec: descriptor {fd} carried ({})",
+            o.path.display()
+        ));
         // SAFETY: `fd` is the table's descriptor, replaced in place (and
         // not closed: the `OwnedFd` is forgotten).
         let mut target = unsafe { OwnedFd::from_raw_fd(fd) };
+        // A child that closed every descriptor it does not pass on
+        // (`subprocess`'s close_fds) closed the description's memfd too:
+        // it carries a copy then, the offset as it is now, no longer shared.
+        let copy = match rustix::io::fcntl_getfd(o.desc.memfd()) {
+            Ok(_) => None,
+            Err(_) => match o.desc.copy() {
+                Ok(c) => Some(c),
+                Err(n) => {
+                    crate::log(format_args!("exec: descriptor {fd} not carried: errno {n}"));
+                    std::mem::forget(target);
+                    continue;
+                }
+            },
+        };
+        let carrier = copy.as_ref().map_or(o.desc.memfd(), |c| c.memfd());
         if let Ok(keep) = rustix::io::fcntl_dupfd_cloexec(&target, HIGH_FD) {
-            if rustix::io::dup2(&m, &mut target).is_ok() {
+            if rustix::io::dup2(carrier, &mut target).is_ok() {
                 let _ = rustix::io::fcntl_setfd(&target, fdflags);
                 saved.push((fd, keep));
             }
@@ -577,12 +654,11 @@ pub fn adopt_inherited() {
             continue;
         };
         let rest = rest.strip_suffix(" (deleted)").unwrap_or(rest);
-        let mut it = rest.splitn(5, ':');
-        let (Some(idx), Some(fsflags), Some(flags), Some(off), Some(path)) = (
+        let mut it = rest.splitn(4, ':');
+        let (Some(idx), Some(fsflags), Some(flags), Some(path)) = (
             it.next().and_then(|v| v.parse::<usize>().ok()),
             it.next().and_then(|v| v.parse::<i32>().ok()),
             it.next().and_then(|v| v.parse::<i32>().ok()),
-            it.next().and_then(|v| v.parse::<u64>().ok()),
             it.next(),
         ) else {
             continue;
@@ -602,7 +678,29 @@ pub fn adopt_inherited() {
                 continue;
             }
         };
-        let Ok(ph) = adopt(idx, path, flags & !libc::O_TRUNC, fsflags, opened) else {
+        let name = format!("{CARRY}{rest}");
+        // SAFETY: the inherited descriptor, borrowed while it is mapped.
+        let desc = match Desc::inherited(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }, &name)
+        {
+            Ok(d) => d,
+            Err(n) => {
+                crate::warn(format_args!(
+                    "descriptor {fd} (inherited {}): errno {n}; it cannot be served",
+                    path.display()
+                ));
+                let _ =
+                    e.fs.release(&state::ctx(), &path, opened.handle, &opened.map);
+                continue;
+            }
+        };
+        let Ok(ph) = adopt(
+            idx,
+            path,
+            flags & !libc::O_TRUNC,
+            fsflags,
+            opened,
+            Some(desc),
+        ) else {
             continue;
         };
         let new = std::os::fd::AsRawFd::as_raw_fd(&ph);
@@ -610,7 +708,6 @@ pub fn adopt_inherited() {
             // SAFETY: `fd` is the inherited descriptor, replaced in place.
             let mut target = unsafe { OwnedFd::from_raw_fd(fd) };
             if rustix::io::dup2(&ph, &mut target).is_ok() {
-                *o.offset.lock() = off;
                 insert(fd, o);
             }
             std::mem::forget(target);

@@ -30,6 +30,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod data_hooks;
+pub mod desc;
 pub mod engine_fd;
 pub mod hooks;
 pub mod ops;

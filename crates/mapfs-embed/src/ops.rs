@@ -157,7 +157,8 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
             .map_err(|e| e.errno())?
     };
     if !(opened.map.is_whole_file() && opened.files.len() == 1) && engine_served(e) {
-        let fd = crate::engine_fd::adopt(place.idx, place.path.clone(), flags, fsflags, opened)?;
+        let fd =
+            crate::engine_fd::adopt(place.idx, place.path.clone(), flags, fsflags, opened, None)?;
         if flags & libc::O_DIRECTORY != 0 {
             // Only regular files have such maps.
             let _ = crate::engine_fd::closed(std::os::fd::AsRawFd::as_raw_fd(&fd));

@@ -124,6 +124,15 @@ pub fn before_exec() {
     }
 }
 
+/// [`write_at_exit`] for `_exit`, which runs no destructor.
+pub fn write_at_quick_exit() {
+    if ENABLED.load(Ordering::Relaxed) && !crate::inside() {
+        if let Some(_g) = crate::Guard::enter() {
+            write_at_exit();
+        }
+    }
+}
+
 /// Appends this process's line to the report file (at exit).
 pub fn write_at_exit() {
     if !ENABLED.load(Ordering::Relaxed) {

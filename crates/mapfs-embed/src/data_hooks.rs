@@ -276,6 +276,24 @@ fn before_exec() -> Vec<(c_int, std::os::fd::OwnedFd)> {
     Vec::new()
 }
 
+/// Runs `call` with the path `exec` should load for `path` (the backing
+/// file of a program stored under a prefix, see
+/// [`crate::hooks::exec_target`]), or answers `fail(errno)`.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string valid for the call.
+unsafe fn exec_at<R>(
+    path: *const c_char,
+    fail: impl FnOnce(c_int) -> R,
+    call: impl FnOnce(*const c_char) -> R,
+) -> R {
+    // SAFETY: per the contract.
+    match unsafe { crate::hooks::exec_target(path) } {
+        Ok(host) => call(host.as_ref().map_or(path, |c| c.as_ptr())),
+        Err(e) => fail(e),
+    }
+}
+
 /// `exec*`/`posix_spawn*`: the new image gets the carried opens, and this
 /// one (a spawning parent, a failed `exec`) its placeholders back.
 fn spawn(call: impl FnOnce() -> c_int) -> c_int {
@@ -631,83 +649,37 @@ hooks! {
     }
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         crate::report::before_exec();
-        // SAFETY: the application's path.
-        let host = match unsafe { crate::hooks::exec_target(path) } {
-            Ok(h) => h,
-            Err(e) => {
-                set_errno(e);
-                return -1;
-            }
-        };
-        let path = host.as_ref().map_or(path, |c| c.as_ptr());
-        // SAFETY: libc's call with the caller's arguments (returns
-        // only on failure: the placeholders are put back).
-        spawn(|| unsafe { real(path, argv, envp) })
+        // SAFETY: the application's path; libc's call with the caller's
+        // arguments (returns only on failure: the placeholders are put back).
+        unsafe { exec_at(path, |e| { set_errno(e); -1 }, |path| spawn(|| real(path, argv, envp))) }
     }
     fn execv(path: *const c_char, argv: *const *const c_char) -> c_int = |real| {
         crate::report::before_exec();
-        // SAFETY: the application's path.
-        let host = match unsafe { crate::hooks::exec_target(path) } {
-            Ok(h) => h,
-            Err(e) => {
-                set_errno(e);
-                return -1;
-            }
-        };
-        let path = host.as_ref().map_or(path, |c| c.as_ptr());
-        // SAFETY: libc's call with the caller's arguments (returns
-        // only on failure: the placeholders are put back).
-        spawn(|| unsafe { real(path, argv) })
+        // SAFETY: the application's path; libc's call with the caller's
+        // arguments (returns only on failure: the placeholders are put back).
+        unsafe { exec_at(path, |e| { set_errno(e); -1 }, |path| spawn(|| real(path, argv))) }
     }
     fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int = |real| {
         crate::report::before_exec();
-        // SAFETY: the application's path.
-        let host = match unsafe { crate::hooks::exec_target(file) } {
-            Ok(h) => h,
-            Err(e) => {
-                set_errno(e);
-                return -1;
-            }
-        };
-        let file = host.as_ref().map_or(file, |c| c.as_ptr());
-        // SAFETY: libc's call with the caller's arguments (returns
-        // only on failure: the placeholders are put back).
-        spawn(|| unsafe { real(file, argv) })
+        // SAFETY: the application's path; libc's call with the caller's
+        // arguments (returns only on failure: the placeholders are put back).
+        unsafe { exec_at(file, |e| { set_errno(e); -1 }, |file| spawn(|| real(file, argv))) }
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         crate::report::before_exec();
-        // SAFETY: the application's path.
-        let host = match unsafe { crate::hooks::exec_target(file) } {
-            Ok(h) => h,
-            Err(e) => {
-                set_errno(e);
-                return -1;
-            }
-        };
-        let file = host.as_ref().map_or(file, |c| c.as_ptr());
-        // SAFETY: libc's call with the caller's arguments (returns
-        // only on failure: the placeholders are put back).
-        spawn(|| unsafe { real(file, argv, envp) })
+        // SAFETY: the application's path; libc's call with the caller's
+        // arguments (returns only on failure: the placeholders are put back).
+        unsafe { exec_at(file, |e| { set_errno(e); -1 }, |file| spawn(|| real(file, argv, envp))) }
     }
     fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
-        // SAFETY: the application's path.
-        let host = match unsafe { crate::hooks::exec_target(path) } {
-            Ok(h) => h,
-            Err(e) => return e,
-        };
-        let path = host.as_ref().map_or(path, |c| c.as_ptr());
-        // SAFETY: libc's call with the caller's arguments.
-        spawn(|| unsafe { real(pid, path, actions, attr, argv, envp) })
+        // SAFETY: the application's path; libc's call with the caller's
+        // arguments.
+        unsafe { exec_at(path, |e| e, |path| spawn(|| real(pid, path, actions, attr, argv, envp))) }
     }
     fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
-        // SAFETY: the application's path.
-        let host = match unsafe { crate::hooks::exec_target(file) } {
-            Ok(h) => h,
-            Err(e) => return e,
-        };
-        let file = host.as_ref().map_or(file, |c| c.as_ptr());
-        // SAFETY: libc's call with the caller's arguments.
-        spawn(|| unsafe { real(pid, file, actions, attr, argv, envp) })
+        // SAFETY: the application's path; libc's call with the caller's
+        // arguments.
+        unsafe { exec_at(file, |e| e, |file| spawn(|| real(pid, file, actions, attr, argv, envp))) }
     }
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         crate::report::before_exec();

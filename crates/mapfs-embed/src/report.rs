@@ -16,14 +16,10 @@
 //! Off unless the variable is set: then a hook costs one relaxed load more.
 
 use std::cell::Cell;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-
-/// The variable naming the report file (shared with the attached shim).
-pub const REPORT_ENV: &str = "MAPFS_PRELOAD_REPORT";
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -37,8 +33,7 @@ thread_local! {
 
 /// Reads the environment once (the constructor).
 pub fn init() {
-    let on = std::env::var_os(REPORT_ENV).is_some_and(|p| !p.is_empty());
-    ENABLED.store(on, Ordering::Relaxed);
+    ENABLED.store(mapfs::preload_report::wanted(), Ordering::Relaxed);
 }
 
 /// Entered hook `name` from the application (not from the library's own
@@ -135,19 +130,7 @@ pub fn write_at_quick_exit() {
 
 /// Appends this process's line to the report file (at exit).
 pub fn write_at_exit() {
-    if !ENABLED.load(Ordering::Relaxed) {
-        return;
-    }
-    let Some(path) = std::env::var_os(REPORT_ENV) else {
-        return;
-    };
-    let line = summary() + "\n";
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-    {
-        // One write of one line: concurrent processes do not interleave.
-        let _ = f.write_all(line.as_bytes());
+    if ENABLED.load(Ordering::Relaxed) {
+        mapfs::preload_report::append(&summary());
     }
 }

@@ -13,7 +13,6 @@
 //! (stdio) are not hooked and not counted, though on adopted descriptors
 //! they are native too.
 
-use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -144,16 +143,7 @@ pub fn summary() -> String {
 
 /// Appends the summary to `$MAPFS_PRELOAD_REPORT`, if set.
 pub fn write_at_exit() {
-    let Some(path) = std::env::var_os("MAPFS_PRELOAD_REPORT").filter(|p| !p.is_empty()) else {
-        return;
-    };
-    let line = summary() + "\n";
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-    {
-        // One write of one line: concurrent processes do not interleave.
-        let _ = f.write_all(line.as_bytes());
+    if mapfs::preload_report::wanted() {
+        mapfs::preload_report::append(&summary());
     }
 }

@@ -20,6 +20,7 @@ pub mod error;
 pub mod fs;
 pub mod lentsize;
 pub mod mapcache;
+pub mod preload_report;
 pub mod stats;
 
 pub use datamap::{DataMap, Extent, Growth, Placement, Segment};

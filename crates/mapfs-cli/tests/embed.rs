@@ -996,6 +996,53 @@ PY
     );
 }
 
+/// Record locks and `flock` on a plfs file are seen by the other processes
+/// of the job (each has its own placeholder): they are kept on the
+/// container's lock file. Same results as natively.
+#[test]
+fn embedded_plfs_locks_are_seen_by_other_processes() {
+    let a = Area::new();
+    let script = r#"
+python3 - "$D/f" <<'PY'
+import fcntl, os, subprocess, sys
+p = sys.argv[1]
+open(p, "wb").write(b"x" * 100)
+CHILD = r"""
+import fcntl, sys
+f = open(sys.argv[1], "r+b")
+def try_(what, call):
+    try:
+        call()
+        print(what, "ok")
+    except OSError as e:
+        print(what, "busy", e.errno in (11, 13))
+try_("lockf 0-10", lambda: fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0))
+try_("lockf 20-30", lambda: fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 20))
+try_("lockf shared 5", lambda: fcntl.lockf(f, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 5))
+try_("flock", lambda: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB))
+"""
+f = open(p, "r+b")
+fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)
+fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+run = lambda: print(subprocess.run([sys.executable, "-c", CHILD, p], capture_output=True, text=True, check=True).stdout, end="")
+run()
+fcntl.lockf(f, fcntl.LOCK_UN, 10, 0)
+fcntl.flock(f, fcntl.LOCK_UN)
+print("released")
+run()
+f.seek(50)
+fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0, os.SEEK_CUR)
+run()
+PY
+"#;
+    let (emb, nat) = both_fs(&a, "plfs", script);
+    same(&emb, &nat);
+    assert!(
+        emb.starts_with("lockf 0-10 busy True\nlockf 20-30 ok\nlockf shared 5 busy True\nflock busy True\nreleased\n"),
+        "{emb}"
+    );
+}
+
 /// What cannot be served on a plfs placeholder fails with a clear errno and
 /// one warning naming the call (issue 10 item 5): mmap, sendfile.
 #[test]

@@ -574,15 +574,50 @@ hooks! {
         duped(fd, new)
     }
     fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int = |real| {
-        // SAFETY: libc's call with the caller's arguments (an integer or a
-        // pointer travels alike in the variadic slot).
+        if let Some((o, _g)) = open_of(fd) {
+            // SAFETY: the caller's `struct flock` for a lock command;
+            // libc's call on the lock file (an integer or a pointer travels
+            // alike in the variadic slot).
+            if let Some(r) = unsafe { crate::locks::fcntl(&o, cmd, arg, |f, c, a| real(f, c, a)) } {
+                return r;
+            }
+        }
+        // SAFETY: libc's call with the caller's arguments.
         let r = unsafe { real(fd, cmd, arg) };
         fcntl_after(fd, cmd, arg, r)
     }
     fn fcntl64(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int = |real| {
+        if let Some((o, _g)) = open_of(fd) {
+            // SAFETY: as for `fcntl`.
+            if let Some(r) = unsafe { crate::locks::fcntl(&o, cmd, arg, |f, c, a| real(f, c, a)) } {
+                return r;
+            }
+        }
         // SAFETY: as for `fcntl`.
         let r = unsafe { real(fd, cmd, arg) };
         fcntl_after(fd, cmd, arg, r)
+    }
+    fn flock(fd: c_int, op: c_int) -> c_int = |real| {
+        match open_of(fd) {
+            // SAFETY: libc's call on the lock file.
+            Some((o, _g)) => crate::locks::flock(&o, op, |f, op| unsafe { real(f, op) }),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, op) },
+        }
+    }
+    fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => crate::locks::lockf(&o, cmd, len),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, cmd, len) },
+        }
+    }
+    fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => crate::locks::lockf(&o, cmd, len),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, cmd, len) },
+        }
     }
     fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void = |real| {
         if flags & libc::MAP_ANONYMOUS == 0 && is_placeholder(fd) {

@@ -52,6 +52,9 @@ pub struct EngineOpen {
     inner: RwLock<Inner>,
     /// Offset and `O_APPEND`, shared like a description's.
     desc: Desc,
+    /// Where the program's locks on the file are kept (see
+    /// [`EngineOpen::lock_fd`]), opened at the first lock call.
+    locks: std::sync::OnceLock<Option<OwnedFd>>,
     readable: bool,
     writable: bool,
 }
@@ -250,6 +253,7 @@ pub fn adopt(
             dirty: flags & libc::O_TRUNC != 0,
         }),
         desc,
+        locks: std::sync::OnceLock::new(),
         readable: access != libc::O_WRONLY && flags & libc::O_PATH == 0,
         writable: access != libc::O_RDONLY && flags & libc::O_PATH == 0,
     };
@@ -475,6 +479,31 @@ impl EngineOpen {
     pub fn fsync(&self, datasync: bool) -> Result<(), i32> {
         self.with(|i| i.data.fsync(datasync).map_err(|e| e.errno()))?;
         self.flush()
+    }
+
+    /// The file system's lock file for this file
+    /// (`FileSystem::lock_file`), opened once per open: every process of
+    /// the job using the same backing directory locks the same file, and
+    /// `dup`s and forked children share the open's description of it, as
+    /// they share the file's. `ENOLCK` when the file system has none.
+    pub fn lock_fd(&self) -> Result<std::os::fd::BorrowedFd<'_>, i32> {
+        use std::os::fd::AsFd;
+        let fd = self
+            .locks
+            .get_or_init(|| match self.fs().lock_file(&state::ctx(), &self.path) {
+                Ok(Some(f)) => Some(above_program_fd(OwnedFd::from(f))),
+                Ok(None) => None,
+                Err(e) => {
+                    crate::log(format_args!("lock file of {}: {e}", self.path.display()));
+                    None
+                }
+            });
+        fd.as_ref().map(|f| f.as_fd()).ok_or(libc::ENOLCK)
+    }
+
+    /// The description's offset now (for locks relative to it).
+    pub fn offset_now(&self) -> u64 {
+        self.desc.offset().load(Ordering::Acquire)
     }
 
     /// Follows `F_SETFL`.

@@ -33,6 +33,7 @@ pub mod data_hooks;
 pub mod desc;
 pub mod engine_fd;
 pub mod hooks;
+pub mod locks;
 pub mod ops;
 pub mod report;
 pub mod resolve;

@@ -383,6 +383,15 @@ pub trait FileSystem: Send + Sync + 'static {
         Err(Error::from_errno(libc::ENOSPC))
     }
 
+    /// A backing file whose kernel locks stand for `path`'s, for an
+    /// executor that runs the file's data outside any mount (embedded mode
+    /// keeps a program's record locks and `flock`s there, so that every
+    /// process using the same backing directory sees them). `None` (the
+    /// default): the file's own backing file serves, or there is none.
+    fn lock_file(&self, ctx: &Ctx, path: &Path) -> Result<Option<std::fs::File>> {
+        Ok(None)
+    }
+
     /// Flushes directory metadata to stable storage.
     fn fsyncdir(&self, ctx: &Ctx, path: &Path, datasync: bool) -> Result<()> {
         Ok(())

@@ -22,6 +22,9 @@ use serde::{Deserialize, Serialize};
 
 /// The empty regular file that is a file's identity (mode, owner, times).
 pub(super) const IDENTITY: &str = ".plfs";
+/// The file whose kernel locks stand for the file's in embedded mode
+/// (`FileSystem::lock_file`); listings ignore it, removal takes it along.
+pub(super) const LOCKS: &str = ".plfs-locks";
 /// Prefix of data logs (`data.<id>`).
 pub(super) const LOG_PREFIX: &str = "data.";
 /// Prefix of index droppings (`index.<id>`).

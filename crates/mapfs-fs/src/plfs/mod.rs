@@ -449,6 +449,33 @@ impl Plfs {
 }
 
 impl FileSystem for Plfs {
+    /// `.plfs-locks` in the container, made on first use with the file's
+    /// permission bits (read-write where the caller may, else read-only:
+    /// read locks only, as for a descriptor opened read-only). Not `.plfs`,
+    /// which plfs itself `flock`s.
+    fn lock_file(&self, ctx: &Ctx, path: &Path) -> Result<Option<File>> {
+        let Some(dir) = retry_stale(|| self.file_dir(ctx, path))? else {
+            return Ok(None);
+        };
+        as_caller(ctx, || {
+            let st = rustix::fs::statat(&dir, IDENTITY, AtFlags::SYMLINK_NOFOLLOW)?;
+            let mode = Mode::from_raw_mode(st.st_mode & 0o666);
+            let open = |access: OFlags| {
+                rustix::fs::openat(
+                    &dir,
+                    format::LOCKS,
+                    access | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    mode,
+                )
+            };
+            let fd = match open(OFlags::RDWR) {
+                Err(rustix::io::Errno::ACCESS) => open(OFlags::RDONLY)?,
+                r => r?,
+            };
+            Ok(Some(File::from(fd)))
+        })
+    }
+
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
         retry_stale(|| match self.file_dir(ctx, path)? {
             Some(dir) => self.file_attr(&dir),

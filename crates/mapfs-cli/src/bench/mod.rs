@@ -254,7 +254,10 @@ fn round_order<T>(ready: &[T], run: usize) -> Box<dyn Iterator<Item = &T> + '_> 
 }
 
 /// Flushes dirty data and, when allowed, drops the page cache so that reads
-/// come from the device, not from memory left by the previous run.
+/// come from the device, not from memory left by the previous run. Only
+/// the page cache (`1`): dropping every dentry and inode of the machine too
+/// (`3`) would also empty the kernel caches of every FUSE mount on it,
+/// which other programs (and tests of `--exclusive` caching) rely on.
 struct Settler {
     drop_caches: bool,
 }
@@ -262,7 +265,7 @@ struct Settler {
 impl Settler {
     fn new() -> Settler {
         rustix::fs::sync();
-        let drop_caches = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
+        let drop_caches = std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok();
         if !drop_caches {
             eprintln!(
                 "mapfs bench: WARNING: cannot write /proc/sys/vm/drop_caches (not root?); \
@@ -275,7 +278,7 @@ impl Settler {
     fn settle(&self) {
         rustix::fs::sync();
         if self.drop_caches {
-            let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+            let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
         }
     }
 }

@@ -113,7 +113,19 @@ impl Shared {
         let Some(link) = self.link.get() else {
             return;
         };
-        if file.data.whole_file_backing().is_some() || len == 0 {
+        if file.data.whole_file_backing().is_some() {
+            // A remap made this open whole-file (pack moves a growing file
+            // to a backing file of its own, recorded at once): every byte is
+            // in that file now, and changes kept from before the move,
+            // written again after a restart, would put older bytes over
+            // newer ones.
+            if file.journaled.load(Ordering::Relaxed) > 0 {
+                let mut held = file.persisting.lock();
+                self.journal_flushed(file, &mut held);
+            }
+            return;
+        }
+        if len == 0 {
             return;
         }
         let total = {

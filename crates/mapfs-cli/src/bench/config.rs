@@ -39,6 +39,18 @@ pub enum Setup {
         /// The `--data` mode.
         data: &'static str,
     },
+    /// `mapfs mount <fs> STORE MNT --data <data>` over an empty store of
+    /// its own (a file system whose backing directory is its private
+    /// format, as pack's): STORE is a fresh directory in the benchmark's
+    /// work directory, and the work directory is made again inside the
+    /// mount. Only the workloads that make their own files run there (the
+    /// read workloads' preallocated files are not in it).
+    OwnStore {
+        /// The file system.
+        fs: &'static str,
+        /// The `--data` mode.
+        data: &'static str,
+    },
     /// `mapfs mount <fs> BACKING MNT --data <data> --exclusive`. Sound in
     /// a benchmark whose other configurations change the same backing
     /// directory only because every workload leaves it as it found it
@@ -129,6 +141,24 @@ pub const CONFIGS: &[ConfigDef] = &[
         about: "mapfs plfs fs mounted with --data auto, workload under mapfs run (preload shim)",
         setup: Setup::MapfsFs {
             fs: "plfs",
+            data: "auto",
+        },
+        wrap: Wrap::MapfsRun(&[]),
+    },
+    ConfigDef {
+        name: "pack",
+        about: "mapfs pack fs (many small files in a few pack files) mounted with --data auto, over a store of its own",
+        setup: Setup::OwnStore {
+            fs: "pack",
+            data: "auto",
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "pack-preload",
+        about: "the pack configuration, workload under mapfs run (preload shim)",
+        setup: Setup::OwnStore {
+            fs: "pack",
             data: "auto",
         },
         wrap: Wrap::MapfsRun(&[]),
@@ -281,6 +311,7 @@ fn on_path(prog: &str) -> bool {
 pub fn prepare(
     def: &ConfigDef,
     backing: &Path,
+    work: &OsStr,
     mnt_parent: &Path,
     mapfs: &Path,
 ) -> Result<Prepared> {
@@ -310,25 +341,39 @@ pub fn prepare(
             ];
             (dir, None)
         }
-        Setup::Mapfs { .. } | Setup::MapfsFs { .. } | Setup::Exclusive { .. } => {
+        Setup::Mapfs { .. }
+        | Setup::MapfsFs { .. }
+        | Setup::OwnStore { .. }
+        | Setup::Exclusive { .. } => {
             let (fs, data, exclusive) = match def.setup {
-                Setup::MapfsFs { fs, data } => (fs, data, false),
+                Setup::MapfsFs { fs, data } | Setup::OwnStore { fs, data } => (fs, data, false),
                 Setup::Exclusive { fs, data } => (fs, data, true),
                 Setup::Mapfs { data } => ("passthrough", data, false),
                 _ => unreachable!("matched above"),
+            };
+            let own_store = matches!(def.setup, Setup::OwnStore { .. });
+            let store = if own_store {
+                let s = backing.join(work).join(format!(".{}-store", def.name));
+                std::fs::create_dir_all(&s)?;
+                s
+            } else {
+                backing.to_path_buf()
             };
             let mnt = mnt_parent.join(def.name);
             std::fs::create_dir_all(&mnt)?;
             let mut cmd = Command::new(mapfs);
             cmd.arg("mount")
                 .arg(fs)
-                .arg(backing)
+                .arg(&store)
                 .arg(&mnt)
                 .args(["--data", data]);
             if exclusive {
                 cmd.arg("--exclusive");
             }
             run_mount_command(cmd, Duration::from_secs(60))?;
+            if own_store {
+                std::fs::create_dir(mnt.join(work))?;
+            }
             let mnt_os: OsString = mnt.clone().into();
             let guard = MountGuard {
                 mnt: mnt.clone(),
@@ -402,12 +447,26 @@ mod tests {
             wrap: Wrap::MapfsRun(&["--attach", "/m"]),
         };
         let t = tempfile::tempdir().unwrap();
-        let p = prepare(&def, t.path(), t.path(), Path::new("/bin/mapfs")).unwrap();
+        let p = prepare(
+            &def,
+            t.path(),
+            OsStr::new("w"),
+            t.path(),
+            Path::new("/bin/mapfs"),
+        )
+        .unwrap();
         let c = p.command("fio");
         assert_eq!(c.get_program(), "/bin/mapfs");
         let args: Vec<_> = c.get_args().collect();
         assert_eq!(args, ["run", "--attach", "/m", "--", "fio"]);
-        let plain = prepare(&CONFIGS[0], t.path(), t.path(), Path::new("/bin/mapfs")).unwrap();
+        let plain = prepare(
+            &CONFIGS[0],
+            t.path(),
+            OsStr::new("w"),
+            t.path(),
+            Path::new("/bin/mapfs"),
+        )
+        .unwrap();
         assert_eq!(plain.command("fio").get_program(), "fio");
         assert_eq!(plain.root, t.path());
     }

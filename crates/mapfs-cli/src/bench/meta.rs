@@ -1,4 +1,5 @@
-//! The `create-stat-unlink` metadata workload, run in-process with std::fs.
+//! The in-process metadata workloads, run with std::fs: `create-stat-unlink`
+//! and `small-files`.
 
 use std::fs;
 use std::path::Path;
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::workloads::META_PHASES;
+use super::workloads::{META_PHASES, SMALL_PHASES};
 
 /// The figures of one phase.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +93,49 @@ pub fn create_stat_unlink(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> 
     Ok(r)
 }
 
+/// Bytes of each `small-files` file.
+pub const SMALL_FILE_BYTES: usize = 4096;
+
+/// Files per directory of `small-files`.
+const SMALL_PER_DIR: usize = 1000;
+
+/// Writes `files` files of [`SMALL_FILE_BYTES`] in directories of 1,000
+/// under a fresh `dir/sf`, then reads each back whole, checking its bytes;
+/// the tree is removed afterwards, also after a failure.
+pub fn small_files(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> {
+    let d = dir.join("sf");
+    if d.exists() {
+        fs::remove_dir_all(&d).with_context(|| format!("removing stale {}", d.display()))?;
+    }
+    for k in 0..files.div_ceil(SMALL_PER_DIR) {
+        let sub = d.join(format!("d{k:03}"));
+        fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
+    }
+    let name = |i: usize| d.join(format!("d{:03}/f{i:06}", i / SMALL_PER_DIR));
+    // Each file's bytes differ, so that a read of the wrong file is caught.
+    let body = |i: usize| -> Vec<u8> {
+        (0..SMALL_FILE_BYTES)
+            .map(|j| (j as u8).wrapping_mul(31) ^ (i as u8))
+            .collect()
+    };
+    let run = || -> Result<Vec<PhaseResult>> {
+        let write = phase(SMALL_PHASES[0], files, |i| fs::write(name(i), body(i)))?;
+        let read = phase(SMALL_PHASES[1], files, |i| {
+            let got = fs::read(name(i))?;
+            if got != body(i) {
+                return Err(std::io::Error::other("read back other bytes than written"));
+            }
+            Ok(())
+        })?;
+        Ok(vec![write, read])
+    };
+    let r = run();
+    let cleanup = fs::remove_dir_all(&d);
+    let r = r?;
+    cleanup.with_context(|| format!("removing {}", d.display()))?;
+    Ok(r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +151,16 @@ mod tests {
             assert!(p.ops_per_sec() > 0.0 && p.lat_p99_ns >= p.lat_p50_ns);
         }
         assert!(!t.path().join("csu").exists());
+    }
+
+    #[test]
+    fn small_files_runs_both_phases_and_cleans_up() {
+        let t = tempfile::tempdir().unwrap();
+        let r = small_files(t.path(), 1200).unwrap();
+        let phases: Vec<_> = r.iter().map(|p| p.phase.as_str()).collect();
+        assert_eq!(phases, SMALL_PHASES);
+        assert!(r.iter().all(|p| p.ops == 1200));
+        assert!(!t.path().join("sf").exists());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use config::{ConfigDef, Prepared, CONFIGS};
 use report::{Record, Table};
-use workloads::{Kind, Workload, META_PHASES, QUICK, WORKLOADS};
+use workloads::{Kind, Workload, QUICK, WORKLOADS};
 
 /// Run the benchmark workloads on native, mapfs (daemon and passthrough data
 /// modes) and bindfs, and report throughput, latency and ratios to native.
@@ -108,6 +108,10 @@ pub struct BenchArgs {
     /// run the loop under a configuration's command prefix)
     #[arg(long, value_name = "DIR", hide = true)]
     pub meta_worker: Option<PathBuf>,
+
+    /// Internal: run small-files in DIR and print its JSON
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub small_files_worker: Option<PathBuf>,
 
     /// Internal: run a fileserver workload of N threads in DIR (with
     /// `--fileserver-dir`) and print its JSON
@@ -415,19 +419,30 @@ fn run_fio(p: &Prepared, dir: &Path, w: &Workload, job: &fio::FioJob) -> Result<
     }
 }
 
-/// Runs create-stat-unlink on a configuration: in-process when there is no
-/// command prefix, else as `PREFIX mapfs bench --meta-worker DIR`.
+/// Runs a phased in-process workload (create-stat-unlink, small-files) on a
+/// configuration: in-process when there is no command prefix, else as
+/// `PREFIX mapfs bench --meta-worker DIR` (`--small-files-worker`).
 fn run_meta(
     p: &Prepared,
     dir: &Path,
     files: usize,
     mapfs: &Path,
+    kind: Kind,
 ) -> Result<Vec<meta::PhaseResult>> {
+    let small = kind == Kind::SmallFiles;
     if p.prefix.is_empty() {
-        return meta::create_stat_unlink(dir, files);
+        return if small {
+            meta::small_files(dir, files)
+        } else {
+            meta::create_stat_unlink(dir, files)
+        };
     }
     let args = [
-        OsString::from("--meta-worker"),
+        OsString::from(if small {
+            "--small-files-worker"
+        } else {
+            "--meta-worker"
+        }),
         dir.into(),
         "--files".into(),
         files.to_string().into(),
@@ -553,6 +568,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
+    if let Some(dir) = &args.small_files_worker {
+        let r = meta::small_files(dir, args.files.unwrap_or(10_000))?;
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
     if args.list {
         print_list();
         return Ok(());
@@ -646,8 +666,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // Set up every configuration; one that fails becomes a row with its error.
     let mut prepared: Vec<(ConfigDef, Result<Prepared, String>)> = vec![];
     for c in &cfgs {
-        let r =
-            config::prepare(c, &backing, mnt_parent.path(), &mapfs).map_err(|e| format!("{e:#}"));
+        let r = config::prepare(c, &backing, &data_name, mnt_parent.path(), &mapfs)
+            .map_err(|e| format!("{e:#}"));
         if let Err(e) = &r {
             eprintln!("mapfs bench: {}: {e}", c.name);
         }
@@ -661,7 +681,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let columns_of = |w: &Workload| -> Vec<String> {
         match w.kind {
             Kind::Data { .. } => params.bs.iter().map(|b| fmt_size(*b)).collect(),
-            Kind::CreateStatUnlink => META_PHASES.iter().map(|s| s.to_string()).collect(),
+            Kind::CreateStatUnlink | Kind::SmallFiles => w
+                .kind
+                .phases()
+                .unwrap_or_default()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             Kind::Procs(_) | Kind::Fileserver { .. } => vec![workloads::PROCS_COLUMN.to_string()],
         }
     };
@@ -757,7 +783,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                                     }
                                 })
                             }
-                            Kind::Data { .. } | Kind::CreateStatUnlink => {
+                            Kind::Data { .. } | Kind::CreateStatUnlink | Kind::SmallFiles => {
                                 unreachable!("matched by the arms above")
                             }
                         };
@@ -781,7 +807,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     }
                 }
             }
-            Kind::CreateStatUnlink => {
+            Kind::CreateStatUnlink | Kind::SmallFiles => {
+                let phases_of = w.kind.phases().unwrap_or_default();
                 for run in 0..params.runs {
                     for (c, p) in round_order(&ready, run) {
                         if !begin_unit(&pb, &settler, w.name, run, params.runs, c.name) {
@@ -789,7 +816,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         }
                         let dir = p.root.join(&data_name);
                         let before = daemon_requests(p);
-                        let res = run_meta(p, &dir, params.files, &mapfs);
+                        let res = run_meta(p, &dir, params.files, &mapfs, w.kind);
                         let after = daemon_requests(p);
                         match res {
                             Ok(phases) => {
@@ -810,7 +837,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                             Err(e) => {
                                 let e = format!("{e:#}");
                                 pb.suspend(|| eprintln!("mapfs bench: {} {}: {e}", w.name, c.name));
-                                for ph in META_PHASES {
+                                for ph in phases_of {
                                     let mut rec = empty_record(w.name, c.name, ph, run);
                                     rec.error = Some(e.clone());
                                     records.push(rec);
@@ -855,6 +882,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let unit = match w.kind {
                 Kind::Data { .. } => "MB/s",
                 Kind::CreateStatUnlink | Kind::Fileserver { .. } => "ops/s",
+                Kind::SmallFiles => "files/s",
                 Kind::Procs(workloads::Procs::SpawnRead) => "processes/s",
                 Kind::Procs(workloads::Procs::Build | workloads::Procs::Untar) => "files/s",
             };

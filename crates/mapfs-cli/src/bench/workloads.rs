@@ -36,6 +36,9 @@ pub enum Kind {
     },
     /// The in-process create/stat/unlink loop; one column per phase.
     CreateStatUnlink,
+    /// Many small files written, then read back, in-process; one column
+    /// per phase.
+    SmallFiles,
     /// Many short-lived processes (`spawn-read`: 1,000 `cat`s of a small
     /// file; `build`: `make -j2` of a generated C project); one column.
     Procs(Procs),
@@ -161,6 +164,11 @@ pub const WORKLOADS: &[Workload] = &[
         kind: Kind::CreateStatUnlink,
     },
     Workload {
+        name: "small-files",
+        about: "write --files files of 4 KiB in directories of 1000, then read them back (files/s per phase)",
+        kind: Kind::SmallFiles,
+    },
+    Workload {
         name: "fileserver-1th",
         about: "1 thread cycles delete, create 16 KiB, append 4 KiB, read, stat over 1000 files (ops/s)",
         kind: Kind::Fileserver { threads: 1 },
@@ -203,6 +211,20 @@ pub const QUICK: &[&str] = &[
 
 /// Column labels of the create-stat-unlink table.
 pub const META_PHASES: &[&str] = &["create", "stat", "unlink"];
+
+/// Column labels of the small-files table.
+pub const SMALL_PHASES: &[&str] = &["write", "read"];
+
+impl Kind {
+    /// The phases (table columns) of an in-process phased workload.
+    pub fn phases(&self) -> Option<&'static [&'static str]> {
+        match self {
+            Kind::CreateStatUnlink => Some(META_PHASES),
+            Kind::SmallFiles => Some(SMALL_PHASES),
+            _ => None,
+        }
+    }
+}
 
 impl Workload {
     /// Whether the workload needs fio.

@@ -1,0 +1,81 @@
+//! `mapfs bench` end to end on a small scale: the configurations that set
+//! themselves up in unusual ways (pack over a store of its own, embedded
+//! plfs) run the workloads that make their own files, and every cell has a
+//! figure. Speed is not checked here (benchmarks, not tests, hold speed
+//! goals); that the workloads run, with their own byte checks, is.
+
+mod common;
+
+use std::process::Command;
+
+use common::{fuse_or_skip, mapfs_bin};
+
+fn have(prog: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {prog}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("SKIPPED: `{prog}` is not installed; this bench check did not run");
+    }
+    found
+}
+
+#[test]
+fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
+    if !fuse_or_skip("bench small-files / n1-strided") || !have("fio") {
+        return;
+    }
+    let backing = tempfile::Builder::new()
+        .prefix("mapfs-bench-test.")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(mapfs_bin())
+        .args(["bench", "--workloads", "small-files,n1-strided-Nth"])
+        .args(["--configs", "native,pack,embedded-plfs"])
+        .args([
+            "--files", "1500", "--size", "4M", "--bs", "4k", "--runs", "1",
+        ])
+        .arg("--backing")
+        .arg(backing.path())
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "mapfs bench failed: {stderr}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    let records = json["records"].as_array().expect("records");
+    let cell = |w: &str, c: &str, col: &str| {
+        records
+            .iter()
+            .find(|r| r["workload"] == w && r["config"] == c && r["column"] == col)
+            .unwrap_or_else(|| panic!("no {w} {c} {col} record: {json}"))
+    };
+    for c in ["native", "pack", "embedded-plfs"] {
+        for col in ["write", "read"] {
+            let r = cell("small-files", c, col);
+            assert!(
+                r["error"].is_null() && r["value"].as_f64().is_some_and(|v| v > 0.0),
+                "small-files {c} {col}: {r}\n{stderr}"
+            );
+            assert_eq!(r["amount"], 1500, "small-files {c} {col}: {r}");
+        }
+    }
+    for c in ["native", "embedded-plfs"] {
+        let r = cell("n1-strided-Nth", c, "4k");
+        assert!(
+            r["error"].is_null() && r["value"].as_f64().is_some_and(|v| v > 0.0),
+            "n1-strided {c}: {r}\n{stderr}"
+        );
+    }
+    // Nothing left mounted or in the backing directory.
+    let left: Vec<_> = std::fs::read_dir(backing.path())
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "left in the backing directory: {left:?}");
+}

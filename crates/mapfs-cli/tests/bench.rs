@@ -8,19 +8,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{fuse_or_skip, mapfs_bin};
-
-fn have(prog: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {prog}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        eprintln!("SKIPPED: `{prog}` is not installed; this bench check did not run");
-    }
-    found
-}
+use common::{fuse_or_skip, have, mapfs_bin};
 
 #[test]
 fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {

@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{mapfs_bin, native_dir};
+use common::{have, mapfs_bin, native_dir};
 
 /// The embedded library; panics with how to build it when missing or older
 /// than its sources (`cargo test` does not build a cdylib nobody depends
@@ -119,19 +119,6 @@ fn ok(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-/// Is `prog` installed? Tests needing it skip loudly when not.
-fn have(prog: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {prog}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        eprintln!("SKIPPED: `{prog}` is not installed; this embedded check did not run");
-    }
-    found
 }
 
 /// Runs shell `script` with `$D` set to the prefix (embedded) and to the

@@ -66,6 +66,17 @@ fn next_daemon(mp: &Path, old: Option<u32>) -> u32 {
     }
 }
 
+/// SIGKILLs the daemon serving `mp` and waits until the next one serves.
+fn kill_and_wait_for_the_next_daemon(mp: &Path) {
+    let pid = next_daemon(mp, None);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the daemon");
+    next_daemon(mp, Some(pid));
+}
+
 /// SIGKILLs the mount's daemon `KILLS` times at random moments; returns the
 /// time from each kill to the first answered `statfs`.
 fn kill_storm(mp: &Path, seed: u64) -> Vec<Duration> {
@@ -442,13 +453,7 @@ fn versions_passthrough_open_stays_whole_file_across_a_kill() {
     // Past the default max-size (64 KiB), through the passthrough open.
     let len = 256 * 1024;
     f.write_all(&vec![0xab; len]).unwrap();
-    let pid = next_daemon(&mp, None);
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid as i32).expect("pid"),
-        rustix::process::Signal::KILL,
-    )
-    .expect("kill the daemon");
-    next_daemon(&mp, Some(pid));
+    kill_and_wait_for_the_next_daemon(&mp);
     let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
     rustix::fs::fallocate(f.as_fd(), flags, 4096, 8192)
         .unwrap_or_else(|e| panic!("{test}: punch hole after the kill: {e}"));
@@ -505,13 +510,7 @@ fn pack_changes_kept_before_a_move_to_an_own_file_are_not_written_again() {
     rustix::fs::fallocate(f.as_fd(), rustix::fs::FallocateFlags::empty(), 0, 16384).unwrap();
     f.write_all(&[0x22; 2048]).unwrap();
     f.sync_all().unwrap();
-    let pid = next_daemon(&mp, None);
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(pid as i32).expect("pid"),
-        rustix::process::Signal::KILL,
-    )
-    .expect("kill the daemon");
-    next_daemon(&mp, Some(pid));
+    kill_and_wait_for_the_next_daemon(&mp);
     let mut back = vec![0u8; 2048];
     f.seek(SeekFrom::Start(0)).unwrap();
     f.read_exact(&mut back).unwrap();

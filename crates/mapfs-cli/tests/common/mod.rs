@@ -154,3 +154,16 @@ pub fn op_counts(v: &serde_json::Value) -> std::collections::HashMap<String, (u6
         })
         .collect()
 }
+
+/// Is `prog` installed? Tests needing it skip loudly when not.
+pub fn have(prog: &str) -> bool {
+    let found = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {prog}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("SKIPPED: `{prog}` is not installed; the check that needs it did not run");
+    }
+    found
+}

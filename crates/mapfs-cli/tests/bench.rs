@@ -53,6 +53,20 @@ fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
             assert_eq!(r["amount"], 1500, "small-files {c} {col}: {r}");
         }
     }
+    // What the files took on the backing file system: pack keeps them in a
+    // few pack files.
+    let inodes = |c: &str| {
+        cell("small-files", c, "inodes")["value"]
+            .as_f64()
+            .unwrap_or(-1.0)
+    };
+    assert!(inodes("native") >= 1500.0, "native inodes: {json}");
+    assert!(
+        inodes("pack") >= 0.0 && inodes("pack") * 10.0 < inodes("native"),
+        "pack took {} inodes for 1500 files, native {}",
+        inodes("pack"),
+        inodes("native")
+    );
     for c in ["native", "embedded-plfs"] {
         let r = cell("n1-strided-Nth", c, "4k");
         assert!(

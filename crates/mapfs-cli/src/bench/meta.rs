@@ -99,11 +99,15 @@ pub const SMALL_FILE_BYTES: usize = 4096;
 /// Files per directory of `small-files`.
 const SMALL_PER_DIR: usize = 1000;
 
+/// The tree small-files makes in its directory.
+pub const SMALL_TREE: &str = "sf";
+
 /// Writes `files` files of [`SMALL_FILE_BYTES`] in directories of 1,000
-/// under a fresh `dir/sf`, then reads each back whole, checking its bytes;
-/// the tree is removed afterwards, also after a failure.
+/// under a fresh `dir/sf`, then reads each back whole, checking its bytes.
+/// The tree is left for the caller to measure and remove ([`SMALL_TREE`]),
+/// but removed after a failure.
 pub fn small_files(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> {
-    let d = dir.join("sf");
+    let d = dir.join(SMALL_TREE);
     if d.exists() {
         fs::remove_dir_all(&d).with_context(|| format!("removing stale {}", d.display()))?;
     }
@@ -130,10 +134,10 @@ pub fn small_files(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> {
         Ok(vec![write, read])
     };
     let r = run();
-    let cleanup = fs::remove_dir_all(&d);
-    let r = r?;
-    cleanup.with_context(|| format!("removing {}", d.display()))?;
-    Ok(r)
+    if r.is_err() {
+        let _ = fs::remove_dir_all(&d);
+    }
+    r
 }
 
 #[cfg(test)]
@@ -154,13 +158,18 @@ mod tests {
     }
 
     #[test]
-    fn small_files_runs_both_phases_and_cleans_up() {
+    fn small_files_runs_both_phases_and_leaves_the_tree() {
         let t = tempfile::tempdir().unwrap();
         let r = small_files(t.path(), 1200).unwrap();
         let phases: Vec<_> = r.iter().map(|p| p.phase.as_str()).collect();
         assert_eq!(phases, SMALL_PHASES);
         assert!(r.iter().all(|p| p.ops == 1200));
-        assert!(!t.path().join("sf").exists());
+        // Left for the caller to measure: two directories of files.
+        let n: usize = std::fs::read_dir(t.path().join(SMALL_TREE))
+            .unwrap()
+            .map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count())
+            .sum();
+        assert_eq!(n, 1200);
     }
 
     #[test]

@@ -419,6 +419,15 @@ fn run_fio(p: &Prepared, dir: &Path, w: &Workload, job: &fio::FioJob) -> Result<
     }
 }
 
+/// Inodes and bytes in use on the file system holding `dir`.
+fn used_space(dir: &Path) -> Option<(u64, u64)> {
+    let s = rustix::fs::statvfs(dir).ok()?;
+    Some((
+        s.f_files.saturating_sub(s.f_ffree),
+        s.f_blocks.saturating_sub(s.f_bfree) * s.f_frsize,
+    ))
+}
+
 /// Runs a phased in-process workload (create-stat-unlink, small-files) on a
 /// configuration: in-process when there is no command prefix, else as
 /// `PREFIX mapfs bench --meta-worker DIR` (`--small-files-worker`).
@@ -816,8 +825,30 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         }
                         let dir = p.root.join(&data_name);
                         let before = daemon_requests(p);
+                        let used_before = used_space(&backing);
                         let res = run_meta(p, &dir, params.files, &mapfs, w.kind);
                         let after = daemon_requests(p);
+                        if w.kind == Kind::SmallFiles {
+                            // What the files took on the backing file system,
+                            // written out first (a mount's writeback cache
+                            // too), then the tree removed where it was made.
+                            rustix::fs::sync();
+                            if let (Ok(_), Some(b), Some(a)) =
+                                (&res, used_before, used_space(&backing))
+                            {
+                                for (col, v) in [
+                                    ("inodes", a.0.saturating_sub(b.0) as f64),
+                                    ("disk MiB", a.1.saturating_sub(b.1) as f64 / 1048576.0),
+                                ] {
+                                    let mut rec = empty_record(w.name, c.name, col, run);
+                                    rec.value = Some(v);
+                                    records.push(rec);
+                                }
+                            }
+                            let mut rm = p.command("rm");
+                            rm.arg("-rf").arg(dir.join(meta::SMALL_TREE));
+                            let _ = process::run(rm, Duration::from_secs(600));
+                        }
                         match res {
                             Ok(phases) => {
                                 let ops: u64 = phases.iter().map(|ph| ph.ops).sum();

@@ -165,7 +165,7 @@ pub const WORKLOADS: &[Workload] = &[
     },
     Workload {
         name: "small-files",
-        about: "write --files files of 4 KiB in directories of 1000, then read them back (files/s per phase)",
+        about: "write --files files of 4 KiB in directories of 1000, then read them back (files/s per phase; inodes and disk MiB they took on the backing file system)",
         kind: Kind::SmallFiles,
     },
     Workload {
@@ -212,15 +212,19 @@ pub const QUICK: &[&str] = &[
 /// Column labels of the create-stat-unlink table.
 pub const META_PHASES: &[&str] = &["create", "stat", "unlink"];
 
-/// Column labels of the small-files table.
+/// The timed phases of small-files.
 pub const SMALL_PHASES: &[&str] = &["write", "read"];
 
+/// Column labels of the small-files table: the phases, then what the files
+/// took on the backing file system (inodes, and disk space in MiB).
+pub const SMALL_COLUMNS: &[&str] = &["write", "read", "inodes", "disk MiB"];
+
 impl Kind {
-    /// The phases (table columns) of an in-process phased workload.
+    /// The table columns of an in-process phased workload.
     pub fn phases(&self) -> Option<&'static [&'static str]> {
         match self {
             Kind::CreateStatUnlink => Some(META_PHASES),
-            Kind::SmallFiles => Some(SMALL_PHASES),
+            Kind::SmallFiles => Some(SMALL_COLUMNS),
             _ => None,
         }
     }

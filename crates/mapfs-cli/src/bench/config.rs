@@ -228,6 +228,9 @@ pub struct Prepared {
     pub root: PathBuf,
     /// Command prefix for the workload (empty = run it directly).
     pub prefix: Vec<OsString>,
+    /// The store of a file system mounted over a store of its own
+    /// ([`Setup::OwnStore`]), where its files' bytes are kept.
+    pub store: Option<PathBuf>,
     /// Unmounts on drop.
     _mount: Option<MountGuard>,
 }
@@ -324,6 +327,7 @@ pub fn prepare(
             p
         }
     };
+    let mut own: Option<PathBuf> = None;
     let (root, guard) = match def.setup {
         Setup::Native => (backing.to_path_buf(), None),
         Setup::Embedded { fs } => {
@@ -355,6 +359,7 @@ pub fn prepare(
             let store = if own_store {
                 let s = backing.join(work).join(format!(".{}-store", def.name));
                 std::fs::create_dir_all(&s)?;
+                own = Some(s.clone());
                 s
             } else {
                 backing.to_path_buf()
@@ -411,6 +416,7 @@ pub fn prepare(
     Ok(Prepared {
         root,
         prefix,
+        store: own,
         _mount: guard,
     })
 }

@@ -1,6 +1,8 @@
 //! `concat`: every directory `D` of BACKING shows as one read-only file `D`
 //! whose bytes are the regular files of `D`, in name order, end to end.
-//! `concat mount concat BACKING MNT`; every other command of `mapfs` too.
+//! `concat mount concat BACKING MNT`; every other command of `mapfs` too,
+//! and embedded: `concat run --embed concat:BACKING:/cat -- PROGRAM` serves
+//! `/cat` inside the program with no mount (`concat_embed.rs`).
 //!
 //! The point is the map: one extent per part, each in its own backing file,
 //! so nothing is copied and no index is kept. Reads run in the daemon (or
@@ -126,11 +128,20 @@ fn build(backing: &Path, _: &FsOptions) -> Result<Arc<dyn FileSystem>> {
     }))
 }
 
-fn main() {
+/// The program's file systems: `concat` itself, which keeps no state of its
+/// own (every answer comes from the backing directory), so it can also run
+/// inside the application, from the library `concat_embed.rs` makes.
+pub fn registry() -> Registry {
     let spec = FsSpec::new(
         "concat",
         "each directory of BACKING as one read-only file",
         build,
     );
-    mapfs_cli::main(Registry::new("concat", "concat: files made of files, on mapfs").register(spec))
+    Registry::new("concat", "concat: files made of files, on mapfs")
+        .embed_library("libconcat_embed.so")
+        .register(spec.embeddable())
+}
+
+fn main() {
+    mapfs_cli::main(registry())
 }

@@ -97,3 +97,70 @@ fn files_read_as_the_cat_of_their_parts() {
         "bytes under the shim"
     );
 }
+
+/// The same file system inside the program, with no mount: `concat run
+/// --embed` preloads the example's own library (`concat_embed.rs`), which
+/// serves the prefix with the same code: directories listed by concat's
+/// `readdir`, files read through its multi-extent maps by the in-process
+/// engine, writes refused.
+#[test]
+fn embedded_files_read_as_the_cat_of_their_parts() {
+    let lib = example_bin("libconcat_embed.so");
+    let tmp = temp_dir();
+    let backing = tmp.path().join("backing");
+    fs::create_dir_all(backing.join("log")).unwrap();
+    fs::create_dir_all(backing.join("none")).unwrap();
+    let mut want = Vec::new();
+    for (i, len) in [(1u8, 1000usize), (2, 0), (3, 200_000), (4, 5)] {
+        let bytes = pattern(i, len);
+        fs::write(backing.join("log").join(format!("{i:02}")), &bytes).unwrap();
+        want.extend_from_slice(&bytes);
+    }
+    fs::write(backing.join("stray-file"), b"not a directory: not shown").unwrap();
+    let expected = tmp.path().join("expected");
+    fs::write(&expected, &want).unwrap();
+    let prefix = tmp.path().join("cat");
+    let script = r#"
+set -e
+ls "$P"
+find "$P" -mindepth 1 -printf '%P %y %s\n' | sort
+cmp "$P/log" "$E" && echo same-bytes
+python3 -c '
+import os, sys
+p = sys.argv[1]
+f = open(p + "/log", "rb")
+f.seek(990)
+part = f.read(30)
+print(part == open(sys.argv[2], "rb").read()[990:1020], os.stat(p + "/log").st_size)
+try:
+    open(p + "/log", "r+b")
+except OSError as e:
+    print("write refused", e.errno)
+' "$P" "$E"
+"#;
+    let out = run_captured(
+        Command::new(example_bin("concat"))
+            .arg("run")
+            .arg("--embed")
+            .arg(format!("concat:{}:{}", backing.display(), prefix.display()))
+            .args(["--", "sh", "-c", script])
+            .env("P", &prefix)
+            .env("E", &expected)
+            .env_remove("LD_PRELOAD"),
+    )
+    .unwrap();
+    assert!(out.success(), "concat run --embed: {}", out.stderr);
+    assert_eq!(
+        out.stdout,
+        format!(
+            "log\nnone\nlog f {}\nnone f 0\nsame-bytes\nTrue {}\nwrite refused {}\n",
+            want.len(),
+            want.len(),
+            libc::EROFS
+        ),
+        "stderr: {} (library {})",
+        out.stderr,
+        lib.display()
+    );
+    assert!(!prefix.exists(), "the prefix was created on the host");
+}

@@ -1,5 +1,5 @@
 //! Embedded file systems (`mapfs run --embed FS:BACKING:PREFIX`): the
-//! command-line spec, its checks, and how it travels to `libmapfs_embed.so`
+//! command-line spec, its checks, and how it travels to the embedded library
 //! in every process of the job (the [`EMBED_ENV`] variable, inherited across
 //! `fork` and `exec`). See docs/embedded.md.
 
@@ -7,14 +7,12 @@ use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::registry::Registry;
+use std::os::unix::ffi::OsStrExt;
+
+use crate::registry::{FsOptions, FsSpec, Registry};
 
 /// The environment variable that carries the embeddings to the library.
 pub const EMBED_ENV: &str = "MAPFS_EMBED";
-
-/// File systems the embedded library can run today. Others are refused by
-/// `mapfs run --embed` before the command starts.
-pub const EMBEDDABLE: &[&str] = &["passthrough", "plfs"];
 
 /// The option `mapfs run --embed` adds to every embedding once it built the
 /// file system over its backing directory itself: the store was checked
@@ -62,26 +60,50 @@ impl Embedding {
                 registry.names().join(", ")
             );
         };
-        if !EMBEDDABLE.contains(&fs) {
+        let embeddable: Vec<&str> = (registry.specs.iter())
+            .filter(|s| s.embeddable)
+            .map(|s| s.name)
+            .collect();
+        if !spec.embeddable || registry.embed_library.is_none() {
             bail!(
-                "--embed {arg:?}: file system {fs:?} is not supported embedded yet \
-                 (embeddable: {}); mount it and use `mapfs run --mount` instead",
-                EMBEDDABLE.join(", ")
+                "--embed {arg:?}: file system {fs:?} cannot run embedded (embeddable: {}); \
+                 mount it and use `{} run --mount` instead",
+                if registry.embed_library.is_none() || embeddable.is_empty() {
+                    "none in this program".to_string()
+                } else {
+                    embeddable.join(", ")
+                },
+                registry.program
             );
         }
         if backing.is_empty() {
             bail!("--embed {arg:?}: the backing directory is empty");
         }
-        let backing = Path::new(backing);
-        let canon = backing
-            .canonicalize()
-            .with_context(|| format!("--embed {arg:?}: backing {}", backing.display()))?;
-        if !canon.is_dir() {
-            bail!(
-                "--embed {arg:?}: backing {} is not a directory",
-                backing.display()
-            );
+        // A layered file system's BACKING is its directories joined by `:`,
+        // each checked on its own.
+        let parts: Vec<&str> = if spec.layered {
+            backing.split(':').collect()
+        } else {
+            vec![backing]
+        };
+        let mut canon = std::ffi::OsString::new();
+        for part in parts {
+            let p = Path::new(part);
+            let one = p
+                .canonicalize()
+                .with_context(|| format!("--embed {arg:?}: backing {}", p.display()))?;
+            if !one.is_dir() {
+                bail!(
+                    "--embed {arg:?}: backing {} is not a directory",
+                    p.display()
+                );
+            }
+            if !canon.is_empty() {
+                canon.push(":");
+            }
+            canon.push(one);
         }
+        let canon = PathBuf::from(canon);
         let prefix = normalize_prefix(Path::new(prefix))
             .with_context(|| format!("--embed {arg:?}: bad PREFIX"))?;
         let options: Vec<String> = options
@@ -100,6 +122,27 @@ impl Embedding {
         };
         e.check_encodable()?;
         Ok(e)
+    }
+
+    /// What the file system's constructor is told: its backing directories
+    /// (several for a layered one) and its options.
+    pub fn fs_options(&self, spec: &FsSpec) -> FsOptions {
+        let layers = if spec.layered {
+            (self
+                .backing
+                .as_os_str()
+                .as_encoded_bytes()
+                .split(|b| *b == b':'))
+            .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+            .collect()
+        } else {
+            vec![self.backing.clone()]
+        };
+        FsOptions {
+            read_only: false,
+            layers,
+            custom: self.options.clone(),
+        }
     }
 
     fn check_encodable(&self) -> Result<()> {

@@ -47,6 +47,8 @@ pub struct FsSpec {
     pub(crate) whole_file_maps: bool,
     pub(crate) layered: bool,
     pub(crate) cacheable: bool,
+    pub(crate) embeddable: bool,
+    pub(crate) backing_dirs: bool,
     pub(crate) options: &'static [&'static str],
 }
 
@@ -61,6 +63,8 @@ impl FsSpec {
             whole_file_maps: false,
             layered: false,
             cacheable: false,
+            embeddable: false,
+            backing_dirs: false,
             options: &[],
         }
     }
@@ -90,6 +94,48 @@ impl FsSpec {
     pub fn cacheable(mut self) -> Self {
         self.cacheable = true;
         self
+    }
+
+    /// This file system may run inside the application (`run --embed`,
+    /// docs/embedded.md): each process of the job then builds its own
+    /// instance over the same backing directory, so it must keep no state
+    /// that another instance would need to see (everything shared lives in
+    /// the backing directory, under locks that work across processes). The
+    /// program must also name its embedded library
+    /// ([`Registry::embed_library`]).
+    pub fn embeddable(mut self) -> Self {
+        self.embeddable = true;
+        self
+    }
+
+    /// Every directory of this file system is the backing directory at the
+    /// same path, with the same entries and types (a mirror such as
+    /// `passthrough`). Embedded mode then lets the program read directories
+    /// natively from the backing directory; without it, every directory is
+    /// listed through [`mapfs::FileSystem::readdir`], as through a mount.
+    pub fn lists_backing_dirs(mut self) -> Self {
+        self.backing_dirs = true;
+        self
+    }
+
+    /// Whether [`FsSpec::lists_backing_dirs`] was said.
+    pub fn lists_backing_dirs_natively(&self) -> bool {
+        self.backing_dirs
+    }
+
+    /// Whether [`FsSpec::whole_file_maps`] was said.
+    pub fn has_whole_file_maps(&self) -> bool {
+        self.whole_file_maps
+    }
+
+    /// Whether [`FsSpec::embeddable`] was said.
+    pub fn is_embeddable(&self) -> bool {
+        self.embeddable
+    }
+
+    /// Whether [`FsSpec::layered`] was said.
+    pub fn is_layered(&self) -> bool {
+        self.layered
     }
 
     /// `-o` option names this file system understands itself; they reach
@@ -123,6 +169,7 @@ pub struct Registry {
     pub(crate) program: &'static str,
     pub(crate) about: &'static str,
     pub(crate) specs: Vec<FsSpec>,
+    pub(crate) embed_library: Option<&'static str>,
 }
 
 impl Registry {
@@ -132,7 +179,24 @@ impl Registry {
             program,
             about,
             specs: Vec::new(),
+            embed_library: None,
         }
+    }
+
+    /// The embedded-mode library of this program: a `cdylib` made with
+    /// `mapfs_embed::library!` over the same registry, which `run --embed`
+    /// preloads to serve the [`FsSpec::embeddable`] file systems. `file` is
+    /// a file name looked for next to the program's binary, in its parent
+    /// directory, and in `../lib/mapfs/` (where `scripts/install.sh` puts
+    /// mapfs's own), or an absolute path.
+    pub fn embed_library(mut self, file: &'static str) -> Self {
+        self.embed_library = Some(file);
+        self
+    }
+
+    /// The library [`Registry::embed_library`] named, if any.
+    pub fn embed_library_file(&self) -> Option<&'static str> {
+        self.embed_library
     }
 
     /// Adds a file system; a later one with the same name replaces it.
@@ -199,12 +263,15 @@ pub fn embeddable() -> Registry {
         "mapfs",
         "mapfs: user-space file systems as fast as the file system underneath.",
     )
+    .embed_library(crate::run::EMBED_LIB)
     .register(
         FsSpec::new("passthrough", "a 1-to-1 mirror of BACKING", |b, _| {
             Ok(Arc::new(Passthrough::new(b)?))
         })
         .whole_file_maps()
-        .cacheable(),
+        .cacheable()
+        .lists_backing_dirs()
+        .embeddable(),
     )
     .register(
         FsSpec::new(
@@ -222,7 +289,8 @@ pub fn embeddable() -> Registry {
             },
         )
         .options(&["hostid"])
-        .cacheable(),
+        .cacheable()
+        .embeddable(),
     )
 }
 
@@ -245,7 +313,13 @@ mod tests {
     fn builtins_are_registered_by_name() {
         let r = builtins();
         assert_eq!(r.names(), ["passthrough", "plfs", "pack", "versions"]);
-        assert_eq!(embeddable().names(), crate::embed_spec::EMBEDDABLE);
+        assert_eq!(embeddable().names(), ["passthrough", "plfs"]);
+        let embeddable_builtins: Vec<_> = (r.specs.iter())
+            .filter(|s| s.is_embeddable())
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(embeddable_builtins, embeddable().names());
+        assert_eq!(r.embed_library_file(), Some(crate::run::EMBED_LIB));
         assert!(r.get("passthrough").unwrap().whole_file_maps);
         assert!(!r.get("plfs").unwrap().whole_file_maps);
         let r = r.register(FsSpec::new("plfs", "replaced", |b, _| {

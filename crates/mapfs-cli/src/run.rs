@@ -19,8 +19,9 @@ const MOUNT_DEVS_ENV: &str = "MAPFS_MOUNT_DEVS";
 /// File name of the shim, built next to the `mapfs` binary.
 const SHIM: &str = "libmapfs_preload.so";
 
-/// File name of the embedded-mode library (`--embed`), built next to it.
-const EMBED_LIB: &str = "libmapfs_embed.so";
+/// File name of the embedded-mode library of `mapfs`'s own file systems
+/// (`--embed`, crates/mapfs-embed-builtins), built next to it.
+pub const EMBED_LIB: &str = "libmapfs_embed_builtins.so";
 
 /// Arguments of `mapfs run`.
 #[derive(clap::Args, Debug)]
@@ -127,7 +128,10 @@ pub fn run(registry: &Registry, args: RunArgs) -> Result<()> {
     // libc's), so both see what they serve.
     let mut libs: Vec<PathBuf> = Vec::new();
     if embedded.is_some() {
-        libs.push(lib_path(EMBED_LIB)?);
+        let lib = registry
+            .embed_library_file()
+            .expect("checked by Embedding::parse");
+        libs.push(lib_path(lib)?);
     }
     if !chosen.is_empty() || embedded.is_none() {
         libs.push(shim_path()?);
@@ -209,11 +213,7 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<String>> {
     // the job before it starts, and its processes skip the checks.
     for e in &mut list {
         let spec = registry.get(&e.fs).expect("checked by Embedding::parse");
-        let opts = crate::FsOptions {
-            read_only: false,
-            layers: vec![e.backing.clone()],
-            custom: e.options.clone(),
-        };
+        let opts = e.fs_options(spec);
         spec.build(&e.backing, &opts)
             .with_context(|| format!("--embed {}: {}", e.fs, e.backing.display()))?;
         e.options.push(embed_spec::STORE_CHECKED.to_string());
@@ -231,6 +231,13 @@ pub fn shim_path() -> Result<PathBuf> {
 
 /// A library of ours (`name`), found as [`shim_path`] describes.
 fn lib_path(name: &str) -> Result<PathBuf> {
+    if Path::new(name).is_absolute() {
+        return if Path::new(name).exists() {
+            Ok(PathBuf::from(name))
+        } else {
+            bail!("{name} not found (the program's embedded library)")
+        };
+    }
     let exe = std::env::current_exe().context("locating the running binary")?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let installed = dir.join("../lib/mapfs").join(name);

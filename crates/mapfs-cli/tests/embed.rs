@@ -19,7 +19,7 @@ use common::{have, mapfs_bin, native_dir};
 /// on).
 fn embed_lib() -> PathBuf {
     let dir = Path::new(mapfs_bin()).parent().unwrap();
-    let p = dir.join("libmapfs_embed.so");
+    let p = dir.join("libmapfs_embed_builtins.so");
     let built = std::fs::metadata(&p)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| {
@@ -31,6 +31,8 @@ fn embed_lib() -> PathBuf {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     for d in [
         "mapfs-embed/src",
+        "mapfs-embed-builtins/src",
+        "mapfs-cli/src",
         "mapfs-fs/src/passthrough",
         "mapfs-fs/src/plfs",
         "mapfs/src",
@@ -475,7 +477,7 @@ fn embedded_bad_specs_are_refused_clearly() {
         ),
         (
             format!("pack:{}:/x", a.backing.display()),
-            "not supported embedded yet",
+            "cannot run embedded",
         ),
     ];
     let marker = a.native.join("ran");
@@ -755,6 +757,80 @@ ls -l "$D" | tail -n +2 | awk '{print $1, $5, $NF}'
     let (emb, nat) = both_fs(&a, "plfs", &format!("S='{}'\n{script}", src.display()));
     same(&emb, &nat);
     assert!(emb.contains("same\n12345\n"), "{emb}");
+}
+
+/// plfs's directories are listed as plfs shows them, never as its backing
+/// directory is: a file is a file (`d_type`, `find -type f`, Python's
+/// `scandir`), its container's logs are never listed, and listing by
+/// descriptor (`fdopendir`, `openat` + `F_DUPFD` as `fts` does, `scandir`,
+/// `seekdir`/`rewinddir`) works.
+#[test]
+fn embedded_plfs_directories_list_files_not_containers() {
+    if !have("python3") {
+        eprintln!("SKIPPED embedded_plfs_directories_list_files_not_containers: no python3");
+        return;
+    }
+    let a = Area::new();
+    let script = r#"
+set -e
+mkdir -p "$D/d/sub" "$D/e"
+printf 'one
+' > "$D/d/f"
+printf 'two
+' > "$D/d/sub/g"
+printf 'three
+' > "$D/top"
+find "$D" -printf '%P %y %s
+' | sort
+find "$D" -type f | sort
+du -a --apparent-size -b "$D" | sort -k2
+ls -R "$D"
+tar cf - -C "$D" --sort=name . | tar tvf - | awk '{print $1, $3, $6}'
+cp -a "$D/d" "$D/copy" && find "$D/copy" | sort
+rm -r "$D/copy" && ls "$D"
+python3 - "$D" <<'PY'
+import os, sys
+d = sys.argv[1]
+print(sorted((e.name, e.is_dir(), e.is_file()) for e in os.scandir(d)))
+print(sorted((r[len(d):], sorted(ds), sorted(fs)) for r, ds, fs in os.walk(d)))
+fd = os.open(d + "/d", os.O_RDONLY | os.O_DIRECTORY)
+print(sorted(os.listdir(fd)), os.fstat(fd).st_ino == os.stat(d + "/d").st_ino)
+print(os.stat("f", dir_fd=fd).st_size, sorted(os.listdir(d + "/d/sub")))
+os.close(fd)
+import ctypes, ctypes.util
+libc = ctypes.CDLL(None)
+libc.opendir.restype = ctypes.c_void_p
+libc.readdir.restype = ctypes.c_void_p
+libc.readdir.argtypes = [ctypes.c_void_p]
+libc.telldir.restype = ctypes.c_long
+libc.telldir.argtypes = [ctypes.c_void_p]
+libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+libc.rewinddir.argtypes = [ctypes.c_void_p]
+libc.closedir.argtypes = [ctypes.c_void_p]
+def names(dp):
+    out = []
+    while True:
+        ent = libc.readdir(dp)
+        if not ent:
+            return out
+        out.append(ctypes.string_at(ent + 19).decode())
+dp = libc.opendir((d + "/d").encode())
+first = libc.readdir(dp)
+pos = libc.telldir(dp)
+rest = names(dp)
+libc.seekdir(dp, pos)
+again = names(dp)
+libc.rewinddir(dp)
+print(rest == again, sorted(names(dp)), libc.closedir(dp))
+PY
+"#;
+    let (emb, nat) = both_fs(&a, "plfs", script);
+    same(&emb, &nat);
+    assert!(
+        emb.contains("d/f f 4\n") || emb.contains("d/f f 4"),
+        "{emb}"
+    );
+    assert!(!emb.contains(".plfs") && !emb.contains("index."), "{emb}");
 }
 
 /// stdio on plfs files: `fopen`/`fdopen` streams (glibc's buffering over

@@ -23,6 +23,11 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
+fn errno() -> c_int {
+    // SAFETY: as in `set_errno`.
+    unsafe { *libc::__errno_location() }
+}
+
 /// A call being served: the guard held, the time counted for the report.
 struct Serving {
     _served: crate::report::Served,
@@ -219,6 +224,28 @@ fn fstat_with<T>(o: &EngineOpen, buf: *mut T, fill: fn(&mapfs::Attr, u64) -> T) 
     }
 }
 
+/// `fstat` of a directory placeholder of [`crate::dirs`]: the directory's
+/// attributes (`None`: not one).
+fn fstat_dir<T>(fd: c_int, buf: *mut T, fill: fn(&mapfs::Attr, u64) -> T) -> Option<c_int> {
+    if crate::state::embs().is_empty() {
+        return None;
+    }
+    let _g = Guard::enter()?;
+    let saved = errno();
+    match crate::dirs::fstat(fd, fill)? {
+        Ok(v) => {
+            // SAFETY: the caller's buffer for one `T`.
+            unsafe { *buf = v };
+            set_errno(saved);
+            Some(0)
+        }
+        Err(e) => {
+            set_errno(e);
+            Some(-1)
+        }
+    }
+}
+
 /// `fstatat`/`statx` with `AT_EMPTY_PATH` and an empty path on a
 /// placeholder: the open's attributes (`None`: not one).
 ///
@@ -252,6 +279,13 @@ fn duped(old: c_int, new: c_int) -> c_int {
     if new >= 0 && engine_fd::any() {
         if let Some(_g) = Guard::enter() {
             engine_fd::duped(old, new);
+        }
+    }
+    if new >= 0 && !crate::state::embs().is_empty() {
+        if let Some(_g) = Guard::enter() {
+            let saved = errno();
+            crate::state::dir_duped(old, new);
+            set_errno(saved);
         }
     }
     new
@@ -534,28 +568,28 @@ hooks! {
         match open_of(fd) {
             Some((o, _g)) => fstat_with(&o, buf, statbuf::stat),
             // SAFETY: libc's call with the caller's arguments.
-            None => unsafe { real(fd, buf) },
+            None => fstat_dir(fd, buf, statbuf::stat).unwrap_or_else(|| unsafe { real(fd, buf) }),
         }
     }
     fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int = |real| {
         match open_of(fd) {
             Some((o, _g)) => fstat_with(&o, buf, statbuf::stat64),
             // SAFETY: libc's call with the caller's arguments.
-            None => unsafe { real(fd, buf) },
+            None => fstat_dir(fd, buf, statbuf::stat64).unwrap_or_else(|| unsafe { real(fd, buf) }),
         }
     }
     fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int = |real| {
         match open_of(fd) {
             Some((o, _g)) => fstat_with(&o, buf, statbuf::stat),
             // SAFETY: libc's call with the caller's arguments.
-            None => unsafe { real(ver, fd, buf) },
+            None => fstat_dir(fd, buf, statbuf::stat).unwrap_or_else(|| unsafe { real(ver, fd, buf) }),
         }
     }
     fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int = |real| {
         match open_of(fd) {
             Some((o, _g)) => fstat_with(&o, buf, statbuf::stat64),
             // SAFETY: libc's call with the caller's arguments.
-            None => unsafe { real(ver, fd, buf) },
+            None => fstat_dir(fd, buf, statbuf::stat64).unwrap_or_else(|| unsafe { real(ver, fd, buf) }),
         }
     }
     fn dup(fd: c_int) -> c_int = |real| {
@@ -740,11 +774,13 @@ fn at_quick_exit() {
 /// After `fcntl`: a duplicate shares the open; `F_SETFL` may change
 /// `O_APPEND`.
 fn fcntl_after(fd: c_int, cmd: c_int, arg: libc::c_ulong, r: c_int) -> c_int {
-    if r < 0 || !engine_fd::any() {
+    if r < 0 {
         return r;
     }
     match cmd {
+        // Directories are tracked without the engine too.
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duped(fd, r),
+        _ if !engine_fd::any() => r,
         libc::F_SETFL => {
             if let Some((o, _g)) = open_of(fd) {
                 o.set_flags(arg as c_int);

@@ -613,6 +613,35 @@ type Filter64 = Option<unsafe extern "C" fn(*const libc::dirent64) -> c_int>;
 type Compar64 =
     Option<unsafe extern "C" fn(*mut *const libc::dirent64, *mut *const libc::dirent64) -> c_int>;
 
+/// What `qsort` calls: `scandir`'s comparison, taking pointers to the
+/// array's elements.
+type QsortCompar = Option<unsafe extern "C" fn(*const c_void, *const c_void) -> c_int>;
+
+/// A `scandir` result as libc returns it.
+fn scanned(r: Result<c_int, c_int>) -> c_int {
+    match r {
+        Ok(n) => n,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// Runs `f` inside the library (its own libc calls go straight on), errno
+/// kept unless `f` fails; `None` when already inside or `f` has nothing
+/// to do.
+fn in_library<R>(f: impl FnOnce() -> Option<R>) -> Option<R> {
+    if state::embs().is_empty() {
+        return None;
+    }
+    let _g = Guard::enter()?;
+    let saved = errno();
+    let r = f();
+    set_errno(saved);
+    r
+}
+
 extern "C" {
     fn scandirat(
         dfd: c_int,
@@ -1177,7 +1206,79 @@ hooks! {
             }, std::ptr::null_mut())
         }
     }
+    fn fdopendir(fd: c_int) -> *mut libc::DIR = |real| {
+        match in_library(|| crate::dirs::fdopendir(fd)) {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => {
+                set_errno(e);
+                std::ptr::null_mut()
+            }
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd) },
+        }
+    }
+    fn readdir(dir: *mut libc::DIR) -> *mut libc::dirent = |real| {
+        match crate::dirs::readdir(dir) {
+            // Same layout as `dirent64` on 64-bit Linux.
+            Some(p) => p.cast(),
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(dir) },
+        }
+    }
+    fn readdir64(dir: *mut libc::DIR) -> *mut libc::dirent64 = |real| {
+        match crate::dirs::readdir(dir) {
+            Some(p) => p,
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(dir) },
+        }
+    }
+    fn readdir_r(dir: *mut libc::DIR, entry: *mut libc::dirent, result: *mut *mut libc::dirent) -> c_int = |real| {
+        // SAFETY: the caller's buffers; `dirent` is `dirent64` on 64-bit
+        // Linux.
+        match unsafe { crate::dirs::readdir_r(dir, entry.cast(), result.cast()) } {
+            Some(r) => r,
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(dir, entry, result) },
+        }
+    }
+    fn readdir64_r(dir: *mut libc::DIR, entry: *mut libc::dirent64, result: *mut *mut libc::dirent64) -> c_int = |real| {
+        // SAFETY: the caller's buffers.
+        match unsafe { crate::dirs::readdir_r(dir, entry, result) } {
+            Some(r) => r,
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(dir, entry, result) },
+        }
+    }
+    fn telldir(dir: *mut libc::DIR) -> libc::c_long = |real| {
+        match crate::dirs::telldir(dir) {
+            Some(r) => r,
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(dir) },
+        }
+    }
+    fn seekdir(dir: *mut libc::DIR, loc: libc::c_long) -> () = |real| {
+        if crate::dirs::seekdir(dir, loc).is_none() {
+            // SAFETY: libc's call with the caller's arguments.
+            unsafe { real(dir, loc) }
+        }
+    }
+    fn rewinddir(dir: *mut libc::DIR) -> () = |real| {
+        if in_library(|| crate::dirs::rewinddir(dir)).is_none() {
+            // SAFETY: libc's call with the caller's arguments.
+            unsafe { real(dir) }
+        }
+    }
+    fn dirfd(dir: *mut libc::DIR) -> c_int = |real| {
+        match crate::dirs::dirfd(dir) {
+            Some(fd) => fd,
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(dir) },
+        }
+    }
     fn closedir(dir: *mut libc::DIR) -> c_int = |real| {
+        if let Some(r) = in_library(|| crate::dirs::closedir(dir)) {
+            return r;
+        }
         if !dir.is_null() {
             // SAFETY: the application's open directory stream.
             state::untrack(unsafe { libc::dirfd(dir) });
@@ -1190,6 +1291,16 @@ hooks! {
         unsafe {
             let out = open_dir(path);
             finish(path, out, |p| real(p, list, filter, compar), |fd| {
+                // SAFETY: `dirent` is `dirent64` on 64-bit Linux, and the
+                // callbacks take pointers alike.
+                if let Some(n) = in_library(|| crate::dirs::scandir(
+                    fd,
+                    list.cast(),
+                    std::mem::transmute::<Filter, Filter64>(filter),
+                    std::mem::transmute::<Compar, QsortCompar>(compar),
+                )) {
+                    return scanned(n);
+                }
                 let n = scandirat(fd, c".".as_ptr(), list, filter, compar);
                 let e = errno();
                 close_own(fd);
@@ -1203,6 +1314,15 @@ hooks! {
         unsafe {
             let out = open_dir(path);
             finish(path, out, |p| real(p, list, filter, compar), |fd| {
+                // SAFETY: the callbacks take pointers alike.
+                if let Some(n) = in_library(|| crate::dirs::scandir(
+                    fd,
+                    list,
+                    filter,
+                    std::mem::transmute::<Compar64, QsortCompar>(compar),
+                )) {
+                    return scanned(n);
+                }
                 let n = scandirat64(fd, c".".as_ptr(), list, filter, compar);
                 let e = errno();
                 close_own(fd);

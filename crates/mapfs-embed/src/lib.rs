@@ -1,10 +1,16 @@
-//! `libmapfs_embed.so`: embedded mode (`mapfs run --embed FS:BACKING:PREFIX`).
-//! The file system's own code runs inside the application, behind the libc
-//! calls it already makes: no mount, no daemon, no privilege. Paths under
-//! each prefix are served by the file system (the same `FileSystem`
-//! implementations and registry as `mapfs mount`); every other call goes on
-//! to the next definition of the symbol (the attached shim when it is
-//! preloaded too, then libc).
+//! Embedded mode (`mapfs run --embed FS:BACKING:PREFIX`): the file system's
+//! own code runs inside the application, behind the libc calls it already
+//! makes: no mount, no daemon, no privilege. Paths under each prefix are
+//! served by the file system (the same `FileSystem` implementations and
+//! registry as `mapfs mount`); every other call goes on to the next
+//! definition of the symbol (the attached shim when it is preloaded too,
+//! then libc).
+//!
+//! This crate is the engine; a preload library is a `cdylib` crate whose
+//! whole source is one [`library!`] line naming its registry:
+//! `libmapfs_embed_builtins.so` serves `mapfs`'s built-in file systems, and
+//! a program built on `mapfs_cli` makes its own for its file systems (see
+//! docs/embedded.md, "Your own file system, embedded").
 //!
 //! Rules every hook follows (see [`hooks`](mod@hooks)):
 //! - Every descriptor is a real kernel descriptor: an open of a whole-file
@@ -31,6 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod data_hooks;
 pub mod desc;
+pub mod dirs;
 pub mod engine_fd;
 pub mod hooks;
 pub mod locks;
@@ -100,16 +107,50 @@ pub fn warn(msg: std::fmt::Arguments<'_>) {
     let _ = rustix::io::write(rustix::stdio::stderr(), line.as_bytes());
 }
 
-extern "C" fn init() {
+/// Starts embedded mode in this process image with the file systems of
+/// `registry`: what [`library!`]'s constructor calls before `main`. Serves
+/// nothing until it returns; calling it twice is a no-op.
+pub fn start(registry: impl FnOnce() -> mapfs_cli::Registry) {
+    if READY.load(Ordering::Acquire) {
+        return;
+    }
     INSIDE.with(|g| g.set(true));
     report::init();
-    state::init();
+    state::init(&registry());
     hooks::install_fork_handlers();
     engine_fd::install();
     INSIDE.with(|g| g.set(false));
     READY.store(true, Ordering::Release);
 }
 
-#[used]
-#[link_section = ".init_array"]
-static INIT: extern "C" fn() = init;
+/// Makes the `cdylib` it is written in an embedded-mode library serving the
+/// embeddable file systems of a registry (an expression of type
+/// `mapfs_cli::Registry`, evaluated once per process image, before
+/// `main`). The program that registers the same file systems names the
+/// library with `Registry::embed_library`, and its `run --embed` preloads
+/// it:
+///
+/// ```ignore
+/// // src/lib.rs of a crate with `crate-type = ["cdylib"]`
+/// mapfs_embed::library!(my_fs::registry());
+/// ```
+///
+/// Only file systems marked `FsSpec::embeddable` are run; the rest of the
+/// registry is ignored. Write it once per library: it defines the
+/// library's constructor.
+#[macro_export]
+macro_rules! library {
+    ($registry:expr) => {
+        // An ELF constructor: the dynamic loader runs it when it maps the
+        // library, before the program's `main` (and before any other
+        // library's code could call a hook).
+        #[used]
+        #[link_section = ".init_array"]
+        static __MAPFS_EMBED_INIT: extern "C" fn() = {
+            extern "C" fn mapfs_embed_init() {
+                $crate::start(|| $registry);
+            }
+            mapfs_embed_init
+        };
+    };
+}

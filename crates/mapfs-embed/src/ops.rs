@@ -139,6 +139,11 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
     if flags & libc::O_PATH != 0 {
         fsflags = libc::O_RDONLY;
     }
+    if !e.native_dirs && flags & libc::O_DIRECTORY != 0 && flags & libc::O_CREAT == 0 {
+        // As through a mount, a directory is never the file system's
+        // `open`: its entries come from `readdir`.
+        return crate::dirs::open(e, place, flags);
+    }
     let opened = if flags & libc::O_CREAT != 0 {
         let mode = mode & 0o7777 & !state::umask();
         match e
@@ -177,6 +182,10 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
         if !is_dir && flags & libc::O_DIRECTORY != 0 {
             return Err(libc::ENOTDIR);
         }
+        if is_dir && !e.native_dirs {
+            drop(fd);
+            return crate::dirs::open(e, place, flags);
+        }
         if is_dir {
             let raw = finish_fd(fd, flags)?;
             state::track_dir(raw, place.clone(), st.st_dev, st.st_ino);
@@ -189,13 +198,11 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
     finish_fd(fd, flags)
 }
 
-/// File systems whose opens that are not whole-file 1-to-1 the data
-/// engine serves in-process (placeholder descriptors, see
-/// [`crate::engine_fd`]).
-pub const ENGINE_SERVED: &[&str] = &["plfs"];
-
+/// Whether the data engine may serve `e`'s opens that are not whole-file
+/// 1-to-1 in-process (placeholder descriptors, see [`crate::engine_fd`]):
+/// every file system that does not promise whole-file maps.
 fn engine_served(e: &Emb) -> bool {
-    ENGINE_SERVED.contains(&e.name.as_str())
+    !e.whole_file_maps
 }
 
 /// Sets `FD_CLOEXEC` as asked and hands the number to the application.

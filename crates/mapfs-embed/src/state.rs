@@ -32,6 +32,13 @@ pub struct Emb {
     /// `st_dev` reported for its files: the backing directory's, so that
     /// `stat` by path and `fstat` of an open backing file agree.
     pub dev: u64,
+    /// Every map it returns is whole-file 1-to-1 (`FsSpec::whole_file_maps`):
+    /// no open needs the in-process data engine.
+    pub whole_file_maps: bool,
+    /// Its directories are the backing directories of the same paths
+    /// (`FsSpec::lists_backing_dirs`): listed natively; otherwise through
+    /// its `readdir` ([`crate::dirs`]).
+    pub native_dirs: bool,
 }
 
 static EMBS: OnceLock<Vec<Emb>> = OnceLock::new();
@@ -81,7 +88,7 @@ pub fn set_umask(m: u32) {
 /// Builds the file systems named in `MAPFS_EMBED`. A file system that cannot
 /// be built is reported once on stderr and left out (its paths then do not
 /// exist for this process).
-pub fn init() {
+pub fn init(registry: &mapfs_cli::Registry) {
     LOG.store(
         std::env::var_os("MAPFS_PRELOAD_LOG").is_some(),
         Ordering::Relaxed,
@@ -97,24 +104,25 @@ pub fn init() {
             Vec::new()
         }
     };
-    let registry = mapfs_cli::embeddable();
     // Descriptors 0-9 are the program's (a shell's `exec 3< f` closes
     // whatever has number 3): the file systems' own (a backing root held
     // for the process's life) are opened above them.
     let fillers = reserve_low_fds();
     let mut embs = Vec::new();
     for e in list {
-        let Some(spec) = registry.get(&e.fs) else {
-            crate::warn(format_args!("unknown file system {:?}; not embedded", e.fs));
+        let Some(spec) = registry.get(&e.fs).filter(|s| s.is_embeddable()) else {
+            crate::warn(format_args!(
+                "this library ({}) cannot run file system {:?}; not embedded",
+                registry.program(),
+                e.fs
+            ));
             continue;
         };
-        let opts = mapfs_cli::FsOptions {
-            read_only: false,
-            layers: vec![e.backing.clone()],
-            custom: e.options.clone(),
-        };
+        let opts = e.fs_options(spec);
         let built = spec.build(&e.backing, &opts);
-        let dev = std::fs::metadata(&e.backing).map(|m| std::os::unix::fs::MetadataExt::dev(&m));
+        // A layered file system's device is its first layer's.
+        let dev =
+            std::fs::metadata(&opts.layers[0]).map(|m| std::os::unix::fs::MetadataExt::dev(&m));
         match (built, dev) {
             (Ok(fs), Ok(dev)) => {
                 let prefix = e.prefix.as_os_str().as_bytes().to_vec();
@@ -132,6 +140,8 @@ pub fn init() {
                     backing: e.backing,
                     fs,
                     dev,
+                    whole_file_maps: spec.has_whole_file_maps(),
+                    native_dirs: spec.lists_backing_dirs_natively(),
                 });
             }
             (Err(err), _) => crate::warn(format_args!(
@@ -149,10 +159,7 @@ pub fn init() {
     }
     drop(fillers);
     let _ = EMBS.set(embs);
-    if self::embs()
-        .iter()
-        .any(|e| crate::ops::ENGINE_SERVED.contains(&e.name.as_str()))
-    {
+    if self::embs().iter().any(|e| !e.whole_file_maps) {
         crate::engine_fd::adopt_inherited();
         crate::streams::replace_std_streams();
     }
@@ -379,6 +386,8 @@ struct DirFd {
     place: Place,
     dev: u64,
     ino: u64,
+    /// A placeholder of [`crate::dirs`], not a backing directory.
+    synthetic: bool,
 }
 
 static DIRS: Mutex<Option<HashMap<i32, DirFd>>> = Mutex::new(None);
@@ -386,10 +395,52 @@ static DIRS_LEN: AtomicUsize = AtomicUsize::new(0);
 
 /// Records that descriptor `fd` is the embedded directory `place`.
 pub fn track_dir(fd: i32, place: Place, dev: u64, ino: u64) {
+    track(
+        fd,
+        DirFd {
+            place,
+            dev,
+            ino,
+            synthetic: false,
+        },
+    );
+}
+
+/// Records that descriptor `fd` is a [`crate::dirs`] placeholder of the
+/// embedded directory `place` (`dev`/`ino`: the placeholder's own).
+pub fn track_synthetic_dir(fd: i32, place: Place, dev: u64, ino: u64) {
+    track(
+        fd,
+        DirFd {
+            place,
+            dev,
+            ino,
+            synthetic: true,
+        },
+    );
+}
+
+fn track(fd: i32, d: DirFd) {
     let mut g = DIRS.lock();
     let m = g.get_or_insert_with(HashMap::new);
-    m.insert(fd, DirFd { place, dev, ino });
+    m.insert(fd, d);
     DIRS_LEN.store(m.len(), Ordering::Release);
+}
+
+/// After `new` was made a copy of `old` (`dup`, `F_DUPFD`): a directory
+/// stays embedded under its new number too (`fts` copies its directory
+/// descriptors).
+pub fn dir_duped(old: i32, new: i32) {
+    if DIRS_LEN.load(Ordering::Acquire) == 0 || old == new {
+        return;
+    }
+    let entry = DIRS.lock().as_ref().and_then(|m| m.get(&old).cloned());
+    match entry {
+        Some(d) if dir_of(old).is_some() => track(new, d),
+        // A number reused (dup2 over a tracked one) is no longer that
+        // directory.
+        _ => untrack(new),
+    }
 }
 
 /// Forgets descriptor `fd` (closed).
@@ -424,12 +475,27 @@ pub fn dir_of(fd: i32) -> Option<Place> {
     }
 }
 
+/// The embedded directory of [`crate::dirs`] placeholder `fd`, if it is one
+/// (checked as [`dir_of`] does).
+pub fn synthetic_dir(fd: i32) -> Option<Place> {
+    if fd < 0 || DIRS_LEN.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let synthetic = DIRS.lock().as_ref()?.get(&fd)?.synthetic;
+    if synthetic {
+        dir_of(fd)
+    } else {
+        None
+    }
+}
+
 /// Locks held across `fork` so the child never inherits one mid-change.
 pub fn lock_for_fork() {
     std::mem::forget(CTX.lock());
     std::mem::forget(HOST_CWD.lock());
     std::mem::forget(CWD.lock());
     std::mem::forget(DIRS.lock());
+    crate::dirs::lock_for_fork();
 }
 
 /// Releases what [`lock_for_fork`] took (in parent and child).
@@ -437,9 +503,10 @@ pub fn lock_for_fork() {
 /// # Safety
 /// Only after [`lock_for_fork`] on this thread (the fork handlers).
 pub unsafe fn unlock_after_fork() {
-    // SAFETY: the four mutexes were locked by `lock_for_fork` on this thread and
+    // SAFETY: the five mutexes were locked by `lock_for_fork` on this thread and
     // their guards forgotten; nothing else can hold them meanwhile.
     unsafe {
+        crate::dirs::unlock_after_fork();
         DIRS.force_unlock();
         CWD.force_unlock();
         HOST_CWD.force_unlock();

@@ -15,8 +15,8 @@ pub fn example_bin(name: &str) -> PathBuf {
     let bin = profile_dir.join("examples").join(name);
     assert!(
         bin.is_file(),
-        "{} is missing: run the tests with `cargo test` (which builds the examples), \
-         or `cargo build --examples` first",
+        "{} is missing: build it with `cargo build --workspace --all-targets` \
+         (`cargo test` builds example programs, not example libraries)",
         bin.display()
     );
     bin

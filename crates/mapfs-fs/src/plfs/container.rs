@@ -420,6 +420,73 @@ pub(super) fn rename_noreplace(
     }
 }
 
+/// The right to put a new container in place under one name, on a store
+/// whose renames cannot refuse an existing target: a claim file created
+/// with `O_EXCL` in the parent (atomic on every store, GlusterFS included),
+/// removed when dropped. Its name is reserved (hidden, refused to users) and
+/// derived from a hash of the claimed name, so two names may share a claim
+/// (they then only take turns). A claim older than [`CLAIM_STALE`] was left
+/// by a creator that died and is broken.
+#[derive(Debug)]
+pub(super) struct Claim<'a> {
+    parent: BorrowedFd<'a>,
+    name: String,
+}
+
+/// After this long a claim's creator is taken for dead (a rename takes
+/// milliseconds, even on Gluster).
+const CLAIM_STALE: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl<'a> Claim<'a> {
+    /// Takes the claim on `name` in `parent`, waiting for another creator's
+    /// (up to [`CLAIM_STALE`], then breaking it).
+    pub(super) fn take(parent: BorrowedFd<'a>, name: &OsStr) -> Result<Claim<'a>> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        let claim = format!("{NEW_PREFIX}claim.{:016x}", h.finish());
+        let mut wait = 1u64;
+        loop {
+            match open_file(
+                parent,
+                &claim,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+            ) {
+                Ok(_) => {
+                    return Ok(Claim {
+                        parent,
+                        name: claim,
+                    })
+                }
+                Err(e) if e.errno() == libc::EEXIST => {}
+                Err(e) => return Err(e),
+            }
+            let age = rustix::fs::statat(parent, claim.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                .ok()
+                .and_then(|st| {
+                    let made = std::time::UNIX_EPOCH
+                        + std::time::Duration::new(st.st_mtime as u64, st.st_mtime_nsec as u32);
+                    made.elapsed().ok()
+                });
+            if age.is_some_and(|a| a > CLAIM_STALE) {
+                warn!("plfs: breaking the stale claim {claim} (its creator died)");
+                let _ = rustix::fs::unlinkat(parent, claim.as_str(), AtFlags::empty());
+                continue;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(wait));
+            wait = (wait * 2).min(20);
+        }
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = rustix::fs::unlinkat(self.parent, self.name.as_str(), AtFlags::empty()) {
+            warn!("plfs: cannot remove claim {}: {e}", self.name);
+        }
+    }
+}
+
 /// A fresh hidden name for a container being created in a directory.
 pub(super) fn new_name() -> String {
     format!("{NEW_PREFIX}{}", format::new_id())

@@ -188,7 +188,18 @@ pub struct Plfs {
     /// Link counts of directories (a scan each), by backing (dev, ino),
     /// valid while the directory's mtime/ctime are unchanged.
     nlinks: Mutex<HashMap<Key, (store::Validator, u32)>>,
+    /// Whether the store renames with `RENAME_NOREPLACE` (learned at the
+    /// first create: [`NOREPLACE_UNKNOWN`], [`NOREPLACE_YES`] or
+    /// [`NOREPLACE_NO`]); without it new containers are made in place.
+    noreplace: std::sync::atomic::AtomicU8,
 }
+
+/// [`Plfs::noreplace`] not learned yet.
+const NOREPLACE_UNKNOWN: u8 = 0;
+/// The store has `RENAME_NOREPLACE`.
+const NOREPLACE_YES: u8 = 1;
+/// The store lacks `RENAME_NOREPLACE` (GlusterFS's client).
+const NOREPLACE_NO: u8 = 2;
 
 /// What the merged-index cache of one [`Plfs`] holds and has done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,6 +313,7 @@ impl Plfs {
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             nlinks: Mutex::new(HashMap::new()),
+            noreplace: std::sync::atomic::AtomicU8::new(NOREPLACE_UNKNOWN),
         })
     }
 
@@ -317,6 +329,7 @@ impl Plfs {
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             nlinks: Mutex::new(HashMap::new()),
+            noreplace: std::sync::atomic::AtomicU8::new(NOREPLACE_UNKNOWN),
         })
     }
 

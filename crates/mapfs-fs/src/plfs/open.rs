@@ -2,6 +2,7 @@
 //! `release`).
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -146,7 +147,7 @@ impl Plfs {
                         | OFlags::CLOEXEC,
                     Mode::from_raw_mode(mode & 0o7777),
                 )?;
-                container::rename_noreplace(parent.as_fd(), tmp.as_ref(), parent.as_fd(), &name)?;
+                self.put_in_place(parent.as_fd(), tmp.as_ref(), &name)?;
                 self.nlink_kept(parent.as_fd(), before);
                 Ok(dir)
             })();
@@ -158,6 +159,39 @@ impl Plfs {
             }
         }
         res
+    }
+
+    /// Renames the new container `tmp` to `name` unless the name is taken
+    /// (`EEXIST`). With `RENAME_NOREPLACE` the rename itself decides. A store
+    /// without it (GlusterFS's client) gets a plain rename, which must not
+    /// race another host's: there the distributed rename of a directory can
+    /// replace another host's fresh container (measured: three creates of
+    /// one name within 0.5 s all "won", and the opens of the replaced
+    /// containers lost what they wrote). So the creators of one name take
+    /// turns through a claim file ([`container::Claim`]), and each looks for
+    /// the name before renaming.
+    fn put_in_place(&self, parent: BorrowedFd<'_>, tmp: &OsStr, name: &OsStr) -> Result<()> {
+        if self.noreplace.load(Ordering::Relaxed) != super::NOREPLACE_NO {
+            match rustix::fs::renameat_with(
+                parent,
+                tmp,
+                parent,
+                name,
+                rustix::fs::RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => {
+                    self.noreplace
+                        .store(super::NOREPLACE_YES, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(rustix::io::Errno::INVAL) => {
+                    self.noreplace.store(super::NOREPLACE_NO, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let _claim = container::Claim::take(parent, name)?;
+        container::rename_noreplace(parent, tmp, parent, name)
     }
 
     pub(super) fn do_create(

@@ -14,8 +14,10 @@
 //!    name cannot both win. `RENAME_NOREPLACE` where the store has it; where
 //!    it does not (GlusterFS's client), a plain rename of the (non-empty)
 //!    container directory, which fails over anything but an empty directory
-//!    (`container::rename_noreplace`). A rename with the flag that replaces
-//!    an existing name is refused.
+//!    (`container::rename_noreplace`), made by one creator of a name at a
+//!    time (`container::Claim`: Gluster's distributed rename of a directory
+//!    can replace another host's racing one). A rename with the flag that
+//!    replaces an existing name is refused.
 //! 3. **`flock` that excludes across every process and host** sharing the
 //!    store: the container lock (exclusive for dropping writes and
 //!    compaction, shared for merges) and the shared lock each live writer

@@ -403,6 +403,63 @@ fn cli_restores_prunes_and_reports_while_mounted() {
     assert_eq!(listed(&s, "e", "f").len(), 2);
 }
 
+/// `mapfs versions prune` runs in a process of its own: it must spare the
+/// versions a mount is still making (a writer has the file open), as the
+/// mount's own retention does, or the writer's undo history goes.
+#[test]
+fn cli_prune_spares_versions_being_made_by_the_mount() {
+    let test = "mapfs versions prune while a writer is open";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    for opts in [KEEP_ALL.to_string(), format!("{KEEP_ALL},max-size=0")] {
+        let s = mount(DataMode::Auto, &opts);
+        let b = s.backing().to_str().unwrap().to_string();
+        let f = s.mountpoint().join("f");
+        fs::write(&f, "older\n").unwrap();
+        fs::write(&f, "original\n").unwrap();
+        assert_eq!(
+            contents(&listed(&s, "", "f")),
+            ["older\n"],
+            "{test} -o {opts}"
+        );
+        // A writer changes the file in place and stays open.
+        let mut w = Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import os, sys\n\
+                 fd = os.open(sys.argv[1], os.O_WRONLY)\n\
+                 os.pwrite(fd, b'CHANGED', 0)\n\
+                 print('written', flush=True)\n\
+                 sys.stdin.readline()\n\
+                 os.close(fd)\n",
+            )
+            .arg(&f)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(w.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "written\n", "{test}: the writer did not write");
+        // Everything is older than now: only the version being made stays.
+        let out = cli_ok(&["versions", "prune", &b, "--keep-days", "0"]);
+        assert_eq!(out.trim(), "dropped 1 versions", "{test} -o {opts}");
+        std::io::Write::write_all(w.stdin.as_mut().unwrap(), b"\n").unwrap();
+        assert!(w.wait().unwrap().success());
+        assert_eq!(fs::read_to_string(&f).unwrap(), "CHANGEDl\n");
+        assert_eq!(
+            contents(&listed(&s, "", "f")),
+            ["original\n"],
+            "{test} -o {opts}: the version the writer's open made"
+        );
+    }
+}
+
 #[test]
 fn bad_options_are_refused_before_mounting() {
     let test = "versions bad options";

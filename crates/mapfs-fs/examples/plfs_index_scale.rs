@@ -97,10 +97,17 @@ fn main() {
     let blocks: u64 = args.get(3).map_or(4, |s| s.parse().unwrap());
     let bs: usize = args.get(4).map_or(4096, |s| s.parse().unwrap());
     let me = std::env::current_exe().unwrap();
-    // Writers, 8 at a time (the machine has 2 cores).
+    // Writers, 8 at a time (the machine has 2 cores), or as many as
+    // PLFS_SCALE_AT_ONCE says (1 keeps a one-machine Gluster volume
+    // answering at W = 1,024).
+    let at_once: usize = std::env::var("PLFS_SCALE_AT_ONCE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(8);
     let t = Instant::now();
     let ranks: Vec<u64> = (0..w).collect();
-    for chunk in ranks.chunks(8) {
+    for chunk in ranks.chunks(at_once) {
         let kids: Vec<_> = chunk
             .iter()
             .map(|r| {

@@ -305,6 +305,7 @@ impl Versions {
                 .add_whole(bytes(path), &s.backing, meta, "write", copy)?
             {
                 Some(id) => {
+                    s.marks.push(self.store.mark_in_use(id)?);
                     s.versions.push(id);
                     s.latest = Some(id);
                     s.current = Current::Whole;
@@ -312,6 +313,7 @@ impl Versions {
                 None => {
                     let (id, obj) = self.store.add_undo(bytes(path), meta)?;
                     let u = Undo::new(id, meta.size, obj);
+                    s.marks.push(self.store.mark_in_use(id)?);
                     s.versions.push(id);
                     s.latest = Some(id);
                     s.undos.push(u.clone());

@@ -52,6 +52,10 @@ pub struct Session {
     pub direct: usize,
     /// Versions made, oldest first.
     pub versions: Vec<i64>,
+    /// Their objects, each holding the mark that tells other processes the
+    /// version is being made ([`Store::mark_in_use`]); dropped with the
+    /// session.
+    pub marks: Vec<File>,
     /// Undo versions of this session: whatever any undo writer overwrites
     /// is saved into each.
     pub undos: Vec<Arc<Undo>>,
@@ -75,6 +79,7 @@ impl Session {
             writers: 0,
             direct: 0,
             versions: Vec::new(),
+            marks: Vec::new(),
             undos: Vec::new(),
             current: Current::Nothing,
             latest: None,

@@ -423,6 +423,28 @@ impl Store {
         Ok(File::from(fd))
     }
 
+    /// Marks version `id` as being made, for every process using the store
+    /// (the daemon's retention spares its own sessions' versions already;
+    /// `mapfs versions prune` runs elsewhere): a shared `flock` on its
+    /// object, held as long as the returned file is open.
+    pub fn mark_in_use(&self, id: i64) -> Result<File> {
+        let f = self.open_object(id)?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared)?;
+        Ok(f)
+    }
+
+    /// Whether some process marked version `id` as being made
+    /// ([`Store::mark_in_use`]).
+    fn in_use(&self, id: i64) -> bool {
+        let Ok(f) = self.open_object(id) else {
+            return false;
+        };
+        matches!(
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive),
+            Err(rustix::io::Errno::WOULDBLOCK)
+        )
+    }
+
     /// Opens the object of version `id` for reading.
     pub fn open_object(&self, id: i64) -> Result<File> {
         let fd = openat2_beneath(
@@ -704,7 +726,19 @@ impl Store {
                 stored: v.stored,
             })
             .collect();
-        let drop = retention::choose(&entries, policy, stamp::now_us(), protect);
+        let now = stamp::now_us();
+        let mut protect = protect.to_vec();
+        let mut drop = retention::choose(&entries, policy, now, &protect);
+        // Versions another process is making are spared too; sparing one
+        // may change what the limits choose, so choose again.
+        loop {
+            let busy: Vec<i64> = drop.iter().copied().filter(|id| self.in_use(*id)).collect();
+            if busy.is_empty() {
+                break;
+            }
+            protect.extend(busy);
+            drop = retention::choose(&entries, policy, now, &protect);
+        }
         if !drop.is_empty() {
             self.delete_ids(&drop)?;
         }

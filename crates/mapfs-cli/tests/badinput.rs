@@ -9,6 +9,7 @@ use std::process::Command;
 
 use common::*;
 use mapfs_testkit::mount::{is_mounted, mounts_under, run_captured, CmdOutput};
+use mapfs_testkit::MountSession;
 
 fn mapfs(args: &[&std::ffi::OsStr]) -> CmdOutput {
     run_captured(Command::new(mapfs_bin()).args(args)).expect("running mapfs")
@@ -251,6 +252,35 @@ fn mountpoint_busy() {
     // The first mount still works.
     fs::write(s.mountpoint().join("x"), b"x").unwrap();
     assert_eq!(fs::read(s.backing().join("x")).unwrap(), b"x");
+}
+
+/// pack and versions keep state one instance must not share with another
+/// (pack's reserved slots, which a second instance would reclaim; versions'
+/// write sessions): a second mount of the same store is refused with a
+/// clear error, and the first keeps working.
+#[test]
+fn a_second_mount_of_a_pack_or_versions_store_is_refused() {
+    for fs_name in ["pack", "versions"] {
+        let case = format!("second {fs_name} mount of one store");
+        if !fuse_or_skip(&case) {
+            return;
+        }
+        let s = MountSession::builder(mapfs_bin())
+            .fs(fs_name)
+            .mount()
+            .unwrap_or_else(|e| panic!("{case}: first mount: {e:#}"));
+        fs::write(s.mountpoint().join("kept"), b"first mount's bytes").unwrap();
+        let d = Dirs::new();
+        let m2 = d.dir("mnt2");
+        let out = mapfs(&mount_args(fs_name, s.backing(), &m2, &[]));
+        assert_refused(&case, &out, &["already served"], d.root());
+        assert_eq!(
+            fs::read(s.mountpoint().join("kept")).unwrap(),
+            b"first mount's bytes",
+            "{case}: the first mount"
+        );
+        fs::write(s.mountpoint().join("more"), b"still writable").unwrap();
+    }
 }
 
 /// Without fusermount3 in PATH: root mounts directly (allowed to succeed) or

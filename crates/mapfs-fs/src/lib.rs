@@ -8,4 +8,5 @@
 pub mod pack;
 pub mod passthrough;
 pub mod plfs;
+pub mod sole;
 pub mod versions;

@@ -64,7 +64,7 @@ mod tools;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::MetadataExt;
@@ -87,6 +87,9 @@ pub const DEFAULT_THRESHOLD: u64 = 64 * 1024;
 
 /// Subdirectory of the backing directory with the files of their own.
 pub const OWN_DIR: &str = "files";
+
+/// The lock file one instance holds for its life (`crate::sole`).
+pub const LOCK_NAME: &str = "pack.lock";
 
 /// Options of a pack mount.
 #[derive(Debug, Clone, Copy)]
@@ -163,6 +166,8 @@ pub struct Pack {
     /// almost always "none".
     security_xattrs: std::sync::atomic::AtomicBool,
     next_handle: AtomicU64,
+    /// This instance is the only one over the backing directory.
+    _sole: crate::sole::Sole,
 }
 
 /// One open.
@@ -195,6 +200,19 @@ impl Pack {
                 )));
             }
         }
+        let root = rustix::fs::open(
+            backing,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        // Before anything is reclaimed: another instance's reserved slots
+        // look unowned to this one.
+        let sole = crate::sole::take(
+            root.as_fd(),
+            LOCK_NAME,
+            "pack",
+            &backing.display().to_string(),
+        )?;
         let mut conn = db::open(backing, opts.full_sync)?;
         let own = backing.join(OWN_DIR);
         match std::fs::DirBuilder::new().mode(0o700).create(&own) {
@@ -240,6 +258,7 @@ impl Pack {
             reserve: Mutex::new(HashMap::new()),
             security_xattrs: std::sync::atomic::AtomicBool::new(true),
             next_handle: AtomicU64::new(1),
+            _sole: sole,
         };
         let orphans: Vec<i64> = {
             let conn = fs.conn.lock();

@@ -191,8 +191,14 @@ struct Writer {
     log: Option<(Arc<File>, Arc<Mutex<DataMap>>)>,
 }
 
+/// The lock file (in the store) one instance holds for its life
+/// (`crate::sole`).
+pub const LOCK_NAME: &str = "instance.lock";
+
 /// The `versions` file system over one backing directory.
 pub struct Versions {
+    /// This instance is the only one over the backing directory.
+    _sole: crate::sole::Sole,
     inner: Passthrough,
     store: Store,
     config: Config,
@@ -234,8 +240,15 @@ impl Versions {
             config.policy.keep_bytes = Some(s.f_blocks.saturating_mul(s.f_frsize) / 10);
         }
         let store = Store::open(inner.root().fd(), true)?;
+        let sole = crate::sole::take(
+            store.dir(),
+            LOCK_NAME,
+            "versions",
+            &backing.display().to_string(),
+        )?;
         store.save_policy(&config.policy)?;
         Ok(Versions {
+            _sole: sole,
             inner,
             store,
             config,

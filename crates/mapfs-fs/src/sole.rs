@@ -1,0 +1,58 @@
+//! One instance at a time over a backing directory, for the file systems
+//! whose instances keep state another instance would need to see (`pack`:
+//! the slots it reserved and the files unlinked while open; `versions`: its
+//! write sessions). A second mount of the same directory would otherwise
+//! reclaim the first one's slots, or version the same writes twice.
+//!
+//! The lock is an exclusive `flock` on a file of the store, held by the
+//! instance for its life and released by the kernel when its process ends,
+//! however it ends: a daemon that failover or `restart` replaces has exited
+//! before its successor builds the file system, and the successor waits a
+//! moment for a predecessor still exiting.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use mapfs::backing::openat2_beneath;
+use mapfs::{Error, Result};
+use rustix::fs::{FlockOperation, Mode, OFlags};
+
+/// How long a new instance waits for the previous one to exit.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// The lock of one instance; released when dropped.
+#[derive(Debug)]
+pub struct Sole {
+    _file: File,
+}
+
+/// Takes the lock file `name` in `dir` (created if missing, mode 0600) for
+/// the instance of the file system `what` over `shown` (for the message),
+/// or fails with `EBUSY` when another instance holds it.
+pub fn take(dir: BorrowedFd<'_>, name: &str, what: &str, shown: &str) -> Result<Sole> {
+    let fd = openat2_beneath(
+        dir,
+        OsStr::new(name),
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    let file = File::from(fd);
+    let start = Instant::now();
+    loop {
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(Sole { _file: file }),
+            Err(rustix::io::Errno::WOULDBLOCK) if start.elapsed() < WAIT => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(Error::from_errno(libc::EBUSY).context(format!(
+                    "{shown} is already served by another {what} instance (a mount of it, or \
+                     a program running it): one at a time, unmount the other first"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

@@ -492,3 +492,66 @@ fn fsx_through_one_host_then_read_through_the_other() {
     let on_b = std::fs::read(h.b.mountpoint().join(&name)).unwrap();
     same(&on_b, &on_a, "fsx file read through B");
 }
+
+/// `mapfs bench --hosts A,B` on the two Gluster mounts: every cell of its
+/// table has a figure (a run whose writers failed, or whose N-1 file lacks
+/// bytes through host B, would show `ERR`), and it says which store it
+/// measured.
+#[test]
+fn bench_hosts_measures_every_configuration_on_gluster() {
+    let test = "mapfs bench --hosts on Gluster";
+    let Some((ga, gb, _bed)) = gluster_or_skip(test) else {
+        return;
+    };
+    if !have("fio") {
+        eprintln!("!!!!! SKIPPED {test}: fio is not installed !!!!!");
+        return;
+    }
+    let mut hosts = ga.into_os_string();
+    hosts.push(",");
+    hosts.push(gb);
+    let out = Command::new(mapfs_bin())
+        .args(["bench", "--hosts"])
+        .arg(&hosts)
+        .args([
+            "--size",
+            "1M",
+            "--bs",
+            "64k",
+            "--runs",
+            "1",
+            "--threads",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{test}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("store: fuse.glusterfs"), "{test}: {stdout}");
+    for cfg in ["direct", "plfs", "plfs-run"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {cfg} |")))
+            .unwrap_or_else(|| panic!("{test}: no row {cfg}:\n{stdout}"));
+        let cells: Vec<&str> = row
+            .split('|')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(cells.len(), 3, "{test}: {row}");
+        for c in &cells[1..] {
+            assert!(
+                c.parse::<f64>().is_ok_and(|v| v > 0.0),
+                "{test}: {cfg} has no figure: {row}"
+            );
+        }
+    }
+    assert!(
+        stdout.contains("plfs-run N-1 / direct N-N"),
+        "{test}: {stdout}"
+    );
+}

@@ -256,6 +256,22 @@ pub struct MountGuard {
     unmount: Vec<Vec<OsString>>,
 }
 
+impl MountGuard {
+    /// Unmounts the mapfs mount `mnt` (with `mapfs umount`, then
+    /// `fusermount3 -u`, then `umount -l`) when dropped.
+    pub fn new(mnt: &Path, mapfs: &Path) -> MountGuard {
+        let mnt_os: OsString = mnt.into();
+        MountGuard {
+            mnt: mnt.to_path_buf(),
+            unmount: vec![
+                vec![mapfs.into(), "umount".into(), mnt_os.clone()],
+                vec!["fusermount3".into(), "-u".into(), mnt_os.clone()],
+                vec!["umount".into(), "-l".into(), mnt_os],
+            ],
+        }
+    }
+}
+
 impl Drop for MountGuard {
     fn drop(&mut self) {
         for cmd in &self.unmount {

@@ -10,6 +10,7 @@
 mod config;
 mod fileserver;
 mod fio;
+mod hosts;
 mod meta;
 mod process;
 mod procs;
@@ -99,6 +100,15 @@ pub struct BenchArgs {
     /// List the workloads and configurations and exit
     #[arg(long)]
     pub list: bool,
+
+    /// Instead of the suite: checkpoint writes from two hosts, A and B, two
+    /// mounts of one shared store (`scripts/gluster.sh start` prints a
+    /// GlusterFS volume's): N-1 strided and N-N with --threads writers
+    /// split across the hosts, on the store directly, through a plfs mount
+    /// per host, and under `mapfs run` [defaults here: --size 16M, --bs
+    /// 4k,64k]
+    #[arg(long, value_name = "A,B", value_delimiter = ',', num_args = 1)]
+    pub hosts: Option<Vec<PathBuf>>,
 
     /// The mapfs executable used to mount [default: this executable]
     #[arg(long, value_name = "PATH", hide = true)]
@@ -601,6 +611,30 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.list {
         print_list();
         return Ok(());
+    }
+    if let Some(h) = &args.hosts {
+        let [a, b] = h.as_slice() else {
+            bail!("--hosts takes two directories, A,B");
+        };
+        let bs = match &args.bs {
+            Some(l) => l
+                .iter()
+                .map(|s| parse_size(s))
+                .collect::<Result<Vec<_>>>()?,
+            None => vec![4096, 65536],
+        };
+        let p = hosts::Params {
+            hosts: [a.clone(), b.clone()],
+            writers: args.threads.unwrap_or(4) as u64,
+            size: args.size.as_deref().map_or(Ok(16 << 20), parse_size)?,
+            bs,
+            runs: args.runs.unwrap_or(3).max(1),
+            mapfs: match &args.mapfs_exe {
+                Some(p) => p.clone(),
+                None => std::env::current_exe().context("locating the mapfs executable")?,
+            },
+        };
+        return hosts::run(&p);
     }
     let (params, wls, cfgs) = resolve(&args)?;
     let fio_version = if wls.iter().any(Workload::is_data) {

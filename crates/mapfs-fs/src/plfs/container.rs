@@ -6,7 +6,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use mapfs::backing::openat2_beneath;
@@ -107,7 +107,8 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
         Mode::empty(),
     )?;
     let mut out = Listing::default();
-    let mut d = rustix::fs::Dir::read_from(&fd)?;
+    // The fd is this listing's own: no need for a second one.
+    let mut d = rustix::fs::Dir::new(fd)?;
     while let Some(e) = d.read() {
         let e = e?;
         let Ok(name) = std::str::from_utf8(e.file_name().to_bytes()) else {
@@ -297,23 +298,42 @@ pub(super) fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
     remove_tree_at(parent, name, 0)
 }
 
+/// [`remove_tree`] of `name`, a directory (a container): its entries go
+/// first, without first trying to unlink it as a file.
+pub(super) fn remove_dir_tree(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
+    match remove_entries(parent, name, 0) {
+        // Replaced by a non-directory since it was found (a planted file).
+        Err(e) if matches!(e.errno(), libc::ENOTDIR | libc::ELOOP) => remove_tree(parent, name),
+        r => r,
+    }
+}
+
 fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()> {
     match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => return Ok(()),
         Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {}
         Err(e) => return Err(e.into()),
     }
+    remove_entries(parent, name, depth)
+}
+
+/// Removes directory `name` in `parent` and everything beneath it.
+fn remove_entries(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()> {
     if depth >= MAX_DEPTH {
         return Err(Error::from_errno(libc::ENOTEMPTY));
     }
-    let fd = openat2_beneath(
+    let fd = match openat2_beneath(
         parent,
         name,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
-    )?;
+    ) {
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        r => r?,
+    };
     let mut names = Vec::new();
-    let mut d = rustix::fs::Dir::read_from(&fd)?;
+    // The fd is this listing's own: no need for a second one.
+    let mut d = rustix::fs::Dir::new(fd)?;
     while let Some(e) = d.read() {
         let e = e?;
         let n = OsStr::from_bytes(e.file_name().to_bytes());
@@ -321,8 +341,9 @@ fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
             names.push(n.to_os_string());
         }
     }
+    let fd = d.fd()?;
     for n in names {
-        remove_tree_at(fd.as_fd(), &n, depth + 1)?;
+        remove_tree_at(fd, &n, depth + 1)?;
     }
     match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
@@ -339,10 +360,22 @@ fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
 /// A container removed meanwhile has no `.plfs` any more: `ESTALE` (the
 /// caller looks its name up again, or has nothing left to do).
 pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<Flock> {
-    let f = open_file(dir, IDENTITY, OFlags::RDONLY).map_err(|e| match e.errno() {
-        libc::ENOENT => Error::from_errno(libc::ESTALE),
-        _ => e,
+    // As `open_file`, but `O_NONBLOCK` stays: nothing reads this
+    // descriptor, and `flock` ignores it.
+    let fd = openat2_beneath(
+        dir,
+        OsStr::new(IDENTITY),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::NOENT => Error::from_errno(libc::ESTALE),
+        e => e.into(),
     })?;
+    if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
+        return Err(Error::io().context("the identity of a plfs container is not a file"));
+    }
+    let f = File::from(fd);
     let op = if exclusive {
         FlockOperation::LockExclusive
     } else {

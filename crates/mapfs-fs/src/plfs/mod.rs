@@ -12,11 +12,16 @@
 //!   directory is a container iff it holds a regular file named `.plfs`, so a
 //!   user file named `.plfs` (itself a container directory) confuses nothing.
 //! - `data.<id>`: data logs. Every writable open gets a fresh log of its own
-//!   and the map [`Growth::AppendLog`](mapfs::Growth::AppendLog) into it:
-//!   each writer (the daemon, a shim client, another node) appends to its
-//!   own log, so no two executors ever place bytes in the same backing space.
-//!   Read-only opens get a [`ReadOnly`](mapfs::Growth::ReadOnly) map and no
-//!   log. A log nothing refers to is removed at release.
+//!   at its first write, and from then on the map
+//!   [`Growth::AppendLog`](mapfs::Growth::AppendLog) into it: each writer
+//!   (the daemon, a shim client, another node) appends to its own log, so no
+//!   two executors ever place bytes in the same backing space. Opens start
+//!   with a [`ReadOnly`](mapfs::Growth::ReadOnly) map and no log; a writable
+//!   one gets its log from [`remap`](mapfs::FileSystem::remap), which the
+//!   executor calls when a write does not fit (and the daemon before it
+//!   lends a writable open to a shim client), so an open that never writes
+//!   creates and removes nothing. A log nothing refers to is removed at
+//!   release.
 //! - `index.<id>`: index droppings, one per writing open (plus bases written
 //!   by truncation and compaction). A dropping holds records, each with a
 //!   sequence number: bytes of a log mapped at a logical range, a hole, a size
@@ -218,10 +223,11 @@ struct Handle {
 struct Writer {
     /// Names this open's dropping and log with `index.<id>`/`data.<id>`.
     id: String,
-    /// Log name of each `Opened::files` entry.
-    names: Vec<String>,
-    /// This open's own log.
-    log: Arc<File>,
+    /// The backing files the open was given, which the map of its first
+    /// write extends with its log.
+    files: Vec<Arc<File>>,
+    /// Its log, once it has one, and the name of each backing file.
+    logs: Mutex<Logs>,
     /// The map at open (the delta's base).
     open_map: DataMap,
     /// Highest sequence number merged at open.
@@ -237,6 +243,28 @@ struct Writer {
     /// a flush, someone set the times explicitly (`futimens` before close,
     /// as `tar` and `cp -p` do) and the flush must not overwrite them.
     mtime: Mutex<(i64, i64)>,
+}
+
+/// The backing files of a writable open, by their `Opened::files` index.
+#[derive(Debug)]
+struct Logs {
+    /// Log name of each backing file; the open's own log comes last once
+    /// it exists.
+    names: Vec<String>,
+    /// The open's own log: made at its first write (see `Plfs::do_remap`),
+    /// so an open that never writes creates, and leaves, nothing.
+    own: Option<Arc<File>>,
+}
+
+impl Logs {
+    /// The `Opened::files` index of the own log (`u32::MAX`, which no
+    /// extent names, before it exists).
+    fn own_index(&self) -> u32 {
+        match self.own {
+            Some(_) => (self.names.len() - 1) as u32,
+            None => u32::MAX,
+        }
+    }
 }
 
 /// What a path names.
@@ -425,8 +453,15 @@ impl Plfs {
             .filter_map(|h| h.w.as_ref())
             .filter(|w| Some(w.id.as_str()) != except);
         for w in writers {
-            let Ok(md) = w.log.metadata() else { continue };
-            let len = md.len();
+            // Without a log yet, the open has written nothing: all it
+            // writes comes after the truncate, as with an empty log.
+            let len = match &w.logs.lock().own {
+                Some(log) => match log.metadata() {
+                    Ok(md) => md.len(),
+                    Err(_) => continue,
+                },
+                None => 0,
+            };
             let mut ep = w.epochs.lock();
             if ep.last().is_none_or(|e| e.len < len) {
                 ep.push(Epoch { len, seq });
@@ -504,8 +539,8 @@ impl FileSystem for Plfs {
 
     fn mknod(&self, ctx: &Ctx, path: &Path, mode: u32, rdev: u64) -> Result<Attr> {
         if mode & libc::S_IFMT == 0 || mode & libc::S_IFMT == libc::S_IFREG {
-            let dir = self.make_file(ctx, path, mode)?;
-            return self.file_attr(&dir);
+            let (dir, id) = self.make_file(ctx, path, mode)?;
+            return self.attr_of(&dir, &id, 0, 0);
         }
         as_caller(ctx, || self.parent_for_new(path))?;
         self.pt.mknod(ctx, path, mode, rdev)
@@ -600,6 +635,20 @@ impl FileSystem for Plfs {
 
     fn release(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {
         self.do_release(handle, map)
+    }
+
+    /// The first write of a writable open: its log is created, and the map
+    /// appends to it from now on.
+    fn remap(
+        &self,
+        _ctx: &Ctx,
+        _path: &Path,
+        handle: u64,
+        map: &DataMap,
+        _offset: u64,
+        _len: u64,
+    ) -> Result<Opened> {
+        self.do_remap(handle, map)
     }
 
     fn flush(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {

@@ -310,7 +310,7 @@ impl Plfs {
         let key = container::key_of(dir.as_fd())?;
         match self.store.lock(dir.as_fd(), key) {
             Ok(locked) => {
-                let res = container::remove_tree(parent, name);
+                let res = container::remove_dir_tree(parent, name);
                 self.store.invalidate(key);
                 drop(locked);
                 res

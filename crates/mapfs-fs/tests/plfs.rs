@@ -429,6 +429,30 @@ fn opens_that_never_write_change_no_container() {
     assert_eq!(f.contents("/g"), b"datamore");
 }
 
+/// `unlink` removes a container whatever it holds: only its identity (never
+/// written), logs and droppings, an entry planted by hand, a writer's log
+/// while that writer is still open.
+#[test]
+fn unlink_removes_every_kind_of_container() {
+    let f = fx();
+    f.create("/empty").close();
+    let w = f.create("/written");
+    w.write(0, b"x");
+    w.close();
+    std::fs::write(f.b.join("written/stray"), b"s").unwrap();
+    let o = f.create("/open");
+    o.write(0, b"y");
+    o.flush();
+    for n in ["/empty", "/written", "/open"] {
+        f.fs.unlink(&ROOT, p(n)).unwrap();
+        assert!(f.fs.getattr(&ROOT, p(n)).is_err(), "{n}");
+    }
+    assert_eq!(o.read_all(), b"y");
+    o.close();
+    let left: Vec<_> = std::fs::read_dir(&f.b).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// A writer whose first write comes after its file was unlinked still
 /// writes and reads its bytes, and leaves nothing behind.
 #[test]

@@ -298,14 +298,37 @@ pub(super) fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
     remove_tree_at(parent, name, 0)
 }
 
-/// [`remove_tree`] of `name`, a directory (a container): its entries go
-/// first, without first trying to unlink it as a file.
-pub(super) fn remove_dir_tree(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
-    match remove_entries(parent, name, 0) {
-        // Replaced by a non-directory since it was found (a planted file).
-        Err(e) if matches!(e.errno(), libc::ENOTDIR | libc::ELOOP) => remove_tree(parent, name),
-        r => r,
+/// Removes the container named `name` in `parent` with everything in it:
+/// its identity and then the directory, which is all a file never written
+/// holds (no listing needed); else, the directory not being empty, every
+/// entry listed in it. The container is opened by its name here, not taken
+/// from an earlier lookup: what goes is what the name holds. A crash part
+/// way leaves the hidden name, which `rmdir` of the parent clears whatever
+/// it holds.
+pub(super) fn remove_container(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
+    let fd = match openat2_beneath(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        // Not a directory any more (planted): removed as what it is.
+        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+            return remove_tree(parent, name)
+        }
+        r => r?,
+    };
+    if let Ok(()) | Err(rustix::io::Errno::NOENT) =
+        rustix::fs::unlinkat(&fd, IDENTITY, AtFlags::empty())
+    {
+        match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => return Ok(()),
+            Err(rustix::io::Errno::NOTEMPTY | rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
+    remove_listed(fd, parent, name, 0)
 }
 
 fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()> {
@@ -331,6 +354,12 @@ fn remove_entries(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
         Err(rustix::io::Errno::NOENT) => return Ok(()),
         r => r?,
     };
+    remove_listed(fd, parent, name, depth)
+}
+
+/// Removes everything listed in directory `fd`, then the directory itself,
+/// `name` in `parent`.
+fn remove_listed(fd: OwnedFd, parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()> {
     let mut names = Vec::new();
     // The fd is this listing's own: no need for a second one.
     let mut d = rustix::fs::Dir::new(fd)?;

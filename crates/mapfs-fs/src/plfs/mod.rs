@@ -391,25 +391,27 @@ impl Plfs {
         if format::reserved_name(name.as_bytes()) {
             return Err(Error::not_found());
         }
-        let st = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
-        let node = if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
-            let dir = container::open_dir(parent.as_fd(), &name)?;
-            let file = container::is_container(dir.as_fd());
-            // The name must still hold what was judged: a file replaced by
-            // a rename and being removed has lost its `.plfs` and would pass
-            // for a directory.
-            let now = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
-            let was = rustix::fs::fstat(&dir)?;
-            if (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino) {
-                return Err(Error::from_errno(libc::ESTALE));
+        // Opened as a directory straight away (files are containers, so
+        // most names are): anything else fails to open as one.
+        let node = match container::open_dir(parent.as_fd(), &name) {
+            Err(e) if matches!(e.errno(), libc::ENOTDIR | libc::ELOOP) => Node::Other,
+            Err(e) => return Err(e),
+            Ok(dir) => {
+                let file = container::is_container(dir.as_fd());
+                // The name must still hold what was judged: a file replaced by
+                // a rename and being removed has lost its `.plfs` and would pass
+                // for a directory.
+                let now = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+                let was = rustix::fs::fstat(&dir)?;
+                if (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino) {
+                    return Err(Error::from_errno(libc::ESTALE));
+                }
+                if file {
+                    Node::File(dir)
+                } else {
+                    Node::Dir
+                }
             }
-            if file {
-                Node::File(dir)
-            } else {
-                Node::Dir
-            }
-        } else {
-            Node::Other
         };
         Ok(Found { parent, name, node })
     }
@@ -683,18 +685,20 @@ impl Plfs {
     /// the count of real subdirectories alone: a cached count taken when
     /// the directory was as `before` stays valid for it now (without this,
     /// every create in a directory of n files would count n entries again
-    /// at the next `getattr` of the directory).
-    fn nlink_kept(&self, dir: BorrowedFd<'_>, before: Option<store::Validator>) {
-        let (Some(before), Ok(key), Ok(now)) =
-            (before, container::key_of(dir), store::validator(dir))
-        else {
-            return;
-        };
+    /// at the next `getattr` of the directory). Returns the directory's
+    /// validator now, the `before` of a next change.
+    fn nlink_kept(
+        &self,
+        dir: BorrowedFd<'_>,
+        before: Option<store::Validator>,
+    ) -> Option<store::Validator> {
+        let (key, now) = store::key_and_validator(dir).ok()?;
         if let Some((v, _)) = self.nlinks.lock().get_mut(&key) {
-            if *v == before {
+            if Some(*v) == before {
                 *v = now;
             }
         }
+        Some(now)
     }
 
     fn dir_nlink(&self, path: &Path) -> Result<u32> {

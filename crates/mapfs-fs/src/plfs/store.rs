@@ -106,13 +106,21 @@ fn racy(v: Validator) -> bool {
 
 /// The [`Validator`] of directory `dir` now.
 pub(super) fn validator(dir: BorrowedFd<'_>) -> Result<Validator> {
+    Ok(key_and_validator(dir)?.1)
+}
+
+/// The [`Key`] and [`Validator`] of directory `dir` now, from one `fstat`.
+pub(super) fn key_and_validator(dir: BorrowedFd<'_>) -> Result<(Key, Validator)> {
     let st = rustix::fs::fstat(dir)?;
     #[allow(clippy::unnecessary_cast)]
     Ok((
-        st.st_mtime as i64,
-        st.st_mtime_nsec as i64,
-        st.st_ctime as i64,
-        st.st_ctime_nsec as i64,
+        (st.st_dev, st.st_ino),
+        (
+            st.st_mtime as i64,
+            st.st_mtime_nsec as i64,
+            st.st_ctime as i64,
+            st.st_ctime_nsec as i64,
+        ),
     ))
 }
 

@@ -35,8 +35,8 @@ impl Plfs {
             // It was a file when looked up: removed since, look again.
             _ => return Err(Error::from_errno(libc::ESTALE)),
         };
-        let dst = rustix::fs::fstat(dir)?;
-        let loaded = self.store.load(dir.as_fd(), (dst.st_dev, dst.st_ino))?;
+        let (key, v) = super::store::key_and_validator(dir.as_fd())?;
+        let loaded = self.store.load_seen(dir.as_fd(), key, v)?;
         self.attr_of(dir, &id, loaded.merged.map.size(), loaded.log_blocks)
     }
 

@@ -707,8 +707,7 @@ impl Plfs {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
             Mode::empty(),
         )?;
-        let key = container::key_of(fd.as_fd())?;
-        let v = store::validator(fd.as_fd())?;
+        let (key, v) = store::key_and_validator(fd.as_fd())?;
         if let Some((cv, n)) = self.nlinks.lock().get(&key) {
             if *cv == v {
                 return Ok(*n);

@@ -219,8 +219,9 @@ impl Store {
     /// The merged index of container `dir`: from the cache when the
     /// directory is unchanged, else merged under the in-process lock and the
     /// shared `flock` (no compaction or dropping write anywhere meanwhile).
-    pub fn load(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
-        if let Some(l) = self.cached(dir, key)? {
+    /// `v` is `dir`'s validator, just taken by the caller.
+    pub fn load_seen(&self, dir: BorrowedFd<'_>, key: Key, v: Validator) -> Result<Arc<Loaded>> {
+        if let Some(l) = self.cached_as(key, v) {
             return Ok(l);
         }
         let _stripe = self.stripe(key);
@@ -233,7 +234,7 @@ impl Store {
         Ok(loaded)
     }
 
-    /// [`Store::load`] for a caller holding [`Store::lock`].
+    /// [`Store::load_seen`] for a caller holding [`Store::lock`].
     pub fn load_locked(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
         match self.cached(dir, key)? {
             Some(l) => Ok(l),
@@ -242,11 +243,16 @@ impl Store {
     }
 
     fn cached(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Option<Arc<Loaded>>> {
-        let v = validator(dir)?;
-        Ok(match self.cache.lock().map.get(&key) {
+        Ok(self.cached_as(key, validator(dir)?))
+    }
+
+    /// The cached merge of `key` if the directory's validator `v` proves
+    /// it current.
+    fn cached_as(&self, key: Key, v: Validator) -> Option<Arc<Loaded>> {
+        match self.cache.lock().map.get(&key) {
             Some(c) if c.validator == v && !c.racy => Some(c.loaded.clone()),
             _ => None,
-        })
+        }
     }
 
     /// A read-only descriptor of log `name` of container `dir`, from the

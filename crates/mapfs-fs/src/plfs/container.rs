@@ -386,8 +386,10 @@ fn remove_listed(fd: OwnedFd, parent: BorrowedFd<'_>, name: &OsStr, depth: u32) 
 /// description, so a process must not take it twice on one container: the
 /// in-process stripe lock is always taken first and serialises that.)
 ///
-/// A container removed meanwhile has no `.plfs` any more: `ESTALE` (the
-/// caller looks its name up again, or has nothing left to do).
+/// A container removed meanwhile has no `.plfs` any more, or had it removed
+/// while this waited for the lock (containers are removed under it):
+/// `ESTALE` (the caller looks its name up again, or has nothing left to
+/// do). So a lock held is a container present.
 pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<Flock> {
     // As `open_file`, but `O_NONBLOCK` stays: nothing reads this
     // descriptor, and `flock` ignores it.
@@ -401,17 +403,23 @@ pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<Floc
         rustix::io::Errno::NOENT => Error::from_errno(libc::ESTALE),
         e => e.into(),
     })?;
-    if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
-        return Err(Error::io().context("the identity of a plfs container is not a file"));
-    }
-    let f = File::from(fd);
     let op = if exclusive {
         FlockOperation::LockExclusive
     } else {
         FlockOperation::LockShared
     };
-    rustix::fs::flock(&f, op)?;
-    Ok(Flock(f))
+    rustix::fs::flock(&fd, op)?;
+    let lock = Flock(File::from(fd));
+    // Checked once locked: the one `fstat` tells a planted non-file and a
+    // container removed while this waited (its identity unlinked).
+    let st = rustix::fs::fstat(&lock.0)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(Error::io().context("the identity of a plfs container is not a file"));
+    }
+    if st.st_nlink == 0 {
+        return Err(Error::from_errno(libc::ESTALE));
+    }
+    Ok(lock)
 }
 
 /// A held container lock ([`lock_identity`]), unlocked when dropped.

@@ -359,11 +359,9 @@ impl Plfs {
         // Under the lock until registered: a compaction must neither remove
         // a log between the merge and its open here, nor miss this open's
         // new log.
+        // Removed while we waited for the lock: `ESTALE` (see
+        // `lock_identity`), and the name is looked up again.
         let guard = self.store.lock(dir.as_fd(), key)?;
-        if !container::is_container(dir.as_fd()) {
-            // Removed while we waited for the lock: look the name up again.
-            return Err(Error::from_errno(libc::ESTALE));
-        }
         let loaded = self.recover_and_load(dir.as_fd(), key)?;
         let merged = &loaded.merged;
         let mut files = Vec::new();

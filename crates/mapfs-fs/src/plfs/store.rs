@@ -16,7 +16,7 @@ use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
-use mapfs::{Error, Result};
+use mapfs::Result;
 use parking_lot::{Mutex, MutexGuard};
 use tracing::warn;
 
@@ -225,25 +225,21 @@ impl Store {
             return Ok(l);
         }
         let _stripe = self.stripe(key);
+        // Removed while we waited for the lock: `ESTALE` (see
+        // `lock_identity`), and the name is looked up again.
         let _flock = container::lock_identity(dir, false)?;
-        let loaded = self.merge_now(dir, key)?;
-        if !container::is_container(dir) {
-            // Removed while we waited for the lock: look the name up again.
-            return Err(Error::from_errno(libc::ESTALE));
-        }
-        Ok(loaded)
+        // `v`, taken before the lock, may be older than the listing: the
+        // entry is then only invalid sooner, never stale.
+        self.merge_now(dir, key, v)
     }
 
     /// [`Store::load_seen`] for a caller holding [`Store::lock`].
     pub fn load_locked(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
-        match self.cached(dir, key)? {
+        let v = validator(dir)?;
+        match self.cached_as(key, v) {
             Some(l) => Ok(l),
-            None => self.merge_now(dir, key),
+            None => self.merge_now(dir, key, v),
         }
-    }
-
-    fn cached(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Option<Arc<Loaded>>> {
-        Ok(self.cached_as(key, validator(dir)?))
     }
 
     /// The cached merge of `key` if the directory's validator `v` proves
@@ -288,9 +284,9 @@ impl Store {
     }
 
     /// Merges container `dir` incrementally: droppings already cached as
-    /// closed are not read again, only new or still-open ones.
-    fn merge_now(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
-        let v = validator(dir)?;
+    /// closed are not read again, only new or still-open ones. `v` is the
+    /// directory's validator taken before the listing (the cache entry's).
+    fn merge_now(&self, dir: BorrowedFd<'_>, key: Key, v: Validator) -> Result<Arc<Loaded>> {
         let listing = container::list(dir)?;
         // The previous entry's closed droppings and log descriptors,
         // whatever its validator.

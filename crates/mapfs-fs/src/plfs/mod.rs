@@ -92,10 +92,14 @@
 //! with blocks smaller than a page) lose bytes. Mount plfs with
 //! `--writeback-cache off`, or use page-aligned blocks.
 //!
-//! Compaction: when a release finds more than [`COMPACT_AFTER`] droppings and
-//! no open writer of the file remains in this process, and at every truncate
-//! with no open writer, the droppings are rewritten as one base dropping and
-//! logs no extent refers to are removed, except logs a live writer holds.
+//! Compaction: when the release of an open that wrote a dropping finds more
+//! than [`COMPACT_AFTER`] droppings and no open writer of the file remains in
+//! this process, when an open finds that many and no writer anywhere, and at
+//! every truncate with no open writer, the droppings are rewritten as one
+//! base dropping and logs no extent refers to are removed, except logs a
+//! live writer holds. (The release of an open that recorded nothing changes
+//! nothing, and takes no lock: a compaction it would have found due waits
+//! for the next open or writing release.)
 //!
 //! Several processes may serve one backing directory (daemons, embedded
 //! shims): dropping writes, truncates and compactions take an exclusive

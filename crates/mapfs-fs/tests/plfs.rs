@@ -400,6 +400,73 @@ fn flush_makes_bytes_visible_before_release() {
     assert_eq!(f.contents("/v"), b"first second");
 }
 
+/// An open that never writes changes nothing in its container, while open
+/// or after: no log or dropping is made at open (and removed again at
+/// release); a writer's first write makes its log.
+#[test]
+fn opens_that_never_write_change_no_container() {
+    let f = fx();
+    let c = f.create("/f");
+    assert_eq!(f.backing_entries("/f", ""), [".plfs"]);
+    c.close();
+    assert_eq!(f.backing_entries("/f", ""), [".plfs"]);
+
+    let w = f.create("/g");
+    w.write(0, b"data");
+    w.close();
+    let before = f.backing_entries("/g", "");
+    for flags in [libc::O_RDWR, libc::O_WRONLY, libc::O_RDONLY] {
+        let o = f.open("/g", flags);
+        assert_eq!(f.backing_entries("/g", ""), before, "open {flags:#o}");
+        o.close();
+        assert_eq!(f.backing_entries("/g", ""), before, "release {flags:#o}");
+    }
+
+    let o = f.open("/g", libc::O_WRONLY);
+    o.write(4, b"more");
+    assert_eq!(f.backing_entries("/g", "data.").len(), 2);
+    o.close();
+    assert_eq!(f.contents("/g"), b"datamore");
+}
+
+/// `unlink` removes a container whatever it holds: only its identity (never
+/// written), logs and droppings, an entry planted by hand, a writer's log
+/// while that writer is still open.
+#[test]
+fn unlink_removes_every_kind_of_container() {
+    let f = fx();
+    f.create("/empty").close();
+    let w = f.create("/written");
+    w.write(0, b"x");
+    w.close();
+    std::fs::write(f.b.join("written/stray"), b"s").unwrap();
+    let o = f.create("/open");
+    o.write(0, b"y");
+    o.flush();
+    for n in ["/empty", "/written", "/open"] {
+        f.fs.unlink(&ROOT, p(n)).unwrap();
+        assert!(f.fs.getattr(&ROOT, p(n)).is_err(), "{n}");
+    }
+    assert_eq!(o.read_all(), b"y");
+    o.close();
+    let left: Vec<_> = std::fs::read_dir(&f.b).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A writer whose first write comes after its file was unlinked still
+/// writes and reads its bytes, and leaves nothing behind.
+#[test]
+fn first_write_after_unlink() {
+    let f = fx();
+    let w = f.create("/u");
+    f.fs.unlink(&ROOT, p("/u")).unwrap();
+    w.write(0, b"unlinked");
+    assert_eq!(w.read_all(), b"unlinked");
+    w.close();
+    let left: Vec<_> = std::fs::read_dir(&f.b).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 #[test]
 fn rename_and_unlink_while_open() {
     let f = fx();

@@ -880,6 +880,14 @@ impl OpenRegistry for Shared {
         })
     }
 
+    fn ready_to_write(&self, fh: u64) -> mapfs::Result<Option<OpenInfo>> {
+        let Some(f) = self.handles.file(fh) else {
+            return Ok(None);
+        };
+        f.data.make_writable(&mut self.remap_for(&f))?;
+        Ok(self.open(fh))
+    }
+
     fn proofs(&self) -> &Proofs {
         &self.proofs
     }

@@ -110,6 +110,17 @@ pub trait OpenRegistry: Send + Sync + 'static {
     /// adoption, if there is one.
     fn generations(&self) -> Option<&Generations>;
 
+    /// Open `fh`, writable and about to be lent to a client that runs its
+    /// map, made able to place writes first (see
+    /// [`mapfs::engine::DataFile::make_writable`]): a client cannot call
+    /// the file system's `remap`, and would hand the open back to the
+    /// mount at its first write. Returns the open as it is then (`None`
+    /// once released). The default, for registries whose maps need no
+    /// room made, is [`OpenRegistry::open`].
+    fn ready_to_write(&self, fh: u64) -> mapfs::Result<Option<OpenInfo>> {
+        Ok(self.open(fh))
+    }
+
     /// `open` is about to be handed to a client: bumps the inode's token
     /// if its map is not the last one the daemon saw for the inode (see
     /// `control::tokens::MapTokens::adopting`).

@@ -193,6 +193,33 @@ impl DataFile {
         Ok(())
     }
 
+    /// Makes the map able to place writes when it can place none
+    /// ([`Growth::ReadOnly`], as a file system that gives a writable open
+    /// its space at its first write hands out at open): `remap` is asked
+    /// for room at the end of the file (a zero-length range there), and its
+    /// map and files replace these. For an executor that cannot call the
+    /// file system at the first write (a shim client running a lent map).
+    /// Other maps are left as they are.
+    pub fn make_writable(&self, remap: Remap<'_>) -> Result<()> {
+        if self.whole.get().is_some() {
+            return Ok(());
+        }
+        let mut st = self.inner.write();
+        if st.map.growth() != Growth::ReadOnly || st.map.is_whole_file() {
+            return Ok(());
+        }
+        let size = st.map.size();
+        let opened = remap(&st.map, size, 0)?;
+        st.map = opened.map;
+        st.files = opened.files;
+        if st.map.is_whole_file() {
+            if let Some(f) = st.files.first() {
+                let _ = self.whole.set(f.clone());
+            }
+        }
+        Ok(())
+    }
+
     /// Current logical size.
     pub fn size(&self) -> Result<u64> {
         if let Some(f) = self.whole.get() {

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mapfs::backing::openat2_beneath;
 use mapfs::creds::as_caller;
 use mapfs::{Attr, Ctx, Error, FileKind, FileSystem as _, Result, SetAttr};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use rustix::process::{Gid, Uid};
 
 use super::container;
@@ -35,12 +35,19 @@ impl Plfs {
             // It was a file when looked up: removed since, look again.
             _ => return Err(Error::from_errno(libc::ESTALE)),
         };
-        let dst = rustix::fs::fstat(dir)?;
-        let loaded = self.store.load(dir.as_fd(), (dst.st_dev, dst.st_ino))?;
+        let (key, v) = super::store::key_and_validator(dir.as_fd())?;
+        let loaded = self.store.load_seen(dir.as_fd(), key, v)?;
+        self.attr_of(dir, &id, loaded.merged.map.size(), loaded.log_blocks)
+    }
+
+    /// The attributes of the file in container `dir` whose identity's
+    /// `stat` is `id`, with its size and blocks.
+    #[allow(clippy::unnecessary_cast)]
+    pub(super) fn attr_of(&self, dir: &OwnedFd, id: &Stat, size: u64, blocks: u64) -> Result<Attr> {
         Ok(Attr {
             ino: container::file_ino(dir.as_fd())?,
-            size: loaded.merged.map.size(),
-            blocks: loaded.log_blocks,
+            size,
+            blocks,
             atime: system_time(id.st_atime as i64, id.st_atime_nsec as i64),
             mtime: system_time(id.st_mtime as i64, id.st_mtime_nsec as i64),
             ctime: system_time(id.st_ctime as i64, id.st_ctime_nsec as i64),

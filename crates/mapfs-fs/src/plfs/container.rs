@@ -6,7 +6,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use mapfs::backing::openat2_beneath;
@@ -107,7 +107,8 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
         Mode::empty(),
     )?;
     let mut out = Listing::default();
-    let mut d = rustix::fs::Dir::read_from(&fd)?;
+    // The fd is this listing's own: no need for a second one.
+    let mut d = rustix::fs::Dir::new(fd)?;
     while let Some(e) = d.read() {
         let e = e?;
         let Ok(name) = std::str::from_utf8(e.file_name().to_bytes()) else {
@@ -297,23 +298,71 @@ pub(super) fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
     remove_tree_at(parent, name, 0)
 }
 
+/// Removes the container named `name` in `parent` with everything in it:
+/// its identity and then the directory, which is all a file never written
+/// holds (no listing needed); else, the directory not being empty, every
+/// entry listed in it. The container is opened by its name here, not taken
+/// from an earlier lookup: what goes is what the name holds. A crash part
+/// way leaves the hidden name, which `rmdir` of the parent clears whatever
+/// it holds.
+pub(super) fn remove_container(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
+    let fd = match openat2_beneath(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        // Not a directory any more (planted): removed as what it is.
+        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+            return remove_tree(parent, name)
+        }
+        r => r?,
+    };
+    if let Ok(()) | Err(rustix::io::Errno::NOENT) =
+        rustix::fs::unlinkat(&fd, IDENTITY, AtFlags::empty())
+    {
+        match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => return Ok(()),
+            Err(rustix::io::Errno::NOTEMPTY | rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    remove_listed(fd, parent, name, 0)
+}
+
 fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()> {
     match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => return Ok(()),
         Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {}
         Err(e) => return Err(e.into()),
     }
+    remove_entries(parent, name, depth)
+}
+
+/// Removes directory `name` in `parent` and everything beneath it.
+fn remove_entries(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()> {
     if depth >= MAX_DEPTH {
         return Err(Error::from_errno(libc::ENOTEMPTY));
     }
-    let fd = openat2_beneath(
+    let fd = match openat2_beneath(
         parent,
         name,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
-    )?;
+    ) {
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        r => r?,
+    };
+    remove_listed(fd, parent, name, depth)
+}
+
+/// Removes everything listed in directory `fd`, then the directory itself,
+/// `name` in `parent`.
+fn remove_listed(fd: OwnedFd, parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()> {
     let mut names = Vec::new();
-    let mut d = rustix::fs::Dir::read_from(&fd)?;
+    // The fd is this listing's own: no need for a second one.
+    let mut d = rustix::fs::Dir::new(fd)?;
     while let Some(e) = d.read() {
         let e = e?;
         let n = OsStr::from_bytes(e.file_name().to_bytes());
@@ -321,8 +370,9 @@ fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
             names.push(n.to_os_string());
         }
     }
+    let fd = d.fd()?;
     for n in names {
-        remove_tree_at(fd.as_fd(), &n, depth + 1)?;
+        remove_tree_at(fd, &n, depth + 1)?;
     }
     match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
@@ -336,20 +386,40 @@ fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
 /// description, so a process must not take it twice on one container: the
 /// in-process stripe lock is always taken first and serialises that.)
 ///
-/// A container removed meanwhile has no `.plfs` any more: `ESTALE` (the
-/// caller looks its name up again, or has nothing left to do).
+/// A container removed meanwhile has no `.plfs` any more, or had it removed
+/// while this waited for the lock (containers are removed under it):
+/// `ESTALE` (the caller looks its name up again, or has nothing left to
+/// do). So a lock held is a container present.
 pub(super) fn lock_identity(dir: BorrowedFd<'_>, exclusive: bool) -> Result<Flock> {
-    let f = open_file(dir, IDENTITY, OFlags::RDONLY).map_err(|e| match e.errno() {
-        libc::ENOENT => Error::from_errno(libc::ESTALE),
-        _ => e,
+    // As `open_file`, but `O_NONBLOCK` stays: nothing reads this
+    // descriptor, and `flock` ignores it.
+    let fd = openat2_beneath(
+        dir,
+        OsStr::new(IDENTITY),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::NOENT => Error::from_errno(libc::ESTALE),
+        e => e.into(),
     })?;
     let op = if exclusive {
         FlockOperation::LockExclusive
     } else {
         FlockOperation::LockShared
     };
-    rustix::fs::flock(&f, op)?;
-    Ok(Flock(f))
+    rustix::fs::flock(&fd, op)?;
+    let lock = Flock(File::from(fd));
+    // Checked once locked: the one `fstat` tells a planted non-file and a
+    // container removed while this waited (its identity unlinked).
+    let st = rustix::fs::fstat(&lock.0)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(Error::io().context("the identity of a plfs container is not a file"));
+    }
+    if st.st_nlink == 0 {
+        return Err(Error::from_errno(libc::ESTALE));
+    }
+    Ok(lock)
 }
 
 /// A held container lock ([`lock_identity`]), unlocked when dropped.

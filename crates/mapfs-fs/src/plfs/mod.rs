@@ -12,11 +12,16 @@
 //!   directory is a container iff it holds a regular file named `.plfs`, so a
 //!   user file named `.plfs` (itself a container directory) confuses nothing.
 //! - `data.<id>`: data logs. Every writable open gets a fresh log of its own
-//!   and the map [`Growth::AppendLog`](mapfs::Growth::AppendLog) into it:
-//!   each writer (the daemon, a shim client, another node) appends to its
-//!   own log, so no two executors ever place bytes in the same backing space.
-//!   Read-only opens get a [`ReadOnly`](mapfs::Growth::ReadOnly) map and no
-//!   log. A log nothing refers to is removed at release.
+//!   at its first write, and from then on the map
+//!   [`Growth::AppendLog`](mapfs::Growth::AppendLog) into it: each writer
+//!   (the daemon, a shim client, another node) appends to its own log, so no
+//!   two executors ever place bytes in the same backing space. Opens start
+//!   with a [`ReadOnly`](mapfs::Growth::ReadOnly) map and no log; a writable
+//!   one gets its log from [`remap`](mapfs::FileSystem::remap), which the
+//!   executor calls when a write does not fit (and the daemon before it
+//!   lends a writable open to a shim client), so an open that never writes
+//!   creates and removes nothing. A log nothing refers to is removed at
+//!   release.
 //! - `index.<id>`: index droppings, one per writing open (plus bases written
 //!   by truncation and compaction). A dropping holds records, each with a
 //!   sequence number: bytes of a log mapped at a logical range, a hole, a size
@@ -87,10 +92,14 @@
 //! with blocks smaller than a page) lose bytes. Mount plfs with
 //! `--writeback-cache off`, or use page-aligned blocks.
 //!
-//! Compaction: when a release finds more than [`COMPACT_AFTER`] droppings and
-//! no open writer of the file remains in this process, and at every truncate
-//! with no open writer, the droppings are rewritten as one base dropping and
-//! logs no extent refers to are removed, except logs a live writer holds.
+//! Compaction: when the release of an open that wrote a dropping finds more
+//! than [`COMPACT_AFTER`] droppings and no open writer of the file remains in
+//! this process, when an open finds that many and no writer anywhere, and at
+//! every truncate with no open writer, the droppings are rewritten as one
+//! base dropping and logs no extent refers to are removed, except logs a
+//! live writer holds. (The release of an open that recorded nothing changes
+//! nothing, and takes no lock: a compaction it would have found due waits
+//! for the next open or writing release.)
 //!
 //! Several processes may serve one backing directory (daemons, embedded
 //! shims): dropping writes, truncates and compactions take an exclusive
@@ -229,10 +238,11 @@ struct Handle {
 struct Writer {
     /// Names this open's dropping and log with `index.<id>`/`data.<id>`.
     id: String,
-    /// Log name of each `Opened::files` entry.
-    names: Vec<String>,
-    /// This open's own log.
-    log: Arc<File>,
+    /// The backing files the open was given, which the map of its first
+    /// write extends with its log.
+    files: Vec<Arc<File>>,
+    /// Its log, once it has one, and the name of each backing file.
+    logs: Mutex<Logs>,
     /// The map at open (the delta's base).
     open_map: DataMap,
     /// Highest sequence number merged at open.
@@ -248,6 +258,28 @@ struct Writer {
     /// a flush, someone set the times explicitly (`futimens` before close,
     /// as `tar` and `cp -p` do) and the flush must not overwrite them.
     mtime: Mutex<(i64, i64)>,
+}
+
+/// The backing files of a writable open, by their `Opened::files` index.
+#[derive(Debug)]
+struct Logs {
+    /// Log name of each backing file; the open's own log comes last once
+    /// it exists.
+    names: Vec<String>,
+    /// The open's own log: made at its first write (see `Plfs::do_remap`),
+    /// so an open that never writes creates, and leaves, nothing.
+    own: Option<Arc<File>>,
+}
+
+impl Logs {
+    /// The `Opened::files` index of the own log (`u32::MAX`, which no
+    /// extent names, before it exists).
+    fn own_index(&self) -> u32 {
+        match self.own {
+            Some(_) => (self.names.len() - 1) as u32,
+            None => u32::MAX,
+        }
+    }
 }
 
 /// What a path names.
@@ -376,25 +408,27 @@ impl Plfs {
         if format::reserved_name(name.as_bytes()) {
             return Err(Error::not_found());
         }
-        let st = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
-        let node = if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
-            let dir = container::open_dir(parent.as_fd(), &name)?;
-            let file = container::is_container(dir.as_fd());
-            // The name must still hold what was judged: a file replaced by
-            // a rename and being removed has lost its `.plfs` and would pass
-            // for a directory.
-            let now = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
-            let was = rustix::fs::fstat(&dir)?;
-            if (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino) {
-                return Err(Error::from_errno(libc::ESTALE));
+        // Opened as a directory straight away (files are containers, so
+        // most names are): anything else fails to open as one.
+        let node = match container::open_dir(parent.as_fd(), &name) {
+            Err(e) if matches!(e.errno(), libc::ENOTDIR | libc::ELOOP) => Node::Other,
+            Err(e) => return Err(e),
+            Ok(dir) => {
+                let file = container::is_container(dir.as_fd());
+                // The name must still hold what was judged: a file replaced by
+                // a rename and being removed has lost its `.plfs` and would pass
+                // for a directory.
+                let now = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+                let was = rustix::fs::fstat(&dir)?;
+                if (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino) {
+                    return Err(Error::from_errno(libc::ESTALE));
+                }
+                if file {
+                    Node::File(dir)
+                } else {
+                    Node::Dir
+                }
             }
-            if file {
-                Node::File(dir)
-            } else {
-                Node::Dir
-            }
-        } else {
-            Node::Other
         };
         Ok(Found { parent, name, node })
     }
@@ -438,8 +472,15 @@ impl Plfs {
             .filter_map(|h| h.w.as_ref())
             .filter(|w| Some(w.id.as_str()) != except);
         for w in writers {
-            let Ok(md) = w.log.metadata() else { continue };
-            let len = md.len();
+            // Without a log yet, the open has written nothing: all it
+            // writes comes after the truncate, as with an empty log.
+            let len = match &w.logs.lock().own {
+                Some(log) => match log.metadata() {
+                    Ok(md) => md.len(),
+                    Err(_) => continue,
+                },
+                None => 0,
+            };
             let mut ep = w.epochs.lock();
             if ep.last().is_none_or(|e| e.len < len) {
                 ep.push(Epoch { len, seq });
@@ -517,8 +558,8 @@ impl FileSystem for Plfs {
 
     fn mknod(&self, ctx: &Ctx, path: &Path, mode: u32, rdev: u64) -> Result<Attr> {
         if mode & libc::S_IFMT == 0 || mode & libc::S_IFMT == libc::S_IFREG {
-            let dir = self.make_file(ctx, path, mode)?;
-            return self.file_attr(&dir);
+            let (dir, id) = self.make_file(ctx, path, mode)?;
+            return self.attr_of(&dir, &id, 0, 0);
         }
         as_caller(ctx, || self.parent_for_new(path))?;
         self.pt.mknod(ctx, path, mode, rdev)
@@ -615,6 +656,20 @@ impl FileSystem for Plfs {
         self.do_release(handle, map)
     }
 
+    /// The first write of a writable open: its log is created, and the map
+    /// appends to it from now on.
+    fn remap(
+        &self,
+        _ctx: &Ctx,
+        _path: &Path,
+        handle: u64,
+        map: &DataMap,
+        _offset: u64,
+        _len: u64,
+    ) -> Result<Opened> {
+        self.do_remap(handle, map)
+    }
+
     fn flush(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {
         let h = self.handles.lock().get(&handle).cloned();
         match h {
@@ -647,18 +702,20 @@ impl Plfs {
     /// the count of real subdirectories alone: a cached count taken when
     /// the directory was as `before` stays valid for it now (without this,
     /// every create in a directory of n files would count n entries again
-    /// at the next `getattr` of the directory).
-    fn nlink_kept(&self, dir: BorrowedFd<'_>, before: Option<store::Validator>) {
-        let (Some(before), Ok(key), Ok(now)) =
-            (before, container::key_of(dir), store::validator(dir))
-        else {
-            return;
-        };
+    /// at the next `getattr` of the directory). Returns the directory's
+    /// validator now, the `before` of a next change.
+    fn nlink_kept(
+        &self,
+        dir: BorrowedFd<'_>,
+        before: Option<store::Validator>,
+    ) -> Option<store::Validator> {
+        let (key, now) = store::key_and_validator(dir).ok()?;
         if let Some((v, _)) = self.nlinks.lock().get_mut(&key) {
-            if *v == before {
+            if Some(*v) == before {
                 *v = now;
             }
         }
+        Some(now)
     }
 
     fn dir_nlink(&self, path: &Path) -> Result<u32> {
@@ -667,8 +724,7 @@ impl Plfs {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
             Mode::empty(),
         )?;
-        let key = container::key_of(fd.as_fd())?;
-        let v = store::validator(fd.as_fd())?;
+        let (key, v) = store::key_and_validator(fd.as_fd())?;
         if let Some((cv, n)) = self.nlinks.lock().get(&key) {
             if *cv == v {
                 return Ok(*n);

@@ -65,8 +65,8 @@ impl Plfs {
                         f.parent.as_fd(),
                         gone.as_ref(),
                     )?;
-                    self.nlink_kept(f.parent.as_fd(), before);
-                    Ok(Some((f.parent, gone, dir)))
+                    let after = self.nlink_kept(f.parent.as_fd(), before);
+                    Ok(Some((f.parent, gone, dir, after)))
                 }
                 Node::Dir => Err(Error::from_errno(libc::EISDIR)),
                 Node::Other => Ok(None),
@@ -74,14 +74,13 @@ impl Plfs {
         })?;
         match gone {
             None => self.pt.unlink(ctx, path),
-            Some((parent, gone, dir)) => {
+            Some((parent, gone, dir, renamed)) => {
                 // Removing the renamed container changes the parent's times
                 // again: without this the cached link count taken before
                 // the unlink was lost, and the next getattr of the parent
                 // opened every subdirectory to count again (O(n) per unlink).
-                let before = super::store::validator(parent.as_fd()).ok();
                 let res = self.remove_container(parent.as_fd(), OsStr::new(&gone), &dir);
-                self.nlink_kept(parent.as_fd(), before);
+                self.nlink_kept(parent.as_fd(), renamed);
                 res
             }
         }
@@ -310,7 +309,7 @@ impl Plfs {
         let key = container::key_of(dir.as_fd())?;
         match self.store.lock(dir.as_fd(), key) {
             Ok(locked) => {
-                let res = container::remove_tree(parent, name);
+                let res = container::remove_container(parent, name);
                 self.store.invalidate(key);
                 drop(locked);
                 res

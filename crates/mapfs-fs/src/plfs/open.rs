@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +15,7 @@ use mapfs::{
     Attr, Ctx, DataMap, Error, Extent, FileSystem as _, Growth, OpenFlags, Opened, Result,
 };
 use parking_lot::Mutex;
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{Mode, OFlags, Stat};
 use tracing::warn;
 
 use super::container::{self, Key};
@@ -22,7 +23,7 @@ use super::delta::{delta, Content, Delta, SizeRule};
 use super::format::{self, Dropping, Op, Record, IDENTITY, INDEX_PREFIX, LOG_PREFIX};
 use super::recover;
 use super::store::Loaded;
-use super::{Handle, Node, Plfs, Writer, COMPACT_AFTER};
+use super::{Handle, Logs, Node, Plfs, Writer, COMPACT_AFTER};
 
 /// The `.plfs` open that checks the caller's access: the access mode asked
 /// and `O_TRUNC` (which needs write permission), nothing that could block or
@@ -128,8 +129,9 @@ impl Plfs {
 
     /// Creates the container of a new file at `path` (identity created as
     /// the caller with `mode`), atomically: built under a hidden name, then
-    /// renamed into place unless the name exists (`EEXIST`).
-    pub(super) fn make_file(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<OwnedFd> {
+    /// renamed into place unless the name exists (`EEXIST`). Returns the
+    /// container and the new identity's `stat`.
+    pub(super) fn make_file(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<(OwnedFd, Stat)> {
         let (parent, tmp, res) = as_caller(ctx, || {
             let (parent, name) = self.parent_for_new(path)?;
             let before = super::store::validator(parent.as_fd()).ok();
@@ -137,7 +139,7 @@ impl Plfs {
             rustix::fs::mkdirat(&parent, tmp.as_str(), Mode::from_raw_mode(0o711))?;
             let res = (|| {
                 let dir = container::open_dir(parent.as_fd(), tmp.as_ref())?;
-                openat2_beneath(
+                let id = openat2_beneath(
                     dir.as_fd(),
                     IDENTITY.as_ref(),
                     OFlags::WRONLY
@@ -147,9 +149,12 @@ impl Plfs {
                         | OFlags::CLOEXEC,
                     Mode::from_raw_mode(mode & 0o7777),
                 )?;
+                // The attributes of the new file, taken before anyone else
+                // can reach it (the rename below publishes it).
+                let st = rustix::fs::fstat(&id)?;
                 self.put_in_place(parent.as_fd(), tmp.as_ref(), &name)?;
                 self.nlink_kept(parent.as_fd(), before);
-                Ok(dir)
+                Ok((dir, st))
             })();
             Ok((parent, tmp, res))
         })?;
@@ -208,23 +213,11 @@ impl Plfs {
         let mut tries = 0;
         loop {
             match self.make_file(ctx, path, mode) {
-                Ok(dir) => {
+                Ok((dir, id)) => {
                     // A new file is empty: no truncation, and its creator may
                     // open it whatever its mode says (as open(2) with O_CREAT).
                     let flags = OpenFlags(flags.0 & !libc::O_TRUNC);
-                    let made = self
-                        .file_attr(&dir)
-                        .and_then(|attr| Ok((attr, self.open_file(dir, flags)?)));
-                    match made {
-                        // Removed by someone else before it could be opened.
-                        Err(e)
-                            if matches!(e.errno(), libc::ENOENT | libc::ESTALE)
-                                && tries < CREATE_TRIES =>
-                        {
-                            tries += 1;
-                        }
-                        other => return other,
-                    }
+                    return self.open_new(dir, &id, flags);
                 }
                 Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
                     let gone = match self.do_open(ctx, path, flags) {
@@ -255,12 +248,143 @@ impl Plfs {
         }
     }
 
+    /// Opens the file this process has just created in container `dir`
+    /// (`id`: its identity's `stat` at creation). It is empty, with nothing
+    /// to merge, recover or compact: the open is what it was at creation,
+    /// with no lock taken and no listing (a writer that raced in after the
+    /// rename is ordered after this open, as by close-to-open).
+    fn open_new(&self, dir: OwnedFd, id: &Stat, flags: OpenFlags) -> Result<(Attr, Opened)> {
+        let key = container::key_of(dir.as_fd())?;
+        let attr = self.attr_of(&dir, id, 0, 0)?;
+        let map = DataMap::new(Vec::new(), 0, Growth::ReadOnly)?;
+        #[allow(clippy::unnecessary_cast)]
+        let mtime = (id.st_mtime as i64, id.st_mtime_nsec as i64);
+        let w = flags
+            .writable()
+            .then(|| self.writer(Vec::new(), Vec::new(), &map, 0, mtime));
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .insert(handle, Arc::new(Handle { dir, key, w }));
+        let opened = Opened {
+            map,
+            files: Vec::new(),
+            handle,
+        };
+        Ok((attr, opened))
+    }
+
+    /// What a writable open keeps, given the backing files and their log
+    /// names, its map and the highest sequence number merged at open.
+    fn writer(
+        &self,
+        files: Vec<Arc<File>>,
+        names: Vec<String>,
+        map: &DataMap,
+        floor: u64,
+        mtime: (i64, i64),
+    ) -> Writer {
+        Writer {
+            id: format::host_id(&self.store.host),
+            files,
+            logs: Mutex::new(Logs { names, own: None }),
+            open_map: map.clone(),
+            floor,
+            recorded: Mutex::new(Delta::default()),
+            epochs: Mutex::new(Vec::new()),
+            dropping_open: AtomicBool::new(false),
+            mtime: Mutex::new(mtime),
+        }
+    }
+
+    /// Gives writable open `handle` its log at its first write (`map`: its
+    /// map now, which cannot place writes): the log is created and held
+    /// under the container's lock, so a recovery never takes it for a dead
+    /// writer's, and the map appends to it from now on. A file unlinked
+    /// since the open has no container to hold a log: its bytes, which no
+    /// name leads to, go to an unnamed temporary file.
+    pub(super) fn do_remap(&self, handle: u64, map: &DataMap) -> Result<Opened> {
+        let h = self.handles.lock().get(&handle).cloned();
+        let Some(h) = h else {
+            return Err(Error::from_errno(libc::EBADF));
+        };
+        let Some(w) = &h.w else {
+            return Err(Error::from_errno(libc::EBADF).context("plfs open is read-only"));
+        };
+        if map.growth() != Growth::ReadOnly {
+            return Err(Error::from_errno(libc::ENOSPC)
+                .context("plfs: a map appending to its log needs no remap"));
+        }
+        let name = format!("{LOG_PREFIX}{}", w.id);
+        // The container's lock before the open's (`mark_epoch` takes them
+        // in that order).
+        let log = match self.store.lock(h.dir.as_fd(), h.key) {
+            Ok(_g) => {
+                let mut logs = w.logs.lock();
+                let log = match &logs.own {
+                    Some(log) => log.clone(),
+                    None => {
+                        let log = Arc::new(container::open_file(
+                            h.dir.as_fd(),
+                            &name,
+                            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
+                        )?);
+                        container::hold_log(&log)?;
+                        logs.names.push(name);
+                        logs.own = Some(log.clone());
+                        log
+                    }
+                };
+                drop(logs);
+                log
+            }
+            Err(e) if e.errno() == libc::ESTALE => {
+                let mut logs = w.logs.lock();
+                match &logs.own {
+                    Some(log) => log.clone(),
+                    None => {
+                        let log = Arc::new(self.unnamed_log()?);
+                        logs.names.push(name);
+                        logs.own = Some(log.clone());
+                        log
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let mut files = w.files.clone();
+        files.push(log);
+        let growth = Growth::AppendLog {
+            file: (files.len() - 1) as u32,
+            end: 0,
+        };
+        let map = DataMap::new(map.extents().to_vec(), map.size(), growth)?;
+        Ok(Opened { map, files, handle })
+    }
+
+    /// A log for an unlinked file: a temporary file of the backing store
+    /// that has no name, else a memory file.
+    fn unnamed_log(&self) -> Result<File> {
+        let tmp = rustix::fs::openat(
+            self.root().fd(),
+            ".",
+            OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        );
+        let fd = match tmp {
+            Ok(fd) => fd,
+            Err(_) => rustix::fs::memfd_create("mapfs-plfs-log", rustix::fs::MemfdFlags::CLOEXEC)?,
+        };
+        Ok(File::from(fd))
+    }
+
     fn getattr_opened(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
         mapfs::FileSystem::getattr(self, ctx, path)
     }
 
-    /// The map and files of the file in container `dir`; a writable open
-    /// gets a fresh log and is registered for `flush`/`release`.
+    /// The map and files of the file in container `dir`; the open is
+    /// registered for `flush`/`release` (and a writable one for the
+    /// `remap` that gives it its log).
     fn open_file(&self, dir: OwnedFd, flags: OpenFlags) -> Result<Opened> {
         let key = container::key_of(dir.as_fd())?;
         if flags.0 & libc::O_TRUNC != 0 {
@@ -269,11 +393,9 @@ impl Plfs {
         // Under the lock until registered: a compaction must neither remove
         // a log between the merge and its open here, nor miss this open's
         // new log.
+        // Removed while we waited for the lock: `ESTALE` (see
+        // `lock_identity`), and the name is looked up again.
         let guard = self.store.lock(dir.as_fd(), key)?;
-        if !container::is_container(dir.as_fd()) {
-            // Removed while we waited for the lock: look the name up again.
-            return Err(Error::from_errno(libc::ESTALE));
-        }
         let loaded = self.recover_and_load(dir.as_fd(), key)?;
         let merged = &loaded.merged;
         let mut files = Vec::new();
@@ -306,47 +428,17 @@ impl Plfs {
                 extents.push(Extent { file, ..*e });
             }
         }
-        let size = merged.map.size();
+        let map = DataMap::new(extents, merged.map.size(), Growth::ReadOnly)?;
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        if !flags.writable() {
-            let map = DataMap::new(extents, size, Growth::ReadOnly)?;
-            let h = Arc::new(Handle { dir, key, w: None });
-            self.handles.lock().insert(handle, h);
-            drop(guard);
-            return Ok(Opened { map, files, handle });
-        }
-        let id = format::host_id(&self.store.host);
-        let log_name = format!("{LOG_PREFIX}{id}");
-        let log = Arc::new(container::open_file(
-            dir.as_fd(),
-            &log_name,
-            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
-        )?);
-        container::hold_log(&log)?;
-        files.push(log.clone());
-        names.push(log_name);
-        let growth = Growth::AppendLog {
-            file: (files.len() - 1) as u32,
-            end: 0,
+        let w = if flags.writable() {
+            let mtime = identity_mtime(&dir)?;
+            Some(self.writer(files.clone(), names, &map, merged.max_seq, mtime))
+        } else {
+            None
         };
-        let map = DataMap::new(extents, size, growth)?;
-        let mtime = identity_mtime(&dir)?;
-        let h = Arc::new(Handle {
-            dir,
-            key,
-            w: Some(Writer {
-                id,
-                names,
-                log,
-                open_map: map.clone(),
-                floor: merged.max_seq,
-                recorded: Mutex::new(Delta::default()),
-                epochs: Mutex::new(Vec::new()),
-                dropping_open: AtomicBool::new(false),
-                mtime: Mutex::new(mtime),
-            }),
-        });
-        self.handles.lock().insert(handle, h);
+        self.handles
+            .lock()
+            .insert(handle, Arc::new(Handle { dir, key, w }));
         drop(guard);
         Ok(Opened { map, files, handle })
     }
@@ -379,6 +471,14 @@ impl Plfs {
         let Some(w) = &h.w else {
             return Ok(());
         };
+        if *map == w.open_map
+            && !w.dropping_open.load(Ordering::Relaxed)
+            && *w.recorded.lock() == Delta::default()
+        {
+            // Unchanged since open and nothing recorded: the delta is empty,
+            // so there is nothing to write, and no need for the lock.
+            return Ok(());
+        }
         let _g = match self.store.lock(h.dir.as_fd(), h.key) {
             // Unlinked (or replaced by a rename) since open: nothing to keep.
             Err(e) if e.errno() == libc::ESTALE => return Ok(()),
@@ -386,7 +486,8 @@ impl Plfs {
         };
         let mut rec = w.recorded.lock();
         let seq = format::next_seq(w.floor);
-        let own = (w.names.len() - 1) as u32;
+        let logs = w.logs.lock();
+        let own = logs.own_index();
         let d = delta(&w.open_map, map, &rec, own, &w.epochs.lock(), seq);
         let changed = d != *rec;
         let mark_closed = closing && w.dropping_open.load(Ordering::Relaxed);
@@ -400,7 +501,8 @@ impl Plfs {
         // (a log is a new file: its unwritten blocks are unallocated, never
         // stale data).
         let name = format!("{INDEX_PREFIX}{}", w.id);
-        let mut dropping = dropping_of(&d, &w.names);
+        let mut dropping = dropping_of(&d, &logs.names);
+        drop(logs);
         dropping.open = !closing;
         match container::write_dropping(h.dir.as_fd(), &name, &dropping) {
             // Unlinked (or replaced by a rename) since open: nothing to keep.
@@ -446,7 +548,21 @@ impl Plfs {
         let Some(w) = &h.w else {
             return Ok(());
         };
-        let own = (w.names.len() - 1) as u32;
+        let (own, log) = {
+            let logs = w.logs.lock();
+            (logs.own_index(), logs.own.clone())
+        };
+        let Some(log) = log else {
+            // Never written: it made no log. A dropping it wrote (a size
+            // change) leaves the container to compact; else nothing changed
+            // here, and a compaction a writer held back waits for the next
+            // open or writing release.
+            res?;
+            if *w.recorded.lock() == Delta::default() {
+                return Ok(());
+            }
+            return self.maybe_compact(&h.dir, h.key);
+        };
         // The end of the last byte of this open's log a record names: bytes
         // past it were written but never recorded (a writer killed between
         // flushes, whose open the executor released with its last map).
@@ -461,8 +577,8 @@ impl Plfs {
             })
             .max();
         if let Some(end) = recorded_end {
-            if w.log.metadata().is_ok_and(|m| m.len() > end) {
-                if let Err(e) = w.log.set_len(end) {
+            if log.metadata().is_ok_and(|m| m.len() > end) {
+                if let Err(e) = log.set_len(end) {
                     warn!("plfs: cannot cut the unrecorded end of log {}: {e}", w.id);
                 }
             }

@@ -16,7 +16,7 @@ use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
-use mapfs::{Error, Result};
+use mapfs::Result;
 use parking_lot::{Mutex, MutexGuard};
 use tracing::warn;
 
@@ -106,13 +106,21 @@ fn racy(v: Validator) -> bool {
 
 /// The [`Validator`] of directory `dir` now.
 pub(super) fn validator(dir: BorrowedFd<'_>) -> Result<Validator> {
+    Ok(key_and_validator(dir)?.1)
+}
+
+/// The [`Key`] and [`Validator`] of directory `dir` now, from one `fstat`.
+pub(super) fn key_and_validator(dir: BorrowedFd<'_>) -> Result<(Key, Validator)> {
     let st = rustix::fs::fstat(dir)?;
     #[allow(clippy::unnecessary_cast)]
     Ok((
-        st.st_mtime as i64,
-        st.st_mtime_nsec as i64,
-        st.st_ctime as i64,
-        st.st_ctime_nsec as i64,
+        (st.st_dev, st.st_ino),
+        (
+            st.st_mtime as i64,
+            st.st_mtime_nsec as i64,
+            st.st_ctime as i64,
+            st.st_ctime_nsec as i64,
+        ),
     ))
 }
 
@@ -211,34 +219,36 @@ impl Store {
     /// The merged index of container `dir`: from the cache when the
     /// directory is unchanged, else merged under the in-process lock and the
     /// shared `flock` (no compaction or dropping write anywhere meanwhile).
-    pub fn load(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
-        if let Some(l) = self.cached(dir, key)? {
+    /// `v` is `dir`'s validator, just taken by the caller.
+    pub fn load_seen(&self, dir: BorrowedFd<'_>, key: Key, v: Validator) -> Result<Arc<Loaded>> {
+        if let Some(l) = self.cached_as(key, v) {
             return Ok(l);
         }
         let _stripe = self.stripe(key);
+        // Removed while we waited for the lock: `ESTALE` (see
+        // `lock_identity`), and the name is looked up again.
         let _flock = container::lock_identity(dir, false)?;
-        let loaded = self.merge_now(dir, key)?;
-        if !container::is_container(dir) {
-            // Removed while we waited for the lock: look the name up again.
-            return Err(Error::from_errno(libc::ESTALE));
-        }
-        Ok(loaded)
+        // `v`, taken before the lock, may be older than the listing: the
+        // entry is then only invalid sooner, never stale.
+        self.merge_now(dir, key, v)
     }
 
-    /// [`Store::load`] for a caller holding [`Store::lock`].
+    /// [`Store::load_seen`] for a caller holding [`Store::lock`].
     pub fn load_locked(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
-        match self.cached(dir, key)? {
+        let v = validator(dir)?;
+        match self.cached_as(key, v) {
             Some(l) => Ok(l),
-            None => self.merge_now(dir, key),
+            None => self.merge_now(dir, key, v),
         }
     }
 
-    fn cached(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Option<Arc<Loaded>>> {
-        let v = validator(dir)?;
-        Ok(match self.cache.lock().map.get(&key) {
+    /// The cached merge of `key` if the directory's validator `v` proves
+    /// it current.
+    fn cached_as(&self, key: Key, v: Validator) -> Option<Arc<Loaded>> {
+        match self.cache.lock().map.get(&key) {
             Some(c) if c.validator == v && !c.racy => Some(c.loaded.clone()),
             _ => None,
-        })
+        }
     }
 
     /// A read-only descriptor of log `name` of container `dir`, from the
@@ -274,9 +284,9 @@ impl Store {
     }
 
     /// Merges container `dir` incrementally: droppings already cached as
-    /// closed are not read again, only new or still-open ones.
-    fn merge_now(&self, dir: BorrowedFd<'_>, key: Key) -> Result<Arc<Loaded>> {
-        let v = validator(dir)?;
+    /// closed are not read again, only new or still-open ones. `v` is the
+    /// directory's validator taken before the listing (the cache entry's).
+    fn merge_now(&self, dir: BorrowedFd<'_>, key: Key, v: Validator) -> Result<Arc<Loaded>> {
         let listing = container::list(dir)?;
         // The previous entry's closed droppings and log descriptors,
         // whatever its validator.

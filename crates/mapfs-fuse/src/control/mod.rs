@@ -825,6 +825,20 @@ impl Conn {
             ));
         }
         let writable = access != libc::O_RDONLY;
+        let open = if writable && engine && open.map.growth() == Growth::ReadOnly {
+            // A writer whose space comes at its first write (plfs's log).
+            registry
+                .ready_to_write(open.fh)
+                .map_err(|e| {
+                    refused(
+                        e.errno(),
+                        &format!("cannot make the open ready for writes: {e}"),
+                    )
+                })?
+                .ok_or_else(|| refused(libc::ENOENT, "the open was released"))?
+        } else {
+            open
+        };
         let (map, mut fds, lent) = if open.map.is_whole_file() {
             let backing = open
                 .files

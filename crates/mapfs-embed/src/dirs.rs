@@ -79,7 +79,7 @@ pub fn open(e: &Emb, place: &Place, flags: i32) -> Result<i32, i32> {
             .map_err(|e| e.raw_os_error())?;
     }
     let raw = fd.into_raw_fd();
-    state::track_synthetic_dir(raw, place.clone(), st.st_dev, st.st_ino);
+    state::track_dir(raw, place.clone(), st.st_dev, st.st_ino, true);
     Ok(raw)
 }
 

@@ -188,7 +188,7 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
         }
         if is_dir {
             let raw = finish_fd(fd, flags)?;
-            state::track_dir(raw, place.clone(), st.st_dev, st.st_ino);
+            state::track_dir(raw, place.clone(), st.st_dev, st.st_ino, false);
             return Ok(raw);
         }
     } else if flags & libc::O_DIRECTORY != 0 {

@@ -393,29 +393,17 @@ struct DirFd {
 static DIRS: Mutex<Option<HashMap<i32, DirFd>>> = Mutex::new(None);
 static DIRS_LEN: AtomicUsize = AtomicUsize::new(0);
 
-/// Records that descriptor `fd` is the embedded directory `place`.
-pub fn track_dir(fd: i32, place: Place, dev: u64, ino: u64) {
+/// Records that descriptor `fd` is the embedded directory `place`: a
+/// backing directory, or with `synthetic` a [`crate::dirs`] placeholder
+/// (`dev`/`ino`: the descriptor's own, to notice its number reused).
+pub fn track_dir(fd: i32, place: Place, dev: u64, ino: u64, synthetic: bool) {
     track(
         fd,
         DirFd {
             place,
             dev,
             ino,
-            synthetic: false,
-        },
-    );
-}
-
-/// Records that descriptor `fd` is a [`crate::dirs`] placeholder of the
-/// embedded directory `place` (`dev`/`ino`: the placeholder's own).
-pub fn track_synthetic_dir(fd: i32, place: Place, dev: u64, ino: u64) {
-    track(
-        fd,
-        DirFd {
-            place,
-            dev,
-            ino,
-            synthetic: true,
+            synthetic,
         },
     );
 }

@@ -6,9 +6,11 @@
 #   scripts/plfs-index-scale.sh [W...]     # default: 4 64 1024
 #
 # GLUSTER_MAX_W (default 64) caps W on Gluster: with 1,024 writer processes
-# (8 at a time, each taking the container's flock) the bricks of this
-# one-machine volume stopped answering within minutes, twice (see
-# docs/plfs-hosts.md).
+# 8 at a time (each taking the container's flock) the bricks of this
+# one-machine volume stopped answering within minutes, twice. One at a time
+# works (PLFS_SCALE_AT_ONCE=1, read by the example; 25 minutes for 1,024):
+#   GLUSTER_MAX_W=1024 PLFS_SCALE_AT_ONCE=1 scripts/plfs-index-scale.sh 1024
+# (see docs/plfs-hosts.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}

@@ -215,7 +215,17 @@ fn build(_backing: &Path, opts: &FsOptions) -> Result<Arc<dyn FileSystem>> {
     Ok(Arc::new(Union { upper, lower }))
 }
 
-fn main() {
+/// The program's file system, which keeps no state of its own (every answer
+/// comes from the two layers), so it also runs inside the application
+/// (`union run --embed union:UPPER:LOWER:/u -- PROGRAM`), from the library
+/// `union_embed.rs` makes.
+pub fn registry() -> Registry {
     let spec = FsSpec::new("union", "UPPER:LOWER overlay", build).layered();
-    mapfs_cli::main(Registry::new("union", "union on mapfs").register(spec.whole_file_maps()))
+    Registry::new("union", "union on mapfs")
+        .embed_library("libunion_embed.so")
+        .register(spec.whole_file_maps().embeddable())
+}
+
+fn main() {
+    mapfs_cli::main(registry())
 }

@@ -223,3 +223,60 @@ fn fsx_on_union() {
         );
     }
 }
+
+/// The same overlay inside the program, no mount (`union run --embed`, the
+/// library `union_embed.rs` makes): a layered backing, directories listed
+/// through union's `readdir` (merged, whiteouts hidden), a write to a lower
+/// file copied up first, a removal leaving a whiteout, and the lower layer
+/// untouched.
+#[test]
+fn embedded_overlay_merges_copies_up_and_whites_out() {
+    let _lib = example_bin("libunion_embed.so");
+    let tmp = temp_dir();
+    let root = tmp.path();
+    layers(root);
+    let lower_before = tree(&root.join("lower"));
+    let prefix = root.join("u");
+    let script = r#"
+set -e
+ls -A "$U"
+cat "$U/shadow"; echo
+printf 'appended' >> "$U/a"
+rm "$U/gone"
+mkdir "$U/top" && printf 'new' > "$U/top/new"
+(set -C; printf x > "$U/d/b") 2>/dev/null && echo clobbered || echo noclobber-refused
+find "$U" -printf '%P %y\n' | sort
+"#;
+    let out = run_captured(
+        Command::new(example_bin("union"))
+            .arg("run")
+            .arg("--embed")
+            .arg(format!(
+                "union:{}:{}:{}",
+                root.join("upper").display(),
+                root.join("lower").display(),
+                prefix.display()
+            ))
+            .args(["--", "sh", "-c", script])
+            .env("U", &prefix)
+            .env_remove("LD_PRELOAD"),
+    )
+    .unwrap();
+    assert!(out.success(), "union run --embed: {}", out.stderr);
+    let want = "a\nd\ndeep\ngone\nkeep\nldir\nshadow\nsym\nupper wins\nnoclobber-refused\n \
+                d\na f\nd d\nd/b f\nd/c f\nd/u f\ndeep d\ndeep/er d\ndeep/er/f f\nkeep d\n\
+                keep/x f\nldir d\nldir/inner f\nshadow f\nsym l\ntop d\ntop/new f\n";
+    assert_eq!(out.stdout, want, "stderr: {}", out.stderr);
+    // Copied up with the lower bytes, then appended to.
+    let mut a = pattern(1, 300_000);
+    a.extend_from_slice(b"appended");
+    assert_eq!(fs::read(root.join("upper/a")).unwrap(), a);
+    assert!(root.join("upper/.wh.gone").exists(), "no whiteout for gone");
+    assert_eq!(fs::read(root.join("upper/top/new")).unwrap(), b"new");
+    assert_eq!(
+        tree(&root.join("lower")),
+        lower_before,
+        "the lower layer changed"
+    );
+    assert!(!prefix.exists(), "the prefix was created on the host");
+}

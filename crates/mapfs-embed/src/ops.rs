@@ -144,7 +144,16 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
         // `open`: its entries come from `readdir`.
         return crate::dirs::open(e, place, flags);
     }
-    let opened = if flags & libc::O_CREAT != 0 {
+    // As the kernel does before a FUSE CREATE, a file system that is not a
+    // mirror is asked whether the name exists first: its `create` may
+    // assume a name absent (union's looks at its upper layer only), where
+    // a mirror's own `O_EXCL` decides in one call.
+    let exists =
+        flags & libc::O_CREAT != 0 && !e.native_dirs && e.fs.getattr(&ctx, &place.path).is_ok();
+    if exists && flags & libc::O_EXCL != 0 {
+        return Err(libc::EEXIST);
+    }
+    let opened = if flags & libc::O_CREAT != 0 && !exists {
         let mode = mode & 0o7777 & !state::umask();
         match e
             .fs

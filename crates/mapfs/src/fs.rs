@@ -339,7 +339,12 @@ pub trait FileSystem: Send + Sync + 'static {
     }
 
     /// Creates and opens a regular file (`mode`: permission bits, umask
-    /// applied; `flags` may hold `O_EXCL`).
+    /// applied; `flags` may hold `O_EXCL`). Called for a name that did not
+    /// exist when the executor looked it up (the kernel's lookup before a
+    /// FUSE CREATE; embedded mode asks `getattr` first too, except for a
+    /// file system that lists its backing directories, whose own `O_EXCL`
+    /// decides); another process may have made it since, so with `O_EXCL`
+    /// an existing name is `EEXIST`.
     fn create(
         &self,
         ctx: &Ctx,

@@ -85,6 +85,18 @@ impl Passthrough {
                 name: OsString::from("."),
             });
         }
+        // A name right under the root needs no parent opened: the root's
+        // own descriptor is the `*at` base (two system calls fewer for
+        // every request on such a name).
+        let mut comps = path
+            .components()
+            .filter(|c| !matches!(c, Component::RootDir | Component::CurDir));
+        if let (Some(Component::Normal(name)), None) = (comps.next(), comps.next()) {
+            return Ok(Loc {
+                dir: Dir::Root(self.root.fd()),
+                name: name.to_os_string(),
+            });
+        }
         let (dir, name) = self.root.parent(path)?;
         Ok(Loc {
             dir: Dir::Owned(dir),
@@ -123,8 +135,10 @@ impl Loc<'_> {
         &self.name
     }
 
+    /// The root itself (a name right under it also has the root's
+    /// descriptor as its directory).
     fn is_root(&self) -> bool {
-        matches!(self.dir, Dir::Root(_))
+        matches!(self.dir, Dir::Root(_)) && self.name == "."
     }
 }
 

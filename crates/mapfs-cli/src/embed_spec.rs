@@ -60,11 +60,11 @@ impl Embedding {
                 registry.names().join(", ")
             );
         };
-        let embeddable: Vec<&str> = (registry.specs.iter())
-            .filter(|s| s.embeddable)
-            .map(|s| s.name)
-            .collect();
         if !spec.embeddable || registry.embed_library.is_none() {
+            let embeddable: Vec<&str> = (registry.specs.iter())
+                .filter(|s| s.embeddable)
+                .map(|s| s.name)
+                .collect();
             bail!(
                 "--embed {arg:?}: file system {fs:?} cannot run embedded (embeddable: {}); \
                  mount it and use `{} run --mount` instead",

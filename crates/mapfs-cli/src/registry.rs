@@ -133,11 +133,6 @@ impl FsSpec {
         self.embeddable
     }
 
-    /// Whether [`FsSpec::layered`] was said.
-    pub fn is_layered(&self) -> bool {
-        self.layered
-    }
-
     /// `-o` option names this file system understands itself; they reach
     /// its constructor in [`FsOptions::custom`] instead of the kernel.
     pub fn options(mut self, names: &'static [&'static str]) -> Self {

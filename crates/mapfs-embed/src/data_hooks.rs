@@ -23,11 +23,6 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
-fn errno() -> c_int {
-    // SAFETY: as in `set_errno`.
-    unsafe { *libc::__errno_location() }
-}
-
 /// A call being served: the guard held, the time counted for the report.
 struct Serving {
     _served: crate::report::Served,
@@ -227,16 +222,10 @@ fn fstat_with<T>(o: &EngineOpen, buf: *mut T, fill: fn(&mapfs::Attr, u64) -> T) 
 /// `fstat` of a directory placeholder of [`crate::dirs`]: the directory's
 /// attributes (`None`: not one).
 fn fstat_dir<T>(fd: c_int, buf: *mut T, fill: fn(&mapfs::Attr, u64) -> T) -> Option<c_int> {
-    if crate::state::embs().is_empty() {
-        return None;
-    }
-    let _g = Guard::enter()?;
-    let saved = errno();
-    match crate::dirs::fstat(fd, fill)? {
+    match crate::hooks::in_library(|| crate::dirs::fstat(fd, fill))? {
         Ok(v) => {
             // SAFETY: the caller's buffer for one `T`.
             unsafe { *buf = v };
-            set_errno(saved);
             Some(0)
         }
         Err(e) => {
@@ -281,12 +270,11 @@ fn duped(old: c_int, new: c_int) -> c_int {
             engine_fd::duped(old, new);
         }
     }
-    if new >= 0 && !crate::state::embs().is_empty() {
-        if let Some(_g) = Guard::enter() {
-            let saved = errno();
+    if new >= 0 {
+        crate::hooks::in_library(|| {
             crate::state::dir_duped(old, new);
-            set_errno(saved);
-        }
+            Some(())
+        });
     }
     new
 }

@@ -628,10 +628,11 @@ fn scanned(r: Result<c_int, c_int>) -> c_int {
     }
 }
 
-/// Runs `f` inside the library (its own libc calls go straight on), errno
-/// kept unless `f` fails; `None` when already inside or `f` has nothing
-/// to do.
-fn in_library<R>(f: impl FnOnce() -> Option<R>) -> Option<R> {
+/// Runs `f` inside the library (its own libc calls go straight on), with
+/// errno as it was before (a caller sets it for a failure `f` reports);
+/// `None` when nothing is embedded, when already inside, or when `f` has
+/// nothing to do.
+pub(crate) fn in_library<R>(f: impl FnOnce() -> Option<R>) -> Option<R> {
     if state::embs().is_empty() {
         return None;
     }

@@ -511,10 +511,12 @@ impl<'a> Claim<'a> {
     /// Takes the claim on `name` in `parent`, waiting for another creator's
     /// (up to [`CLAIM_STALE`], then breaking it).
     pub(super) fn take(parent: BorrowedFd<'a>, name: &OsStr) -> Result<Claim<'a>> {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        name.hash(&mut h);
-        let claim = format!("{NEW_PREFIX}claim.{:016x}", h.finish());
+        // FNV-1a: every host must derive the same claim from a name, whatever
+        // Rust built its binary (std's `DefaultHasher` may change).
+        let hash = (name.as_bytes().iter()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let claim = format!("{NEW_PREFIX}claim.{hash:016x}");
         let mut wait = 1u64;
         loop {
             match open_file(

@@ -336,14 +336,15 @@ fn raise_nofile() {
 }
 
 /// Waits until stdin reaches end of file (or a line arrives), at most
-/// `secs` seconds.
-fn hold(secs: u64) {
+/// `secs` seconds. Returns why the wait ended (`deadline`, `line`, `eof`,
+/// or what `poll` said), which the tests print when a hold ends too soon.
+fn hold(secs: u64) -> String {
     let stdin = std::io::stdin();
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return;
+            return "deadline".into();
         }
         let mut pfd = [rustix::event::PollFd::new(
             &stdin,
@@ -356,8 +357,20 @@ fn hold(secs: u64) {
         // A signal ends the wait early; only stdin or the deadline may.
         match rustix::event::poll(&mut pfd, Some(&t)) {
             Err(rustix::io::Errno::INTR) => continue,
-            _ => return,
+            Err(e) => return format!("poll error {e}"),
+            Ok(0) => continue,
+            Ok(_) => {}
         }
+        let revents = pfd[0].revents();
+        if !revents.contains(rustix::event::PollFlags::IN) {
+            return format!("poll revents {revents:?}");
+        }
+        let mut line = String::new();
+        return match stdin.read_line(&mut line) {
+            Ok(0) => "eof".into(),
+            Ok(_) => format!("line {:?}", line.trim_end()),
+            Err(e) => format!("read error {e}"),
+        };
     }
 }
 
@@ -408,7 +421,7 @@ fn conns(path: &Path, n: usize, hold_secs: u64) -> Result<()> {
         "elapsed_ms": start.elapsed().as_millis() as u64,
     }));
     let since = Instant::now();
-    hold(hold_secs);
+    let ended = hold(hold_secs);
     let held_ms = since.elapsed().as_millis() as u64;
     // Still connected after the hold? (The daemon closes idle connections.)
     let alive = held
@@ -426,6 +439,7 @@ fn conns(path: &Path, n: usize, hold_secs: u64) -> Result<()> {
         "released": held.len(),
         "alive_at_release": alive,
         "held_ms": held_ms,
+        "hold_ended": ended,
     }));
     Ok(())
 }
@@ -638,7 +652,7 @@ fn send_fds(path: &Path, hold_secs: u64) -> Result<()> {
         "status_after": alive,
         "fds_received": 0,
     }));
-    hold(hold_secs);
+    let _ = hold(hold_secs);
     // Our own copy of the lingering socket closes at once (RST) so the
     // attacker itself does not linger at exit.
     let _ = set_linger(tcp.as_fd(), 0);

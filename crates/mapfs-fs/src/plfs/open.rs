@@ -152,9 +152,9 @@ impl Plfs {
                 // The attributes of the new file, taken before anyone else
                 // can reach it (the rename below publishes it).
                 let st = rustix::fs::fstat(&id)?;
-                self.put_in_place(parent.as_fd(), tmp.as_ref(), &name)?;
+                let settled = self.put_in_place(parent.as_fd(), tmp.as_ref(), &name)?;
                 self.nlink_kept(parent.as_fd(), before);
-                Ok((dir, st))
+                Ok((settled.unwrap_or(dir), st))
             })();
             Ok((parent, tmp, res))
         })?;
@@ -174,8 +174,15 @@ impl Plfs {
     /// one name within 0.5 s all "won", and the opens of the replaced
     /// containers lost what they wrote). So the creators of one name take
     /// turns through a claim file ([`container::Claim`]), and each looks for
-    /// the name before renaming.
-    fn put_in_place(&self, parent: BorrowedFd<'_>, tmp: &OsStr, name: &OsStr) -> Result<()> {
+    /// the name before renaming, and keeps its turn until the container
+    /// reads as a file under its new name ([`settle`]), whose descriptor
+    /// it returns (`None`: the rename was atomic, the old one serves).
+    fn put_in_place(
+        &self,
+        parent: BorrowedFd<'_>,
+        tmp: &OsStr,
+        name: &OsStr,
+    ) -> Result<Option<OwnedFd>> {
         if self.noreplace.load(Ordering::Relaxed) != super::NOREPLACE_NO {
             match rustix::fs::renameat_with(
                 parent,
@@ -187,7 +194,7 @@ impl Plfs {
                 Ok(()) => {
                     self.noreplace
                         .store(super::NOREPLACE_YES, Ordering::Relaxed);
-                    return Ok(());
+                    return Ok(None);
                 }
                 Err(rustix::io::Errno::INVAL) => {
                     self.noreplace.store(super::NOREPLACE_NO, Ordering::Relaxed);
@@ -196,7 +203,8 @@ impl Plfs {
             }
         }
         let _claim = container::Claim::take(parent, name)?;
-        container::rename_noreplace(parent, tmp, parent, name)
+        container::rename_noreplace(parent, tmp, parent, name)?;
+        settle(parent, name).map(Some)
     }
 
     pub(super) fn do_create(
@@ -234,7 +242,13 @@ impl Plfs {
                                 return Err(e);
                             }
                         },
-                        Err(e) if e.errno() == libc::ENOENT => e,
+                        // ENOENT: removed since. EISDIR: on GlusterFS a
+                        // container renamed into place a moment ago by
+                        // another host can still show without its identity
+                        // (a directory) to this one: look again. The kernel
+                        // found no such name before sending the create, so
+                        // only a race gets here, never a lasting directory.
+                        Err(e) if matches!(e.errno(), libc::ENOENT | libc::EISDIR) => e,
                         Err(e) => return Err(e),
                     };
                     if tries == CREATE_TRIES {
@@ -622,5 +636,36 @@ impl Plfs {
             Err(e) if e.errno() == libc::ENOENT => Ok(()),
             r => r.map_err(|e: Error| e.context("plfs compaction")),
         }
+    }
+}
+
+/// How long a container renamed into place on a store without
+/// `RENAME_NOREPLACE` may take to read as a file under its new name.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits until the container just renamed to `name` in `parent` reads as a
+/// file there, and returns a descriptor of it opened by that name. On
+/// GlusterFS, a directory renamed a moment ago could still be found without
+/// its identity file, so the creators waiting for the claim saw a directory
+/// (`EISDIR`), and the creator's descriptor opened before the rename could
+/// fail (`EIO`): both seen in 1 of 12 runs of six racing creators. After
+/// [`SETTLE`] the container is returned as it is, with a warning.
+fn settle(parent: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd> {
+    let start = std::time::Instant::now();
+    let mut wait = 1u64;
+    loop {
+        let dir = container::open_dir(parent, name)?;
+        if container::is_container(dir.as_fd()) {
+            return Ok(dir);
+        }
+        if start.elapsed() > SETTLE {
+            warn!(
+                "plfs: new container {} shows no identity {SETTLE:?} after its rename",
+                name.to_string_lossy()
+            );
+            return Ok(dir);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(wait));
+        wait = (wait * 2).min(50);
     }
 }

@@ -81,3 +81,69 @@ fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
         .collect();
     assert!(left.is_empty(), "left in the backing directory: {left:?}");
 }
+
+/// `overwrite` on `versions`, through the mount and under `mapfs run`: every
+/// cell has a figure, versions reports the bytes its history keeps (every
+/// rewrite keeps the old bytes: at least the files' size once per round)
+/// where native keeps nothing, and the version store it made in the backing
+/// directory is gone after the run.
+#[test]
+fn bench_overwrite_reports_what_versions_keeps() {
+    if !fuse_or_skip("bench overwrite") {
+        return;
+    }
+    let backing = tempfile::Builder::new()
+        .prefix("mapfs-bench-test.")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(mapfs_bin())
+        .args(["bench", "--workloads", "overwrite"])
+        .args(["--configs", "native,auto,versions,versions-preload"])
+        .args(["--overwrite-files", "40", "--rounds", "2", "--runs", "1"])
+        .arg("--backing")
+        .arg(backing.path())
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "mapfs bench failed: {stderr}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    let records = json["records"].as_array().expect("records");
+    let record = |c: &str, col: &str| {
+        let r = records
+            .iter()
+            .find(|r| r["workload"] == "overwrite" && r["config"] == c && r["column"] == col)
+            .unwrap_or_else(|| panic!("no overwrite {c} {col} record: {json}"));
+        assert!(r["error"].is_null(), "overwrite {c} {col}: {r}\n{stderr}");
+        r.clone()
+    };
+    let value = |c: &str, col: &str| record(c, col)["value"].as_f64().unwrap_or(-1.0);
+    // The bytes rewritten (the same files in every configuration), two
+    // rounds over the files: versions keeps at least two old copies.
+    let rewritten = record("native", "MB/s")["amount"].as_f64().unwrap();
+    let files_mib = rewritten / 2.0 / 1048576.0;
+    assert!(files_mib > 0.5, "40 files of 2 KiB-1 MiB: {files_mib} MiB");
+    for c in ["native", "auto", "versions", "versions-preload"] {
+        assert!(value(c, "MB/s") > 0.0, "overwrite {c}: no throughput");
+        assert_eq!(record(c, "MB/s")["amount"].as_f64(), Some(rewritten), "{c}");
+    }
+    assert!(
+        value("native", "kept MiB") < 0.5,
+        "native kept bytes: {json}"
+    );
+    for c in ["versions", "versions-preload"] {
+        let kept = value(c, "kept MiB");
+        assert!(
+            kept >= 2.0 * files_mib * 0.9,
+            "{c} kept {kept} MiB after 2 rounds over {files_mib} MiB of files: {json}"
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(backing.path())
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "left in the backing directory: {left:?}");
+}

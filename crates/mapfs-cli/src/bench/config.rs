@@ -164,6 +164,24 @@ pub const CONFIGS: &[ConfigDef] = &[
         wrap: Wrap::MapfsRun(&[]),
     },
     ConfigDef {
+        name: "versions",
+        about: "mapfs versions fs (every overwrite keeps the old bytes) mounted with --data auto",
+        setup: Setup::MapfsFs {
+            fs: "versions",
+            data: "auto",
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "versions-preload",
+        about: "mapfs versions fs mounted with --data auto over a store of its own (one versions mount per directory), workload under mapfs run (preload shim)",
+        setup: Setup::OwnStore {
+            fs: "versions",
+            data: "auto",
+        },
+        wrap: Wrap::MapfsRun(&[]),
+    },
+    ConfigDef {
         name: "embedded",
         about: "no mount: mapfs passthrough run inside the workload's processes (mapfs run --embed)",
         setup: Setup::Embedded { fs: "passthrough" },
@@ -233,6 +251,26 @@ pub struct Prepared {
     pub store: Option<PathBuf>,
     /// Unmounts on drop.
     _mount: Option<MountGuard>,
+    /// Removes what the mounted file system made in the backing directory
+    /// (a version store), after the unmount above.
+    _made: Option<RemoveOnDrop>,
+}
+
+/// A directory removed when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            eprintln!("mapfs bench: cannot remove {}: {e}", self.0.display());
+        }
+    }
+}
+
+/// What file system `fs` makes in its backing directory the first time it
+/// is mounted there, if anything.
+fn made_in_backing(fs: &str, backing: &Path) -> Option<PathBuf> {
+    (fs == "versions").then(|| backing.join(mapfs_fs::versions::store::STORE_DIR))
 }
 
 impl Prepared {
@@ -344,6 +382,7 @@ pub fn prepare(
         }
     };
     let mut own: Option<PathBuf> = None;
+    let mut made: Option<RemoveOnDrop> = None;
     let (root, guard) = match def.setup {
         Setup::Native => (backing.to_path_buf(), None),
         Setup::Embedded { fs } => {
@@ -391,6 +430,11 @@ pub fn prepare(
             if exclusive {
                 cmd.arg("--exclusive");
             }
+            // Set before mounting: a mount that fails after making it
+            // leaves nothing behind either.
+            made = made_in_backing(fs, &store)
+                .filter(|d| !d.exists())
+                .map(RemoveOnDrop);
             run_mount_command(cmd, Duration::from_secs(60))?;
             if own_store {
                 std::fs::create_dir(mnt.join(work))?;
@@ -434,6 +478,7 @@ pub fn prepare(
         prefix,
         store: own,
         _mount: guard,
+        _made: made,
     })
 }
 

@@ -1,5 +1,5 @@
-//! The in-process metadata workloads, run with std::fs: `create-stat-unlink`
-//! and `small-files`.
+//! The in-process workloads, run with std::fs: `create-stat-unlink`,
+//! `small-files` and `overwrite`.
 
 use std::fs;
 use std::path::Path;
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::workloads::{META_PHASES, SMALL_PHASES};
+use super::workloads::{META_PHASES, OVERWRITE_PHASE, SMALL_PHASES};
 
 /// The figures of one phase.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,6 +140,90 @@ pub fn small_files(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> {
     r
 }
 
+/// The tree `overwrite` makes in its directory (removed at its end).
+pub const OVERWRITE_TREE: &str = "ow";
+
+/// Smallest and largest file of `overwrite` (2 KiB and 1 MiB).
+const OVERWRITE_SIZES: (f64, f64) = (2048.0, 1_048_576.0);
+
+/// The size of `overwrite`'s file `i`: log-uniform between
+/// [`OVERWRITE_SIZES`], the same for every run and configuration.
+pub fn overwrite_size(i: usize) -> usize {
+    // splitmix64 of the index: a fixed, well-spread sequence.
+    let mut z = (i as u64)
+        .wrapping_add(1)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    let u = ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64;
+    let (lo, hi) = OVERWRITE_SIZES;
+    (lo * (hi / lo).powf(u)) as usize
+}
+
+/// The bytes of `overwrite`'s file `i` in round `round` (round 0 is the
+/// first content, before the timed rounds): different in every round, so
+/// each rewrite changes the whole file.
+fn overwrite_body(i: usize, round: usize) -> Vec<u8> {
+    let seed = (i as u8).wrapping_mul(7) ^ (round as u8).wrapping_mul(101);
+    (0..overwrite_size(i))
+        .map(|j| (j as u8).wrapping_mul(13).wrapping_add(seed) ^ (j >> 12) as u8)
+        .collect()
+}
+
+/// `overwrite` (the workload list's: files of 2 KiB-1 MiB rewritten again
+/// and again): writes `files` files in a fresh `dir/ow`, then, timed,
+/// rewrites every file `rounds` times (open with `O_TRUNC`, write it whole,
+/// close) and syncs the file system, so what a file system writes for a
+/// rewrite (versions: the old bytes it keeps) is paid for. Checks the last
+/// round's bytes, then removes the tree (also after a failure). One phase,
+/// [`OVERWRITE_PHASE`], whose "operations" are the bytes rewritten.
+pub fn overwrite(dir: &Path, files: usize, rounds: usize) -> Result<Vec<PhaseResult>> {
+    let d = dir.join(OVERWRITE_TREE);
+    if d.exists() {
+        fs::remove_dir_all(&d).with_context(|| format!("removing stale {}", d.display()))?;
+    }
+    fs::create_dir(&d).with_context(|| format!("creating {}", d.display()))?;
+    let name = |i: usize| d.join(format!("f{i:05}"));
+    let run = || -> Result<PhaseResult> {
+        for i in 0..files {
+            fs::write(name(i), overwrite_body(i, 0))
+                .with_context(|| format!("writing file {i}"))?;
+        }
+        rustix::fs::syncfs(fs::File::open(&d)?)?;
+        let bytes: u64 = (0..files).map(|i| overwrite_size(i) as u64).sum();
+        let mut lat = Vec::with_capacity(files * rounds);
+        let start = Instant::now();
+        for round in 1..=rounds {
+            for i in 0..files {
+                let t = Instant::now();
+                fs::write(name(i), overwrite_body(i, round))
+                    .with_context(|| format!("round {round}: rewriting file {i}"))?;
+                lat.push(t.elapsed());
+            }
+        }
+        rustix::fs::syncfs(fs::File::open(&d)?)?;
+        let secs = start.elapsed().as_secs_f64();
+        for i in 0..files {
+            if fs::read(name(i))? != overwrite_body(i, rounds) {
+                anyhow::bail!("file {i} reads back other bytes than its last rewrite");
+            }
+        }
+        lat.sort_unstable();
+        Ok(PhaseResult {
+            phase: OVERWRITE_PHASE.to_string(),
+            ops: bytes * rounds as u64,
+            secs,
+            lat_p50_ns: quantile(&lat, 0.5),
+            lat_p99_ns: quantile(&lat, 0.99),
+        })
+    };
+    let r = run();
+    let cleanup = fs::remove_dir_all(&d);
+    let r = r?;
+    cleanup.with_context(|| format!("removing {}", d.display()))?;
+    Ok(vec![r])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +254,23 @@ mod tests {
             .map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count())
             .sum();
         assert_eq!(n, 1200);
+    }
+
+    #[test]
+    fn overwrite_rewrites_every_file_and_cleans_up() {
+        let t = tempfile::tempdir().unwrap();
+        let r = overwrite(t.path(), 20, 2).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].phase, OVERWRITE_PHASE);
+        let bytes: u64 = (0..20).map(|i| overwrite_size(i) as u64).sum();
+        assert_eq!(r[0].ops, 2 * bytes);
+        assert!(!t.path().join(OVERWRITE_TREE).exists());
+        let sizes: Vec<usize> = (0..1000).map(overwrite_size).collect();
+        assert!(sizes.iter().all(|s| (2048..=1_048_576).contains(s)));
+        // Log-uniform: about half the files under 46 KiB (the geometric mean).
+        let small = sizes.iter().filter(|s| **s < 46_341).count();
+        assert!((400..600).contains(&small), "{small} of 1000 under 46 KiB");
+        assert_ne!(overwrite_body(3, 1), overwrite_body(3, 2));
     }
 
     #[test]

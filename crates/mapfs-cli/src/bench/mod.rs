@@ -82,6 +82,14 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub files: Option<usize>,
 
+    /// Files of overwrite [default: 1000; 100 with --quick]
+    #[arg(long, value_name = "N")]
+    pub overwrite_files: Option<usize>,
+
+    /// Rewrites of every file of overwrite [default: 10; 3 with --quick]
+    #[arg(long, value_name = "R")]
+    pub rounds: Option<usize>,
+
     /// Backing directory; the benchmark works in a temporary subdirectory
     /// of it [default: a temporary directory in /var/tmp, or in the current
     /// directory when /var/tmp is tmpfs]
@@ -122,6 +130,10 @@ pub struct BenchArgs {
     /// Internal: run small-files in DIR and print its JSON
     #[arg(long, value_name = "DIR", hide = true)]
     pub small_files_worker: Option<PathBuf>,
+
+    /// Internal: run overwrite in DIR and print its JSON
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub overwrite_worker: Option<PathBuf>,
 
     /// Internal: run a fileserver workload of N threads in DIR (with
     /// `--fileserver-dir`) and print its JSON
@@ -179,6 +191,8 @@ struct Params {
     bs: Vec<u64>,
     runs: usize,
     files: usize,
+    overwrite_files: usize,
+    rounds: usize,
     quick: bool,
     workloads: Vec<String>,
     configs: Vec<String>,
@@ -219,6 +233,11 @@ fn resolve(a: &BenchArgs) -> Result<(Params, Vec<Workload>, Vec<ConfigDef>)> {
         bail!("--runs must be at least 1");
     }
     let files = a.files.unwrap_or(if q { 2000 } else { 10_000 });
+    let overwrite_files = a.overwrite_files.unwrap_or(if q { 100 } else { 1000 });
+    let rounds = a.rounds.unwrap_or(if q { 3 } else { 10 });
+    if overwrite_files == 0 || rounds == 0 {
+        bail!("--overwrite-files and --rounds must be at least 1");
+    }
     let wl = match &a.workloads {
         Some(p) => workloads::select(p)?,
         None if q => workloads::select(&QUICK.iter().map(|s| s.to_string()).collect::<Vec<_>>())?,
@@ -238,6 +257,8 @@ fn resolve(a: &BenchArgs) -> Result<(Params, Vec<Workload>, Vec<ConfigDef>)> {
         bs,
         runs,
         files,
+        overwrite_files,
+        rounds,
         quick: q,
         workloads: wl.iter().map(|w| w.name.to_string()).collect(),
         configs: cf.iter().map(|c| c.name.to_string()).collect(),
@@ -454,35 +475,42 @@ fn used_space(dir: &Path) -> (u64, u64) {
     total
 }
 
-/// Runs a phased in-process workload (create-stat-unlink, small-files) on a
-/// configuration: in-process when there is no command prefix, else as
-/// `PREFIX mapfs bench --meta-worker DIR` (`--small-files-worker`).
+/// Runs a phased in-process workload (create-stat-unlink, small-files,
+/// overwrite) on a configuration: in-process when there is no command
+/// prefix, else as `PREFIX mapfs bench --meta-worker DIR`
+/// (`--small-files-worker`, `--overwrite-worker`).
 fn run_meta(
     p: &Prepared,
     dir: &Path,
-    files: usize,
+    params: &Params,
     mapfs: &Path,
     kind: Kind,
 ) -> Result<Vec<meta::PhaseResult>> {
-    let small = kind == Kind::SmallFiles;
     if p.prefix.is_empty() {
-        return if small {
-            meta::small_files(dir, files)
-        } else {
-            meta::create_stat_unlink(dir, files)
+        return match kind {
+            Kind::SmallFiles => meta::small_files(dir, params.files),
+            Kind::Overwrite => meta::overwrite(dir, params.overwrite_files, params.rounds),
+            _ => meta::create_stat_unlink(dir, params.files),
         };
     }
-    let args = [
-        OsString::from(if small {
-            "--small-files-worker"
-        } else {
-            "--meta-worker"
-        }),
-        dir.into(),
-        "--files".into(),
-        files.to_string().into(),
-    ];
-    run_worker(p, mapfs, &args, Duration::from_secs(600), "metadata")
+    let mut args: Vec<OsString> = match kind {
+        Kind::SmallFiles => vec!["--small-files-worker".into()],
+        Kind::Overwrite => vec!["--overwrite-worker".into()],
+        _ => vec!["--meta-worker".into()],
+    };
+    args.push(dir.into());
+    args.extend(
+        [
+            "--files".to_string(),
+            params.files.to_string(),
+            "--overwrite-files".to_string(),
+            params.overwrite_files.to_string(),
+            "--rounds".to_string(),
+            params.rounds.to_string(),
+        ]
+        .map(OsString::from),
+    );
+    run_worker(p, mapfs, &args, Duration::from_secs(1800), "in-process")
 }
 
 /// Runs `PREFIX mapfs bench ARGS` (an in-process workload's worker under the
@@ -605,6 +633,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if let Some(dir) = &args.small_files_worker {
         let r = meta::small_files(dir, args.files.unwrap_or(10_000))?;
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    if let Some(dir) = &args.overwrite_worker {
+        let r = meta::overwrite(
+            dir,
+            args.overwrite_files.unwrap_or(1000),
+            args.rounds.unwrap_or(10),
+        )?;
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
@@ -740,7 +777,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let columns_of = |w: &Workload| -> Vec<String> {
         match w.kind {
             Kind::Data { .. } => params.bs.iter().map(|b| fmt_size(*b)).collect(),
-            Kind::CreateStatUnlink | Kind::SmallFiles => w
+            Kind::CreateStatUnlink | Kind::SmallFiles | Kind::Overwrite => w
                 .kind
                 .phases()
                 .unwrap_or_default()
@@ -842,7 +879,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
                                     }
                                 })
                             }
-                            Kind::Data { .. } | Kind::CreateStatUnlink | Kind::SmallFiles => {
+                            Kind::Data { .. }
+                            | Kind::CreateStatUnlink
+                            | Kind::SmallFiles
+                            | Kind::Overwrite => {
                                 unreachable!("matched by the arms above")
                             }
                         };
@@ -866,7 +906,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     }
                 }
             }
-            Kind::CreateStatUnlink | Kind::SmallFiles => {
+            Kind::CreateStatUnlink | Kind::SmallFiles | Kind::Overwrite => {
                 let phases_of = w.kind.phases().unwrap_or_default();
                 // Space in use before a configuration's first run: a file
                 // system that keeps what it freed for reuse (pack's slots)
@@ -882,15 +922,32 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         let before = daemon_requests(p);
                         // Where the files' bytes land: a store of its own,
                         // or the tree itself in the backing directory.
-                        let store = p
-                            .store
-                            .clone()
-                            .unwrap_or_else(|| backing.join(&data_name).join(meta::SMALL_TREE));
-                        let used_before = *space_base
-                            .entry(c.name)
-                            .or_insert_with(|| Some(used_space(&store)));
-                        let res = run_meta(p, &dir, params.files, &mapfs, w.kind);
+                        let store = p.store.clone().unwrap_or_else(|| match w.kind {
+                            // A version store may live anywhere in it.
+                            Kind::Overwrite => backing.to_path_buf(),
+                            _ => backing.join(&data_name).join(meta::SMALL_TREE),
+                        });
+                        let used_before = if w.kind == Kind::Overwrite {
+                            // What this run leaves behind: its tree is gone
+                            // at its end, its history may not be.
+                            rustix::fs::sync();
+                            Some(used_space(&store))
+                        } else {
+                            *space_base
+                                .entry(c.name)
+                                .or_insert_with(|| Some(used_space(&store)))
+                        };
+                        let res = run_meta(p, &dir, &params, &mapfs, w.kind);
                         let after = daemon_requests(p);
+                        if w.kind == Kind::Overwrite {
+                            rustix::fs::sync();
+                            if let (Ok(_), Some(b)) = (&res, used_before) {
+                                let a = used_space(&store);
+                                let mut rec = empty_record(w.name, c.name, "kept MiB", run);
+                                rec.value = Some(a.1.saturating_sub(b.1) as f64 / 1048576.0);
+                                records.push(rec);
+                            }
+                        }
                         if w.kind == Kind::SmallFiles {
                             // What the files took on the backing file system,
                             // written out first (a mount's writeback cache
@@ -913,13 +970,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         }
                         match res {
                             Ok(phases) => {
-                                let ops: u64 = phases.iter().map(|ph| ph.ops).sum();
+                                // overwrite's phase counts bytes; its
+                                // application operations are the rewrites.
+                                let (ops, scale) = match w.kind {
+                                    Kind::Overwrite => {
+                                        ((params.overwrite_files * params.rounds) as u64, 1e-6)
+                                    }
+                                    _ => (phases.iter().map(|ph| ph.ops).sum(), 1.0),
+                                };
                                 let rpo = per_op(before, after, ops);
                                 for ph in phases {
                                     let mut rec = empty_record(w.name, c.name, &ph.phase, run);
                                     rec.requests_per_op = rpo;
-                                    rec.value = Some(ph.ops_per_sec());
-                                    rec.iops = Some(ph.ops_per_sec());
+                                    rec.value = Some(ph.ops_per_sec() * scale);
+                                    rec.iops = Some(ph.ops_per_sec() * scale);
                                     rec.lat_p50_us = Some(ph.lat_p50_ns / 1e3);
                                     rec.lat_p99_us = Some(ph.lat_p99_ns / 1e3);
                                     rec.amount = Some(ph.ops);
@@ -976,6 +1040,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 Kind::Data { .. } => "MB/s",
                 Kind::CreateStatUnlink | Kind::Fileserver { .. } => "ops/s",
                 Kind::SmallFiles => "files/s",
+                Kind::Overwrite => "MB/s",
                 Kind::Procs(workloads::Procs::SpawnRead) => "processes/s",
                 Kind::Procs(workloads::Procs::Build | workloads::Procs::Untar) => "files/s",
             };

@@ -42,6 +42,9 @@ pub enum Kind {
     /// Many short-lived processes (`spawn-read`: 1,000 `cat`s of a small
     /// file; `build`: `make -j2` of a generated C project); one column.
     Procs(Procs),
+    /// Files of 2 KiB-1 MiB rewritten whole again and again, in-process;
+    /// the rewrite throughput, and what the backing store kept.
+    Overwrite,
     /// Threads cycling delete/create/append/read/stat over a fileset, for
     /// `--runtime` seconds; one column.
     Fileserver {
@@ -169,6 +172,11 @@ pub const WORKLOADS: &[Workload] = &[
         kind: Kind::SmallFiles,
     },
     Workload {
+        name: "overwrite",
+        about: "rewrite --overwrite-files files of 2 KiB-1 MiB (log-uniform) --rounds times whole (O_TRUNC), then syncfs (MB/s; and MiB the backing store kept: versions' history)",
+        kind: Kind::Overwrite,
+    },
+    Workload {
         name: "fileserver-1th",
         about: "1 thread cycles delete, create 16 KiB, append 4 KiB, read, stat over 1000 files (ops/s)",
         kind: Kind::Fileserver { threads: 1 },
@@ -219,12 +227,20 @@ pub const SMALL_PHASES: &[&str] = &["write", "read"];
 /// took on the backing file system (inodes, and disk space in MiB).
 pub const SMALL_COLUMNS: &[&str] = &["write", "read", "inodes", "disk MiB"];
 
+/// The timed phase of overwrite (its "operations" are bytes).
+pub const OVERWRITE_PHASE: &str = "MB/s";
+
+/// Column labels of the overwrite table: the rewrite throughput, then the
+/// space the backing store held more after the run than before it.
+pub const OVERWRITE_COLUMNS: &[&str] = &[OVERWRITE_PHASE, "kept MiB"];
+
 impl Kind {
     /// The table columns of an in-process phased workload.
     pub fn phases(&self) -> Option<&'static [&'static str]> {
         match self {
             Kind::CreateStatUnlink => Some(META_PHASES),
             Kind::SmallFiles => Some(SMALL_COLUMNS),
+            Kind::Overwrite => Some(OVERWRITE_COLUMNS),
             _ => None,
         }
     }

@@ -524,3 +524,40 @@ fn writers_next_to_passthrough_readers_keep_exact_versions() {
     now[300..304].copy_from_slice(b"BBBB");
     assert!(fs::read(&f).unwrap() == now, "{test}: current bytes");
 }
+
+/// `keep-bytes`: once the versions go over it, the oldest are dropped until
+/// the store holds nine tenths of it (not just under it: a store at its
+/// limit would otherwise scan every version at every new one), and the
+/// newest versions are the ones kept, byte-exact.
+#[test]
+fn the_byte_limit_prunes_the_oldest_down_to_nine_tenths() {
+    let test = "versions keep-bytes";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    // Whole copies of 8 KiB (block-sized, so a version costs its size):
+    // ten fit in 80 KiB, nine in nine tenths of it.
+    let s = mount(DataMode::Auto, "keep=none,keep-days=none,keep-bytes=80K");
+    let m = s.mountpoint();
+    fs::create_dir(m.join("d")).unwrap();
+    let body = |i: u8| vec![b'a' + i; 8192];
+    // The first write makes the file; each later one keeps the previous.
+    for i in 0..=10 {
+        fs::write(m.join("d/f"), body(i)).unwrap();
+    }
+    // Ten versions (80 KiB: at the limit, not over it) stay.
+    let v = listed(&s, "d", "f");
+    assert_eq!(v.len(), 10, "{test}: versions of eleven writes");
+    // The eleventh version goes over: down to nine, the newest.
+    fs::write(m.join("d/f"), body(11)).unwrap();
+    let v = listed(&s, "d", "f");
+    let want: Vec<Vec<u8>> = (2..=10).map(body).collect();
+    assert_eq!(
+        v.iter().map(|(_, b)| b.clone()).collect::<Vec<_>>(),
+        want,
+        "{test}: versions kept after going over the limit: {:?}",
+        v.iter()
+            .map(|(n, b)| (n, b.len(), b[0]))
+            .collect::<Vec<_>>()
+    );
+}

@@ -10,39 +10,81 @@ use std::process::Command;
 
 use common::{fuse_or_skip, have, mapfs_bin};
 
+/// A finished `mapfs bench ARGS` run over a fresh backing directory in
+/// /var/tmp: its results.json, its stderr, and the backing directory (to
+/// check nothing is left in it).
+struct BenchRun {
+    json: serde_json::Value,
+    stderr: String,
+    backing: tempfile::TempDir,
+}
+
+impl BenchRun {
+    fn new(args: &[&str]) -> BenchRun {
+        let backing = tempfile::Builder::new()
+            .prefix("mapfs-bench-test.")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let run = Command::new(mapfs_bin())
+            .arg("bench")
+            .args(args)
+            .arg("--backing")
+            .arg(backing.path())
+            .arg("--out")
+            .arg(out.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+        assert!(run.status.success(), "mapfs bench failed: {stderr}");
+        let json = serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap())
+            .unwrap();
+        BenchRun {
+            json,
+            stderr,
+            backing,
+        }
+    }
+
+    /// The record of `workload`, `config`, `column` (the first run's).
+    fn cell(&self, w: &str, c: &str, col: &str) -> &serde_json::Value {
+        (self.json["records"].as_array().expect("records"))
+            .iter()
+            .find(|r| r["workload"] == w && r["config"] == c && r["column"] == col)
+            .unwrap_or_else(|| panic!("no {w} {c} {col} record: {}", self.json))
+    }
+
+    /// Asserts the bench left nothing in its backing directory.
+    fn assert_backing_empty(&self) {
+        let left: Vec<_> = std::fs::read_dir(self.backing.path())
+            .unwrap()
+            .flatten()
+            .collect();
+        assert!(left.is_empty(), "left in the backing directory: {left:?}");
+    }
+}
+
 #[test]
 fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
     if !fuse_or_skip("bench small-files / n1-strided") || !have("fio") {
         return;
     }
-    let backing = tempfile::Builder::new()
-        .prefix("mapfs-bench-test.")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new(mapfs_bin())
-        .args(["bench", "--workloads", "small-files,n1-strided-Nth"])
-        .args(["--configs", "native,pack,embedded-plfs"])
-        .args([
-            "--files", "1500", "--size", "4M", "--bs", "4k", "--runs", "1",
-        ])
-        .arg("--backing")
-        .arg(backing.path())
-        .arg("--out")
-        .arg(out.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "mapfs bench failed: {stderr}");
-    let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
-    let records = json["records"].as_array().expect("records");
-    let cell = |w: &str, c: &str, col: &str| {
-        records
-            .iter()
-            .find(|r| r["workload"] == w && r["config"] == c && r["column"] == col)
-            .unwrap_or_else(|| panic!("no {w} {c} {col} record: {json}"))
-    };
+    let b = BenchRun::new(&[
+        "--workloads",
+        "small-files,n1-strided-Nth",
+        "--configs",
+        "native,pack,embedded-plfs",
+        "--files",
+        "1500",
+        "--size",
+        "4M",
+        "--bs",
+        "4k",
+        "--runs",
+        "1",
+    ]);
+    let (json, stderr) = (&b.json, &b.stderr);
+    let cell = |w: &str, c: &str, col: &str| b.cell(w, c, col);
     for c in ["native", "pack", "embedded-plfs"] {
         for col in ["write", "read"] {
             let r = cell("small-files", c, col);
@@ -75,11 +117,7 @@ fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
         );
     }
     // Nothing left mounted or in the backing directory.
-    let left: Vec<_> = std::fs::read_dir(backing.path())
-        .unwrap()
-        .flatten()
-        .collect();
-    assert!(left.is_empty(), "left in the backing directory: {left:?}");
+    b.assert_backing_empty();
 }
 
 /// `overwrite` on `versions`, through the mount and under `mapfs run`: every
@@ -92,32 +130,26 @@ fn bench_overwrite_reports_what_versions_keeps() {
     if !fuse_or_skip("bench overwrite") {
         return;
     }
-    let backing = tempfile::Builder::new()
-        .prefix("mapfs-bench-test.")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new(mapfs_bin())
-        .args(["bench", "--workloads", "overwrite"])
-        .args(["--configs", "native,auto,versions,versions-preload"])
-        .args(["--overwrite-files", "40", "--rounds", "2", "--runs", "1"])
-        .arg("--backing")
-        .arg(backing.path())
-        .arg("--out")
-        .arg(out.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "mapfs bench failed: {stderr}");
-    let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
-    let records = json["records"].as_array().expect("records");
+    let b = BenchRun::new(&[
+        "--workloads",
+        "overwrite",
+        "--configs",
+        "native,auto,versions,versions-preload",
+        "--overwrite-files",
+        "40",
+        "--rounds",
+        "2",
+        "--runs",
+        "1",
+    ]);
+    let json = &b.json;
     let record = |c: &str, col: &str| {
-        let r = records
-            .iter()
-            .find(|r| r["workload"] == "overwrite" && r["config"] == c && r["column"] == col)
-            .unwrap_or_else(|| panic!("no overwrite {c} {col} record: {json}"));
-        assert!(r["error"].is_null(), "overwrite {c} {col}: {r}\n{stderr}");
+        let r = b.cell("overwrite", c, col);
+        assert!(
+            r["error"].is_null(),
+            "overwrite {c} {col}: {r}\n{}",
+            b.stderr
+        );
         r.clone()
     };
     let value = |c: &str, col: &str| record(c, col)["value"].as_f64().unwrap_or(-1.0);
@@ -141,9 +173,5 @@ fn bench_overwrite_reports_what_versions_keeps() {
             "{c} kept {kept} MiB after 2 rounds over {files_mib} MiB of files: {json}"
         );
     }
-    let left: Vec<_> = std::fs::read_dir(backing.path())
-        .unwrap()
-        .flatten()
-        .collect();
-    assert!(left.is_empty(), "left in the backing directory: {left:?}");
+    b.assert_backing_empty();
 }

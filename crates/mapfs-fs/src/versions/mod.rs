@@ -433,6 +433,15 @@ impl Versions {
                 opened = self.inner.open(ctx, path, flags)?;
             }
         }
+        if trunc {
+            // The file changed after its version, whatever its stamp says:
+            // a rewrite of the same size within one tick of the clock that
+            // stamps files leaves size, mtime and ctime as they were, and a
+            // writer joining the session would then take no version of it.
+            if let Some(s) = self.sessions.lock().get_mut(&key) {
+                s.stamp = session::CHANGED;
+            }
+        }
         opened.handle = handle;
         self.writers.lock().insert(handle, Writer { key, log });
         Ok(opened)

@@ -19,6 +19,10 @@ use super::store::Store;
 /// Size, mtime and ctime (seconds, nanoseconds) of a file.
 pub type Stamp = (i64, i64, i64, i64, i64);
 
+/// A stamp no file has: a session stamped so counts as changed until its
+/// next version is taken.
+pub const CHANGED: Stamp = (-1, -1, -1, -1, -1);
+
 /// The stamp of an open file.
 #[allow(clippy::unnecessary_cast)]
 pub fn stamp_of(f: &File) -> Result<Stamp> {

@@ -561,3 +561,29 @@ fn the_byte_limit_prunes_the_oldest_down_to_nine_tenths() {
             .collect::<Vec<_>>()
     );
 }
+
+/// `.versions` entries show as soon as they exist, even where the mount
+/// was just asked for them and they did not exist yet (a mount remembers a
+/// missing name for its entry lifetime, 1 s by default, unless the file
+/// system says its names appear by themselves).
+#[test]
+fn a_new_version_shows_at_once_where_none_was_found_before() {
+    let test = "versions appear at once";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(DataMode::Auto, KEEP_ALL);
+    let m = s.mountpoint();
+    fs::create_dir(m.join("d")).unwrap();
+    fs::write(m.join("d/f"), "one\n").unwrap();
+    assert!(
+        listed(&s, "d", "f").is_empty(),
+        "{test}: a version of a new file"
+    );
+    assert!(
+        !m.join(".versions/d").exists(),
+        "{test}: .versions/d before any version"
+    );
+    fs::write(m.join("d/f"), "two\n").unwrap();
+    assert_eq!(contents(&listed(&s, "d", "f")), ["one\n"], "{test}");
+}

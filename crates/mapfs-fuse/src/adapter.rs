@@ -1124,7 +1124,11 @@ impl Filesystem for Adapter {
             // cross into the daemon again). The kernel still checks the
             // caller's search permission on the parent before it uses
             // the cached answer, and a create through the mount replaces it.
-            Err(e) if e.errno() == libc::ENOENT && !s.opts.entry_ttl.is_zero() => {
+            Err(e)
+                if e.errno() == libc::ENOENT
+                    && !s.opts.entry_ttl.is_zero()
+                    && !s.fs.names_appear_by_themselves(&path) =>
+            {
                 reply.entry_with_ttls(
                     &Duration::ZERO,
                     &s.opts.entry_ttl,

@@ -277,6 +277,15 @@ pub trait FileSystem: Send + Sync + 'static {
         Err(Error::not_implemented())
     }
 
+    /// True when a name at `path` can come into being with no call to this
+    /// file system that makes it (a virtual directory whose entries follow
+    /// other changes, as `versions`' `.versions`): callers must then not
+    /// remember that such a name was missing. The default, false, lets a
+    /// mount remember missing names for its entry lifetime.
+    fn names_appear_by_themselves(&self, path: &Path) -> bool {
+        false
+    }
+
     /// File-system statistics.
     fn statfs(&self, ctx: &Ctx, path: &Path) -> Result<StatFs> {
         Ok(StatFs {

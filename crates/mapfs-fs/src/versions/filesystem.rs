@@ -152,6 +152,11 @@ impl FileSystem for Versions {
         self.inner.link(ctx, from, to)
     }
 
+    /// `.versions` entries appear whenever a version is made.
+    fn names_appear_by_themselves(&self, path: &Path) -> bool {
+        matches!(virtual_dir::place(path), Place::Virtual(_))
+    }
+
     fn statfs(&self, ctx: &Ctx, path: &Path) -> Result<StatFs> {
         match virtual_dir::place(path) {
             Place::Normal => self.inner.statfs(ctx, path),

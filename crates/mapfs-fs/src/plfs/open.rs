@@ -204,7 +204,16 @@ impl Plfs {
         }
         let _claim = container::Claim::take(parent, name)?;
         container::rename_noreplace(parent, tmp, parent, name)?;
-        settle(parent, name).map(Some)
+        // The file exists now whatever follows: a name that cannot be
+        // opened again at once (another host removed it) leaves the
+        // descriptor opened before the rename to serve, as before.
+        match settle(parent, name) {
+            Ok(dir) => Ok(Some(dir)),
+            Err(e) => {
+                warn!("plfs: new container {}: {e}", name.to_string_lossy());
+                Ok(None)
+            }
+        }
     }
 
     pub(super) fn do_create(

@@ -213,9 +213,8 @@ mod tests {
             "{:?}",
             t.elapsed()
         );
-        // The oldest half goes: exactly the versions below the limit stay,
-        // the limit falling on a lineage's whole version (every fifth
-        // round), so nothing left is an undo version without its base.
+        // The oldest half goes, exactly: what stays fits the limit, and
+        // every undo version left reads through newer ones that stay.
         let kept: u64 = 100 * (20_000 - drop.len() as u64);
         assert!(kept <= 1_000_000, "kept {kept}");
         assert_eq!(drop, (0..10_000).collect::<Vec<i64>>());

@@ -655,15 +655,21 @@ impl Shared {
         let Some(backing) = data.whole_file_backing() else {
             return false;
         };
+        // The kernel runs all opens of an inode in passthrough or all
+        // through the daemon. An open here through the daemon means the
+        // kernel holds no passthrough open of it any more: a backing id
+        // still alive here belongs to an open closed in the kernel whose
+        // release has not arrived yet, and a passthrough reply would fail
+        // the open (`EIO`; seen under load: a reader opened right after an
+        // undo writer of versions, while the previous reader's release was
+        // on its way).
+        if self.handles.has_daemon_open(ino) {
+            return false;
+        }
         if self.handles.has_backing(ino) {
             return true;
         }
         if !self.passthrough_ok.load(Ordering::Relaxed) {
-            return false;
-        }
-        // The kernel requires every open of a passthrough inode to be
-        // passthrough: an inode already open through the daemon stays there.
-        if self.handles.any_file_of(ino).is_some() {
             return false;
         }
         // Passthrough writes run with the daemon's credentials, which would

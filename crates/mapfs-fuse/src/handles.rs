@@ -278,6 +278,12 @@ impl Handles {
         self.files.read().values().find(|f| f.ino == ino).cloned()
     }
 
+    /// True when `ino` has an open that runs through the daemon (not in
+    /// kernel passthrough).
+    pub fn has_daemon_open(&self, ino: u64) -> bool {
+        (self.files.read().values()).any(|f| f.ino == ino && f.backing.is_none())
+    }
+
     /// Records a change through `file` (not whole-file) that the file
     /// system learns only when the open's map is flushed.
     ///

@@ -511,12 +511,7 @@ impl<'a> Claim<'a> {
     /// Takes the claim on `name` in `parent`, waiting for another creator's
     /// (up to [`CLAIM_STALE`], then breaking it).
     pub(super) fn take(parent: BorrowedFd<'a>, name: &OsStr) -> Result<Claim<'a>> {
-        // FNV-1a: every host must derive the same claim from a name, whatever
-        // Rust built its binary (std's `DefaultHasher` may change).
-        let hash = (name.as_bytes().iter()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        let claim = format!("{NEW_PREFIX}claim.{hash:016x}");
+        let claim = claim_name(name);
         let mut wait = 1u64;
         loop {
             match open_file(
@@ -549,6 +544,21 @@ impl<'a> Claim<'a> {
             wait = (wait * 2).min(20);
         }
     }
+}
+
+/// The claim file of `name`. FNV-1a: every host must derive the same claim
+/// from a name, whatever Rust built its binary (std's `DefaultHasher` may
+/// change).
+fn claim_name(name: &OsStr) -> String {
+    let hash = (name.as_bytes().iter()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{NEW_PREFIX}claim.{hash:016x}")
+}
+
+/// True while a creator holds the claim of `name` in `parent`.
+pub(super) fn claimed(parent: BorrowedFd<'_>, name: &OsStr) -> bool {
+    rustix::fs::statat(parent, claim_name(name).as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok()
 }
 
 impl Drop for Claim<'_> {

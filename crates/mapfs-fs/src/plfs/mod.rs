@@ -414,7 +414,8 @@ impl Plfs {
             Err(e) if matches!(e.errno(), libc::ENOTDIR | libc::ELOOP) => Node::Other,
             Err(e) => return Err(e),
             Ok(dir) => {
-                let file = container::is_container(dir.as_fd());
+                let file = container::is_container(dir.as_fd())
+                    || self.made_meanwhile(parent.as_fd(), &name, dir.as_fd());
                 // The name must still hold what was judged: a file replaced by
                 // a rename and being removed has lost its `.plfs` and would pass
                 // for a directory.

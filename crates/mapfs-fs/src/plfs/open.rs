@@ -129,91 +129,129 @@ impl Plfs {
 
     /// Creates the container of a new file at `path` (identity created as
     /// the caller with `mode`), atomically: built under a hidden name, then
-    /// renamed into place unless the name exists (`EEXIST`). Returns the
-    /// container and the new identity's `stat`.
+    /// renamed into place unless the name exists (`EEXIST`). On a store
+    /// without `RENAME_NOREPLACE` it is made in place instead
+    /// ([`Plfs::make_file_in_place`]). Returns the container and the new
+    /// identity's `stat`.
     pub(super) fn make_file(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<(OwnedFd, Stat)> {
+        if self.noreplace.load(Ordering::Relaxed) == super::NOREPLACE_NO {
+            return self.make_file_in_place(ctx, path, mode);
+        }
         let (parent, tmp, res) = as_caller(ctx, || {
             let (parent, name) = self.parent_for_new(path)?;
             let before = super::store::validator(parent.as_fd()).ok();
             let tmp = container::new_name();
             rustix::fs::mkdirat(&parent, tmp.as_str(), Mode::from_raw_mode(0o711))?;
-            let res = (|| {
+            let res = (|| -> Result<Option<(OwnedFd, Stat)>> {
                 let dir = container::open_dir(parent.as_fd(), tmp.as_ref())?;
-                let id = openat2_beneath(
-                    dir.as_fd(),
-                    IDENTITY.as_ref(),
-                    OFlags::WRONLY
-                        | OFlags::CREATE
-                        | OFlags::EXCL
-                        | OFlags::NOFOLLOW
-                        | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(mode & 0o7777),
-                )?;
+                let id = make_identity(dir.as_fd(), mode)?;
                 // The attributes of the new file, taken before anyone else
                 // can reach it (the rename below publishes it).
                 let st = rustix::fs::fstat(&id)?;
-                let settled = self.put_in_place(parent.as_fd(), tmp.as_ref(), &name)?;
+                if !self.put_in_place(parent.as_fd(), tmp.as_ref(), &name)? {
+                    return Ok(None);
+                }
                 self.nlink_kept(parent.as_fd(), before);
-                Ok((settled.unwrap_or(dir), st))
+                Ok(Some((dir, st)))
             })();
             Ok((parent, tmp, res))
         })?;
-        if res.is_err() {
+        if !matches!(res, Ok(Some(_))) {
             if let Err(e) = container::remove_tree(parent.as_fd(), tmp.as_ref()) {
                 warn!("plfs: cannot remove half-created {tmp}: {e}");
             }
         }
-        res
+        match res? {
+            Some(made) => Ok(made),
+            // The store has no RENAME_NOREPLACE (found out just now).
+            None => self.make_file_in_place(ctx, path, mode),
+        }
     }
 
-    /// Renames the new container `tmp` to `name` unless the name is taken
-    /// (`EEXIST`). With `RENAME_NOREPLACE` the rename itself decides. A store
-    /// without it (GlusterFS's client) gets a plain rename, which must not
-    /// race another host's: there the distributed rename of a directory can
-    /// replace another host's fresh container (measured: three creates of
-    /// one name within 0.5 s all "won", and the opens of the replaced
-    /// containers lost what they wrote). So the creators of one name take
-    /// turns through a claim file ([`container::Claim`]), and each looks for
-    /// the name before renaming, and keeps its turn until the container
-    /// reads as a file under its new name ([`settle`]), whose descriptor
-    /// it returns (`None`: the rename was atomic, the old one serves).
-    fn put_in_place(
+    /// Renames the new container `tmp` to `name` with `RENAME_NOREPLACE`,
+    /// which refuses a taken name (`EEXIST`); false when the store has no
+    /// such rename (then nothing was renamed).
+    fn put_in_place(&self, parent: BorrowedFd<'_>, tmp: &OsStr, name: &OsStr) -> Result<bool> {
+        match rustix::fs::renameat_with(
+            parent,
+            tmp,
+            parent,
+            name,
+            rustix::fs::RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => {
+                self.noreplace
+                    .store(super::NOREPLACE_YES, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(rustix::io::Errno::INVAL) => {
+                self.noreplace.store(super::NOREPLACE_NO, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// [`Plfs::make_file`] on a store without `RENAME_NOREPLACE` (GlusterFS's
+    /// client): no directory is renamed there. A plain rename cannot refuse
+    /// a taken name, and Gluster's distributed rename of a directory, raced
+    /// by another host's lookup of the new name, left a directory without
+    /// its identity under the name (every creator of one round failed with
+    /// `EISDIR` or `EIO`, in about 1 CI run in 12). Instead the creators of
+    /// one name take turns through a claim file ([`container::Claim`]), and
+    /// the one whose `mkdir` of the name succeeds makes the identity inside
+    /// it before giving the turn up. A lookup that finds a directory
+    /// without identity while its claim exists waits for it
+    /// ([`Plfs::made_meanwhile`]).
+    fn make_file_in_place(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<(OwnedFd, Stat)> {
+        as_caller(ctx, || {
+            let (parent, name) = self.parent_for_new(path)?;
+            let before = super::store::validator(parent.as_fd()).ok();
+            let _claim = container::Claim::take(parent.as_fd(), &name)?;
+            rustix::fs::mkdirat(&parent, name.as_os_str(), Mode::from_raw_mode(0o711))?;
+            let res = (|| -> Result<(OwnedFd, Stat)> {
+                let dir = container::open_dir(parent.as_fd(), &name)?;
+                let id = make_identity(dir.as_fd(), mode)?;
+                let st = rustix::fs::fstat(&id)?;
+                self.nlink_kept(parent.as_fd(), before);
+                Ok((dir, st))
+            })();
+            if res.is_err() {
+                // The directory is this creator's: made under its claim.
+                if let Err(e) = container::remove_tree(parent.as_fd(), &name) {
+                    warn!(
+                        "plfs: cannot remove half-created {}: {e}",
+                        name.to_string_lossy()
+                    );
+                }
+            }
+            res
+        })
+    }
+
+    /// True when `dir`, found at `name` in `parent` without an identity, is
+    /// a container being made in place (its claim exists), once its identity
+    /// shows; waits up to [`IN_FLIGHT`] for that. A real directory costs one
+    /// `stat` of the claim's name here.
+    pub(super) fn made_meanwhile(
         &self,
         parent: BorrowedFd<'_>,
-        tmp: &OsStr,
         name: &OsStr,
-    ) -> Result<Option<OwnedFd>> {
-        if self.noreplace.load(Ordering::Relaxed) != super::NOREPLACE_NO {
-            match rustix::fs::renameat_with(
-                parent,
-                tmp,
-                parent,
-                name,
-                rustix::fs::RenameFlags::NOREPLACE,
-            ) {
-                Ok(()) => {
-                    self.noreplace
-                        .store(super::NOREPLACE_YES, Ordering::Relaxed);
-                    return Ok(None);
-                }
-                Err(rustix::io::Errno::INVAL) => {
-                    self.noreplace.store(super::NOREPLACE_NO, Ordering::Relaxed);
-                }
-                Err(e) => return Err(e.into()),
+        dir: BorrowedFd<'_>,
+    ) -> bool {
+        // Only stores without RENAME_NOREPLACE make containers in place (a
+        // daemon that has made none yet does not know which this is).
+        if self.noreplace.load(Ordering::Relaxed) == super::NOREPLACE_YES {
+            return false;
+        }
+        let start = std::time::Instant::now();
+        while container::claimed(parent, name) && start.elapsed() < IN_FLIGHT {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            if container::is_container(dir) {
+                return true;
             }
         }
-        let _claim = container::Claim::take(parent, name)?;
-        container::rename_noreplace(parent, tmp, parent, name)?;
-        // The file exists now whatever follows: a name that cannot be
-        // opened again at once (another host removed it) leaves the
-        // descriptor opened before the rename to serve, as before.
-        match settle(parent, name) {
-            Ok(dir) => Ok(Some(dir)),
-            Err(e) => {
-                warn!("plfs: new container {}: {e}", name.to_string_lossy());
-                Ok(None)
-            }
-        }
+        container::is_container(dir)
     }
 
     pub(super) fn do_create(
@@ -648,33 +686,16 @@ impl Plfs {
     }
 }
 
-/// How long a container renamed into place on a store without
-/// `RENAME_NOREPLACE` may take to read as a file under its new name.
-const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+/// Longest wait of a lookup for a container being made in place.
+const IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// Waits until the container just renamed to `name` in `parent` reads as a
-/// file there, and returns a descriptor of it opened by that name. On
-/// GlusterFS, a directory renamed a moment ago could still be found without
-/// its identity file, so the creators waiting for the claim saw a directory
-/// (`EISDIR`), and the creator's descriptor opened before the rename could
-/// fail (`EIO`): both seen in 1 of 12 runs of six racing creators. After
-/// [`SETTLE`] the container is returned as it is, with a warning.
-fn settle(parent: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd> {
-    let start = std::time::Instant::now();
-    let mut wait = 1u64;
-    loop {
-        let dir = container::open_dir(parent, name)?;
-        if container::is_container(dir.as_fd()) {
-            return Ok(dir);
-        }
-        if start.elapsed() > SETTLE {
-            warn!(
-                "plfs: new container {} shows no identity {SETTLE:?} after its rename",
-                name.to_string_lossy()
-            );
-            return Ok(dir);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(wait));
-        wait = (wait * 2).min(50);
-    }
+/// Creates the identity file of a new container `dir` (as whoever runs
+/// this: the caller), with the file's permission bits.
+fn make_identity(dir: BorrowedFd<'_>, mode: u32) -> Result<OwnedFd> {
+    Ok(openat2_beneath(
+        dir,
+        IDENTITY.as_ref(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode & 0o7777),
+    )?)
 }

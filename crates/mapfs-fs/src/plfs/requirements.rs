@@ -9,15 +9,14 @@
 //! 1. **Atomic rename over an existing name**: a dropping is replaced by
 //!    renaming a complete temporary file over it; a reader opens the old or
 //!    the new file, never a mix or nothing.
-//! 2. **Rename that refuses an existing target**: a new file's container is
-//!    renamed into place only if the name is free, so two hosts creating one
-//!    name cannot both win. `RENAME_NOREPLACE` where the store has it; where
-//!    it does not (GlusterFS's client), a plain rename of the (non-empty)
-//!    container directory, which fails over anything but an empty directory
-//!    (`container::rename_noreplace`), made by one creator of a name at a
-//!    time (`container::Claim`: Gluster's distributed rename of a directory
-//!    can replace another host's racing one). A rename with the flag that
-//!    replaces an existing name is refused.
+//! 2. **Rename that refuses an existing target**: two hosts creating one
+//!    name cannot both win. `RENAME_NOREPLACE` where the store has it (a
+//!    new container is renamed into place with it); where it does not
+//!    (GlusterFS's client), containers are made in place by one creator of
+//!    a name at a time (`container::Claim`, `Plfs::make_file_in_place`),
+//!    because Gluster's distributed rename of a directory can replace
+//!    another host's racing one or leave the name without its identity. A
+//!    rename with the flag that replaces an existing name is refused.
 //! 3. **`flock` that excludes across every process and host** sharing the
 //!    store: the container lock (exclusive for dropping writes and
 //!    compaction, shared for merges) and the shared lock each live writer

@@ -273,8 +273,8 @@ os.close(fd)
 #[test]
 #[ignore = "failed in about 1 CI run in 12 with containers renamed into place on Gluster \
             (every racing creator of one round got EISDIR or EIO); containers are made in \
-            place there since, which passed 9 of 9 runs here; it runs in CI again once CI \
-            runs have passed with it (docs/plfs-hosts.md); run with --ignored"]
+            place there since, which passed 9 of 9 runs here; to be run in CI again after \
+            many more runs pass (docs/plfs-hosts.md); run with --ignored"]
 fn simultaneous_creates_of_one_name_across_hosts_lose_nothing() {
     let test = "plfs hosts simultaneous creates";
     let Some(h) = hosts(test) else { return };

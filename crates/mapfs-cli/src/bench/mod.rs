@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use config::{ConfigDef, Prepared, CONFIGS};
 use report::{Record, Table};
-use workloads::{Kind, Workload, QUICK, WORKLOADS};
+use workloads::{Kind, Workload, OVERWRITE_FILES, OVERWRITE_ROUNDS, QUICK, WORKLOADS};
 
 /// Run the benchmark workloads on native, mapfs (daemon and passthrough data
 /// modes) and bindfs, and report throughput, latency and ratios to native.
@@ -233,8 +233,10 @@ fn resolve(a: &BenchArgs) -> Result<(Params, Vec<Workload>, Vec<ConfigDef>)> {
         bail!("--runs must be at least 1");
     }
     let files = a.files.unwrap_or(if q { 2000 } else { 10_000 });
-    let overwrite_files = a.overwrite_files.unwrap_or(if q { 100 } else { 1000 });
-    let rounds = a.rounds.unwrap_or(if q { 3 } else { 10 });
+    let overwrite_files = a
+        .overwrite_files
+        .unwrap_or(if q { 100 } else { OVERWRITE_FILES });
+    let rounds = a.rounds.unwrap_or(if q { 3 } else { OVERWRITE_ROUNDS });
     if overwrite_files == 0 || rounds == 0 {
         bail!("--overwrite-files and --rounds must be at least 1");
     }
@@ -639,8 +641,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let Some(dir) = &args.overwrite_worker {
         let r = meta::overwrite(
             dir,
-            args.overwrite_files.unwrap_or(1000),
-            args.rounds.unwrap_or(10),
+            args.overwrite_files.unwrap_or(OVERWRITE_FILES),
+            args.rounds.unwrap_or(OVERWRITE_ROUNDS),
         )?;
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
@@ -943,7 +945,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                             rustix::fs::sync();
                             if let (Ok(_), Some(b)) = (&res, used_before) {
                                 let a = used_space(&store);
-                                let mut rec = empty_record(w.name, c.name, "kept MiB", run);
+                                let mut rec =
+                                    empty_record(w.name, c.name, workloads::KEPT_COLUMN, run);
                                 rec.value = Some(a.1.saturating_sub(b.1) as f64 / 1048576.0);
                                 records.push(rec);
                             }

@@ -230,9 +230,19 @@ pub const SMALL_COLUMNS: &[&str] = &["write", "read", "inodes", "disk MiB"];
 /// The timed phase of overwrite (its "operations" are bytes).
 pub const OVERWRITE_PHASE: &str = "MB/s";
 
-/// Column labels of the overwrite table: the rewrite throughput, then the
-/// space the backing store held more after the run than before it.
-pub const OVERWRITE_COLUMNS: &[&str] = &[OVERWRITE_PHASE, "kept MiB"];
+/// The overwrite column of the space the backing store held more after the
+/// run than before it.
+pub const KEPT_COLUMN: &str = "kept MiB";
+
+/// Column labels of the overwrite table: the rewrite throughput, then
+/// [`KEPT_COLUMN`].
+pub const OVERWRITE_COLUMNS: &[&str] = &[OVERWRITE_PHASE, KEPT_COLUMN];
+
+/// Files of overwrite (the workload list's), unless `--overwrite-files`.
+pub const OVERWRITE_FILES: usize = 1000;
+
+/// Rewrites of each file of overwrite, unless `--rounds`.
+pub const OVERWRITE_ROUNDS: usize = 10;
 
 impl Kind {
     /// The table columns of an in-process phased workload.

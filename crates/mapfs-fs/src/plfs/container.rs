@@ -306,12 +306,7 @@ pub(super) fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
 /// way leaves the hidden name, which `rmdir` of the parent clears whatever
 /// it holds.
 pub(super) fn remove_container(parent: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
-    let fd = match openat2_beneath(
-        parent,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
+    let fd = match open_to_list(parent, name) {
         Err(rustix::io::Errno::NOENT) => return Ok(()),
         // Not a directory any more (planted): removed as what it is.
         Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
@@ -345,16 +340,22 @@ fn remove_entries(parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()
     if depth >= MAX_DEPTH {
         return Err(Error::from_errno(libc::ENOTEMPTY));
     }
-    let fd = match openat2_beneath(
-        parent,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
+    let fd = match open_to_list(parent, name) {
         Err(rustix::io::Errno::NOENT) => return Ok(()),
         r => r?,
     };
     remove_listed(fd, parent, name, depth)
+}
+
+/// Directory `name` in `parent`, opened (beneath it, never through a
+/// symlink) to list and remove what it holds.
+fn open_to_list(parent: BorrowedFd<'_>, name: &OsStr) -> rustix::io::Result<OwnedFd> {
+    openat2_beneath(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
 }
 
 /// Removes everything listed in directory `fd`, then the directory itself,
@@ -503,8 +504,8 @@ pub(super) struct Claim<'a> {
     name: String,
 }
 
-/// After this long a claim's creator is taken for dead (a rename takes
-/// milliseconds, even on Gluster).
+/// After this long a claim's creator is taken for dead (making a container,
+/// a directory and one file, takes milliseconds, even on Gluster).
 const CLAIM_STALE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl<'a> Claim<'a> {

@@ -231,8 +231,7 @@ impl Plfs {
 
     /// True when `dir`, found at `name` in `parent` without an identity, is
     /// a container being made in place (its claim exists), once its identity
-    /// shows; waits up to [`IN_FLIGHT`] for that. A real directory costs one
-    /// `stat` of the claim's name here.
+    /// shows; waits up to [`IN_FLIGHT`] for that.
     pub(super) fn made_meanwhile(
         &self,
         parent: BorrowedFd<'_>,
@@ -244,14 +243,19 @@ impl Plfs {
         if self.noreplace.load(Ordering::Relaxed) == super::NOREPLACE_YES {
             return false;
         }
+        // The caller found no identity: without a claim, a real directory
+        // (one `stat` here); with one, the identity may come, or have come
+        // just before the claim went.
         let start = std::time::Instant::now();
+        let mut waited = false;
         while container::claimed(parent, name) && start.elapsed() < IN_FLIGHT {
             std::thread::sleep(std::time::Duration::from_millis(5));
+            waited = true;
             if container::is_container(dir) {
                 return true;
             }
         }
-        container::is_container(dir)
+        waited && container::is_container(dir)
     }
 
     pub(super) fn do_create(
@@ -289,12 +293,13 @@ impl Plfs {
                                 return Err(e);
                             }
                         },
-                        // ENOENT: removed since. EISDIR: on GlusterFS a
-                        // container renamed into place a moment ago by
-                        // another host can still show without its identity
-                        // (a directory) to this one: look again. The kernel
-                        // found no such name before sending the create, so
-                        // only a race gets here, never a lasting directory.
+                        // ENOENT: removed since. EISDIR: a directory where
+                        // the kernel found no name before sending the create
+                        // is another creator's container without its
+                        // identity yet (past the wait of `made_meanwhile`,
+                        // or seen late by this host of a distributed store):
+                        // look again. Only a race gets here, never a lasting
+                        // directory.
                         Err(e) if matches!(e.errno(), libc::ENOENT | libc::EISDIR) => e,
                         Err(e) => return Err(e),
                     };
@@ -380,37 +385,16 @@ impl Plfs {
         // The container's lock before the open's (`mark_epoch` takes them
         // in that order).
         let log = match self.store.lock(h.dir.as_fd(), h.key) {
-            Ok(_g) => {
-                let mut logs = w.logs.lock();
-                let log = match &logs.own {
-                    Some(log) => log.clone(),
-                    None => {
-                        let log = Arc::new(container::open_file(
-                            h.dir.as_fd(),
-                            &name,
-                            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
-                        )?);
-                        container::hold_log(&log)?;
-                        logs.names.push(name);
-                        logs.own = Some(log.clone());
-                        log
-                    }
-                };
-                drop(logs);
-                log
-            }
-            Err(e) if e.errno() == libc::ESTALE => {
-                let mut logs = w.logs.lock();
-                match &logs.own {
-                    Some(log) => log.clone(),
-                    None => {
-                        let log = Arc::new(self.unnamed_log()?);
-                        logs.names.push(name);
-                        logs.own = Some(log.clone());
-                        log
-                    }
-                }
-            }
+            Ok(_g) => w.own_log(&name, || {
+                let log = container::open_file(
+                    h.dir.as_fd(),
+                    &name,
+                    OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
+                )?;
+                container::hold_log(&log)?;
+                Ok(log)
+            })?,
+            Err(e) if e.errno() == libc::ESTALE => w.own_log(&name, || self.unnamed_log())?,
             Err(e) => return Err(e),
         };
         let mut files = w.files.clone();
@@ -683,6 +667,21 @@ impl Plfs {
             Err(e) if e.errno() == libc::ENOENT => Ok(()),
             r => r.map_err(|e: Error| e.context("plfs compaction")),
         }
+    }
+}
+
+impl Writer {
+    /// The open's own log, made by `make` (and named `name` among its
+    /// backing files) if it has none yet.
+    fn own_log(&self, name: &str, make: impl FnOnce() -> Result<File>) -> Result<Arc<File>> {
+        let mut logs = self.logs.lock();
+        if let Some(log) = &logs.own {
+            return Ok(log.clone());
+        }
+        let log = Arc::new(make()?);
+        logs.names.push(name.to_string());
+        logs.own = Some(log.clone());
+        Ok(log)
     }
 }
 

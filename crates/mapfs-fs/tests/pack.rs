@@ -381,3 +381,74 @@ fn bad_options_are_refused() {
     let o = PackOptions::parse(Some("128k"), Some("full")).unwrap();
     assert_eq!((o.threshold, o.full_sync), (128 * 1024, true));
 }
+
+/// Path walks remember directories; every change of a directory's place,
+/// existence, mode or owner must be seen by the very next walk.
+#[test]
+fn walks_see_every_change_of_a_directory_at_once() {
+    let t = tempfile::tempdir().unwrap();
+    let fs = pack(t.path(), "64k");
+    let errno = |path: &str, ctx: &Ctx| fs.getattr(ctx, p(path)).unwrap_err().errno();
+    for d in ["/a", "/a/b", "/x", "/x/y"] {
+        fs.mkdir(&ROOT, p(d), 0o755).unwrap();
+    }
+    create(&fs, "/a/b/f").release();
+    // Every walk below starts with the directories remembered.
+    let f = fs.getattr(&NOBODY, p("/a/b/f")).unwrap();
+
+    // Renamed: the old path is gone, the new one leads to the same file.
+    fs.rename(&ROOT, p("/a"), p("/c"), RenameFlags::default())
+        .unwrap();
+    assert_eq!(errno("/a/b/f", &ROOT), libc::ENOENT);
+    assert_eq!(fs.getattr(&NOBODY, p("/c/b/f")).unwrap().ino, f.ino);
+
+    // Removed and made again: a new directory, empty.
+    fs.unlink(&ROOT, p("/c/b/f")).unwrap();
+    fs.rmdir(&ROOT, p("/c/b")).unwrap();
+    assert_eq!(errno("/c/b/f", &ROOT), libc::ENOENT);
+    fs.mkdir(&ROOT, p("/c/b"), 0o755).unwrap();
+    assert_eq!(errno("/c/b/f", &ROOT), libc::ENOENT);
+    create(&fs, "/c/b/g").release();
+    fs.getattr(&NOBODY, p("/c/b/g")).unwrap();
+
+    // Search permission taken away and given back by mode and by owner.
+    let mode = |m| SetAttr {
+        mode: Some(m),
+        ..SetAttr::default()
+    };
+    fs.setattr(&ROOT, p("/c"), &mode(0o700)).unwrap();
+    assert_eq!(errno("/c/b/g", &NOBODY), libc::EACCES);
+    let e = fs
+        .create(&NOBODY, p("/c/b/h"), OpenFlags(libc::O_RDWR), 0o644)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EACCES);
+    let chown = SetAttr {
+        uid: Some(NOBODY.uid),
+        gid: Some(NOBODY.gid),
+        ..SetAttr::default()
+    };
+    fs.setattr(&ROOT, p("/c"), &chown).unwrap();
+    fs.getattr(&NOBODY, p("/c/b/g")).unwrap();
+    fs.setattr(&ROOT, p("/"), &mode(0o700)).unwrap();
+    assert_eq!(errno("/c/b/g", &NOBODY), libc::EACCES);
+    fs.setattr(&ROOT, p("/"), &mode(0o755)).unwrap();
+    fs.getattr(&NOBODY, p("/c/b/g")).unwrap();
+
+    // A directory renamed over an empty one, and two exchanged.
+    fs.rmdir(&ROOT, p("/x/y")).unwrap();
+    fs.rename(&ROOT, p("/c/b"), p("/x"), RenameFlags::default())
+        .unwrap();
+    assert_eq!(errno("/c/b/g", &ROOT), libc::ENOENT);
+    fs.getattr(&ROOT, p("/x/g")).unwrap();
+    fs.mkdir(&ROOT, p("/c/e"), 0o755).unwrap();
+    create(&fs, "/c/e/k").release();
+    let exchange = RenameFlags {
+        exchange: true,
+        ..RenameFlags::default()
+    };
+    fs.rename(&ROOT, p("/x"), p("/c/e"), exchange).unwrap();
+    fs.getattr(&ROOT, p("/x/k")).unwrap();
+    fs.getattr(&ROOT, p("/c/e/g")).unwrap();
+    assert_eq!(errno("/x/g", &ROOT), libc::ENOENT);
+    consistent(t.path());
+}

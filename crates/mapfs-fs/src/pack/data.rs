@@ -169,7 +169,7 @@ impl Pack {
     }
 
     pub(super) fn do_open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
-        let i = names::resolve(&self.conn.lock(), ctx, path)?;
+        let i = names::resolve(&self.conn.lock(), &self.dirs, ctx, path)?;
         match i.kind() {
             FileKind::File => {}
             FileKind::Dir => return Err(Error::from_errno(libc::EISDIR)),
@@ -194,8 +194,17 @@ impl Pack {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
-        let made = self
-            .write(|tx| names::make_node(tx, ctx, path, libc::S_IFREG | (mode & 0o7777), 0, None));
+        let made = self.write(|tx| {
+            names::make_node(
+                tx,
+                &self.dirs,
+                ctx,
+                path,
+                libc::S_IFREG | (mode & 0o7777),
+                0,
+                None,
+            )
+        });
         let i = match made {
             Ok(i) => i,
             Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {

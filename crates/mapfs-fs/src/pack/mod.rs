@@ -57,6 +57,7 @@
 
 mod data;
 mod db;
+mod dircache;
 mod names;
 mod perm;
 mod slots;
@@ -147,6 +148,8 @@ impl PackOptions {
 #[derive(Debug)]
 pub struct Pack {
     conn: Mutex<Connection>,
+    /// Directories met by path walks (`dircache.rs`).
+    dirs: dircache::DirCache,
     packs: slots::Packs,
     own_dir: OwnedFd,
     backing: PathBuf,
@@ -247,6 +250,7 @@ impl Pack {
         tx.commit().db()?;
         let fs = Pack {
             conn: Mutex::new(conn),
+            dirs: dircache::DirCache::default(),
             packs: slots::Packs::new(backing)?,
             own_dir,
             backing: backing.to_path_buf(),
@@ -332,7 +336,7 @@ impl Pack {
 
 impl FileSystem for Pack {
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
-        let i = names::resolve(&self.conn.lock(), ctx, path)?;
+        let i = names::resolve(&self.conn.lock(), &self.dirs, ctx, path)?;
         self.attr_of(&i)
     }
 
@@ -346,7 +350,7 @@ impl FileSystem for Pack {
 
     fn readlink(&self, ctx: &Ctx, path: &Path) -> Result<OsString> {
         let conn = self.conn.lock();
-        let i = names::resolve(&conn, ctx, path)?;
+        let i = names::resolve(&conn, &self.dirs, ctx, path)?;
         let t: Option<Vec<u8>> = conn
             .query_row("SELECT target FROM inodes WHERE ino = ?1", [i.ino], |r| {
                 r.get(0)
@@ -366,13 +370,13 @@ impl FileSystem for Pack {
         } else {
             mode
         };
-        let i = self.write(|tx| names::make_node(tx, ctx, path, mode, rdev, None))?;
+        let i = self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, rdev, None))?;
         Ok(i.attr())
     }
 
     fn mkdir(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<Attr> {
         let mode = libc::S_IFDIR | (mode & 0o7777);
-        let i = self.write(|tx| names::make_node(tx, ctx, path, mode, 0, None))?;
+        let i = self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, 0, None))?;
         Ok(i.attr())
     }
 
@@ -389,8 +393,9 @@ impl FileSystem for Pack {
             return Err(Error::from_errno(libc::ENAMETOOLONG));
         }
         let mode = libc::S_IFLNK | 0o777;
-        let i =
-            self.write(|tx| names::make_node(tx, ctx, path, mode, 0, Some(target.as_bytes())))?;
+        let i = self.write(|tx| {
+            names::make_node(tx, &self.dirs, ctx, path, mode, 0, Some(target.as_bytes()))
+        })?;
         Ok(i.attr())
     }
 
@@ -448,7 +453,7 @@ impl FileSystem for Pack {
     }
 
     fn access(&self, ctx: &Ctx, path: &Path, mask: i32) -> Result<()> {
-        let i = names::resolve(&self.conn.lock(), ctx, path)?;
+        let i = names::resolve(&self.conn.lock(), &self.dirs, ctx, path)?;
         perm::check(ctx, &i, (mask & 7) as u32)
     }
 

@@ -9,6 +9,7 @@ use mapfs::{Attr, Ctx, DirEntry, Error, FileKind, RenameFlags, Result, SetAttr, 
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::db::{self, DbResult, Inode, ROOT};
+use super::dircache::DirCache;
 use super::perm::{self, W, X};
 use super::Pack;
 
@@ -36,49 +37,80 @@ fn names(path: &Path) -> Result<Vec<&[u8]>> {
 }
 
 /// Walks `names` from the root, checking search permission on each
-/// directory passed.
-fn walk(conn: &Connection, ctx: &Ctx, names: &[&[u8]]) -> Result<Inode> {
-    let Some((first, rest)) = names.split_first() else {
+/// directory passed (taken from `dirs` where remembered).
+fn walk(conn: &Connection, dirs: &DirCache, ctx: &Ctx, names: &[&[u8]]) -> Result<Inode> {
+    let Some((last, passed)) = names.split_last() else {
         return db::get_inode(conn, ROOT);
     };
-    // Root searches every directory: the root inode is read only to check
-    // other callers.
+    let parent = walk_dirs(conn, dirs, ctx, passed)?;
+    db::lookup(conn, parent.ino, last)?.ok_or_else(Error::not_found)
+}
+
+/// The directory at `names` (the root when empty), searchable by `ctx`,
+/// as are the directories passed. Only its number, mode and owner are to
+/// be trusted: it may come from `dirs`.
+fn walk_dirs(conn: &Connection, dirs: &DirCache, ctx: &Ctx, names: &[&[u8]]) -> Result<Inode> {
+    let mut cur = dir_entry(conn, dirs, 0, b"")?;
+    // Root searches every directory.
     if ctx.uid != 0 {
-        perm::check(ctx, &db::get_inode(conn, ROOT)?, X)?;
+        perm::check(ctx, &cur, X)?;
     }
-    let mut cur = db::lookup(conn, ROOT, first)?.ok_or_else(Error::not_found)?;
-    for n in rest {
+    for n in names {
+        cur = dir_entry(conn, dirs, cur.ino, n)?;
         if !cur.is_dir() {
             return Err(Error::from_errno(libc::ENOTDIR));
         }
         perm::check(ctx, &cur, X)?;
-        cur = db::lookup(conn, cur.ino, n)?.ok_or_else(Error::not_found)?;
     }
     Ok(cur)
 }
 
+/// Entry `name` of directory `parent` (`(0, "")`: the root), from `dirs`
+/// when it is a directory met before; only its number, mode and owner are
+/// to be trusted.
+fn dir_entry(conn: &Connection, dirs: &DirCache, parent: i64, name: &[u8]) -> Result<Inode> {
+    if let Some(i) = dirs.get(parent, name) {
+        return Ok(i);
+    }
+    let i = if parent == 0 {
+        db::get_inode(conn, ROOT)?
+    } else {
+        db::lookup(conn, parent, name)?.ok_or_else(Error::not_found)?
+    };
+    dirs.put(parent, name, &i);
+    Ok(i)
+}
+
 /// The inode at `path`.
-pub fn resolve(conn: &Connection, ctx: &Ctx, path: &Path) -> Result<Inode> {
-    walk(conn, ctx, &names(path)?)
+pub fn resolve(conn: &Connection, dirs: &DirCache, ctx: &Ctx, path: &Path) -> Result<Inode> {
+    walk(conn, dirs, ctx, &names(path)?)
 }
 
 /// The parent directory of `path` (searchable by `ctx`) and the final name.
-pub fn resolve_parent(conn: &Connection, ctx: &Ctx, path: &Path) -> Result<(Inode, Vec<u8>)> {
+/// Only the parent's number, mode and owner are to be trusted (it may come
+/// from `dirs`).
+pub fn resolve_parent(
+    conn: &Connection,
+    dirs: &DirCache,
+    ctx: &Ctx,
+    path: &Path,
+) -> Result<(Inode, Vec<u8>)> {
     let n = names(path)?;
-    let Some((last, dirs)) = n.split_last() else {
+    let Some((last, dirs_of)) = n.split_last() else {
         return Err(Error::from_errno(libc::EBUSY).context("the root has no parent"));
     };
-    let parent = walk(conn, ctx, dirs)?;
-    if !parent.is_dir() {
-        return Err(Error::from_errno(libc::ENOTDIR));
-    }
-    perm::check(ctx, &parent, X)?;
+    let parent = walk_dirs(conn, dirs, ctx, dirs_of)?;
     Ok((parent, last.to_vec()))
 }
 
 /// The parent for a new entry `path`: writable by `ctx`, name free.
-fn parent_for_new(conn: &Connection, ctx: &Ctx, path: &Path) -> Result<(Inode, Vec<u8>)> {
-    let (parent, name) = resolve_parent(conn, ctx, path)?;
+fn parent_for_new(
+    conn: &Connection,
+    dirs: &DirCache,
+    ctx: &Ctx,
+    path: &Path,
+) -> Result<(Inode, Vec<u8>)> {
+    let (parent, name) = resolve_parent(conn, dirs, ctx, path)?;
     perm::check(ctx, &parent, W | X)?;
     if db::lookup(conn, parent.ino, &name)?.is_some() {
         return Err(Error::from_errno(libc::EEXIST));
@@ -104,13 +136,14 @@ fn new_owner(ctx: &Ctx, parent: &Inode, mode: u32) -> (u32, u32, u32) {
 /// Creates a node (`mode` with type bits) at `path`; returns its inode.
 pub fn make_node(
     conn: &Connection,
+    dirs: &DirCache,
     ctx: &Ctx,
     path: &Path,
     mode: u32,
     rdev: u64,
     target: Option<&[u8]>,
 ) -> Result<Inode> {
-    let (parent, name) = parent_for_new(conn, ctx, path)?;
+    let (parent, name) = parent_for_new(conn, dirs, ctx, path)?;
     let (uid, gid, mode) = new_owner(ctx, &parent, mode);
     let dir = mode & libc::S_IFMT == libc::S_IFDIR;
     let nlink = if dir { 2 } else { 1 };
@@ -220,7 +253,7 @@ impl Pack {
 
     pub(super) fn do_unlink(&self, ctx: &Ctx, path: &Path, dir: bool) -> Result<()> {
         let gone = self.write(|tx| {
-            let (parent, name) = resolve_parent(tx, ctx, path)?;
+            let (parent, name) = resolve_parent(tx, &self.dirs, ctx, path)?;
             let i = db::lookup(tx, parent.ino, &name)?.ok_or_else(Error::not_found)?;
             perm::check(ctx, &parent, W | X)?;
             perm::check_sticky(ctx, &parent, &i)?;
@@ -232,6 +265,8 @@ impl Pack {
                     return Err(Error::from_errno(libc::ENOTEMPTY));
                 }
                 db::add_nlink(tx, parent.ino, -1)?;
+                // Before the lock goes: no walk may pass the removed one.
+                self.dirs.clear();
             } else if i.is_dir() {
                 return Err(Error::from_errno(libc::EISDIR));
             }
@@ -245,11 +280,11 @@ impl Pack {
 
     pub(super) fn do_link(&self, ctx: &Ctx, from: &Path, to: &Path) -> Result<Attr> {
         let i = self.write(|tx| {
-            let i = resolve(tx, ctx, from)?;
+            let i = resolve(tx, &self.dirs, ctx, from)?;
             if i.is_dir() {
                 return Err(Error::from_errno(libc::EPERM));
             }
-            let (parent, name) = parent_for_new(tx, ctx, to)?;
+            let (parent, name) = parent_for_new(tx, &self.dirs, ctx, to)?;
             db::insert_dentry(tx, parent.ino, &name, i.ino)?;
             db::add_nlink(tx, i.ino, 1)?;
             db::touch_dir(tx, parent.ino)?;
@@ -269,8 +304,8 @@ impl Pack {
             return Err(Error::invalid());
         }
         let gone = self.write(|tx| {
-            let (fp, fname) = resolve_parent(tx, ctx, from)?;
-            let (tp, tname) = resolve_parent(tx, ctx, to)?;
+            let (fp, fname) = resolve_parent(tx, &self.dirs, ctx, from)?;
+            let (tp, tname) = resolve_parent(tx, &self.dirs, ctx, to)?;
             let src = db::lookup(tx, fp.ino, &fname)?.ok_or_else(Error::not_found)?;
             let dst = db::lookup(tx, tp.ino, &tname)?;
             perm::check(ctx, &fp, W | X)?;
@@ -278,6 +313,11 @@ impl Pack {
             perm::check_sticky(ctx, &fp, &src)?;
             if let Some(d) = &dst {
                 perm::check_sticky(ctx, &tp, d)?;
+            }
+            // A directory's path changes (or it goes): no later walk may
+            // pass it under its old name. The lock is held to the commit.
+            if src.is_dir() || dst.as_ref().is_some_and(Inode::is_dir) {
+                self.dirs.clear();
             }
             // A directory may not move below itself.
             let moves_dir = |d: &Inode, dest_parent: &Inode| -> Result<()> {
@@ -353,7 +393,7 @@ impl Pack {
 
     pub(super) fn do_readdir(&self, ctx: &Ctx, path: &Path) -> Result<Vec<DirEntry>> {
         let conn = self.conn.lock();
-        let d = resolve(&conn, ctx, path)?;
+        let d = resolve(&conn, &self.dirs, ctx, path)?;
         if !d.is_dir() {
             return Err(Error::from_errno(libc::ENOTDIR));
         }
@@ -408,7 +448,11 @@ impl Pack {
 
     pub(super) fn do_setattr(&self, ctx: &Ctx, path: &Path, set: &SetAttr) -> Result<Attr> {
         let i = self.write(|tx| {
-            let i = resolve(tx, ctx, path)?;
+            let i = resolve(tx, &self.dirs, ctx, path)?;
+            if i.is_dir() && (set.mode.is_some() || set.uid.is_some() || set.gid.is_some()) {
+                // Walks check search permission with what they remember.
+                self.dirs.clear();
+            }
             let mut mode = i.mode;
             let (mut uid, mut gid) = (i.uid, i.gid);
             if let Some(m) = set.mode {
@@ -513,7 +557,7 @@ impl Pack {
             return Err(Error::from_errno(libc::E2BIG));
         }
         self.write(|tx| {
-            let i = resolve(tx, ctx, path)?;
+            let i = resolve(tx, &self.dirs, ctx, path)?;
             if !matches!(i.kind(), FileKind::File | FileKind::Dir)
                 && name.as_bytes().starts_with(b"user.")
             {
@@ -552,13 +596,13 @@ impl Pack {
         }
         check_xattr_name(ctx, name)?;
         let conn = self.conn.lock();
-        let i = resolve(&conn, ctx, path)?;
+        let i = resolve(&conn, &self.dirs, ctx, path)?;
         xattr(&conn, i.ino, name)?.ok_or_else(|| Error::from_errno(libc::ENODATA))
     }
 
     pub(super) fn do_listxattr(&self, ctx: &Ctx, path: &Path) -> Result<Vec<OsString>> {
         let conn = self.conn.lock();
-        let i = resolve(&conn, ctx, path)?;
+        let i = resolve(&conn, &self.dirs, ctx, path)?;
         let mut st = conn
             .prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")
             .db()?;
@@ -577,7 +621,7 @@ impl Pack {
     pub(super) fn do_removexattr(&self, ctx: &Ctx, path: &Path, name: &OsStr) -> Result<()> {
         check_xattr_name(ctx, name)?;
         self.write(|tx| {
-            let i = resolve(tx, ctx, path)?;
+            let i = resolve(tx, &self.dirs, ctx, path)?;
             let n = tx
                 .prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")
                 .db()?

@@ -115,3 +115,49 @@ fn created_files_belong_to_caller() {
         );
     }
 }
+
+/// A file replaced in the backing directory (an editor's write-and-rename
+/// there) while a program holds it open through the mount: a new open of
+/// the name, within the entry TTL, gets the new file, and its writes land
+/// in it. In passthrough mode the old descriptor still reads the old bytes
+/// (the kernel takes one backing file per inode: the new open used to run
+/// on the old file, and the append below went into the replaced file).
+#[test]
+fn a_file_replaced_behind_the_mount_is_opened_anew() {
+    if !fuse_or_skip("a_file_replaced_behind_the_mount_is_opened_anew") {
+        return;
+    }
+    for mode in MODES {
+        // A long TTL: the kernel keeps the name's inode throughout.
+        let s = MountSession::builder(mapfs_bin())
+            .data(mode)
+            .arg("--ttl")
+            .arg("60")
+            .mount()
+            .unwrap();
+        {
+            {
+                let (b, m) = (s.backing(), s.mountpoint());
+                std::fs::write(b.join("f"), b"old").unwrap();
+                let mut held = std::fs::File::open(m.join("f")).unwrap();
+                std::fs::write(b.join("f.tmp"), b"new").unwrap();
+                std::fs::rename(b.join("f.tmp"), b.join("f")).unwrap();
+                assert_eq!(std::fs::read(m.join("f")).unwrap(), b"new", "{mode}");
+                let mut w = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(m.join("f"))
+                    .unwrap();
+                std::io::Write::write_all(&mut w, b"+more").unwrap();
+                drop(w);
+                assert_eq!(std::fs::read(b.join("f")).unwrap(), b"new+more", "{mode}");
+                let mut old = Vec::new();
+                std::io::Read::read_to_end(&mut held, &mut old).unwrap();
+                // Through the daemon the kernel serves both descriptors
+                // from the one inode's page cache until the TTL ends.
+                if mode == DataMode::Passthrough {
+                    assert_eq!(old, b"old");
+                }
+            }
+        }
+    }
+}

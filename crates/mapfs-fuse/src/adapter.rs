@@ -184,6 +184,10 @@ pub const PLACEHOLDER_ACCESS: i32 = 3;
 /// Warnings any user of the mount can cause, each at most once per
 /// interval (see [`crate::ratelimit`]).
 static LENT_IO: RateLimited = RateLimited::new(Duration::from_secs(10));
+
+/// Opens refused with `ESTALE` because the name's file was replaced behind
+/// the mount while the kernel ran passthrough opens of the old one.
+static STALE_OPENS: RateLimited = RateLimited::new(Duration::from_secs(10));
 static RELEASE_FAILED: RateLimited = RateLimited::new(Duration::from_secs(10));
 
 /// The `fuser::Filesystem` implementation.
@@ -722,7 +726,7 @@ impl Shared {
         flags: i32,
         opened: Opened,
         open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<fuser::BackingId>,
-    ) -> (u64, Option<Arc<fuser::BackingId>>, FopenFlags) {
+    ) -> Result<(u64, Option<Arc<fuser::BackingId>>, FopenFlags)> {
         let fs_handle = opened.handle;
         let data = Arc::new(DataFile::new(opened));
         let fopen = file_open_flags(&data, flags);
@@ -731,8 +735,27 @@ impl Shared {
         let mut backing = None;
         if self.want_passthrough(ino, &data) {
             let file = data.whole_file_backing().expect("whole-file map").clone();
-            match self.handles.backing_for(ino, || open_backing(&file)) {
-                Ok(id) => backing = Some(id),
+            match self.handles.backing_for(ino, &file, || open_backing(&file)) {
+                Ok(Some(id)) => backing = Some(id),
+                Ok(None) => {
+                    // The name now holds another file than the one the
+                    // kernel runs this inode's opens on (it was replaced in
+                    // the backing directory within the entry TTL). The
+                    // kernel takes one backing file per inode, so this open
+                    // would read and write the old one. ESTALE makes it
+                    // look the name up afresh and retry: the lookup gives
+                    // the new file its own inode.
+                    let _ = self.fs.release(c, &path, fs_handle, &data.map());
+                    STALE_OPENS.log(|held_back| {
+                        warn!(
+                            path = %path.display(),
+                            held_back,
+                            "a file replaced behind the mount while open in passthrough; \
+                             the open is retried on the new file"
+                        )
+                    });
+                    return Err(Error::from_errno(libc::ESTALE));
+                }
                 Err(e) => {
                     if self.passthrough_ok.swap(false, Ordering::Relaxed) {
                         warn!(
@@ -760,7 +783,7 @@ impl Shared {
             None => Event::DaemonOpen,
         };
         self.stats.add(executor, 1);
-        (fh, backing, fopen)
+        Ok((fh, backing, fopen))
     }
 
     /// Hands the current map of an open that wrote to the file system
@@ -1428,8 +1451,10 @@ impl Filesystem for Adapter {
             r => r,
         };
         let opened = tri!(reply, opened);
-        let (fh, backing, fopen) =
-            s.register_open(&c, ino.0, path, flags.0, opened, |f| reply.open_backing(f));
+        let (fh, backing, fopen) = tri!(
+            reply,
+            s.register_open(&c, ino.0, path, flags.0, opened, |f| reply.open_backing(f))
+        );
         match backing {
             Some(id) => reply.opened_passthrough(FileHandle(fh), fopen, &id),
             None => reply.opened(FileHandle(fh), fopen),
@@ -1782,8 +1807,10 @@ impl Filesystem for Adapter {
         let fs_flags = s.open_flags_for_fs(flags);
         let (attr, opened) = tri!(reply, s.fs.create(&c, &path, OpenFlags(fs_flags), mode));
         let fa = s.enter(parent, name, &attr);
-        let (fh, backing, fopen) =
-            s.register_open(&c, fa.ino.0, path, flags, opened, |f| reply.open_backing(f));
+        let (fh, backing, fopen) = tri!(
+            reply,
+            s.register_open(&c, fa.ino.0, path, flags, opened, |f| reply.open_backing(f))
+        );
         // A new file may reuse the number of one a client still caches.
         s.tokens.bump(fa.ino.0);
         // One TTL serves entry and attributes here: the stricter one.

@@ -94,13 +94,21 @@ pub struct OpenDir {
     pub entries: Vec<DirEntry>,
 }
 
+/// A backing id registered with the kernel and the file it stands for.
+#[derive(Debug)]
+struct LiveBacking {
+    id: Weak<BackingId>,
+    /// Device and inode of the file (`None`: not known).
+    file: Option<(u64, u64)>,
+}
+
 /// The handle tables of one mount.
 #[derive(Debug, Default)]
 pub struct Handles {
     next: AtomicU64,
     files: RwLock<HashMap<u64, Arc<OpenFile>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
-    backing: Mutex<HashMap<u64, Weak<BackingId>>>,
+    backing: Mutex<HashMap<u64, LiveBacking>>,
     /// Sizes written through opens whose map is not whole-file and not yet
     /// handed to the file system, by inode.
     unflushed: Mutex<HashMap<u64, Unflushed>>,
@@ -220,11 +228,18 @@ impl Handles {
     /// every restored open of it: the one already restored, or `wrap()`.
     pub fn restore_backing(&self, ino: u64, wrap: impl FnOnce() -> BackingId) -> Arc<BackingId> {
         let mut map = self.backing.lock();
-        if let Some(id) = map.get(&ino).and_then(Weak::upgrade) {
+        if let Some(id) = map.get(&ino).and_then(|b| b.id.upgrade()) {
             return id;
         }
         let id = Arc::new(wrap());
-        map.insert(ino, Arc::downgrade(&id));
+        // Which file it stands for is not known here.
+        map.insert(
+            ino,
+            LiveBacking {
+                id: Arc::downgrade(&id),
+                file: None,
+            },
+        );
         id
     }
 
@@ -378,19 +393,37 @@ impl Handles {
         self.dirs.lock().remove(&fh);
     }
 
-    /// The live backing id of `ino`, or a new one from `create`.
+    /// The backing id for a passthrough open of `ino` on `file`: the live
+    /// one of `ino` if it stands for `file`, else a new one from `create`.
+    /// `Ok(None)`: the live one stands for another file (a new file took
+    /// the name while the kernel still runs opens of the old one), and the
+    /// kernel takes one backing file per inode. A live id whose file is not
+    /// known (restored after a failover) is shared, as before the failover.
     pub fn backing_for(
         &self,
         ino: u64,
+        file: &std::fs::File,
         create: impl FnOnce() -> std::io::Result<BackingId>,
-    ) -> std::io::Result<Arc<BackingId>> {
+    ) -> std::io::Result<Option<Arc<BackingId>>> {
+        let identity = rustix::fs::fstat(file)
+            .ok()
+            .map(|st| (st.st_dev, st.st_ino));
         let mut map = self.backing.lock();
-        if let Some(id) = map.get(&ino).and_then(Weak::upgrade) {
-            return Ok(id);
+        if let Some(live) = map.get(&ino) {
+            if let Some(id) = live.id.upgrade() {
+                let other = matches!((live.file, identity), (Some(a), Some(b)) if a != b);
+                return Ok((!other).then_some(id));
+            }
         }
         let id = Arc::new(create()?);
-        map.insert(ino, Arc::downgrade(&id));
-        Ok(id)
+        map.insert(
+            ino,
+            LiveBacking {
+                id: Arc::downgrade(&id),
+                file: identity,
+            },
+        );
+        Ok(Some(id))
     }
 
     /// True when `ino` currently has opens in passthrough mode (every new
@@ -399,13 +432,13 @@ impl Handles {
         self.backing
             .lock()
             .get(&ino)
-            .is_some_and(|w| w.strong_count() > 0)
+            .is_some_and(|b| b.id.strong_count() > 0)
     }
 
     /// Drops dead backing-id entries of `ino`.
     pub fn prune_backing(&self, ino: u64) {
         let mut map = self.backing.lock();
-        if map.get(&ino).is_some_and(|w| w.strong_count() == 0) {
+        if map.get(&ino).is_some_and(|b| b.id.strong_count() == 0) {
             map.remove(&ino);
         }
     }

@@ -88,7 +88,10 @@ mod tests {
             assert!(c.len() <= MAX_DIRS);
         }
         let last = MAX_DIRS as i64 + 9;
-        assert_eq!(c.get(1, format!("d{last}").as_bytes()).unwrap().ino, last + 10);
+        assert_eq!(
+            c.get(1, format!("d{last}").as_bytes()).unwrap().ino,
+            last + 10
+        );
         c.clear();
         assert_eq!(c.len(), 0);
     }

@@ -6,7 +6,9 @@
 //! - *daemon*: the engine runs here, on the [`DataFile`] of the open.
 //! - *passthrough*: for whole-file 1-to-1 maps the backing file is registered
 //!   with the kernel (`FUSE_DEV_IOC_BACKING_OPEN`) and the kernel does read,
-//!   write and mmap itself. All opens of an inode share one backing id. If the
+//!   write and mmap itself. All opens of an inode share one backing id (an
+//!   open that finds another file under the name is answered `ESTALE`, so
+//!   the kernel looks the name up again: `register_open`). If the
 //!   kernel refuses once, passthrough is switched off for the mount with one
 //!   log line and the daemon executor takes over.
 //!

@@ -160,17 +160,34 @@ pub fn info_path(mountpoint: &Path) -> PathBuf {
 
 /// Writes `contents` to a new `path` readable by all and writable by its
 /// owner only, whatever the umask (the daemon runs with umask 0).
+///
+/// The file is written under a temporary name and renamed into place: a
+/// mount starting beside this one runs [`remove_stale`], which took a pid
+/// file caught between its creation and its first byte for a dead daemon's
+/// and removed it (a test saw this pid file missing).
 pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
-    let _ = std::fs::remove_file(path);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.unwrap_or_default(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o644)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
     f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    f.write_all(contents)?;
-    Ok(())
+    let written = f
+        .write_all(contents)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("cannot write {}", path.display()));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Starts a new log for the daemon of `mountpoint`, keeping the previous one
@@ -192,7 +209,12 @@ pub fn new_log(mountpoint: &Path) -> Result<(PathBuf, File)> {
 /// Removes the pid and info files of daemons that are gone (a crash, a
 /// kill): `umount` and `list` must not find them.
 pub fn remove_stale() {
-    let Ok(entries) = std::fs::read_dir(runtime_dir()) else {
+    remove_stale_in(&runtime_dir());
+}
+
+/// [`remove_stale`] in `dir`.
+fn remove_stale_in(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for e in entries.flatten() {
@@ -234,6 +256,38 @@ pub fn read_info(mountpoint: &Path) -> Option<MountInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pid file being (re)written by a live daemon is never taken for a
+    /// dead one's by a `remove_stale` running beside it.
+    #[test]
+    fn a_pid_file_being_written_is_never_removed_as_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = dir.path().join("m.pid");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cleaner = {
+            let (dir, stop) = (dir.path().to_path_buf(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    remove_stale_in(&dir);
+                }
+            })
+        };
+        let me = format!("{}\n", std::process::id());
+        let mut lost = 0;
+        for _ in 0..20_000 {
+            write_private(&pid, me.as_bytes()).unwrap();
+            if std::fs::read_to_string(&pid).ok().as_deref() != Some(me.as_str()) {
+                lost += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        cleaner.join().unwrap();
+        assert_eq!(lost, 0, "pid files removed as stale while being written");
+        let mode = std::fs::metadata(&pid).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "temporary files left: {left:?}");
+    }
 
     #[test]
     fn parses_mountinfo_with_escapes() {

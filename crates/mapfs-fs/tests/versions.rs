@@ -831,3 +831,95 @@ fn versions_of_private_files_stay_private() {
     assert_eq!(e.errno(), libc::EACCES);
     assert_eq!(read(&fs, &vp), b"password");
 }
+
+/// A rewrite with `O_TRUNC` of a file nothing else has open keeps the
+/// file's own inode as the version (no copy) and gives the name a new
+/// inode with the old owner, mode, extended attributes and access time; a
+/// file with two names, or open for reading, is copied instead (both names,
+/// and the reader, see the truncation, as natively).
+#[test]
+fn o_trunc_keeps_the_old_inode_as_the_version() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A max-size of 1 byte: before, this file's version was a copy.
+    let fs = Versions::new(tmp.path(), keep_all(1)).unwrap();
+    let old_bytes = vec![7u8; 100_000];
+    create(&fs, "/f", &old_bytes);
+    let backing = tmp.path().join("f");
+    let set = SetAttr {
+        mode: Some(0o640),
+        uid: Some(1000),
+        gid: Some(1001),
+        ..SetAttr::default()
+    };
+    fs.setattr(&ROOT, p("/f"), &set).unwrap();
+    fs.setxattr(&ROOT, p("/f"), OsStr::new("user.k"), b"v", 0)
+        .unwrap();
+    let atime = std::fs::FileTimes::new()
+        .set_accessed(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000));
+    std::fs::File::options()
+        .write(true)
+        .open(&backing)
+        .unwrap()
+        .set_times(atime)
+        .unwrap();
+    let before = std::fs::metadata(&backing).unwrap();
+
+    let w = open(&fs, "/f", libc::O_WRONLY | libc::O_TRUNC);
+    w.write(0, b"new");
+    w.close();
+
+    let after = std::fs::metadata(&backing).unwrap();
+    assert_ne!(after.ino(), before.ino(), "the name has a new inode");
+    assert_eq!(
+        (after.mode() & 0o7777, after.uid(), after.gid()),
+        (0o640, 1000, 1001)
+    );
+    assert_eq!(after.atime(), 1_000_000, "access time kept");
+    assert_eq!(
+        fs.getxattr(&ROOT, p("/f"), OsStr::new("user.k")).unwrap(),
+        b"v"
+    );
+    assert_eq!(read(&fs, "/f"), b"new");
+    let vs = versions_of(&fs, "/f");
+    assert_eq!(vs.len(), 1, "{vs:?}");
+    assert_eq!(fs.store().read_all(&vs[0]).unwrap(), old_bytes);
+    let obj = fs.store().open_object(vs[0].id).unwrap();
+    assert_eq!(
+        obj.metadata().unwrap().ino(),
+        before.ino(),
+        "the version is the old inode, not a copy"
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path().join(".mapfs-versions/objects"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "replacements left: {left:?}");
+
+    // Two names: both must see the truncation, so the bytes are copied.
+    fs.link(&ROOT, p("/f"), p("/g")).unwrap();
+    let ino = std::fs::metadata(&backing).unwrap().ino();
+    let w = open(&fs, "/f", libc::O_WRONLY | libc::O_TRUNC);
+    w.write(0, b"two");
+    w.close();
+    assert_eq!(std::fs::metadata(&backing).unwrap().ino(), ino);
+    assert_eq!(read(&fs, "/g"), b"two");
+    fs.unlink(&ROOT, p("/g")).unwrap();
+
+    // Open for reading: the reader sees the truncation, as natively.
+    let r = fs.open(&ROOT, p("/f"), OpenFlags(libc::O_RDONLY)).unwrap();
+    let reader = DataFile::new(r);
+    let w = open(&fs, "/f", libc::O_WRONLY | libc::O_TRUNC);
+    assert_eq!(reader.size().unwrap(), 0);
+    w.write(0, b"three");
+    w.close();
+    let mut buf = [0u8; 5];
+    assert_eq!(reader.read(0, &mut buf).unwrap(), 5);
+    assert_eq!(&buf, b"three");
+    fs.release(&ROOT, p("/f"), 0, &reader.map()).unwrap();
+    let contents: Vec<Vec<u8>> = versions_of(&fs, "/f")
+        .iter()
+        .map(|v| fs.store().read_all(v).unwrap())
+        .collect();
+    assert_eq!(contents, vec![old_bytes, b"new".to_vec(), b"two".to_vec()]);
+}

@@ -28,7 +28,9 @@
 //!   a version costs the bytes changed. Such writers are not whole-file and
 //!   run through the daemon (or the shim's map engine);
 //! - `unlink` and `rename` over a file keep the file's own inode (a hard
-//!   link into the store): no copy at all.
+//!   link into the store): no copy at all; so does an `O_TRUNC` open of a
+//!   file nothing else has open, whose name then gets a new empty inode
+//!   (`replace.rs`).
 //!
 //! History lives in `BACKING/.mapfs-versions/` (never visible in the mount)
 //! and is read through the read-only `/.versions/DIR/NAME@STAMP` entries
@@ -57,6 +59,7 @@
 mod clone;
 pub mod delta;
 mod filesystem;
+mod replace;
 mod restore;
 pub mod retention;
 mod session;
@@ -247,6 +250,9 @@ impl Versions {
             &backing.display().to_string(),
         )?;
         store.save_policy(&config.policy)?;
+        // This instance holds the store now: replacements left are a dead
+        // one's (`replace.rs`).
+        store.remove_replacements()?;
         Ok(Versions {
             _sole: sole,
             inner,
@@ -360,6 +366,17 @@ impl Versions {
             } else {
                 Ok(opened)
             };
+        }
+        if trunc && !native {
+            if let Some(id) = self.replace_for_truncate(path, &opened.files[0], &st)? {
+                // `opened` is the old inode, now the version: the writer
+                // gets the new, empty one.
+                drop(opened);
+                let o = self.open_writer(ctx, path, OpenFlags(flags.0 & !libc::O_TRUNC), false)?;
+                self.adopt_replaced(o.handle, id)?;
+                self.retain(path);
+                return Ok(o);
+            }
         }
         let key = (st.st_dev, st.st_ino);
         // Executors hand every open of an inode that has a kernel

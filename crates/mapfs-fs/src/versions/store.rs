@@ -220,6 +220,10 @@ fn rel(path: &[u8]) -> &OsStr {
     OsStr::from_bytes(if p.is_empty() { b"." } else { p })
 }
 
+/// Names of replacements being made (`Store::new_replacement`); object
+/// names are numbers.
+const REPLACEMENT_PREFIX: &str = ".replacement-";
+
 fn object_name(id: i64) -> String {
     id.to_string()
 }
@@ -492,6 +496,56 @@ impl Store {
             Ok(Some((meta.size, ends_life, ())))
         })?;
         Ok(made.expect("always made").0)
+    }
+
+    /// A new empty file in the store, the daemon's, under a temporary name
+    /// (see [`Store::place_replacement`]): the file that replaces one whose
+    /// inode became its version.
+    pub fn new_replacement(&self) -> Result<(File, String)> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{REPLACEMENT_PREFIX}{}-{n}", std::process::id());
+        let fd = rustix::fs::openat(
+            &self.objects,
+            &name,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        Ok((File::from(fd), name))
+    }
+
+    /// Renames the replacement `tmp` over `dir`/`name` (atomically: the name
+    /// always names a file), or removes it if that fails.
+    pub fn place_replacement(&self, tmp: &str, dir: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
+        let res = rustix::fs::renameat(&self.objects, tmp, dir, name);
+        if res.is_err() {
+            self.drop_replacement(tmp);
+        }
+        Ok(res?)
+    }
+
+    /// Removes the replacement `tmp` (best effort: a leftover is removed
+    /// at the next mount).
+    pub fn drop_replacement(&self, tmp: &str) {
+        let _ = rustix::fs::unlinkat(&self.objects, tmp, AtFlags::empty());
+    }
+
+    /// Removes replacements a daemon that died left (only the instance that
+    /// holds the store's lock may: another's would be in use).
+    pub fn remove_replacements(&self) -> Result<()> {
+        let dir = rustix::fs::openat(
+            &self.objects,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        for e in rustix::fs::Dir::read_from(&dir)?.flatten() {
+            let name = e.file_name().to_bytes();
+            if name.starts_with(REPLACEMENT_PREFIX.as_bytes()) {
+                let _ = rustix::fs::unlinkat(&self.objects, e.file_name(), AtFlags::empty());
+            }
+        }
+        Ok(())
     }
 
     /// An undo version of `path` (empty so far) and its object.

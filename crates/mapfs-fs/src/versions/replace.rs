@@ -1,0 +1,182 @@
+//! `O_TRUNC` without a copy: when nothing else has the file open, its own
+//! inode becomes the version (a hard link into the store, as `unlink` keeps
+//! a removed file) and a new empty inode, with the same owner, mode,
+//! extended attributes and access time, takes the name in one rename.
+//!
+//! On a backing file system that cannot share extents, a rewrite with
+//! `O_TRUNC` used to copy every byte into the store first; now it costs a
+//! few metadata calls whatever the file's size.
+//!
+//! Only a file with one name, no setuid/setgid bit, and no open through
+//! this daemon (reader or writer) is replaced: another name, or another
+//! open, would go on seeing the old inode, the version, where natively it
+//! sees the truncated file. The kernel may still run a passthrough open of
+//! the old inode whose release is on its way; the mount then answers the
+//! next open of the name `ESTALE` and the kernel looks it up again (see
+//! `mapfs_fuse`'s adapter), so no byte for the new file lands in the
+//! version. Anything that fails before the rename leaves the file as it
+//! was and the caller copies instead.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use mapfs::Result;
+use rustix::fs::{AtFlags, XattrFlags};
+
+use super::session::{self, Current};
+use super::store::FileMeta;
+use super::{bytes, Versions};
+
+/// What `O_TRUNC` removes natively (`file_remove_privs`), so the new file
+/// does not get it.
+const DROPPED_BY_TRUNCATE: &str = "security.capability";
+
+impl Versions {
+    /// Makes `old` (the file at `path`, `st` its status) the version of a
+    /// truncating open by giving the name a new empty inode. `None`: the
+    /// file does not qualify, or the replacement failed before it took the
+    /// name; nothing changed.
+    pub(super) fn replace_for_truncate(
+        &self,
+        path: &Path,
+        old: &File,
+        st: &rustix::fs::Stat,
+    ) -> Result<Option<i64>> {
+        if st.st_nlink != 1 || st.st_size <= 0 || st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
+        {
+            return Ok(None);
+        }
+        let key = (st.st_dev, st.st_ino);
+        // Held to the rename: no writer of this file starts meanwhile.
+        let sessions = self.sessions.lock();
+        if sessions.contains_key(&key) || self.opens.lock().get(&key).is_some_and(|n| *n > 0) {
+            return Ok(None);
+        }
+        let (dir, name) = self.inner.root().parent(path)?;
+        let now = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+        if (now.st_dev, now.st_ino) != key {
+            return Ok(None);
+        }
+        let (new, tmp) = self.store.new_replacement()?;
+        if let Err(e) = like(old, &new, st) {
+            tracing::debug!("versions: no replacement for {}: {e}", path.display());
+            self.store.drop_replacement(&tmp);
+            return Ok(None);
+        }
+        let meta = FileMeta {
+            size: st.st_size as u64,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mode: st.st_mode & 0o7777,
+        };
+        let id = match self
+            .store
+            .add_linked(bytes(path), dir.as_fd(), &name, &meta, "write", false)
+        {
+            Ok(id) => id,
+            Err(e) => {
+                self.store.drop_replacement(&tmp);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.store.place_replacement(&tmp, dir.as_fd(), &name) {
+            tracing::debug!(
+                "versions: replacement of {} not placed: {e}",
+                path.display()
+            );
+            self.store.delete_ids(&[id])?;
+            return Ok(None);
+        }
+        drop(sessions);
+        Ok(Some(id))
+    }
+
+    /// Makes version `id` (the replaced inode) the latest of the session of
+    /// writer `handle` (the new inode's first writer). The file changed
+    /// after it, whatever its stamp says: the session must keep it.
+    pub(super) fn adopt_replaced(&self, handle: u64, id: i64) -> Result<()> {
+        let Some(key) = self.writers.lock().get(&handle).map(|w| w.key) else {
+            return Ok(());
+        };
+        let mark = self.store.mark_in_use(id)?;
+        if let Some(s) = self.sessions.lock().get_mut(&key) {
+            s.marks.push(mark);
+            s.versions.push(id);
+            s.latest = Some(id);
+            s.current = Current::Whole;
+            s.stamp = session::CHANGED;
+        }
+        Ok(())
+    }
+}
+
+/// Gives `new` the owner, mode, extended attributes and access time of
+/// `old` (status `st`).
+fn like(old: &File, new: &File, st: &rustix::fs::Stat) -> Result<()> {
+    rustix::fs::fchown(
+        new,
+        Some(rustix::process::Uid::from_raw(st.st_uid)),
+        Some(rustix::process::Gid::from_raw(st.st_gid)),
+    )?;
+    rustix::fs::fchmod(new, rustix::fs::Mode::from_raw_mode(st.st_mode & 0o7777))?;
+    for name in xattr_names(old)? {
+        if name == DROPPED_BY_TRUNCATE.as_bytes() {
+            continue;
+        }
+        let name = OsStr::from_bytes(&name);
+        let value = xattr_value(old, name)?;
+        rustix::fs::fsetxattr(new, name, &value, XattrFlags::CREATE)?;
+    }
+    let omit = rustix::fs::Timespec {
+        tv_sec: 0,
+        tv_nsec: rustix::fs::UTIME_OMIT,
+    };
+    rustix::fs::futimens(
+        new,
+        &rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec {
+                tv_sec: st.st_atime as _,
+                tv_nsec: st.st_atime_nsec as _,
+            },
+            last_modification: omit,
+        },
+    )?;
+    Ok(())
+}
+
+/// The names of the extended attributes of `f`.
+fn xattr_names(f: &File) -> Result<Vec<Vec<u8>>> {
+    let list = grown(|buf| rustix::fs::flistxattr(f, buf))?;
+    Ok(list
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect())
+}
+
+/// The value of extended attribute `name` of `f`.
+fn xattr_value(f: &File, name: &OsStr) -> Result<Vec<u8>> {
+    grown(|buf| rustix::fs::fgetxattr(f, name, buf))
+}
+
+/// What `call` fills in, in a buffer grown until it fits (`ERANGE`: too
+/// small; the kernel caps lists and values at 64 KiB).
+fn grown(mut call: impl FnMut(&mut [u8]) -> rustix::io::Result<usize>) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        match call(&mut buf[..]) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(rustix::io::Errno::RANGE) if buf.len() < 1 << 20 => {
+                let more = buf.len() * 4;
+                buf.resize(more, 0);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

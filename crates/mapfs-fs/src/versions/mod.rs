@@ -368,14 +368,15 @@ impl Versions {
             };
         }
         if trunc && !native {
-            if let Some(id) = self.replace_for_truncate(path, &opened.files[0], &st)? {
-                // `opened` is the old inode, now the version: the writer
+            if let Some((handle, writer)) =
+                self.replace_for_truncate(path, &opened.files[0], &st, flags.0)?
+            {
+                // `opened` holds the old inode, now the version: the writer
                 // gets the new, empty one.
-                drop(opened);
-                let o = self.open_writer(ctx, path, OpenFlags(flags.0 & !libc::O_TRUNC), false)?;
-                self.adopt_replaced(o.handle, id)?;
+                opened.files[0] = Arc::new(writer);
+                opened.handle = handle;
                 self.retain(path);
-                return Ok(o);
+                return Ok(opened);
             }
         }
         let key = (st.st_dev, st.st_ino);

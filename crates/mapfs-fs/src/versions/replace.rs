@@ -22,13 +22,15 @@ use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use mapfs::Result;
-use rustix::fs::{AtFlags, XattrFlags};
+use rustix::fs::{AtFlags, OFlags, XattrFlags};
 
-use super::session::{self, Current};
+use super::session::{self, Current, Session};
 use super::store::FileMeta;
-use super::{bytes, Versions};
+use super::{bytes, Versions, Writer};
 
 /// What `O_TRUNC` removes natively (`file_remove_privs`), so the new file
 /// does not get it.
@@ -36,22 +38,27 @@ const DROPPED_BY_TRUNCATE: &str = "security.capability";
 
 impl Versions {
     /// Makes `old` (the file at `path`, `st` its status) the version of a
-    /// truncating open by giving the name a new empty inode. `None`: the
-    /// file does not qualify, or the replacement failed before it took the
-    /// name; nothing changed.
+    /// truncating open with `flags` by giving the name a new empty inode,
+    /// and starts the write session of that inode with this open as its
+    /// writer. Returns the writer's handle and descriptor (opened with
+    /// `flags`, as the caller's open of `old` was). `None`: the file does
+    /// not qualify, or the replacement failed before it took the name;
+    /// nothing changed.
     pub(super) fn replace_for_truncate(
         &self,
         path: &Path,
         old: &File,
         st: &rustix::fs::Stat,
-    ) -> Result<Option<i64>> {
+        flags: i32,
+    ) -> Result<Option<(u64, File)>> {
         if st.st_nlink != 1 || st.st_size <= 0 || st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0
         {
             return Ok(None);
         }
         let key = (st.st_dev, st.st_ino);
-        // Held to the rename: no writer of this file starts meanwhile.
-        let sessions = self.sessions.lock();
+        // Held until the new inode's session exists: no writer of either
+        // inode starts meanwhile.
+        let mut sessions = self.sessions.lock();
         if sessions.contains_key(&key) || self.opens.lock().get(&key).is_some_and(|n| *n > 0) {
             return Ok(None);
         }
@@ -61,11 +68,27 @@ impl Versions {
             return Ok(None);
         }
         let (new, tmp) = self.store.new_replacement()?;
-        if let Err(e) = like(old, &new, st) {
-            tracing::debug!("versions: no replacement for {}: {e}", path.display());
-            self.store.drop_replacement(&tmp);
-            return Ok(None);
-        }
+        let writer = like(old, &new, st).and_then(|()| {
+            let keep = libc::O_ACCMODE
+                | libc::O_APPEND
+                | libc::O_NONBLOCK
+                | libc::O_DIRECT
+                | libc::O_NOATIME
+                | libc::O_SYNC
+                | libc::O_DSYNC;
+            let of = OFlags::from_bits_retain((flags & keep) as u32)
+                | OFlags::NOFOLLOW
+                | OFlags::CLOEXEC;
+            Ok(File::from(self.store.open_replacement(&tmp, of)?))
+        });
+        let writer = match writer {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!("versions: no replacement for {}: {e}", path.display());
+                self.store.drop_replacement(&tmp);
+                return Ok(None);
+            }
+        };
         let meta = FileMeta {
             size: st.st_size as u64,
             uid: st.st_uid,
@@ -82,34 +105,46 @@ impl Versions {
                 return Err(e);
             }
         };
-        if let Err(e) = self.store.place_replacement(&tmp, dir.as_fd(), &name) {
-            tracing::debug!(
-                "versions: replacement of {} not placed: {e}",
-                path.display()
-            );
-            self.store.delete_ids(&[id])?;
-            return Ok(None);
-        }
-        drop(sessions);
-        Ok(Some(id))
-    }
-
-    /// Makes version `id` (the replaced inode) the latest of the session of
-    /// writer `handle` (the new inode's first writer). The file changed
-    /// after it, whatever its stamp says: the session must keep it.
-    pub(super) fn adopt_replaced(&self, handle: u64, id: i64) -> Result<()> {
-        let Some(key) = self.writers.lock().get(&handle).map(|w| w.key) else {
-            return Ok(());
+        let mark = self.store.mark_in_use(id);
+        let placed = mark.and_then(|mark| {
+            self.store.place_replacement(&tmp, dir.as_fd(), &name)?;
+            Ok(mark)
+        });
+        let mark = match placed {
+            Ok(mark) => mark,
+            Err(e) => {
+                tracing::debug!(
+                    "versions: replacement of {} not placed: {e}",
+                    path.display()
+                );
+                self.store.drop_replacement(&tmp);
+                self.store.delete_ids(&[id])?;
+                return Ok(None);
+            }
         };
-        let mark = self.store.mark_in_use(id)?;
-        if let Some(s) = self.sessions.lock().get_mut(&key) {
-            s.marks.push(mark);
-            s.versions.push(id);
-            s.latest = Some(id);
-            s.current = Current::Whole;
-            s.stamp = session::CHANGED;
-        }
-        Ok(())
+        let new_st = rustix::fs::fstat(&new)?;
+        let mut s = Session::new(Arc::new(new))?;
+        s.writers = 1;
+        s.direct = 1;
+        s.marks.push(mark);
+        s.versions.push(id);
+        s.latest = Some(id);
+        s.current = Current::Whole;
+        // The file changed after its version (it was emptied), whatever
+        // its stamp says: the session must keep it.
+        s.stamp = session::CHANGED;
+        let new_key = (new_st.st_dev, new_st.st_ino);
+        sessions.insert(new_key, s);
+        drop(sessions);
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.writers.lock().insert(
+            handle,
+            Writer {
+                key: new_key,
+                log: None,
+            },
+        );
+        Ok(Some((handle, writer)))
     }
 }
 

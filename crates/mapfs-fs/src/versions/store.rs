@@ -514,6 +514,17 @@ impl Store {
         Ok((File::from(fd), name))
     }
 
+    /// Opens the replacement `tmp` again with `flags` (the writer's own
+    /// open file description).
+    pub fn open_replacement(&self, tmp: &str, flags: OFlags) -> Result<OwnedFd> {
+        Ok(rustix::fs::openat(
+            &self.objects,
+            tmp,
+            flags,
+            Mode::empty(),
+        )?)
+    }
+
     /// Renames the replacement `tmp` over `dir`/`name` (atomically: the name
     /// always names a file), or removes it if that fails.
     pub fn place_replacement(&self, tmp: &str, dir: BorrowedFd<'_>, name: &OsStr) -> Result<()> {

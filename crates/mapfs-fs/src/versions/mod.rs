@@ -560,12 +560,7 @@ impl Versions {
         if FileKind::from_mode(st.st_mode) != FileKind::File || st.st_size == 0 {
             return Ok(None);
         }
-        let meta = FileMeta {
-            size: st.st_size as u64,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            mode: st.st_mode & 0o7777,
-        };
+        let meta = FileMeta::from_stat(&st);
         if st.st_nlink == 1 {
             return self
                 .store

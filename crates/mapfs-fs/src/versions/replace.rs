@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mapfs::Result;
-use rustix::fs::{AtFlags, OFlags, XattrFlags};
+use rustix::fs::{AtFlags, XattrFlags};
 
 use super::session::{self, Current, Session};
 use super::store::FileMeta;
@@ -68,19 +68,9 @@ impl Versions {
             return Ok(None);
         }
         let (new, tmp) = self.store.new_replacement()?;
-        let writer = like(old, &new, st).and_then(|()| {
-            let keep = libc::O_ACCMODE
-                | libc::O_APPEND
-                | libc::O_NONBLOCK
-                | libc::O_DIRECT
-                | libc::O_NOATIME
-                | libc::O_SYNC
-                | libc::O_DSYNC;
-            let of = OFlags::from_bits_retain((flags & keep) as u32)
-                | OFlags::NOFOLLOW
-                | OFlags::CLOEXEC;
-            Ok(File::from(self.store.open_replacement(&tmp, of)?))
-        });
+        // The writer's own open file description, with its flags.
+        let writer = like(old, &new, st)
+            .and_then(|()| Ok(File::from(mapfs::control::reopen(new.as_fd(), flags)?)));
         let writer = match writer {
             Ok(w) => w,
             Err(e) => {
@@ -89,12 +79,7 @@ impl Versions {
                 return Ok(None);
             }
         };
-        let meta = FileMeta {
-            size: st.st_size as u64,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            mode: st.st_mode & 0o7777,
-        };
+        let meta = FileMeta::from_stat(st);
         let id = match self
             .store
             .add_linked(bytes(path), dir.as_fd(), &name, &meta, "write", false)

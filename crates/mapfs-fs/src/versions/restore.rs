@@ -102,12 +102,7 @@ impl Store {
         if st.st_size == 0 {
             return Ok(None);
         }
-        let meta = FileMeta {
-            size: st.st_size as u64,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            mode: st.st_mode & 0o7777,
-        };
+        let meta = FileMeta::from_stat(&st);
         if st.st_nlink == 1 {
             return self
                 .add_linked(path, dir.as_fd(), name, &meta, "restore", true)

@@ -126,13 +126,17 @@ pub struct FileMeta {
 impl FileMeta {
     /// The meta of an open file.
     pub fn of(f: &impl AsFd) -> Result<FileMeta> {
-        let st = rustix::fs::fstat(f)?;
-        Ok(FileMeta {
+        Ok(FileMeta::from_stat(&rustix::fs::fstat(f)?))
+    }
+
+    /// The meta of a file with status `st`.
+    pub fn from_stat(st: &rustix::fs::Stat) -> FileMeta {
+        FileMeta {
             size: st.st_size as u64,
             uid: st.st_uid,
             gid: st.st_gid,
             mode: st.st_mode & 0o7777,
-        })
+        }
     }
 }
 
@@ -512,17 +516,6 @@ impl Store {
             Mode::from_raw_mode(0o600),
         )?;
         Ok((File::from(fd), name))
-    }
-
-    /// Opens the replacement `tmp` again with `flags` (the writer's own
-    /// open file description).
-    pub fn open_replacement(&self, tmp: &str, flags: OFlags) -> Result<OwnedFd> {
-        Ok(rustix::fs::openat(
-            &self.objects,
-            tmp,
-            flags,
-            Mode::empty(),
-        )?)
     }
 
     /// Renames the replacement `tmp` over `dir`/`name` (atomically: the name

@@ -152,20 +152,26 @@ impl Pack {
                     handle,
                 });
             }
-            let (map, files) = match i.slot {
-                Some(s) => (slot_map(s, i.size, &ext)?, vec![self.packs.file(s.pack)?]),
-                // No bytes yet: every write asks for a slot.
-                None => (
-                    DataMap::new(Vec::new(), i.size, Growth::InPlace { limit: Some(0) })?,
-                    Vec::new(),
-                ),
-            };
-            let handle = self.new_handle(&i, i.slot);
-            if let Some(h) = self.handles.lock().get_mut(&handle) {
-                h.recorded = Some(map.clone());
-            }
-            return Ok(Opened { map, files, handle });
+            return self.slot_open(&i, &ext);
         }
+    }
+
+    /// An open of `i`, a file without a file of its own, whose `ext` are
+    /// as read with its slot acquired (or none: no slot yet).
+    fn slot_open(&self, i: &Inode, ext: &[Row]) -> Result<Opened> {
+        let (map, files) = match i.slot {
+            Some(s) => (slot_map(s, i.size, ext)?, vec![self.packs.file(s.pack)?]),
+            // No bytes yet: every write asks for a slot.
+            None => (
+                DataMap::new(Vec::new(), i.size, Growth::InPlace { limit: Some(0) })?,
+                Vec::new(),
+            ),
+        };
+        let handle = self.new_handle(i, i.slot);
+        if let Some(h) = self.handles.lock().get_mut(&handle) {
+            h.recorded = Some(map.clone());
+        }
+        Ok(Opened { map, files, handle })
     }
 
     pub(super) fn do_open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
@@ -214,7 +220,9 @@ impl Pack {
             }
             Err(e) => return Err(e),
         };
-        let o = self.open_ino(i.ino, flags, false)?;
+        // Made in the transaction that returned `i`: no slot, no bytes,
+        // nothing a compaction could have moved; nothing to read again.
+        let o = self.slot_open(&i, &[])?;
         Ok((i.attr(), o))
     }
 

@@ -39,7 +39,7 @@ mod attr;
 mod dir;
 mod node;
 mod open;
-mod xattr;
+pub(crate) mod xattr;
 
 pub(crate) use node::backing_rename_flags;
 

@@ -38,7 +38,7 @@ fn loc_path(loc: &Loc<'_>) -> PathBuf {
 
 /// Calls `fill` with a buffer sized by `query` first; retries if the value
 /// grew in between (`ERANGE`).
-fn sized(
+pub(crate) fn sized(
     query: impl Fn() -> rustix::io::Result<usize>,
     fill: impl Fn(&mut [u8]) -> rustix::io::Result<usize>,
 ) -> Result<Vec<u8>> {
@@ -57,6 +57,14 @@ fn sized(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// The names in a `listxattr` answer (each ends with a NUL).
+pub(crate) fn split_names(raw: &[u8]) -> Vec<OsString> {
+    raw.split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| OsString::from_vec(n.to_vec()))
+        .collect()
 }
 
 impl Passthrough {
@@ -92,11 +100,7 @@ impl Passthrough {
             || rustix::fs::llistxattr_query(&p),
             |buf| rustix::fs::llistxattr(&p, buf),
         )?;
-        Ok(raw
-            .split(|b| *b == 0)
-            .filter(|n| !n.is_empty())
-            .map(|n| OsString::from_vec(n.to_vec()))
-            .collect())
+        Ok(split_names(&raw))
     }
 
     pub(super) fn do_removexattr(&self, path: &Path, name: &OsStr) -> Result<()> {

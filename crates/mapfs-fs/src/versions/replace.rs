@@ -17,10 +17,8 @@
 //! version. Anything that fails before the rename leaves the file as it
 //! was and the caller copies instead.
 
-use std::ffi::OsStr;
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -31,6 +29,7 @@ use rustix::fs::{AtFlags, XattrFlags};
 use super::session::{self, Current, Session};
 use super::store::FileMeta;
 use super::{bytes, Versions, Writer};
+use crate::passthrough::xattr::{sized, split_names};
 
 /// What `O_TRUNC` removes natively (`file_remove_privs`), so the new file
 /// does not get it.
@@ -142,12 +141,18 @@ fn like(old: &File, new: &File, st: &rustix::fs::Stat) -> Result<()> {
         Some(rustix::process::Gid::from_raw(st.st_gid)),
     )?;
     rustix::fs::fchmod(new, rustix::fs::Mode::from_raw_mode(st.st_mode & 0o7777))?;
-    for name in xattr_names(old)? {
-        if name == DROPPED_BY_TRUNCATE.as_bytes() {
+    let names = sized(
+        || rustix::fs::flistxattr_query(old),
+        |buf| rustix::fs::flistxattr(old, buf),
+    )?;
+    for name in split_names(&names) {
+        if name == DROPPED_BY_TRUNCATE {
             continue;
         }
-        let name = OsStr::from_bytes(&name);
-        let value = xattr_value(old, name)?;
+        let value = sized(
+            || rustix::fs::fgetxattr_query(old, &name),
+            |buf| rustix::fs::fgetxattr(old, &name, buf),
+        )?;
         rustix::fs::fsetxattr(new, name, &value, XattrFlags::CREATE)?;
     }
     let omit = rustix::fs::Timespec {
@@ -165,38 +170,4 @@ fn like(old: &File, new: &File, st: &rustix::fs::Stat) -> Result<()> {
         },
     )?;
     Ok(())
-}
-
-/// The names of the extended attributes of `f`.
-fn xattr_names(f: &File) -> Result<Vec<Vec<u8>>> {
-    let list = grown(|buf| rustix::fs::flistxattr(f, buf))?;
-    Ok(list
-        .split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-        .map(<[u8]>::to_vec)
-        .collect())
-}
-
-/// The value of extended attribute `name` of `f`.
-fn xattr_value(f: &File, name: &OsStr) -> Result<Vec<u8>> {
-    grown(|buf| rustix::fs::fgetxattr(f, name, buf))
-}
-
-/// What `call` fills in, in a buffer grown until it fits (`ERANGE`: too
-/// small; the kernel caps lists and values at 64 KiB).
-fn grown(mut call: impl FnMut(&mut [u8]) -> rustix::io::Result<usize>) -> Result<Vec<u8>> {
-    let mut buf = vec![0u8; 4096];
-    loop {
-        match call(&mut buf[..]) {
-            Ok(n) => {
-                buf.truncate(n);
-                return Ok(buf);
-            }
-            Err(rustix::io::Errno::RANGE) if buf.len() < 1 << 20 => {
-                let more = buf.len() * 4;
-                buf.resize(more, 0);
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
 }

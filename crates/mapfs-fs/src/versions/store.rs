@@ -519,13 +519,9 @@ impl Store {
     }
 
     /// Renames the replacement `tmp` over `dir`/`name` (atomically: the name
-    /// always names a file), or removes it if that fails.
+    /// always names a file).
     pub fn place_replacement(&self, tmp: &str, dir: BorrowedFd<'_>, name: &OsStr) -> Result<()> {
-        let res = rustix::fs::renameat(&self.objects, tmp, dir, name);
-        if res.is_err() {
-            self.drop_replacement(tmp);
-        }
-        Ok(res?)
+        Ok(rustix::fs::renameat(&self.objects, tmp, dir, name)?)
     }
 
     /// Removes the replacement `tmp` (best effort: a leftover is removed
@@ -537,13 +533,7 @@ impl Store {
     /// Removes replacements a daemon that died left (only the instance that
     /// holds the store's lock may: another's would be in use).
     pub fn remove_replacements(&self) -> Result<()> {
-        let dir = rustix::fs::openat(
-            &self.objects,
-            ".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        for e in rustix::fs::Dir::read_from(&dir)?.flatten() {
+        for e in rustix::fs::Dir::read_from(&self.objects)?.flatten() {
             let name = e.file_name().to_bytes();
             if name.starts_with(REPLACEMENT_PREFIX.as_bytes()) {
                 let _ = rustix::fs::unlinkat(&self.objects, e.file_name(), AtFlags::empty());

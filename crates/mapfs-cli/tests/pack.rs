@@ -190,7 +190,8 @@ fuse_test!(fsx_daemon => fsx_mode(DataMode::Daemon));
 fuse_test!(fsx_passthrough => fsx_mode(DataMode::Passthrough));
 
 /// `mapfs-fsx` under `mapfs run`: the shim runs files of their own itself
-/// and leaves slotted files to the daemon; bytes must be right either way.
+/// and leaves slotted files opened for writing to the daemon; bytes must be
+/// right either way.
 #[test]
 fn fsx_under_mapfs_run() {
     use preload_support::*;
@@ -218,6 +219,98 @@ fn fsx_under_mapfs_run() {
         t.native_calls > 0,
         "{test}: the shim ran nothing itself: {t:?}"
     );
+    assert_consistent(s.backing(), test);
+}
+
+/// Reads of slotted files lent to a root program: every open for reading
+/// runs in the program on the pack file (fd status 6), and random `pread`s,
+/// sequential `read`s and `lseek(SEEK_END)` give the model's bytes; an
+/// in-place rewrite through the daemon (a writer is never lent a slot) is
+/// seen by the lent reader at once, as both use the same slot.
+const LENT_READS: &str = r#"
+import os, sys, random, ctypes
+lib = ctypes.CDLL(None)
+mnt, model, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rng = random.Random(seed)
+names = sorted(os.listdir(model))
+lent = checked = 0
+for name in names:
+    want = bytearray(open(os.path.join(model, name), 'rb').read())
+    fd = os.open(os.path.join(mnt, name), os.O_RDONLY)
+    for k in range(20):
+        off = rng.randrange(0, len(want) + 16)
+        n = rng.randrange(1, 5000)
+        got = os.pread(fd, n, off)
+        assert got == want[off:off + n], (name, off, n, len(got))
+        checked += 1
+        if k == 0 and lib.mapfs_preload_fd_status(fd) == 6:
+            lent += 1
+    if rng.random() < 0.3 and len(want) > 8:
+        w = os.open(os.path.join(mnt, name), os.O_RDWR)
+        assert lib.mapfs_preload_fd_status(w) != 6, 'a writer was lent a slot'
+        at = rng.randrange(0, len(want) - 8)
+        os.pwrite(w, b'REWRITE!', at)
+        want[at:at + 8] = b'REWRITE!'
+        got = os.pread(fd, len(want) + 1, 0)
+        assert got == want, (name, 'rewrite not seen', at)
+        os.close(w)
+        open(os.path.join(model, name), 'wb').write(want)
+    os.lseek(fd, 0, os.SEEK_SET)
+    got = b''
+    while True:
+        b = os.read(fd, rng.randrange(1, 3000))
+        if not b:
+            break
+        got += b
+    assert got == want, (name, 'sequential read')
+    assert os.lseek(fd, 0, os.SEEK_END) == len(want), (name, 'size')
+    os.close(fd)
+print(f"files={len(names)} lent={lent} checked={checked}")
+"#;
+
+#[test]
+fn lent_reads_of_slotted_files() {
+    use preload_support::*;
+    let test = "pack reads of slots lent to the program";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = pack_on(DataMode::Auto, None, &[SMALL_THRESHOLD]);
+    let model = s.scratch().unwrap().join("model");
+    fs::create_dir(&model).unwrap();
+    let m = s.mountpoint();
+    let files = 200usize;
+    for i in 0..files {
+        let name = format!("f{i:03}");
+        // 1 byte to 4,000: every one in a slot (threshold 4096).
+        let data = stream(&name, 1 + (i * 7_919) % 4_000);
+        fs::write(m.join(&name), &data).unwrap();
+        fs::write(model.join(&name), &data).unwrap();
+    }
+    let report = report_path(&s, "lent-reads");
+    let out = ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(LENT_READS)
+        .arg(m)
+        .arg(&model)
+        .arg("20261126"));
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    eprintln!("{test}: {line}");
+    assert_eq!(
+        line,
+        format!("files={files} lent={files} checked={}", files * 20),
+        "{test}"
+    );
+    // The rewrites went through the daemon into the slots: the mount and a
+    // remount agree with the model.
+    for i in 0..files {
+        let name = format!("f{i:03}");
+        assert_eq!(
+            fs::read(m.join(&name)).unwrap(),
+            fs::read(model.join(&name)).unwrap(),
+            "{test}: {name} through the mount"
+        );
+    }
     assert_consistent(s.backing(), test);
 }
 
@@ -651,8 +744,8 @@ fuse_test!(crash_sigkill_during_write_storm => {
 });
 
 // ---------------------------------------------------------------------------
-// The shim on pack: files of their own run natively, slotted ones through
-// the mount, and nobody gets what nobody may not open
+// The shim on pack: files of their own run natively, slotted ones too for
+// root (the mount's owner), and nobody gets what nobody may not open
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -688,9 +781,18 @@ fn shim_adopts_own_files_and_refuses_like_the_mount() {
         "{test}: through the mount"
     );
     // 3: adopted (reads run in the program), 4: served through the mount.
+    // A slot is never lent to nobody: its pack file holds root's secret.
     assert_eq!(
         run(true),
         format!("{sp} EACCES\n{bp} ok {b100} 3\n{mp} ok {m100} 4\n"),
         "{test}: through the shim"
+    );
+    // Root could open the pack file itself: its slots run in the program
+    // (6: lent to the program's data engine).
+    let s100 = "s".repeat(100);
+    assert_eq!(
+        read_as(false, &s, &report, &[&secret, &small], true),
+        format!("{sp} ok {s100} 3\n{mp} ok {m100} 6\n"),
+        "{test}: root through the shim"
     );
 }

@@ -32,14 +32,17 @@
 //! Tests can ask a live process about one descriptor with the exported
 //! `mapfs_preload_fd_status(fd)`: 0 unclassified, 1 not a mapfs file, 2 mapfs
 //! file not adopted yet, 3 adopted (data calls native), 4 served through the
-//! mount, 5 one of the shim's own descriptors; and how many adoptions the
+//! mount, 5 one of the shim's own descriptors, 6 lent (a map that is not
+//! whole-file, run by the shim's data engine); and how many adoptions the
 //! map cache served with `mapfs_preload_cache_hits()`.
 //!
 //! # Limits (see also [`hooks`](mod@hooks) for what is not intercepted)
 //!
-//! - Only whole-file 1-to-1 maps are adopted; files with other maps are
-//!   served through the mount (running the data engine in-process for them
-//!   is future work).
+//! - Whole-file 1-to-1 maps are adopted; other maps are lent to the
+//!   shim's data engine ([`lent`]) when the daemon allows it: append logs
+//!   and read-only maps (plfs, versions' undo writers), and in-place slots
+//!   of a shared backing file (pack) only to the mount's owner or root.
+//!   The rest are served through the mount.
 //! - The open through the mount stays open beside an adoption (a
 //!   descriptor numbered 512 or above): the file system's `release` runs at
 //!   the application's last close, and `fcntl`/`lockf`/`flock` locks of

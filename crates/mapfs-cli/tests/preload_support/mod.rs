@@ -320,6 +320,17 @@ impl Drop for Stepped {
 /// <shim status>` (status -1 without the shim) or the errno name. The
 /// report file must be writable by nobody.
 pub fn read_as_nobody(s: &MountSession, report: &Path, paths: &[&Path], shimmed: bool) -> String {
+    read_as(true, s, report, paths, shimmed)
+}
+
+/// [`read_as_nobody`], as nobody or as this process's user (root).
+pub fn read_as(
+    nobody: bool,
+    s: &MountSession,
+    report: &Path,
+    paths: &[&Path],
+    shimmed: bool,
+) -> String {
     let script = "import os,sys,errno,ctypes\n\
         for p in sys.argv[1:]:\n\
         \x20 try:\n\
@@ -327,8 +338,12 @@ pub fn read_as_nobody(s: &MountSession, report: &Path, paths: &[&Path], shimmed:
         \x20   st=ctypes.CDLL(None).mapfs_preload_fd_status(fd) if os.environ.get('LD_PRELOAD') else -1\n\
         \x20   print(p, 'ok', d.decode(), st)\n\
         \x20 except OSError as e: print(p, errno.errorcode[e.errno])\n";
-    let mut cmd =
-        mapfs_testkit::user::command_as_nobody(if shimmed { mapfs_bin() } else { "python3" });
+    let prog = if shimmed { mapfs_bin() } else { "python3" };
+    let mut cmd = if nobody {
+        mapfs_testkit::user::command_as_nobody(prog)
+    } else {
+        Command::new(prog)
+    };
     if shimmed {
         cmd.args(["run", "--mount"])
             .arg(s.mountpoint())

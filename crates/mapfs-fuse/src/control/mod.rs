@@ -853,7 +853,7 @@ impl Conn {
             registry.adopting(&open);
             (open.map.clone(), vec![fd], false)
         } else {
-            let mut fds = lend_files(&open, flags, engine)?;
+            let mut fds = lend_files(&open, flags, engine, self.peer)?;
             let size = if writable {
                 let page = LentSize::create(open.map.size()).map_err(|e| {
                     refused(
@@ -955,25 +955,45 @@ fn same_user(peer: Peer, uid: u32, gid: u32) -> bool {
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
 /// The descriptors to lend an open whose map is not whole-file (see
-/// [`Request::Adopt`]'s `engine`). Only maps whose new bytes go to space of
-/// this open alone are lent: an append log (a file system gives each
-/// writable open its own) or a read-only map. In-place maps that are not
-/// whole-file may share free space with other opens, and a remap would need
-/// the file system, so they stay with the daemon.
-fn lend_files(open: &OpenInfo, flags: i32, engine: bool) -> Result<Vec<OwnedFd>, Response> {
+/// [`Request::Adopt`]'s `engine`). Maps whose new bytes go to space of this
+/// open alone are lent: an append log (a file system gives each writable
+/// open its own) or a read-only map.
+///
+/// An in-place map that is not whole-file (an M-to-1 slot in a shared
+/// backing file, as `pack`'s) is lent only to a reader, and only when the
+/// reader is the mount's owner or root: the backing file also holds other
+/// files, which such a peer could open anyway (root by its privilege; the
+/// owner through `/proc/<daemon>/fd`, as the daemon runs as that user), and
+/// which nobody else may get. Writers stay with the daemon: a lent writer
+/// would write into its slot until its next push, and a daemon that
+/// replaced a dead one (failover) may meanwhile have given a slot its file
+/// left to another file.
+fn lend_files(
+    open: &OpenInfo,
+    flags: i32,
+    engine: bool,
+    peer: Peer,
+) -> Result<Vec<OwnedFd>, Response> {
     if !engine {
         return Err(refused(libc::EOPNOTSUPP, "map is not whole-file"));
     }
-    let own_log = match open.map.growth() {
-        Growth::AppendLog { file, .. } => Some(file as usize),
-        Growth::ReadOnly => None,
-        Growth::InPlace { .. } => {
-            return Err(refused(
+    let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY;
+    let own_log =
+        match open.map.growth() {
+            Growth::AppendLog { file, .. } => Some(file as usize),
+            Growth::ReadOnly => None,
+            Growth::InPlace { .. } if !read_only => return Err(refused(
                 libc::EOPNOTSUPP,
-                "in-place map that is not whole-file: served by the daemon",
-            ))
-        }
-    };
+                "in-place map in a shared backing file, opened for writing: served by the daemon",
+            )),
+            Growth::InPlace { .. } if owner_or_root(peer) => None,
+            Growth::InPlace { .. } => return Err(refused(
+                libc::EOPNOTSUPP,
+                "in-place map in a shared backing file: lent to the mount's owner or root only, \
+                 served by the daemon",
+            )),
+        };
+    let in_place = matches!(open.map.growth(), Growth::InPlace { .. });
     if open.files.len() > control::MAX_FDS {
         return Err(refused(libc::EOPNOTSUPP, "map has too many backing files"));
     }
@@ -985,12 +1005,18 @@ fn lend_files(open: &OpenInfo, flags: i32, engine: bool) -> Result<Vec<OwnedFd>,
     for (i, f) in open.files.iter().enumerate() {
         let fd = if write_only && Some(i) != own_log {
             rustix::fs::memfd_create("mapfs-withheld", rustix::fs::MemfdFlags::CLOEXEC)
+                .map_err(std::io::Error::from)
+        } else if in_place && read_only {
+            // A reader of a shared backing file must not be able to write
+            // it: a read-only open of its own, not the daemon's read-write
+            // one.
+            control::reopen(f.as_fd(), libc::O_RDONLY)
         } else {
-            rustix::io::fcntl_dupfd_cloexec(f, 0)
+            rustix::io::fcntl_dupfd_cloexec(f, 0).map_err(std::io::Error::from)
         };
         fds.push(fd.map_err(|e| {
             refused(
-                e.raw_os_error(),
+                e.raw_os_error().unwrap_or(libc::EIO),
                 &format!("cannot pass a backing file: {e}"),
             )
         })?);

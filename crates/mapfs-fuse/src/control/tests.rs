@@ -570,7 +570,10 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
         },
     );
     assert_eq!(*s.fake.lent.lock(), vec![(5, true), (6, true), (5, false)]);
-    // In-place maps that are not whole-file are never lent.
+    // An in-place map that is not whole-file (a slot of a shared backing
+    // file) is lent to a reader that is root (this test's peer), with a
+    // read-only descriptor of its own, and to nobody else, nor to a writer
+    // (below).
     let slot = DataMap::new(
         vec![Extent {
             logical: 0,
@@ -583,8 +586,48 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
     )
     .unwrap();
     s.add_open(info(7, libc::O_RDONLY, &slot));
-    let (resp, _) = s.adopt(&conn, 7, libc::O_RDONLY, true);
-    assert_eq!(errno_of(&resp), Some(libc::EOPNOTSUPP), "{resp:?}");
+    let (resp, fds) = s.adopt(&conn, 7, libc::O_RDONLY, true);
+    assert!(
+        matches!(
+            resp,
+            Response::Adopted {
+                size_slot: false,
+                ..
+            }
+        ),
+        "{resp:?}"
+    );
+    for fd in &fds {
+        let fl = rustix::fs::fcntl_getfl(fd).unwrap();
+        assert_eq!(
+            fl & rustix::fs::OFlags::RWMODE,
+            rustix::fs::OFlags::RDONLY,
+            "a reader of a slot got a descriptor that can write"
+        );
+    }
+    let other = super::Peer {
+        pid: 0,
+        uid: 4242,
+        gid: 4242,
+    };
+    let open = s.fake.open(7).unwrap();
+    let root = super::Peer { uid: 0, ..other };
+    for (flags, peer) in [
+        (libc::O_RDONLY, other),
+        (libc::O_RDWR, other),
+        (libc::O_RDWR, root),
+        (libc::O_WRONLY, root),
+    ] {
+        match super::lend_files(&open, flags, true, peer) {
+            Err(resp) => assert_eq!(errno_of(&resp), Some(libc::EOPNOTSUPP), "{resp:?}"),
+            Ok(fds) => panic!(
+                "a slot was lent (flags {flags:#o}, uid {}): {} descriptors",
+                peer.uid,
+                fds.len()
+            ),
+        }
+    }
+    assert!(super::lend_files(&open, libc::O_RDONLY, true, root).is_ok());
 }
 
 #[test]

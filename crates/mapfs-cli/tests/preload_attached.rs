@@ -665,7 +665,10 @@ fn default_policy_adopts_busy_descriptors_only() {
     let f = s.mountpoint().join("p.bin");
     std::fs::write(&f, pattern(3 << 20, 8)).unwrap();
     let report = report_path(&s, "policy");
+    // The time rule (below) is out of the way: a loaded machine may make a
+    // passthrough read slow.
     let out = ok(attached_default(&s, &report, "python3")
+        .env("MAPFS_PRELOAD_ADOPT_MOUNT_US", "100000000")
         .arg("-c")
         .arg(
             "import os,sys,ctypes\nst=ctypes.CDLL(None).mapfs_preload_fd_status\np=sys.argv[1]\n\
@@ -692,6 +695,46 @@ fn default_policy_adopts_busy_descriptors_only() {
         "{test}: {t:?}"
     );
     assert_eq!(t.mount_calls, 15, "{test}: {t:?}");
+}
+
+/// The time rule of the adoption policy: from its fourth call on, a pending
+/// descriptor is adopted once its calls through the mount took
+/// `MAPFS_PRELOAD_ADOPT_MOUNT_US` in all (a daemon's round trip takes more
+/// than 1 µs, so with 1 the fourth call adopts; with 100 s, no call of ten
+/// does), and the bytes are the file's either way.
+#[test]
+fn time_spent_on_the_mount_adopts_from_the_fourth_call() {
+    let test = "preload adoption policy, time on the mount";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::DaemonNoWriteback, &[]);
+    let f = s.mountpoint().join("t.bin");
+    let want = pattern(4096, 9);
+    std::fs::write(&f, &want).unwrap();
+    let script = "import os,sys,ctypes\nst=ctypes.CDLL(None).mapfs_preload_fd_status\n\
+                  d=open(sys.argv[1],'rb').read(4096); r=[]\n\
+                  a=os.open(sys.argv[1],os.O_RDONLY)\n\
+                  for i in range(10):\n\
+                  \x20 assert os.pread(a,100,i*100)==d[i*100:(i+1)*100]; r.append(st(a))\n\
+                  print(r)\n";
+    for (us, want_status) in [
+        ("1", "[2, 2, 2, 3, 3, 3, 3, 3, 3, 3]"),
+        ("100000000", "[2, 2, 2, 2, 2, 2, 2, 2, 2, 2]"),
+    ] {
+        let report = report_path(&s, &format!("time-{us}"));
+        let out = ok(attached_default(&s, &report, "python3")
+            .env("MAPFS_PRELOAD_ADOPT_MOUNT_US", us)
+            .arg("-c")
+            .arg(script)
+            .arg(&f));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            want_status,
+            "{test}: MAPFS_PRELOAD_ADOPT_MOUNT_US={us}"
+        );
+    }
+    assert_eq!(std::fs::read(&f).unwrap(), want, "{test}: the file changed");
 }
 
 /// Processes that only read small files (`cat`, `head`, a shell's

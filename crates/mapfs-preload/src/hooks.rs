@@ -112,22 +112,47 @@ macro_rules! hooks {
 
 /// Before a data call moving `len` bytes on `fd`: adopt a pending
 /// descriptor when the policy says so ([`table::serve`]), count the call.
+/// For a call a still-pending descriptor makes through the mount, returns
+/// the timer of that call: held until the real call returns, it adds the
+/// call's time to what the descriptor spent on the mount (the policy
+/// adopts once that is about what an adoption costs).
 #[inline(always)]
-fn data(fd: c_int, len: usize) {
+fn data(fd: c_int, len: usize) -> Option<MountCall> {
     match table::state(fd) {
-        OTHER => {}
-        ADOPTED => report::count_native(),
+        OTHER => None,
+        ADOPTED => {
+            report::count_native();
+            None
+        }
         // Counted where it runs (lent_calls).
-        table::ENGINE => {}
-        MOUNT => report::count_mount(),
+        table::ENGINE => None,
+        MOUNT => {
+            report::count_mount();
+            None
+        }
         _ => data_slow(fd, len),
+    }
+}
+
+/// A data call of a pending descriptor through the mount, being timed.
+struct MountCall {
+    fd: c_int,
+    start: std::time::Instant,
+}
+
+impl Drop for MountCall {
+    fn drop(&mut self) {
+        let took = self.start.elapsed();
+        if let Some(_g) = Guard::enter() {
+            sys::keep_errno(|| table::mount_time(self.fd, took));
+        }
     }
 }
 
 /// A data call that needs the final file: adopt a pending descriptor now.
 #[inline(always)]
 fn data_now(fd: c_int) {
-    data(fd, usize::MAX);
+    let _ = data(fd, usize::MAX);
 }
 
 /// A call the shim cannot run on a lent map (`mmap`, `sendfile`...): the
@@ -136,33 +161,42 @@ fn data_now(fd: c_int) {
 #[inline(always)]
 fn data_final(fd: c_int, why: &str) {
     match table::state(fd) {
-        OTHER | ADOPTED | MOUNT => data(fd, usize::MAX),
+        OTHER | ADOPTED | MOUNT => {
+            let _ = data(fd, usize::MAX);
+        }
         _ => {
             if fd >= 0 {
                 if let Some(_g) = Guard::enter() {
                     sys::keep_errno(|| table::serve_final(fd, why));
                 }
             }
-            data(fd, usize::MAX);
+            let _ = data(fd, usize::MAX);
         }
     }
 }
 
 #[cold]
 #[inline(never)]
-fn data_slow(fd: c_int, len: usize) {
+fn data_slow(fd: c_int, len: usize) -> Option<MountCall> {
     if fd < 0 {
-        return;
+        return None;
     }
-    if let Some(_g) = Guard::enter() {
-        sys::keep_errno(|| table::serve(fd, len));
-        match table::state(fd) {
-            ADOPTED => report::count_native(),
-            // Still pending: this call goes through the mount.
-            MOUNT | table::PENDING => report::count_mount(),
-            _ => {}
+    let _g = Guard::enter()?;
+    sys::keep_errno(|| table::serve(fd, len));
+    match table::state(fd) {
+        ADOPTED => report::count_native(),
+        MOUNT => report::count_mount(),
+        // Still pending: this call goes through the mount.
+        table::PENDING => {
+            report::count_mount();
+            return Some(MountCall {
+                fd,
+                start: std::time::Instant::now(),
+            });
         }
+        _ => {}
     }
+    None
 }
 
 /// Total length of an iovec array (for the adoption policy).
@@ -891,104 +925,104 @@ hooks! {
 
     // ---- data calls: adopt first, then the real call ----
     fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t = |real| {
-        data(fd, n);
+        let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n, None) } { return r; }
         real(fd, buf, n)
     }
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t = |real| {
-        data(fd, n);
+        let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n.min(buflen), None) } { return r; }
         real(fd, buf, n, buflen)
     }
     fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t = |real| {
-        data(fd, n);
+        let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::write(fd, buf, n, None) } { return r; }
         real(fd, buf, n)
     }
     fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t = |real| {
-        data(fd, n);
+        let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n, Some(off as i64)) } { return r; }
         real(fd, buf, n, off)
     }
     fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
-        data(fd, n);
+        let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n, Some(off as i64)) } { return r; }
         real(fd, buf, n, off)
     }
     fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t = |real| {
-        data(fd, n);
+        let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n.min(buflen), Some(off as i64)) } { return r; }
         real(fd, buf, n, off, buflen)
     }
     fn __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t, buflen: size_t) -> ssize_t = |real| {
-        data(fd, n);
+        let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n.min(buflen), Some(off as i64)) } { return r; }
         real(fd, buf, n, off, buflen)
     }
     fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t = |real| {
-        data(fd, n);
+        let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::write(fd, buf, n, Some(off as i64)) } { return r; }
         real(fd, buf, n, off)
     }
     fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
-        data(fd, n);
+        let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::write(fd, buf, n, Some(off as i64)) } { return r; }
         real(fd, buf, n, off)
     }
     fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, None) } { return r; }
         real(fd, iov, cnt)
     }
     fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, None) } { return r; }
         real(fd, iov, cnt)
     }
     fn preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off)
     }
     fn preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off)
     }
     fn pwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off)
     }
     fn pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
         real(fd, iov, cnt, off)
     }
     fn preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         if flags != 0 {
             data_final(fd, "preadv2/pwritev2 flags");
         }
@@ -998,7 +1032,7 @@ hooks! {
     }
     fn preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         if flags != 0 {
             data_final(fd, "preadv2/pwritev2 flags");
         }
@@ -1008,7 +1042,7 @@ hooks! {
     }
     fn pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         if flags != 0 {
             data_final(fd, "preadv2/pwritev2 flags");
         }
@@ -1018,7 +1052,7 @@ hooks! {
     }
     fn pwritev64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
-        data(fd, unsafe { iov_len(iov, cnt) });
+        let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         if flags != 0 {
             data_final(fd, "preadv2/pwritev2 flags");
         }

@@ -26,8 +26,10 @@
 //! [`table::HANDOFF_ENV`]), `MAPFS_PRELOAD_REPORT=<path>` (append a JSON
 //! summary line per process at exit, see [`report`]), `MAPFS_PRELOAD_LOG=1`
 //! (diagnostics on stderr), `MAPFS_PRELOAD_MAP_CACHE=<n>` (map cache
-//! capacity, see [`mcache`]), `MAPFS_RUNTIME_DIR` (where control sockets
-//! live, as for the daemon).
+//! capacity, see [`mcache`]), `MAPFS_PRELOAD_ADOPT_CALLS`,
+//! `MAPFS_PRELOAD_ADOPT_BYTES` and `MAPFS_PRELOAD_ADOPT_MOUNT_US` (the
+//! adoption policy, [`table::Policy`]), `MAPFS_RUNTIME_DIR` (where control
+//! sockets live, as for the daemon).
 //!
 //! Tests can ask a live process about one descriptor with the exported
 //! `mapfs_preload_fd_status(fd)`: 0 unclassified, 1 not a mapfs file, 2 mapfs

@@ -47,9 +47,8 @@
 //! ([`mcache`]), then a mount's connection lock.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use mapfs::control::{Request, Response};
@@ -114,6 +113,8 @@ pub struct Entry {
     pub ino: u64,
     /// Data calls seen while pending (see [`serve`]).
     pub calls: std::sync::atomic::AtomicU32,
+    /// Nanoseconds those calls spent on the mount (see [`mount_time`]).
+    pub mount_ns: AtomicU64,
     /// Mutable part.
     pub inner: Mutex<Inner>,
 }
@@ -179,8 +180,10 @@ pub enum Status {
 
 /// Keyed by descriptor numbers, which no one can choose to collide: a
 /// fixed hasher, so the first table costs no `getrandom` (std's default
-/// seeds each map from the kernel).
-type Table = HashMap<RawFd, Arc<Entry>, BuildHasherDefault<DefaultHasher>>;
+/// seeds each map from the kernel), and a fast one (foldhash), as every
+/// data call on a lent descriptor looks its entry up (SipHash was 5% of a
+/// program's time in 4 KiB reads of lent files).
+type Table = HashMap<RawFd, Arc<Entry>, foldhash::fast::FixedState>;
 
 static TABLE: RwLock<Option<Table>> = RwLock::new(None);
 
@@ -198,6 +201,7 @@ fn new_entry(
         dev,
         ino,
         calls: std::sync::atomic::AtomicU32::new(0),
+        mount_ns: AtomicU64::new(0),
         inner: Mutex::new(Inner {
             fds: vec![fd],
             status,
@@ -270,11 +274,25 @@ fn classify(fd: RawFd) -> u8 {
     PENDING
 }
 
+/// The first call of a pending descriptor at which the time its calls spent
+/// on the mount may adopt it (see [`Policy`]).
+pub const TIMED_FROM: u32 = 4;
+
 /// Adoption policy: a pending descriptor is adopted at its
 /// `MAPFS_PRELOAD_ADOPT_CALLS`th data call (default 16), or at once for a
 /// call moving at least `MAPFS_PRELOAD_ADOPT_BYTES` (default 1 MiB), or for
 /// calls that must see the final file (mmap, locks, fallocate,
-/// sendfile/splice/copy_file_range, stdio streams: `len` = `usize::MAX`).
+/// sendfile/splice/copy_file_range, stdio streams: `len` = `usize::MAX`),
+/// or, from its [`TIMED_FROM`]th call on, once its calls through the mount
+/// took `MAPFS_PRELOAD_ADOPT_MOUNT_US` microseconds in all (default 200:
+/// what an adoption costs, measured below; so a descriptor whose calls the
+/// daemon serves pays at most about twice what adopting at once would have
+/// cost, as in renting skis until the rent paid equals the price, while
+/// kernel-passthrough calls, a few hundred ns each, stay under it and keep
+/// the call count's rule). The first
+/// calls are never adopted for their time: a program reading a small file
+/// whole (`cat`) makes two or three, and an adoption before the last one,
+/// which finds the end, would only cost.
 /// `posix_fadvise` is a hint and adopts nothing: a process that reads a
 /// small file and exits never contacts the daemon.
 ///
@@ -292,6 +310,7 @@ fn classify(fd: RawFd) -> u8 {
 pub struct Policy {
     calls: u32,
     bytes: usize,
+    mount_ns: u64,
 }
 
 fn policy() -> &'static Policy {
@@ -306,6 +325,7 @@ fn policy() -> &'static Policy {
         Policy {
             calls: num("MAPFS_PRELOAD_ADOPT_CALLS", 16).clamp(1, u64::from(u32::MAX)) as u32,
             bytes: num("MAPFS_PRELOAD_ADOPT_BYTES", 1 << 20) as usize,
+            mount_ns: num("MAPFS_PRELOAD_ADOPT_MOUNT_US", 200).saturating_mul(1000),
         }
     })
 }
@@ -325,10 +345,25 @@ pub fn serve(fd: RawFd, len: usize) {
         if let Some(e) = get(fd) {
             let calls = e.calls.fetch_add(1, Ordering::Relaxed) + 1;
             let p = policy();
-            if calls >= p.calls || len >= p.bytes {
+            if calls >= p.calls
+                || len >= p.bytes
+                || (calls >= TIMED_FROM && e.mount_ns.load(Ordering::Relaxed) >= p.mount_ns)
+            {
                 adopt(&e, true);
             }
         }
+    }
+}
+
+/// A data call of pending descriptor `fd` went through the mount and took
+/// `took`: counted toward the [`Policy`]'s time on the mount.
+pub fn mount_time(fd: RawFd, took: std::time::Duration) {
+    if state(fd) != PENDING {
+        return;
+    }
+    if let Some(e) = get(fd) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        e.mount_ns.fetch_add(ns, Ordering::Relaxed);
     }
 }
 

@@ -142,6 +142,7 @@ impl Embedding {
             read_only: false,
             layers,
             custom: self.options.clone(),
+            resumed: false,
         }
     }
 

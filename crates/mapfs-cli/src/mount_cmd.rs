@@ -197,6 +197,7 @@ fn check(reg: &Registry, args: &MountArgs, live: bool) -> Result<Checked> {
             .map_err(|_| anyhow!("a backing directory contains ':'"))?,
     );
     if live {
+        fs_opts.resumed = true;
         return Ok(Checked {
             spec: spec.clone(),
             backing,

@@ -21,6 +21,12 @@ pub struct FsOptions {
     /// The `-o` options the file system declared with [`FsSpec::options`],
     /// as given (`name` or `name=value`), in order.
     pub custom: Vec<String>,
+    /// This daemon takes over the mount of one that died (failover, or
+    /// `mapfs restart`): programs may still use state the dead one handed
+    /// out (what its open handles held, what programs running maps under
+    /// `mapfs run` were lent), so a file system must not reclaim it as a
+    /// fresh mount would.
+    pub resumed: bool,
 }
 
 impl FsOptions {
@@ -227,7 +233,8 @@ pub fn builtins() -> Registry {
                 "pack",
                 "many small files in slots of a few pack files (SQLite namespace)",
                 |b, o| {
-                    let opts = PackOptions::parse(o.get("threshold"), o.get("sync"))?;
+                    let mut opts = PackOptions::parse(o.get("threshold"), o.get("sync"))?;
+                    opts.resumed = o.resumed;
                     Ok(Arc::new(Pack::new(b, opts)?))
                 },
             )

@@ -123,7 +123,29 @@ fn report(test: &str, mut took: Vec<Duration>) {
 }
 
 /// One exerciser run in `dir` (through the mount, or under `mapfs run`).
-fn fsx(s: &MountSession, dir: &Path, seed: u64, shim: bool) -> Child {
+/// How the exercisers run: under the shim or not, and their file sizes
+/// and calls.
+#[derive(Clone, Copy)]
+struct Load {
+    shim: bool,
+    /// `mapfs-fsx --maxlen`.
+    maxlen: u64,
+    /// More `mapfs-fsx` arguments.
+    more: &'static [&'static str],
+}
+
+impl Load {
+    fn plain(shim: bool) -> Load {
+        Load {
+            shim,
+            maxlen: 512 * 1024,
+            more: &[],
+        }
+    }
+}
+
+fn fsx(s: &MountSession, dir: &Path, seed: u64, load: Load) -> Child {
+    let shim = load.shim;
     let mut cmd = if shim {
         let report = report_path(s, &format!("fsx-{seed}"));
         let mut c = attached(s, &report, fsx_bin());
@@ -139,7 +161,8 @@ fn fsx(s: &MountSession, dir: &Path, seed: u64, shim: bool) -> Child {
         .arg("--ops")
         .arg("1500")
         .arg("--maxlen")
-        .arg((512 * 1024).to_string());
+        .arg(load.maxlen.to_string())
+        .args(load.more);
     cmd.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -176,7 +199,7 @@ fn finish(test: &str, mp: &Path, mut child: Child) {
 
 /// Runs exercisers back to back (two at a time, on their own files) while
 /// `disturb` runs; every one must pass, and one more after it.
-fn under_load(test: &str, s: &MountSession, shim: bool, disturb: impl FnOnce() + Send) {
+fn under_load(test: &str, s: &MountSession, load: Load, disturb: impl FnOnce() + Send) {
     let done = AtomicBool::new(false);
     let dir = s.mountpoint().join("fsx");
     std::fs::create_dir_all(&dir).unwrap();
@@ -185,15 +208,15 @@ fn under_load(test: &str, s: &MountSession, shim: bool, disturb: impl FnOnce() +
             let mut seed = 1u64;
             let mut runs = 0;
             while !done.load(Ordering::Acquire) || runs == 0 {
-                let a = fsx(s, &dir, seed, shim);
-                let b = fsx(s, &dir, seed + 1, shim);
+                let a = fsx(s, &dir, seed, load);
+                let b = fsx(s, &dir, seed + 1, load);
                 finish(test, s.mountpoint(), a);
                 finish(test, s.mountpoint(), b);
                 seed += 2;
                 runs += 2;
             }
             // And once more with the last daemon.
-            finish(test, s.mountpoint(), fsx(s, &dir, seed, shim));
+            finish(test, s.mountpoint(), fsx(s, &dir, seed, load));
             runs + 1
         });
         let disturbed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(disturb));
@@ -240,7 +263,15 @@ fn abort_connection(mp: &Path) {
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn storm(fs: &str, mode: DataMode, extra: &[&str], shim: bool) {
-    let test = format!("failover {fs} --data {mode} {extra:?} shim={shim}");
+    storm_with(fs, mode, extra, Load::plain(shim));
+}
+
+fn storm_with(fs: &str, mode: DataMode, extra: &[&str], load: Load) {
+    let shim = load.shim;
+    let test = format!(
+        "failover {fs} --data {mode} {extra:?} shim={shim} fsx {} {:?}",
+        load.maxlen, load.more
+    );
     if !fuse_or_skip(&test) {
         return;
     }
@@ -252,8 +283,21 @@ fn storm(fs: &str, mode: DataMode, extra: &[&str], shim: bool) {
     let mut s = b.mount().unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
     let mp: PathBuf = s.mountpoint().to_path_buf();
     let mut took = Vec::new();
-    under_load(&test, &s, shim, || took = kill_storm(&mp, 7));
+    under_load(&test, &s, load, || took = kill_storm(&mp, 7));
     report(&test, took);
+    if shim {
+        // The exercisers' own calls ran in them (adopted or lent), or the
+        // storm tested only the mount.
+        let native: u64 = std::fs::read_dir(s.scratch().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "report"))
+            .map(|p| preload_support::totals(&p, "mapfs-fsx").native_calls)
+            .sum();
+        eprintln!("{test}: {native} calls ran in the exercisers");
+        assert!(native > 0, "{test}: no call ran in the exercisers");
+    }
     let out = s.umount().unwrap();
     assert!(
         out.success(),
@@ -309,7 +353,7 @@ fn restart_under_load_replaces_the_daemon() {
             .mount()
             .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
         let mp = s.mountpoint().to_path_buf();
-        under_load(test, &s, false, || {
+        under_load(test, &s, Load::plain(false), || {
             let mut pid = next_daemon(&mp, None);
             for _ in 0..5 {
                 std::thread::sleep(Duration::from_millis(300));
@@ -411,6 +455,25 @@ fn a_daemon_that_cannot_start_ends_in_eio_and_umount_works() {
 #[test]
 fn pack_survives_kills() {
     storm("pack", DataMode::Auto, &["-o", "threshold=4096"], false);
+}
+
+/// Slots lent to programs under `mapfs run` (files that always fit one,
+/// calls a lent open runs itself): a lent writer keeps writing in its slot
+/// while the daemon is replaced, so the successor keeps every slot the dead
+/// one's handles held, and the client, lent again, carries over what it
+/// wrote since its last push (`mapfs::carry`).
+#[test]
+fn pack_under_the_shim_survives_kills() {
+    storm_with(
+        "pack",
+        DataMode::Auto,
+        &["-o", "threshold=4096"],
+        Load {
+            shim: true,
+            maxlen: 4000,
+            more: &["--maxoplen", "600", "--no-mmap", "--no-copy-range"],
+        },
+    );
 }
 
 /// versions decides an open's map from the other opens of its file (a

@@ -17,6 +17,12 @@
 //! lent, and are taken as the new lending has them: the new daemon's view is
 //! as new or newer (other writers' closed writes), and a write-only lending
 //! could not read them anyway (it is lent empty stand-ins for them).
+//!
+//! An in-place map (an M-to-1 slot) has no log: its client wrote into its
+//! slot, so every byte it maps is its change. Each is copied where the new
+//! lending does not already map the same backing bytes: a new lending of
+//! the same slot takes over only the size, one of another slot (a slot the
+//! dead daemon gave at the lending and no map recorded) gets every byte.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -42,6 +48,7 @@ pub fn carry_over(from: &DataFile, into: &DataFile) -> Result<u64> {
         Growth::AppendLog { file, .. } => Some(file),
         _ => None,
     };
+    let in_place = matches!(old.growth(), Growth::InPlace { .. }) && !old.is_whole_file();
     let old_ids = identities(&old_files);
     let size = old.size();
     if into.size()? > size {
@@ -54,14 +61,21 @@ pub fn carry_over(from: &DataFile, into: &DataFile) -> Result<u64> {
     for seg in old.locate(0, size) {
         let len = seg.len();
         let changed_here = match seg {
-            Segment::Data { file, .. } => Some(file) == own,
+            Segment::Data { file, .. } => in_place || Some(file) == own,
             Segment::Hole { .. } => true,
         };
         if changed_here && !maps_alike(&seg, at, &new, &old_ids, &new_ids) {
             if let Segment::Hole { .. } = seg {
-                // Unmapped, not written: a hole costs the log nothing, and
-                // one at the end sets the size.
-                into.fallocate(libc::FALLOC_FL_ZERO_RANGE, at, len)?;
+                if at + len == size {
+                    // The end: cut there and grow again, which reads as
+                    // zeros, sets the size, and needs no space (an
+                    // in-place map's may end below a size a truncate set).
+                    into.truncate(at)?;
+                    into.truncate(size)?;
+                } else {
+                    // Unmapped, not written: a hole costs the log nothing.
+                    into.fallocate(libc::FALLOC_FL_ZERO_RANGE, at, len)?;
+                }
             } else {
                 copy(from, into, at, len)?;
                 copied += len;
@@ -69,8 +83,10 @@ pub fn carry_over(from: &DataFile, into: &DataFile) -> Result<u64> {
         }
         at += len;
     }
-    // A trailing hole was zero-ranged above, which set the size.
-    debug_assert_eq!(into.size().ok(), Some(size));
+    if into.size()? < size {
+        // The end maps alike but the size grew (a truncate past both).
+        into.truncate(size)?;
+    }
     Ok(copied)
 }
 
@@ -278,6 +294,59 @@ mod tests {
         assert_eq!(got.len(), 7000);
         assert_eq!(got, contents(&old));
         assert!(got[3000..].iter().all(|&b| b == 0));
+    }
+
+    /// An in-place lending: a slot of `cap` bytes at `off` of `pack`.
+    fn slot(pack: &Arc<File>, off: u64, cap: u64) -> DataFile {
+        let ext = vec![Extent {
+            logical: 0,
+            file: 0,
+            offset: off,
+            len: cap,
+        }];
+        let map = DataMap::new(ext, 0, Growth::InPlace { limit: Some(cap) }).unwrap();
+        DataFile::new(Opened {
+            map,
+            files: vec![pack.clone()],
+            handle: 0,
+        })
+    }
+
+    #[test]
+    fn an_in_place_writer_carries_what_grew_and_what_moved() {
+        let pack = Arc::new(tempfile::tempfile().unwrap());
+        // Pushed: 100 bytes in the slot at 4096. Since: a rewrite inside and
+        // growth to 300 bytes.
+        let old = slot(&pack, 4096, 512);
+        write(&old, 0, &[1u8; 100]);
+        let pushed = old.map();
+        write(&old, 50, &[2u8; 250]);
+        assert_eq!(old.size().unwrap(), 300);
+        // Lent again on the same slot, as pushed: the bytes are in place
+        // already; only the size comes over.
+        let (_, files) = old.snapshot();
+        let same = DataFile::new(Opened {
+            map: pushed,
+            files,
+            handle: 0,
+        });
+        carry_over(&old, &same).unwrap();
+        assert_eq!(contents(&same), contents(&old));
+        // Lent again on another slot (the new daemon never saw the first
+        // one): every byte is copied there.
+        let other = slot(&pack, 8192, 512);
+        assert_eq!(carry_over(&old, &other).unwrap(), 300);
+        assert_eq!(contents(&other), contents(&old));
+        let mut raw = vec![0u8; 300];
+        std::os::unix::fs::FileExt::read_exact_at(&*pack, &mut raw, 8192).unwrap();
+        assert_eq!(raw, contents(&old), "the bytes are in the new slot");
+        // A truncate past the slot's capacity: the size comes over, as
+        // zeros past the bytes.
+        old.truncate(2000).unwrap();
+        let again = slot(&pack, 8192, 512);
+        carry_over(&old, &again).unwrap();
+        assert_eq!(contents(&again), contents(&old));
+        assert_eq!(again.size().unwrap(), 2000);
     }
 
     proptest! {

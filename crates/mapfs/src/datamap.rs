@@ -275,6 +275,9 @@ fn check_sorted(v: &[Extent], what: &str) -> Result<()> {
 }
 
 /// Merges two sorted, mutually disjoint extent lists into one sorted list.
+/// Largest logical offset (`off_t` is signed).
+const MAX_LOGICAL: u64 = i64::MAX as u64;
+
 fn merge_sorted(a: impl Iterator<Item = Extent>, b: impl Iterator<Item = Extent>) -> Vec<Extent> {
     let mut out: Vec<Extent> = a.chain(b).collect();
     out.sort_unstable_by_key(|e| e.logical);
@@ -356,6 +359,78 @@ impl DataMap {
     /// True for [`DataMap::whole_file`] maps.
     pub fn is_whole_file(&self) -> bool {
         self.whole_file
+    }
+
+    /// True when the map can place no write at all: [`Growth::ReadOnly`], or
+    /// [`Growth::InPlace`] with a limit of 0 and no space (a file system that
+    /// gives a writable open its space at its first write).
+    pub fn places_nothing(&self) -> bool {
+        !self.whole_file
+            && match self.growth {
+                Growth::ReadOnly => true,
+                Growth::InPlace { limit } => {
+                    limit == Some(0) && self.extents.is_empty() && self.reserved.is_empty()
+                }
+                Growth::AppendLog { .. } => false,
+            }
+    }
+
+    /// Under [`Growth::InPlace`], makes the parts of `space` that no extent
+    /// or reserved piece covers reserved to the file (they read as holes;
+    /// writes may fill them without a remap): how a file system that hands
+    /// a file a fixed piece of backing space (an M-to-1 slot) says that all
+    /// of it is the file's, holes and unwritten tail included. Other maps
+    /// are left as they are.
+    pub fn reserve_within(&mut self, space: Extent) {
+        if self.whole_file || !matches!(self.growth, Growth::InPlace { .. }) || space.len == 0 {
+            return;
+        }
+        let taken = merge_sorted(
+            pieces_in(&self.extents, space.logical, space.logical_end()),
+            pieces_in(&self.reserved, space.logical, space.logical_end()),
+        );
+        let mut at = space.logical;
+        let mut gaps = Vec::new();
+        for t in taken.iter().chain(std::iter::once(&Extent {
+            logical: space.logical_end(),
+            file: space.file,
+            offset: 0,
+            len: 0,
+        })) {
+            if t.logical > at {
+                gaps.push(space.slice(at, t.logical));
+            }
+            at = at.max(t.logical_end());
+        }
+        if gaps.is_empty() {
+            return;
+        }
+        self.reserved = merge_sorted(self.reserved.iter().copied(), gaps.into_iter());
+    }
+
+    /// The space an in-place map may write without a remap, as extents at
+    /// their shifts, sorted: its extents, its reserved pieces, and the room
+    /// its last piece grows into up to the limit. Empty for other maps.
+    pub fn own_space(&self) -> Vec<Extent> {
+        let Growth::InPlace { limit } = self.growth else {
+            return Vec::new();
+        };
+        if self.whole_file {
+            return Vec::new();
+        }
+        let mut out = merge_sorted(self.extents.iter().copied(), self.reserved.iter().copied());
+        if let Some(t) = self.tail() {
+            let end = limit.unwrap_or(MAX_LOGICAL).min(MAX_LOGICAL);
+            if end > t.logical_end() {
+                out.push(Extent {
+                    logical: t.logical_end(),
+                    file: t.file,
+                    offset: t.offset.saturating_add(t.len),
+                    len: end - t.logical_end(),
+                });
+            }
+        }
+        out
     }
 
     /// The extents, sorted by logical offset.
@@ -711,6 +786,38 @@ impl Extent {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reserve_within_covers_the_gaps_only() {
+        let e = |logical, offset, len| Extent {
+            logical,
+            file: 0,
+            offset,
+            len,
+        };
+        // A slot of 64 bytes at 1000, data at 0..10 and 20..30.
+        let mut m = DataMap::new(
+            vec![e(0, 1000, 10), e(20, 1020, 10)],
+            30,
+            Growth::InPlace { limit: Some(64) },
+        )
+        .unwrap();
+        m.reserve_within(e(0, 1000, 64));
+        assert_eq!(m.reserved(), &[e(10, 1010, 10), e(30, 1030, 34)]);
+        m.validate().unwrap();
+        // The hole reads as zeros, and a write into it needs no remap.
+        assert!(matches!(m.place_write(12, 4), Placement::Fits(_)));
+        assert!(matches!(m.place_write(60, 4), Placement::Fits(_)));
+        assert_eq!(m.place_write(62, 4), Placement::NeedsRemap);
+        // Again: nothing new.
+        let before = m.clone();
+        m.reserve_within(e(0, 1000, 64));
+        assert_eq!(m, before);
+        // An empty file in its slot: all of it reserved.
+        let mut empty = DataMap::new(vec![], 0, Growth::InPlace { limit: Some(64) }).unwrap();
+        empty.reserve_within(e(0, 1000, 64));
+        assert!(matches!(empty.place_write(0, 64), Placement::Fits(_)));
+    }
+
     use super::*;
 
     fn ext(logical: u64, file: u32, offset: u64, len: u64) -> Extent {

@@ -194,8 +194,8 @@ impl DataFile {
     }
 
     /// Makes the map able to place writes when it can place none
-    /// ([`Growth::ReadOnly`], as a file system that gives a writable open
-    /// its space at its first write hands out at open): `remap` is asked
+    /// ([`DataMap::places_nothing`], as a file system that gives a writable
+    /// open its space at its first write hands out at open): `remap` is asked
     /// for room at the end of the file (a zero-length range there), and its
     /// map and files replace these. For an executor that cannot call the
     /// file system at the first write (a shim client running a lent map).
@@ -205,7 +205,7 @@ impl DataFile {
             return Ok(());
         }
         let mut st = self.inner.write();
-        if st.map.growth() != Growth::ReadOnly || st.map.is_whole_file() {
+        if !st.map.places_nothing() {
             return Ok(());
         }
         let size = st.map.size();

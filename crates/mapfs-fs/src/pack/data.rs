@@ -34,13 +34,23 @@ fn slot_map(slot: Slot, size: u64, ext: &[(u64, u64, u64)]) -> Result<DataMap> {
             len,
         })
         .collect();
-    DataMap::new(
+    let mut map = DataMap::new(
         extents,
         size,
         Growth::InPlace {
             limit: Some(slot.cap),
         },
-    )
+    )?;
+    // All of the slot is the file's, holes and the unwritten tail too: a
+    // write there needs no remap (and a program lent the slot, no
+    // hand-back).
+    map.reserve_within(Extent {
+        logical: 0,
+        file: 0,
+        offset: slot.off,
+        len: slot.cap,
+    });
+    Ok(map)
 }
 
 /// The extents of `map` as rows, checked to lie in `slot` at its shift.
@@ -272,6 +282,7 @@ impl Pack {
         let Some(rows) = map_rows(map, slot) else {
             return Ok(());
         };
+
         let mtime = self.write(|tx| {
             let Some(i) = db::inode(tx, h.ino)? else {
                 return Ok(None);
@@ -286,6 +297,12 @@ impl Pack {
             }
             if i.slot == Some(slot) && i.size == map.size() && db::extents(tx, h.ino)? == rows {
                 // Already recorded (a release after the flush of close).
+                return Ok(None);
+            }
+            if i.slot.is_none() && rows.is_empty() && map.size() == 0 && i.size == 0 {
+                // A slot handed out before any write (a writer lent to a
+                // shim client gets its space at open) and never written: the
+                // file keeps no slot, and the release frees it.
                 return Ok(None);
             }
             if i.slot != Some(slot) {

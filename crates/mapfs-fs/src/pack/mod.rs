@@ -99,6 +99,11 @@ pub struct PackOptions {
     pub threshold: u64,
     /// Sync every database commit (power-loss durability of `fsync`).
     pub full_sync: bool,
+    /// The store is taken over from a daemon that died (failover): the
+    /// slots its open handles held, and the files removed while open, are
+    /// kept as they are (programs under `mapfs run` may still write in
+    /// slots they were lent); the next fresh mount reclaims them.
+    pub resumed: bool,
 }
 
 impl Default for PackOptions {
@@ -106,6 +111,7 @@ impl Default for PackOptions {
         PackOptions {
             threshold: DEFAULT_THRESHOLD,
             full_sync: false,
+            resumed: false,
         }
     }
 }
@@ -189,7 +195,8 @@ struct Handle {
 impl Pack {
     /// Opens (creating if empty) the pack store in `backing`, and recovers
     /// what a crash left: slots only open handles held, and files whose
-    /// last name was removed while open.
+    /// last name was removed while open (not when `opts.resumed`: see
+    /// [`PackOptions::resumed`]).
     pub fn new(backing: &Path, opts: PackOptions) -> Result<Self> {
         // A directory of ordinary files is not a store: refuse it rather
         // than hide its files behind an empty file system.
@@ -245,8 +252,10 @@ impl Pack {
             )
             .db()?;
         }
-        tx.execute("UPDATE slots SET ino = NULL WHERE ino < 0", [])
-            .db()?;
+        if !opts.resumed {
+            tx.execute("UPDATE slots SET ino = NULL WHERE ino < 0", [])
+                .db()?;
+        }
         tx.commit().db()?;
         let fs = Pack {
             conn: Mutex::new(conn),
@@ -289,7 +298,9 @@ impl Pack {
             .db()?;
         fs.security_xattrs
             .store(any.is_some(), std::sync::atomic::Ordering::Relaxed);
-        for ino in orphans {
+        // A successor leaves the files removed while open to the next
+        // fresh mount: a program may still write in their slots.
+        for ino in orphans.into_iter().filter(|_| !opts.resumed) {
             let gone = fs.write(|tx| fs.destroy(tx, ino))?;
             fs.remove_own(gone);
         }

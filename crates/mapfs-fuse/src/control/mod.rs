@@ -825,8 +825,9 @@ impl Conn {
             ));
         }
         let writable = access != libc::O_RDONLY;
-        let open = if writable && engine && open.map.growth() == Growth::ReadOnly {
-            // A writer whose space comes at its first write (plfs's log).
+        let open = if writable && engine && open.map.places_nothing() {
+            // A writer whose space comes at its first write (plfs's log,
+            // pack's slot).
             registry
                 .ready_to_write(open.fh)
                 .map_err(|e| {
@@ -957,17 +958,16 @@ static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 /// The descriptors to lend an open whose map is not whole-file (see
 /// [`Request::Adopt`]'s `engine`). Maps whose new bytes go to space of this
 /// open alone are lent: an append log (a file system gives each writable
-/// open its own) or a read-only map.
+/// open its own), a read-only map, or an in-place map (an M-to-1 slot, as
+/// `pack`'s), whose writes stay in the slot: a write the slot cannot hold
+/// is the client's to hand back, and the map it pushes is checked to lie
+/// in the slot ([`pushed::check`]).
 ///
-/// An in-place map that is not whole-file (an M-to-1 slot in a shared
-/// backing file, as `pack`'s) is lent only to a reader, and only when the
-/// reader is the mount's owner or root: the backing file also holds other
-/// files, which such a peer could open anyway (root by its privilege; the
-/// owner through `/proc/<daemon>/fd`, as the daemon runs as that user), and
-/// which nobody else may get. Writers stay with the daemon: a lent writer
-/// would write into its slot until its next push, and a daemon that
-/// replaced a dead one (failover) may meanwhile have given a slot its file
-/// left to another file.
+/// An in-place map's backing file also holds other files, so it is lent
+/// only to the mount's owner or root, who could open it anyway (root by
+/// its privilege; the owner through `/proc/<daemon>/fd`, as the daemon
+/// runs as that user); nobody else may get it. A reader gets a read-only
+/// reopen of it, never the daemon's read-write descriptor.
 fn lend_files(
     open: &OpenInfo,
     flags: i32,
@@ -982,10 +982,6 @@ fn lend_files(
         match open.map.growth() {
             Growth::AppendLog { file, .. } => Some(file as usize),
             Growth::ReadOnly => None,
-            Growth::InPlace { .. } if !read_only => return Err(refused(
-                libc::EOPNOTSUPP,
-                "in-place map in a shared backing file, opened for writing: served by the daemon",
-            )),
             Growth::InPlace { .. } if owner_or_root(peer) => None,
             Growth::InPlace { .. } => return Err(refused(
                 libc::EOPNOTSUPP,
@@ -999,8 +995,9 @@ fn lend_files(
     }
     // A write-only open must not become a way to read the file: the client
     // gets the log it appends to, and empty stand-ins for the files only
-    // reads would touch.
-    let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY;
+    // reads would touch. An in-place writer writes where its bytes are, so
+    // it gets its files as they are (its peer may read them anyway).
+    let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY && !in_place;
     let mut fds = Vec::with_capacity(open.files.len());
     for (i, f) in open.files.iter().enumerate() {
         let fd = if write_only && Some(i) != own_log {

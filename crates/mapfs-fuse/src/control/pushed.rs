@@ -28,6 +28,9 @@ pub fn check(
     if pushed.is_whole_file() {
         return Err("a lent open's map cannot become whole-file".into());
     }
+    if let Growth::InPlace { .. } = base.growth() {
+        return check_in_place(base, pushed);
+    }
     let Growth::AppendLog { file: own, .. } = base.growth() else {
         return Err("the open was lent read-only".into());
     };
@@ -67,6 +70,48 @@ pub fn check(
         }
     }
     Ok(())
+}
+
+/// An in-place writer (an M-to-1 slot) writes where its map already points
+/// or where its last piece grows to, up to the limit: every extent and
+/// reserved piece it pushes must lie in that space at the same shift, and
+/// the growth policy must be the one it was lent.
+fn check_in_place(base: &DataMap, pushed: &DataMap) -> Result<(), String> {
+    if pushed.growth() != base.growth() {
+        return Err("the map's growth policy changed".into());
+    }
+    let space = base.own_space();
+    for e in pushed.extents().iter().chain(pushed.reserved()) {
+        if !within(&space, e) {
+            return Err(format!(
+                "extent {e:?} lies outside the space the open was lent"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// True when every byte of `e` lies in `space` (sorted, disjoint pieces) at
+/// the same backing offset.
+fn within(space: &[Extent], e: &Extent) -> bool {
+    let mut at = e.logical;
+    let end = e.logical_end();
+    for s in space {
+        if at >= end {
+            break;
+        }
+        if s.logical_end() <= at {
+            continue;
+        }
+        if s.logical > at || s.file != e.file {
+            return false;
+        }
+        if s.offset.checked_add(at - s.logical) != e.offset.checked_add(at - e.logical) {
+            return false;
+        }
+        at = s.logical_end().min(end);
+    }
+    at >= end
 }
 
 /// True when `e` maps exactly as `base` maps the same logical bytes.
@@ -165,6 +210,70 @@ mod tests {
         // Writing into another open's log.
         let other = DataMap::new(vec![], 0, Growth::AppendLog { file: 0, end: 0 }).unwrap();
         assert!(check(&base(), &files, &other).is_err());
+    }
+
+    /// A slot of 64 bytes at offset 100 of file 0, 20 bytes mapped.
+    fn slot() -> DataMap {
+        DataMap::new(
+            vec![ext(0, 0, 100, 20)],
+            20,
+            Growth::InPlace { limit: Some(64) },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn in_place_writes_within_the_slot_pass() {
+        let files = vec![log_of(200)];
+        let grown = DataMap::new(
+            vec![ext(0, 0, 100, 64)],
+            64,
+            Growth::InPlace { limit: Some(64) },
+        )
+        .unwrap();
+        check(&slot(), &files, &grown).unwrap();
+        // A write past the end leaves a hole below it.
+        let gap = DataMap::new(
+            vec![ext(0, 0, 100, 10), ext(40, 0, 140, 10)],
+            50,
+            Growth::InPlace { limit: Some(64) },
+        )
+        .unwrap();
+        check(&slot(), &files, &gap).unwrap();
+        // Truncated to nothing: the space stays reserved.
+        let cut = DataMap::new(
+            vec![ext(0, 0, 100, 20)],
+            0,
+            Growth::InPlace { limit: Some(64) },
+        )
+        .unwrap();
+        check(&slot(), &files, &cut).unwrap();
+    }
+
+    #[test]
+    fn in_place_maps_outside_the_slot_are_refused() {
+        let files = vec![log_of(200)];
+        let limit = Growth::InPlace { limit: Some(64) };
+        // Past the slot's capacity.
+        let past = DataMap::new(vec![ext(0, 0, 100, 65)], 65, limit).unwrap();
+        assert!(check(&slot(), &files, &past).is_err());
+        // Another shift: bytes of the file before the slot.
+        let shifted = DataMap::new(vec![ext(0, 0, 90, 20)], 20, limit).unwrap();
+        assert!(check(&slot(), &files, &shifted).is_err());
+        // Another backing file.
+        let other = DataMap::new(vec![ext(0, 1, 100, 20)], 20, limit).unwrap();
+        assert!(check(&slot(), &files, &other).is_err());
+        // A bigger limit.
+        let bigger = DataMap::new(
+            vec![ext(0, 0, 100, 20)],
+            20,
+            Growth::InPlace { limit: Some(4096) },
+        )
+        .unwrap();
+        assert!(check(&slot(), &files, &bigger).is_err());
+        // A log instead.
+        let log = DataMap::new(vec![], 0, Growth::AppendLog { file: 0, end: 0 }).unwrap();
+        assert!(check(&slot(), &files, &log).is_err());
     }
 
     #[test]

@@ -40,8 +40,7 @@ const CHUNK: u64 = 1 << 20;
 /// size. Returns the bytes copied.
 ///
 /// Writes use `into`'s growth policy; a map that cannot place them without
-/// the file system's `remap` fails with `EOPNOTSUPP` (in-place maps are
-/// lent to readers only, which carry nothing).
+/// the file system's `remap` fails with `EOPNOTSUPP`.
 pub fn carry_over(from: &DataFile, into: &DataFile) -> Result<u64> {
     let (old, old_files) = from.snapshot();
     let own = match old.growth() {

@@ -274,10 +274,10 @@ fn check_sorted(v: &[Extent], what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Merges two sorted, mutually disjoint extent lists into one sorted list.
-/// Largest logical offset (`off_t` is signed).
-const MAX_LOGICAL: u64 = i64::MAX as u64;
+/// Largest byte offset a file may reach (`off_t` is signed).
+pub(crate) const MAX_OFFSET: u64 = i64::MAX as u64;
 
+/// Merges two sorted, mutually disjoint extent lists into one sorted list.
 fn merge_sorted(a: impl Iterator<Item = Extent>, b: impl Iterator<Item = Extent>) -> Vec<Extent> {
     let mut out: Vec<Extent> = a.chain(b).collect();
     out.sort_unstable_by_key(|e| e.logical);
@@ -420,7 +420,7 @@ impl DataMap {
         }
         let mut out = merge_sorted(self.extents.iter().copied(), self.reserved.iter().copied());
         if let Some(t) = self.tail() {
-            let end = limit.unwrap_or(MAX_LOGICAL).min(MAX_LOGICAL);
+            let end = limit.unwrap_or(MAX_OFFSET).min(MAX_OFFSET);
             if end > t.logical_end() {
                 out.push(Extent {
                     logical: t.logical_end(),
@@ -786,14 +786,24 @@ impl Extent {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn reserve_within_covers_the_gaps_only() {
-        let e = |logical, offset, len| Extent {
+    use super::*;
+
+    fn ext(logical: u64, file: u32, offset: u64, len: u64) -> Extent {
+        Extent {
             logical,
-            file: 0,
+            file,
             offset,
             len,
-        };
+        }
+    }
+
+    fn data(file: u32, offset: u64, len: u64) -> Segment {
+        Segment::Data { file, offset, len }
+    }
+
+    #[test]
+    fn reserve_within_covers_the_gaps_only() {
+        let e = |logical, offset, len| ext(logical, 0, offset, len);
         // A slot of 64 bytes at 1000, data at 0..10 and 20..30.
         let mut m = DataMap::new(
             vec![e(0, 1000, 10), e(20, 1020, 10)],
@@ -816,21 +826,6 @@ mod tests {
         let mut empty = DataMap::new(vec![], 0, Growth::InPlace { limit: Some(64) }).unwrap();
         empty.reserve_within(e(0, 1000, 64));
         assert!(matches!(empty.place_write(0, 64), Placement::Fits(_)));
-    }
-
-    use super::*;
-
-    fn ext(logical: u64, file: u32, offset: u64, len: u64) -> Extent {
-        Extent {
-            logical,
-            file,
-            offset,
-            len,
-        }
-    }
-
-    fn data(file: u32, offset: u64, len: u64) -> Segment {
-        Segment::Data { file, offset, len }
     }
 
     fn hole(len: u64) -> Segment {

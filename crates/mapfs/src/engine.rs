@@ -28,7 +28,7 @@ use std::sync::{Arc, OnceLock};
 
 use rustix::fs::{FallocateFlags, SeekFrom};
 
-use crate::datamap::{DataMap, Growth, Placement, Segment};
+use crate::datamap::{DataMap, Growth, Placement, Segment, MAX_OFFSET};
 use crate::error::{Error, Result};
 use crate::fs::Opened;
 
@@ -36,9 +36,6 @@ use crate::fs::Opened;
 /// write's range, returns the new map and backing files (the file system's
 /// `remap`).
 pub type Remap<'a> = &'a mut dyn FnMut(&DataMap, u64, u64) -> Result<Opened>;
-
-/// Largest byte offset a file may reach (`off_t` is signed).
-const MAX_OFFSET: u64 = i64::MAX as u64;
 
 /// Chunk size for copies that go through the engine rather than the kernel.
 const COPY_CHUNK: usize = 1 << 20;

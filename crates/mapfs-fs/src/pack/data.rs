@@ -282,7 +282,6 @@ impl Pack {
         let Some(rows) = map_rows(map, slot) else {
             return Ok(());
         };
-
         let mtime = self.write(|tx| {
             let Some(i) = db::inode(tx, h.ino)? else {
                 return Ok(None);

@@ -273,7 +273,11 @@ impl Pack {
             next_handle: AtomicU64::new(1),
             _sole: sole,
         };
-        let orphans: Vec<i64> = {
+        // A successor leaves the files removed while open to the next
+        // fresh mount: a program may still write in their slots.
+        let orphans: Vec<i64> = if opts.resumed {
+            Vec::new()
+        } else {
             let conn = fs.conn.lock();
             let mut st = conn
                 .prepare("SELECT ino FROM inodes WHERE nlink = 0 AND ino != 1")
@@ -298,9 +302,7 @@ impl Pack {
             .db()?;
         fs.security_xattrs
             .store(any.is_some(), std::sync::atomic::Ordering::Relaxed);
-        // A successor leaves the files removed while open to the next
-        // fresh mount: a program may still write in their slots.
-        for ino in orphans.into_iter().filter(|_| !opts.resumed) {
+        for ino in orphans {
             let gone = fs.write(|tx| fs.destroy(tx, ino))?;
             fs.remove_own(gone);
         }

@@ -978,18 +978,18 @@ fn lend_files(
         return Err(refused(libc::EOPNOTSUPP, "map is not whole-file"));
     }
     let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY;
-    let own_log =
-        match open.map.growth() {
-            Growth::AppendLog { file, .. } => Some(file as usize),
-            Growth::ReadOnly => None,
-            Growth::InPlace { .. } if owner_or_root(peer) => None,
-            Growth::InPlace { .. } => return Err(refused(
-                libc::EOPNOTSUPP,
-                "in-place map in a shared backing file: lent to the mount's owner or root only, \
-                 served by the daemon",
-            )),
-        };
     let in_place = matches!(open.map.growth(), Growth::InPlace { .. });
+    if in_place && !owner_or_root(peer) {
+        return Err(refused(
+            libc::EOPNOTSUPP,
+            "in-place map in a shared backing file: lent to the mount's owner or root only, \
+             served by the daemon",
+        ));
+    }
+    let own_log = match open.map.growth() {
+        Growth::AppendLog { file, .. } => Some(file as usize),
+        Growth::ReadOnly | Growth::InPlace { .. } => None,
+    };
     if open.files.len() > control::MAX_FDS {
         return Err(refused(libc::EOPNOTSUPP, "map has too many backing files"));
     }

@@ -357,6 +357,50 @@ fn unlinked_while_open_lives_until_release_and_crashes_recover() {
     consistent(t.path());
 }
 
+/// A daemon taking over from a dead one (`PackOptions::resumed`) keeps what
+/// the dead one's opens held: programs it lent slots to may still write
+/// there. The next fresh start frees it.
+#[test]
+fn a_successor_keeps_what_the_dead_daemons_opens_held() {
+    let t = tempfile::tempdir().unwrap();
+    let before = {
+        let fs = pack(t.path(), "8k");
+        let f = create(&fs, "/f");
+        f.write(0, &bytes(1, 100));
+        f.flush();
+        // A remap never flushed: the open's new slot is the open's alone.
+        f.write(100, &bytes(2, 1000));
+        // Removed while open.
+        let h = create(&fs, "/h");
+        h.write(0, &bytes(3, 300));
+        h.flush();
+        fs.unlink(&ROOT, p("/h")).unwrap();
+        let before = stats(t.path()).unwrap();
+        std::mem::forget(f);
+        std::mem::forget(h);
+        before
+    };
+    let resumed = PackOptions {
+        resumed: true,
+        ..PackOptions::parse(Some("8k"), None).unwrap()
+    };
+    drop(Pack::new(t.path(), resumed).unwrap());
+    let kept = stats(t.path()).unwrap();
+    assert_eq!(
+        kept.free_slots, before.free_slots,
+        "a successor freed slots the dead daemon's opens held: {kept:?}"
+    );
+    consistent(t.path());
+    drop(pack(t.path(), "8k"));
+    let fresh = stats(t.path()).unwrap();
+    assert!(
+        fresh.free_slots > before.free_slots,
+        "a fresh start left them held: {fresh:?}"
+    );
+    assert_eq!(fresh.files, 1, "{fresh:?}");
+    consistent(t.path());
+}
+
 #[test]
 fn a_directory_of_other_files_is_refused_untouched() {
     let t = tempfile::tempdir().unwrap();

@@ -600,6 +600,9 @@ fn executor_line(data: DataMode, passthrough_active: bool) -> &'static str {
 struct RuntimeFiles {
     pid: PathBuf,
     info: PathBuf,
+    /// The pid file, open: its lock says the daemon lives
+    /// ([`mounts::write_pid_file`]).
+    _pid_lock: Option<File>,
 }
 
 impl RuntimeFiles {
@@ -612,9 +615,10 @@ impl RuntimeFiles {
         passthrough_active: bool,
         supervisor_pid: Option<u32>,
     ) -> Self {
-        let files = RuntimeFiles {
+        let mut files = RuntimeFiles {
             pid: mounts::pid_path(&c.mountpoint),
             info: mounts::info_path(&c.mountpoint),
+            _pid_lock: None,
         };
         let info = mounts::MountInfo {
             pid: std::process::id(),
@@ -631,7 +635,7 @@ impl RuntimeFiles {
         };
         let res = mounts::ensure_runtime_dir().and_then(|_| {
             mounts::remove_stale();
-            mounts::write_private(&files.pid, format!("{}\n", info.pid).as_bytes())?;
+            files._pid_lock = Some(mounts::write_pid_file(&files.pid, info.pid)?);
             mounts::write_private(&files.info, &serde_json::to_vec(&info)?)
         });
         if let Err(e) = res {

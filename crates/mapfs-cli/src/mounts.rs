@@ -166,6 +166,20 @@ pub fn info_path(mountpoint: &Path) -> PathBuf {
 /// file caught between its creation and its first byte for a dead daemon's
 /// and removed it (a test saw this pid file missing).
 pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+    write_new(path, contents, false).map(drop)
+}
+
+/// Writes the pid file `path` of this daemon as [`write_private`] does,
+/// holding a shared `flock` on it from before it has its name: the
+/// returned file keeps the lock for as long as the daemon keeps it open.
+/// [`remove_stale`] never removes a locked pid file, whatever `kill(pid, 0)`
+/// says: a daemon in another pid namespace sees no process under the pid a
+/// daemon of this one wrote, and took its live file for a dead one's.
+pub fn write_pid_file(path: &Path, pid: u32) -> Result<File> {
+    write_new(path, format!("{pid}\n").as_bytes(), true)
+}
+
+fn write_new(path: &Path, contents: &[u8], lock: bool) -> Result<File> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     let tmp = path.with_file_name(format!(
         ".{}.{}.tmp",
@@ -180,14 +194,30 @@ pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
         .open(&tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
     f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    let written = f
-        .write_all(contents)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .with_context(|| format!("cannot write {}", path.display()));
+    let written = (|| {
+        if lock {
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared)?;
+        }
+        f.write_all(contents)?;
+        std::fs::rename(&tmp, path)
+    })()
+    .with_context(|| format!("cannot write {}", path.display()));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written
+    written.map(|()| f)
+}
+
+/// True when some process holds a `flock` on `path` (a live daemon's pid
+/// file, see [`write_pid_file`]).
+fn locked(path: &Path) -> bool {
+    let Ok(f) = File::open(path) else {
+        return false;
+    };
+    matches!(
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive),
+        Err(rustix::io::Errno::WOULDBLOCK)
+    )
 }
 
 /// Starts a new log for the daemon of `mountpoint`, keeping the previous one
@@ -233,7 +263,8 @@ fn remove_stale_in(dir: &Path) {
             .is_some_and(|p| rustix::process::test_kill_process(p).is_ok());
         // Only while it still names the dead process: a daemon that took
         // over the mount (failover) may have just written its own.
-        if !alive && std::fs::read_to_string(&path).is_ok_and(|now| now == before) {
+        if !alive && !locked(&path) && std::fs::read_to_string(&path).is_ok_and(|now| now == before)
+        {
             let _ = std::fs::remove_file(&path);
             let json = path.with_extension("json");
             let names_dead = std::fs::read(&json)
@@ -287,6 +318,28 @@ mod tests {
         assert_eq!(mode, 0o644);
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
         assert_eq!(left.len(), 1, "temporary files left: {left:?}");
+    }
+
+    /// A pid file naming a process this one cannot see (a daemon in another
+    /// pid namespace wrote it, or here: a pid that has exited) stays while a
+    /// daemon holds its lock, and goes as stale once none does.
+    #[test]
+    fn a_locked_pid_file_is_never_removed_as_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = dir.path().join("m.pid");
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let held = write_pid_file(&pid, gone_pid).unwrap();
+        remove_stale_in(dir.path());
+        assert_eq!(
+            std::fs::read_to_string(&pid).unwrap(),
+            format!("{gone_pid}\n"),
+            "a locked pid file was removed"
+        );
+        drop(held);
+        remove_stale_in(dir.path());
+        assert!(!pid.exists(), "a stale pid file stayed");
     }
 
     #[test]

@@ -514,13 +514,23 @@ fn writers_next_to_passthrough_readers_keep_exact_versions() {
     let mut now = orig.clone();
     now[100..105].copy_from_slice(b"hello");
     let v = listed(&s, "", "big");
-    assert_eq!(v.len(), 2, "{test}: one version per session");
+    // The second writer found the first one's bytes in the file (undo
+    // writers write in place): what it found is kept too.
+    assert_eq!(
+        v.len(),
+        3,
+        "{test}: one version per writer that found a change"
+    );
     assert!(v[0].1 == orig, "{test}: first version is the original");
     assert!(
         v[1].1 == now,
         "{test}: second version has only the first write"
     );
     now[200..204].copy_from_slice(b"AAAA");
+    assert!(
+        v[2].1 == now,
+        "{test}: third version has what the second writer found"
+    );
     now[300..304].copy_from_slice(b"BBBB");
     assert!(fs::read(&f).unwrap() == now, "{test}: current bytes");
 }
@@ -586,4 +596,97 @@ fn a_new_version_shows_at_once_where_none_was_found_before() {
     );
     fs::write(m.join("d/f"), "two\n").unwrap();
     assert_eq!(contents(&listed(&s, "d", "f")), ["one\n"], "{test}");
+}
+
+/// A large file's undo writer under `mapfs run` writes in place in the
+/// program: every write to a range not saved yet has the daemon save it
+/// (`Remap`) and the open stays lent (no fallback to the mount), the bytes
+/// are exact, the version holds the original, and a small change costs a
+/// granule, not the file.
+#[test]
+fn undo_writers_under_mapfs_run_write_in_place_in_the_program() {
+    let test = "versions undo writer under mapfs run";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Auto, &format!("{KEEP_ALL},max-size=0"));
+    let f = s.mountpoint().join("big");
+    let orig: Vec<u8> = (0..8_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    fs::write(&f, &orig).unwrap();
+    let store = s.backing().join(".mapfs-versions/objects");
+    let kept_before = dir_bytes(&store);
+    // 300 writes of 1-9000 bytes at offsets spread over the whole file
+    // (many granules, some writes straddling two), then a read-back of
+    // every written range through the same open, checked by the program.
+    let py = r#"
+import os, sys
+p = sys.argv[1]
+fd = os.open(p, os.O_RDWR)
+size = os.fstat(fd).st_size
+x, done = 20261126, []
+for i in range(300):
+    x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
+    off = (x >> 11) % (size - 9000)
+    n = 1 + (x >> 40) % 9000
+    b = bytes([(i * 7 + 1) % 256]) * n
+    assert os.pwrite(fd, b, off) == n
+    done.append((off, b))
+for off, b in done[-20:]:
+    assert os.pread(fd, len(b), off) == b, off
+os.close(fd)
+for off, b in done:
+    print(off, len(b), b[0])
+"#;
+    let report = report_path(&s, "undo");
+    let out = ok(attached(&s, &report, "python3").arg("-c").arg(py).arg(&f));
+    let mut model = orig.clone();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: Vec<usize> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+        model[v[0]..v[0] + v[1]].fill(v[2] as u8);
+    }
+    let t = totals(&report, "python3");
+    assert!(t.adopted > 0, "{test}: nothing adopted: {t:?}");
+    assert_eq!(
+        t.fallbacks, 0,
+        "{test}: the writer fell back to the mount: {t:?}"
+    );
+    assert!(
+        t.native_calls >= 300,
+        "{test}: the writes did not run in the program: {t:?}"
+    );
+    assert!(fs::read(&f).unwrap() == model, "{test}: current bytes");
+    let v = listed(&s, "", "big");
+    assert_eq!(v.len(), 1, "{test}: one version");
+    assert!(v[0].1 == orig, "{test}: the version is the original");
+    // One small change: a granule (256 KiB) is saved, not the 8 MB file.
+    let before = dir_bytes(&store);
+    assert!(before > kept_before, "{test}: nothing was saved");
+    let out = ok(attached(&s, &report, "python3").arg("-c").arg(
+        "import os,sys; fd=os.open(sys.argv[1], os.O_WRONLY); os.pwrite(fd, b'z'*4096, 3_000_000); os.close(fd)",
+    ).arg(&f));
+    drop(out);
+    let grew = dir_bytes(&store) - before;
+    assert!(
+        grew <= 1 << 20,
+        "{test}: a 4 KiB change kept {grew} bytes (more than 1 MiB)"
+    );
+    model[3_000_000..3_004_096].fill(b'z');
+    assert!(
+        fs::read(&f).unwrap() == model,
+        "{test}: bytes after the small change"
+    );
+    let v = listed(&s, "", "big");
+    assert_eq!(v.len(), 2, "{test}: a version per writing session");
+}
+
+/// Bytes held by the files of `dir` (allocated blocks).
+fn dir_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.blocks() * 512)
+                .sum()
+        })
+        .unwrap_or(0)
 }

@@ -795,6 +795,38 @@ fn a_writer_joining_after_changes_gets_its_own_version() {
     }
 }
 
+/// Undo writers write in place once a range was saved: a version taken
+/// for a writer that joins later must hold those ranges as they were then,
+/// although the first writer goes on writing there without asking again.
+#[test]
+fn a_later_version_holds_what_earlier_writers_may_still_change() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = Versions::new(tmp.path(), keep_all(0)).unwrap();
+    let orig: Vec<u8> = (0..2_000_000u32).map(|i| (i % 241) as u8).collect();
+    create(&fs, "/f", &orig);
+    let a = open(&fs, "/f", libc::O_RDWR);
+    a.write(1_000, b"first");
+    let b = open(&fs, "/f", libc::O_RDWR);
+    // `a` writes where it was made able to already, after `b`'s version.
+    a.write(2_000, b"second");
+    b.write(1_500_000, b"third");
+    b.close();
+    a.close();
+    let got: Vec<Vec<u8>> = versions_of(&fs, "/f")
+        .iter()
+        .map(|v| fs.store().read_all(v).unwrap())
+        .collect();
+    let mut at_b = orig.clone();
+    at_b[1_000..1_005].copy_from_slice(b"first");
+    let mut now = at_b.clone();
+    now[2_000..2_006].copy_from_slice(b"second");
+    now[1_500_000..1_500_005].copy_from_slice(b"third");
+    assert_eq!(got.len(), 2, "a version at each writer's open");
+    assert!(got[0] == orig, "the first version is the original");
+    assert!(got[1] == at_b, "the second is what b found");
+    assert!(read(&fs, "/f") == now, "current bytes");
+}
+
 /// Versions are read, and listed, only by whoever could read the file
 /// when it was versioned.
 #[test]

@@ -911,6 +911,23 @@ impl OpenRegistry for Shared {
         })
     }
 
+    fn client_remap(
+        &self,
+        fh: u64,
+        map: DataMap,
+        offset: u64,
+        len: u64,
+    ) -> mapfs::Result<Option<OpenInfo>> {
+        let Some(f) = self.handles.file(fh) else {
+            return Ok(None);
+        };
+        let (_, files) = f.data.snapshot();
+        f.data.install(map, files)?;
+        f.data
+            .remap_for_write(offset, len, &mut self.remap_for(&f))?;
+        Ok(self.open(fh))
+    }
+
     fn ready_to_write(&self, fh: u64) -> mapfs::Result<Option<OpenInfo>> {
         let Some(f) = self.handles.file(fh) else {
             return Ok(None);

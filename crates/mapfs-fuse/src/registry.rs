@@ -121,6 +121,22 @@ pub trait OpenRegistry: Send + Sync + 'static {
         Ok(self.open(fh))
     }
 
+    /// The client running lent open `fh`'s map (`map`, checked already)
+    /// met a write at `offset..offset+len` the map cannot place: installs
+    /// `map`, has the file system's `remap` make room (see
+    /// [`mapfs::engine::DataFile::remap_for_write`]) and returns the open as
+    /// it is then (`None` once released). The default refuses (`ENOSYS`).
+    fn client_remap(
+        &self,
+        fh: u64,
+        map: DataMap,
+        offset: u64,
+        len: u64,
+    ) -> mapfs::Result<Option<OpenInfo>> {
+        let _ = (fh, map, offset, len);
+        Err(mapfs::Error::not_implemented())
+    }
+
     /// `open` is about to be handed to a client: bumps the inode's token
     /// if its map is not the last one the daemon saw for the inode (see
     /// `control::tokens::MapTokens::adopting`).

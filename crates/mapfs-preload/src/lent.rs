@@ -29,13 +29,16 @@
 //! set, the lending ended) before anything the shim cannot run itself sees
 //! the descriptor: `mmap`, a stdio stream, `sendfile`/`splice`/
 //! `copy_file_range`, `fork`, `exec`, and a write the map cannot place
-//! (it needs the file system's `remap`).
+//! (it needs the file system's `remap`), except in a guarded map (copy on
+//! write in place, `versions`'s writers), where the daemon remaps for the
+//! shim ([`mapfs::control::Request::Remap`]) and the open stays lent.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use mapfs::control::{Request, Response};
 use mapfs::engine::DataFile;
 use mapfs::lentsize::LentSize;
-use mapfs::DataMap;
+use mapfs::{DataMap, Growth};
 use parking_lot::{Mutex, RwLock};
 
 /// Why a call cannot be served here.
@@ -59,6 +62,8 @@ pub type LentResult<T> = Result<T, Refusal>;
 
 /// A lent open: its data state, offset and access.
 pub struct Lent {
+    /// The mount it came from (index into [`crate::mounts::all`]).
+    mount: usize,
     /// The lending itself; replaced when the daemon that lent it was (see
     /// [`Lent::relend`]), which data calls wait out.
     lending: RwLock<Lending>,
@@ -101,6 +106,7 @@ impl Lent {
     /// A lent open with map `data`, at `offset`, opened with `flags`;
     /// `size_page` is where the daemon reads its size (writable lendings).
     pub fn new(
+        mount: usize,
         handle: u64,
         data: DataFile,
         size_page: Option<LentSize>,
@@ -115,6 +121,7 @@ impl Lent {
         };
         lending.resized();
         Lent {
+            mount,
             lending: RwLock::new(lending),
             offset: Mutex::new(offset),
             readable: access != libc::O_WRONLY,
@@ -229,10 +236,16 @@ impl Lent {
             offset
         };
         let mut needs_mount = false;
-        let mut remap = |_: &mapfs::DataMap, _: u64, _: u64| {
+        let mut remap = |map: &mapfs::DataMap, offset: u64, len: u64| {
             // The file system's remap runs in the daemon.
-            needs_mount = true;
-            Err(mapfs::Error::from_errno(libc::EOPNOTSUPP))
+            let got = match map.growth() {
+                Growth::Guarded { .. } => self.remap_by_daemon(lending.handle, map, offset, len),
+                _ => None,
+            };
+            got.ok_or_else(|| {
+                needs_mount = true;
+                mapfs::Error::from_errno(libc::EOPNOTSUPP)
+            })
         };
         match lending.data.write(at, data, &mut remap) {
             Ok(n) => {
@@ -243,6 +256,44 @@ impl Lent {
             }
             Err(_) if needs_mount => Err(Refusal::NeedsMount),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Has the daemon remap lending `handle` (map `map`) for a write at
+    /// `offset..offset+len`; `None` when it would not.
+    fn remap_by_daemon(
+        &self,
+        handle: u64,
+        map: &mapfs::DataMap,
+        offset: u64,
+        len: u64,
+    ) -> Option<mapfs::Opened> {
+        let m = crate::mounts::all().get(self.mount)?;
+        let req = Request::Remap {
+            handle,
+            map: map.clone(),
+            offset,
+            len,
+        };
+        match m.call(&req) {
+            Ok((Response::Remapped { map, files }, fds)) if fds.len() >= files as usize => {
+                let files = fds
+                    .into_iter()
+                    .take(files as usize)
+                    .map(|fd| std::sync::Arc::new(std::fs::File::from(fd)))
+                    .collect();
+                Some(mapfs::Opened {
+                    map,
+                    files,
+                    handle: 0,
+                })
+            }
+            other => {
+                crate::sys::log(format_args!(
+                    "the daemon did not remap a lent open ({other:?}): handed back to the mount"
+                ));
+                None
+            }
         }
     }
 

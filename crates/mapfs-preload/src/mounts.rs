@@ -282,7 +282,10 @@ fn lost(e: &io::Error) -> bool {
 /// A request naming a handle the daemon gave one connection: meaningless on
 /// any other, so never sent on a new one.
 fn names_handle(req: &Request) -> bool {
-    matches!(req, Request::Closed { .. } | Request::Release { .. })
+    matches!(
+        req,
+        Request::Closed { .. } | Request::Release { .. } | Request::Remap { .. }
+    )
 }
 
 /// The answer for a handle of a connection that is gone.

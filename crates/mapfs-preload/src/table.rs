@@ -620,7 +620,7 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
                 return Err(why);
             }
         }
-        let lent = Lent::new(handle, data, size_page, offset, flags);
+        let lent = Lent::new(entry.mount, handle, data, size_page, offset, flags);
         inner.lent = Some(Arc::new(lent));
         return Ok(Status::Lent);
     }

@@ -47,7 +47,10 @@ pub fn carry_over(from: &DataFile, into: &DataFile) -> Result<u64> {
         Growth::AppendLog { file, .. } => Some(file),
         _ => None,
     };
-    let in_place = matches!(old.growth(), Growth::InPlace { .. }) && !old.is_whole_file();
+    let in_place = matches!(
+        old.growth(),
+        Growth::InPlace { .. } | Growth::Guarded { .. }
+    ) && !old.is_whole_file();
     let old_ids = identities(&old_files);
     let size = old.size();
     if into.size()? > size {

@@ -95,7 +95,8 @@ use crate::stats::{MountStats, TraceEvent};
 /// Version 4: proof of possession replaces pid/tid identity; `Status`,
 /// `Changed`; the generation table comes with the first adoption.
 /// Version 5: `Stats` (request counters, [`crate::stats`]) and `Trace`.
-pub const VERSION: u8 = 5;
+/// Version 6: `Remap`/`Remapped`, and maps with [`crate::Growth::Guarded`].
+pub const VERSION: u8 = 6;
 
 /// Largest packet either side sends or accepts.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -211,6 +212,21 @@ pub enum Request {
         /// The open's current map.
         map: DataMap,
     },
+    /// A lent writable open met a write at `offset..offset+len` its map
+    /// cannot place: the daemon installs `map` (checked as for
+    /// [`Request::Release`]), has the file system's `remap` make room, and
+    /// answers [`Response::Remapped`]. A client may instead hand the open
+    /// back to the mount.
+    Remap {
+        /// The handle from [`Response::Adopted`].
+        handle: u64,
+        /// The open's current map.
+        map: DataMap,
+        /// Where the write starts.
+        offset: u64,
+        /// Its length.
+        len: u64,
+    },
 }
 
 /// What a daemon serves, for `mapfs list` and `mapfs run`.
@@ -282,6 +298,15 @@ pub enum Response {
         /// A descriptor of the daemon's generation table ([`Generations`])
         /// follows the backing files (the first adoption on a connection).
         generations: bool,
+    },
+    /// Answer to [`Request::Remap`]: the open's map from now on; `files`
+    /// descriptors are attached (as for [`Response::Adopted`]) when its
+    /// backing files changed, none when they stay as they were.
+    Remapped {
+        /// The new map.
+        map: DataMap,
+        /// Number of backing descriptors attached (0: the same files).
+        files: u32,
     },
     /// The request cannot be served; the client falls back to the mount.
     Refused {

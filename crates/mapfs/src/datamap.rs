@@ -100,6 +100,20 @@ pub enum Growth {
     },
     /// Writes are refused with `EROFS`... or remapped by the file system.
     ReadOnly,
+    /// Copy-on-write in place: a write lands in place only where extents or
+    /// reserved pieces of backing file `file` cover every byte of it.
+    /// Extents of other backing files are read-only (bytes shared with
+    /// something that must not change, such as an older version of the
+    /// file), and holes and the space past the last piece are not the
+    /// file's: a write touching any of them needs a remap, by which the file
+    /// system makes the range writable (it saves what it must, then maps
+    /// the range to `file`). Space dropped by a truncate or a punched hole
+    /// stays reserved when it was `file`'s, as under [`Growth::InPlace`];
+    /// the engine zeroes the writable file's punched bytes in place.
+    Guarded {
+        /// The backing file written in place.
+        file: u32,
+    },
 }
 
 /// A piece of a located byte range.
@@ -335,6 +349,9 @@ impl DataMap {
             reserved: Vec::new(),
         };
         let past = remove_range(&mut map.extents, size, u64::MAX);
+        if let Growth::Guarded { file } = growth {
+            map.reserved = past.iter().copied().filter(|e| e.file == file).collect();
+        }
         if let Growth::InPlace { limit } = growth {
             map.reserved = past;
             if let Some(t) = map.tail() {
@@ -371,7 +388,7 @@ impl DataMap {
                 Growth::InPlace { limit } => {
                     limit == Some(0) && self.extents.is_empty() && self.reserved.is_empty()
                 }
-                Growth::AppendLog { .. } => false,
+                Growth::AppendLog { .. } | Growth::Guarded { .. } => false,
             }
     }
 
@@ -408,16 +425,77 @@ impl DataMap {
         self.reserved = merge_sorted(self.reserved.iter().copied(), gaps.into_iter());
     }
 
+    /// Under [`Growth::Guarded`], makes logical `start..end` writable in
+    /// place: extents of other (read-only) backing files there move to the
+    /// writable file at the same backing offsets, and holes and the space
+    /// past the size become reserved space of it at backing offsets equal
+    /// to their logical ones. For a file system's `remap` that saved what
+    /// those backing bytes held first (copy on write). Other maps are left
+    /// as they are.
+    pub fn unguard(&mut self, start: u64, end: u64) {
+        let Growth::Guarded { file } = self.growth else {
+            return;
+        };
+        if self.whole_file || start >= end {
+            return;
+        }
+        let inside = pieces_in(&self.extents, start, end).collect::<Vec<_>>();
+        let mut at = start;
+        let mut free = Vec::new();
+        for p in inside {
+            if p.logical > at {
+                free.push((at, p.logical));
+            }
+            if p.file != file {
+                insert_extent(&mut self.extents, Extent { file, ..p });
+            }
+            at = p.logical_end();
+        }
+        if at < end {
+            free.push((at, end));
+        }
+        for (a, b) in free {
+            // Reserved pieces there already stay as they are.
+            let taken: Vec<Extent> = pieces_in(&self.reserved, a, b).collect();
+            let mut c = a;
+            for t in taken.iter().chain(std::iter::once(&Extent {
+                logical: b,
+                file,
+                offset: b,
+                len: 0,
+            })) {
+                if t.logical > c {
+                    insert_extent(
+                        &mut self.reserved,
+                        Extent {
+                            logical: c,
+                            file,
+                            offset: c,
+                            len: t.logical - c,
+                        },
+                    );
+                }
+                c = c.max(t.logical_end());
+            }
+        }
+    }
+
     /// The space an in-place map may write without a remap, as extents at
     /// their shifts, sorted: its extents, its reserved pieces, and the room
-    /// its last piece grows into up to the limit. Empty for other maps.
+    /// its last piece grows into up to the limit. For a
+    /// [`Growth::Guarded`] map, its extents and reserved pieces: what its
+    /// writes and truncates can make of it lies there. Empty for other maps.
     pub fn own_space(&self) -> Vec<Extent> {
-        let Growth::InPlace { limit } = self.growth else {
-            return Vec::new();
-        };
         if self.whole_file {
             return Vec::new();
         }
+        let limit = match self.growth {
+            Growth::InPlace { limit } => limit,
+            Growth::Guarded { .. } => {
+                return merge_sorted(self.extents.iter().copied(), self.reserved.iter().copied())
+            }
+            _ => return Vec::new(),
+        };
         let mut out = merge_sorted(self.extents.iter().copied(), self.reserved.iter().copied());
         if let Some(t) = self.tail() {
             let end = limit.unwrap_or(MAX_OFFSET).min(MAX_OFFSET);
@@ -439,9 +517,9 @@ impl DataMap {
     }
 
     /// Backing space owned by the file but holding none of its bytes (reads
-    /// as holes), sorted by logical offset. Only [`Growth::InPlace`] maps have
-    /// any. A file system persisting a map may keep it to avoid a remap on the
-    /// next open, or drop it.
+    /// as holes), sorted by logical offset. Only [`Growth::InPlace`] and
+    /// [`Growth::Guarded`] maps have any. A file system persisting a map may
+    /// keep it to avoid a remap on the next open, or drop it.
     pub fn reserved(&self) -> &[Extent] {
         &self.reserved
     }
@@ -472,6 +550,9 @@ impl DataMap {
             }
         }
         for r in &self.reserved {
+            if matches!(self.growth, Growth::Guarded { file } if file != r.file) {
+                return Err(einval("reserved space of a read-only backing file"));
+            }
             if pieces_in(&self.extents, r.logical, r.logical_end())
                 .next()
                 .is_some()
@@ -557,7 +638,39 @@ impl DataMap {
                 None => Placement::NeedsRemap,
             },
             Growth::InPlace { limit } => self.place_in_place(offset, end, limit),
+            Growth::Guarded { file } => self.place_guarded(offset, end, file),
         }
+    }
+
+    fn place_guarded(&self, offset: u64, end: u64, file: u32) -> Placement {
+        let pieces = merge_sorted(
+            pieces_in(&self.extents, offset, end),
+            pieces_in(&self.reserved, offset, end),
+        );
+        let mut segs: Vec<Segment> = Vec::with_capacity(pieces.len());
+        let mut cursor = offset;
+        for p in &pieces {
+            if p.logical > cursor || p.file != file {
+                return Placement::NeedsRemap;
+            }
+            match segs.last_mut() {
+                Some(Segment::Data {
+                    offset: o, len: l, ..
+                }) if *o + *l == p.offset => {
+                    *l += p.len;
+                }
+                _ => segs.push(Segment::Data {
+                    file,
+                    offset: p.offset,
+                    len: p.len,
+                }),
+            }
+            cursor = p.logical_end();
+        }
+        if cursor < end {
+            return Placement::NeedsRemap;
+        }
+        Placement::Fits(segs)
     }
 
     fn place_in_place(&self, offset: u64, end: u64, limit: Option<u64>) -> Placement {
@@ -709,21 +822,29 @@ impl DataMap {
     }
 
     fn keep_reserved(&mut self, pieces: Vec<Extent>) {
-        if let Growth::InPlace { .. } = self.growth {
-            for p in pieces {
-                insert_extent(&mut self.reserved, p);
-            }
+        let keep = |p: &Extent| match self.growth {
+            Growth::InPlace { .. } => true,
+            Growth::Guarded { file } => p.file == file,
+            _ => false,
+        };
+        let kept: Vec<Extent> = pieces.into_iter().filter(keep).collect();
+        for p in kept {
+            insert_extent(&mut self.reserved, p);
         }
     }
 
     /// True when a write of `offset..offset+len` changes nothing in the map:
     /// an [`Growth::InPlace`] map (not whole-file) whose extents already map
-    /// every byte of the range, below the size. Such writes may run
+    /// every byte of the range, below the size, or a [`Growth::Guarded`]
+    /// one whose writable file's extents do. Such writes may run
     /// concurrently with each other and with reads.
     pub fn overwrites_in_place(&self, offset: u64, len: u64) -> bool {
-        if self.whole_file || !matches!(self.growth, Growth::InPlace { .. }) {
-            return false;
-        }
+        let only = match self.growth {
+            _ if self.whole_file => return false,
+            Growth::InPlace { .. } => None,
+            Growth::Guarded { file } => Some(file),
+            _ => return false,
+        };
         let Some(end) = offset.checked_add(len) else {
             return false;
         };
@@ -732,7 +853,7 @@ impl DataMap {
         }
         let mut cursor = offset;
         for p in pieces_in(&self.extents, offset, end) {
-            if p.logical > cursor {
+            if p.logical > cursor || only.is_some_and(|f| f != p.file) {
                 return false;
             }
             cursor = p.logical_end();
@@ -1052,5 +1173,83 @@ mod tests {
         let p = m.place_write(15, 5);
         assert_eq!(p, Placement::Fits(vec![data(0, 15, 5)]));
         m.validate().unwrap();
+    }
+
+    /// A guarded map writes in place only into its writable file's pieces;
+    /// read-only extents, holes and the end ask for a remap; truncates keep
+    /// only the writable file's space.
+    #[test]
+    fn guarded_maps_write_only_where_made_writable() {
+        let g = Growth::Guarded { file: 0 };
+        // 0..30 read-only (file 1), 30..60 writable (file 0), 60..100 read-only.
+        let mut m = DataMap::new(
+            vec![ext(0, 1, 0, 30), ext(30, 0, 30, 30), ext(60, 1, 60, 40)],
+            100,
+            g,
+        )
+        .unwrap();
+        assert_eq!(
+            m.place_write(35, 10),
+            Placement::Fits(vec![data(0, 35, 10)])
+        );
+        assert!(m.overwrites_in_place(35, 10));
+        assert!(!m.overwrites_in_place(25, 10), "touches a read-only extent");
+        assert_eq!(m.place_write(25, 10), Placement::NeedsRemap);
+        assert_eq!(m.place_write(55, 10), Placement::NeedsRemap);
+        assert_eq!(m.place_write(100, 1), Placement::NeedsRemap, "past the end");
+        assert!(!m.places_nothing());
+        // The space a truncate drops stays the file's only where writable.
+        m.truncate(40);
+        assert_eq!(m.reserved(), &[ext(40, 0, 40, 20)]);
+        m.truncate(100);
+        assert_eq!(m.locate(30, 70), vec![data(0, 30, 10), hole(60)]);
+        assert_eq!(
+            m.place_write(45, 10),
+            Placement::Fits(vec![data(0, 45, 10)])
+        );
+        assert_eq!(
+            m.place_write(55, 10),
+            Placement::NeedsRemap,
+            "no longer any file's"
+        );
+        let p = m.place_write(40, 20);
+        m.commit_write(40, 20, &p);
+        assert_eq!(m.locate(30, 30), vec![data(0, 30, 30)]);
+        assert!(m.reserved().is_empty());
+        m.validate().unwrap();
+        assert_eq!(m.own_space(), vec![ext(0, 1, 0, 30), ext(30, 0, 30, 30)]);
+        // Reserved space of a read-only file is refused.
+        let mut bad = m.clone();
+        bad.reserved = vec![ext(70, 1, 70, 10)];
+        assert!(bad.validate().is_err());
+        // Space past the size handed in stays reserved only where writable.
+        let n = DataMap::new(vec![ext(0, 1, 0, 10), ext(10, 0, 10, 90)], 50, g).unwrap();
+        assert_eq!(n.reserved(), &[ext(50, 0, 50, 50)]);
+        assert_eq!(
+            n.place_write(60, 40),
+            Placement::Fits(vec![data(0, 60, 40)])
+        );
+        // Unguarding moves read-only extents to the writable file and makes
+        // holes and the end reserved, at their own offsets.
+        let mut u = DataMap::new(vec![ext(0, 1, 0, 30), ext(50, 1, 50, 10)], 60, g).unwrap();
+        u.unguard(20, 80);
+        u.validate().unwrap();
+        assert_eq!(
+            u.extents(),
+            &[ext(0, 1, 0, 20), ext(20, 0, 20, 10), ext(50, 0, 50, 10)]
+        );
+        assert_eq!(u.reserved(), &[ext(30, 0, 30, 20), ext(60, 0, 60, 20)]);
+        assert_eq!(
+            u.locate(20, 40),
+            vec![data(0, 20, 10), hole(20), data(0, 50, 10)]
+        );
+        assert_eq!(
+            u.place_write(20, 60),
+            Placement::Fits(vec![data(0, 20, 60)])
+        );
+        assert_eq!(u.place_write(15, 10), Placement::NeedsRemap);
+        let before = u.clone();
+        u.unguard(25, 70);
+        assert_eq!(u, before, "nothing left to unguard there");
     }
 }

@@ -34,7 +34,7 @@ use crate::fs::Opened;
 
 /// Called when a write does not fit the map: given the current map and the
 /// write's range, returns the new map and backing files (the file system's
-/// `remap`).
+/// `remap`). Empty `files` keep the open's backing files as they are.
 pub type Remap<'a> = &'a mut dyn FnMut(&DataMap, u64, u64) -> Result<Opened>;
 
 /// Chunk size for copies that go through the engine rather than the kernel.
@@ -73,6 +73,20 @@ impl State {
                 self.files.len()
             ))
         })
+    }
+
+    /// Takes a remap's result (see [`Remap`]); returns the backing file
+    /// when the map is whole-file now.
+    fn remapped(&mut self, opened: Opened) -> Option<Arc<File>> {
+        self.map = opened.map;
+        if !opened.files.is_empty() {
+            self.files = opened.files;
+        }
+        if self.map.is_whole_file() {
+            self.files.first().cloned()
+        } else {
+            None
+        }
     }
 }
 
@@ -170,7 +184,7 @@ impl DataFile {
                 .iter()
                 .chain(map.reserved())
                 .any(|e| bad(e.file))
-            || matches!(map.growth(), Growth::AppendLog { file, .. } if bad(file))
+            || matches!(map.growth(), Growth::AppendLog { file, .. } | Growth::Guarded { file } if bad(file))
         {
             return Err(Error::invalid().context("map names a backing file that is not given"));
         }
@@ -207,12 +221,29 @@ impl DataFile {
         }
         let size = st.map.size();
         let opened = remap(&st.map, size, 0)?;
-        st.map = opened.map;
-        st.files = opened.files;
-        if st.map.is_whole_file() {
-            if let Some(f) = st.files.first() {
-                let _ = self.whole.set(f.clone());
-            }
+        if let Some(f) = st.remapped(opened) {
+            let _ = self.whole.set(f);
+        }
+        Ok(())
+    }
+
+    /// Has `remap` make room for a write of `offset..offset+len` that the
+    /// map cannot place, and installs its answer; nothing is asked when the
+    /// map can place the write already. For a daemon serving a client that
+    /// runs this open's map and met such a write (the client cannot call
+    /// the file system itself).
+    pub fn remap_for_write(&self, offset: u64, len: u64, remap: Remap<'_>) -> Result<()> {
+        check_range(offset, len)?;
+        if self.whole.get().is_some() {
+            return Ok(());
+        }
+        let mut st = self.inner.write();
+        if st.map.place_write(offset, len) != Placement::NeedsRemap {
+            return Ok(());
+        }
+        let opened = remap(&st.map, offset, len)?;
+        if let Some(f) = st.remapped(opened) {
+            let _ = self.whole.set(f);
         }
         Ok(())
     }
@@ -304,13 +335,9 @@ impl DataFile {
         let mut placement = st.map.place_write(offset, len);
         if placement == Placement::NeedsRemap {
             let opened = remap(&st.map, offset, len)?;
-            st.map = opened.map;
-            st.files = opened.files;
-            if st.map.is_whole_file() {
-                if let Some(f) = st.files.first() {
-                    // From now on every op skips the lock.
-                    let _ = self.whole.set(f.clone());
-                }
+            if let Some(f) = st.remapped(opened) {
+                // From now on every op skips the lock.
+                let _ = self.whole.set(f);
             }
             placement = st.map.place_write(offset, len);
         }
@@ -394,8 +421,9 @@ impl DataFile {
     /// space is reserved, so a later write may still fail with `ENOSPC`);
     /// `KEEP_SIZE` alone does nothing; `PUNCH_HOLE` and `ZERO_RANGE` unmap the
     /// range (it reads as zeros), and under [`Growth::InPlace`] also punch the
-    /// freed backing bytes, best effort, to give the space back. Other modes
-    /// answer `EOPNOTSUPP`.
+    /// freed backing bytes, best effort, to give the space back; under
+    /// [`Growth::Guarded`] the writable file's freed bytes are zeroed for
+    /// sure. Other modes answer `EOPNOTSUPP`.
     pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Err(Error::invalid());
@@ -421,6 +449,15 @@ impl DataFile {
         }
         if punch || zero {
             let removed = st.map.punch_hole(offset, len);
+            if let Growth::Guarded { file } = st.map.growth() {
+                // The writable file's bytes are the file's own, in place:
+                // they must read as zeros there too, for whoever settles
+                // the map into the backing file (`versions`) compares maps
+                // and cannot see writes a punch hid again.
+                for r in removed.iter().filter(|r| r.file == file) {
+                    zero_backing(st.file(file)?, r.offset, r.len)?;
+                }
+            }
             if let Growth::InPlace { .. } = st.map.growth() {
                 let hole = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
                 for r in removed {
@@ -467,6 +504,23 @@ impl DataFile {
         };
         found.ok_or_else(|| Error::from_errno(libc::ENXIO))
     }
+}
+
+/// Makes `len` bytes at `offset` of `f` read as zeros: a punched hole, or
+/// zeros written where the file system cannot punch.
+fn zero_backing(f: &File, offset: u64, len: u64) -> Result<()> {
+    let hole = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    if rustix::fs::fallocate(f, hole, offset, len).is_ok() {
+        return Ok(());
+    }
+    let buf = vec![0u8; len.min(COPY_CHUNK as u64) as usize];
+    let mut at = offset;
+    while at < offset + len {
+        let n = buf.len().min((offset + len - at) as usize);
+        f.write_all_at(&buf[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// True when the two files are the same inode.

@@ -1,17 +1,21 @@
 //! Versions where the backing file system cannot share extents (ext4,
 //! tmpfs): a write session whose cost is the bytes it changes.
 //!
-//! The writer's map keeps every byte it has not written on the backing file
-//! itself (extents of file 0 at their own offsets: *pristine*) and sends
-//! every write to an anonymous log (file 1, `Growth::AppendLog`). Nothing
-//! the writer does can touch a pristine byte. At each `flush` and at
-//! `release` the session *settles*: the bytes about to be overwritten in the
-//! backing file (changed ranges not saved yet) are appended, as they were,
-//! to the version's undo object, and only then are the new bytes
-//! copied from the log into the backing file and its size set. So the undo
-//! object plus the file as it is now always give back the file as it was
-//! when the session began, and the backing file alone is always the current
-//! content after a close (close-to-open).
+//! Copy on write in place. The writer's map is a [`Growth::Guarded`] map
+//! over the backing file: every byte starts *read-only* (an extent of file
+//! 1, a second descriptor of the same file, at its own offset), and a write
+//! to one needs a remap. The remap ([`super::Versions`]'s) appends what the
+//! backing file holds there, a whole [`GRANULE`] around the write, to the
+//! version's undo object, and only then maps that range to file 0, where
+//! this and later writes land in place, natively: in the daemon, or in the
+//! program under `mapfs run` (the shim asks the daemon for the remap). So
+//! the undo object plus the file as it is now always give back the file as
+//! it was when the session began.
+//!
+//! What a write cannot do in place (a truncate, a punched hole) stays in the
+//! writer's map until the session *settles*, at each `flush` and at
+//! `release`: the bytes about to be cut or zeroed are saved first, then the
+//! backing file is changed and its size set.
 //!
 //! Every writer of one file during a session shares the set of saved ranges:
 //! a range is saved once, the first time any of them changes it, so the
@@ -26,11 +30,30 @@ use parking_lot::Mutex;
 
 use super::store::{Piece, Store};
 
+/// What a remap saves and makes writable around a write: the write's range
+/// rounded out to multiples of this. Larger granules mean fewer remaps
+/// (each a request to the daemon under `mapfs run`, and a row update in the
+/// store) and more bytes saved for a small change.
+pub const GRANULE: u64 = 256 << 10;
+
+/// The range a remap for a write of `offset..offset+len` makes writable.
+pub fn granted(offset: u64, len: u64) -> (u64, u64) {
+    let start = offset - offset % GRANULE;
+    let end = offset.saturating_add(len.max(1));
+    let end = end.saturating_add(GRANULE - 1);
+    (start, end - end % GRANULE)
+}
+
 /// Half-open ranges, sorted and disjoint.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Ranges(Vec<(u64, u64)>);
 
 impl Ranges {
+    /// The ranges, sorted.
+    pub fn spans(&self) -> &[(u64, u64)] {
+        &self.0
+    }
+
     /// Adds `a..b`, merging.
     pub fn insert(&mut self, a: u64, b: u64) {
         if a >= b {
@@ -121,8 +144,9 @@ pub fn changed(prev: &DataMap, cur: &DataMap, end: u64) -> Vec<(u64, u64)> {
     out.0
 }
 
-/// The map a writer of a session starts with: all of the file pristine,
-/// writes to the log (file 1). With `truncate`, the file is empty.
+/// The map a writer of a session starts with: all of the file read-only
+/// (file 1), written in place (file 0) once a remap saved it. With
+/// `truncate`, the file is empty.
 pub fn writer_map(size: u64, truncate: bool) -> Result<DataMap> {
     let (extents, size) = if truncate || size == 0 {
         (Vec::new(), 0)
@@ -130,14 +154,14 @@ pub fn writer_map(size: u64, truncate: bool) -> Result<DataMap> {
         (
             vec![Extent {
                 logical: 0,
-                file: 0,
+                file: 1,
                 offset: 0,
                 len: size,
             }],
             size,
         )
     };
-    DataMap::new(extents, size, Growth::AppendLog { file: 1, end: 0 })
+    DataMap::new(extents, size, Growth::Guarded { file: 0 })
 }
 
 struct UndoState {
@@ -192,11 +216,16 @@ impl Undo {
             for (x, y) in st.saved.missing(a, b) {
                 let at = st.end;
                 super::clone::copy_range(backing, x, &self.obj, at, y - x)?;
-                st.pieces.push(Piece {
-                    logical: x,
-                    len: y - x,
-                    at,
-                });
+                match st.pieces.last_mut() {
+                    // A writer going forwards saves one range after the
+                    // next: one piece keeps the store's row small.
+                    Some(p) if p.logical + p.len == x && p.at + p.len == at => p.len += y - x,
+                    _ => st.pieces.push(Piece {
+                        logical: x,
+                        len: y - x,
+                        at,
+                    }),
+                }
                 st.end += y - x;
                 st.saved.insert(x, y);
             }
@@ -295,6 +324,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn grants_are_whole_granules_around_the_write() {
+        assert_eq!(granted(0, 1), (0, GRANULE));
+        assert_eq!(granted(GRANULE - 1, 2), (0, 2 * GRANULE));
+        assert_eq!(granted(5 * GRANULE, 0), (5 * GRANULE, 6 * GRANULE));
+        assert_eq!(
+            granted(3 * GRANULE + 7, GRANULE),
+            (3 * GRANULE, 5 * GRANULE)
+        );
+    }
+
+    #[test]
     fn ranges_merge_and_report_gaps() {
         let mut r = Ranges::default();
         r.insert(10, 20);
@@ -312,6 +352,8 @@ mod tests {
         let start = writer_map(100, false).unwrap();
         let mut m = start.clone();
         assert!(changed(&start, &m, 100).is_empty());
+        assert_eq!(m.place_write(10, 5), mapfs::Placement::NeedsRemap);
+        m.unguard(10, 15);
         let p = m.place_write(10, 5);
         m.commit_write(10, 5, &p);
         assert_eq!(changed(&start, &m, 100), vec![(10, 15)]);

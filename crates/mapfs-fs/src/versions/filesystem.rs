@@ -272,6 +272,18 @@ impl FileSystem for Versions {
         self.settle(handle, map)
     }
 
+    fn remap(
+        &self,
+        _ctx: &Ctx,
+        _path: &Path,
+        handle: u64,
+        map: &DataMap,
+        offset: u64,
+        len: u64,
+    ) -> Result<Opened> {
+        self.remap_writer(handle, map, offset, len)
+    }
+
     fn fsyncdir(&self, ctx: &Ctx, path: &Path, datasync: bool) -> Result<()> {
         readable_place(path)?;
         if let Place::Virtual(_) = virtual_dir::place(path) {

@@ -190,8 +190,8 @@ type Key = (u64, u64);
 /// One writable open.
 struct Writer {
     key: Key,
-    /// The log of an undo session's writer, and its map when last settled.
-    log: Option<(Arc<File>, Arc<Mutex<DataMap>>)>,
+    /// An undo session's writer: its map when last settled.
+    settled: Option<Arc<Mutex<DataMap>>>,
 }
 
 /// The lock file (in the store) one instance holds for its life
@@ -332,6 +332,9 @@ impl Versions {
                 None => {
                     let (id, obj) = self.store.add_undo(bytes(path), meta)?;
                     let u = Undo::new(id, meta.size, obj);
+                    // Undo writers of the session may write these ranges
+                    // in place: what they hold now goes first.
+                    u.save(&self.store, &s.backing, s.writable.spans())?;
                     s.marks.push(self.store.mark_in_use(id)?);
                     s.versions.push(id);
                     s.latest = Some(id);
@@ -421,14 +424,8 @@ impl Versions {
             self.retain(path);
         }
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        let mut log = None;
+        let mut settled = None;
         if undo.is_some() {
-            let l = Arc::new(File::from(rustix::fs::openat(
-                self.store.dir(),
-                ".",
-                OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o600),
-            )?));
             let backing = self.session_backing(key)?;
             let mut size = backing.metadata()?.len();
             if trunc {
@@ -441,9 +438,10 @@ impl Versions {
                 size = 0;
             }
             opened.map = delta::writer_map(size, false)?;
-            opened.files.push(l.clone());
-            let settled = opened.map.clone();
-            log = Some((l, Arc::new(Mutex::new(settled))));
+            // The same descriptor again: what the map reads as read-only
+            // (not saved yet) and what it writes in place (saved).
+            opened.files.push(opened.files[0].clone());
+            settled = Some(Arc::new(Mutex::new(opened.map.clone())));
         } else if trunc {
             if flags.writable() {
                 opened.files[0].set_len(0)?;
@@ -461,7 +459,7 @@ impl Versions {
             }
         }
         opened.handle = handle;
-        self.writers.lock().insert(handle, Writer { key, log });
+        self.writers.lock().insert(handle, Writer { key, settled });
         Ok(opened)
     }
 
@@ -502,11 +500,11 @@ impl Versions {
 
     /// Settles an undo writer's map into the backing file.
     fn settle(&self, handle: u64, map: &DataMap) -> Result<()> {
-        let (key, log, settled) = match self.writers.lock().get(&handle) {
+        let (key, settled) = match self.writers.lock().get(&handle) {
             Some(Writer {
                 key,
-                log: Some((log, settled)),
-            }) => (*key, log.clone(), settled.clone()),
+                settled: Some(settled),
+            }) => (*key, settled.clone()),
             _ => return Ok(()),
         };
         let (undos, backing) = match self.sessions.lock().get(&key) {
@@ -514,9 +512,47 @@ impl Versions {
             None => return Ok(()),
         };
         let mut settled = settled.lock();
-        delta::settle(&undos, &self.store, &settled, map, &[backing, log])?;
+        delta::settle(
+            &undos,
+            &self.store,
+            &settled,
+            map,
+            &[backing.clone(), backing],
+        )?;
         *settled = map.clone();
         Ok(())
+    }
+
+    /// Makes room for an undo writer's write at `offset..offset+len`: the
+    /// bytes there (a whole [`delta::GRANULE`] around them) are saved into
+    /// every undo version of the session, then the writer's map may write
+    /// them in place.
+    fn remap_writer(&self, handle: u64, map: &DataMap, offset: u64, len: u64) -> Result<Opened> {
+        let key = match self.writers.lock().get(&handle) {
+            Some(Writer {
+                key,
+                settled: Some(_),
+            }) => *key,
+            _ => return Err(Error::from_errno(libc::ENOSPC).context("not an undo writer")),
+        };
+        let (start, end) = delta::granted(offset, len);
+        {
+            // Held while saving: a version taken meanwhile by a joining
+            // writer must find these bytes saved or not yet writable.
+            let mut sessions = self.sessions.lock();
+            let s = sessions
+                .get_mut(&key)
+                .ok_or_else(|| Error::io().context("write session vanished"))?;
+            s.save_all(&self.store, &[(start, end)])?;
+            s.writable.insert(start, end);
+        }
+        let mut map = map.clone();
+        map.unguard(start, end);
+        Ok(Opened {
+            map,
+            files: Vec::new(),
+            handle,
+        })
     }
 
     /// The end of a writable open; the last one ends the session and drops
@@ -531,7 +567,7 @@ impl Versions {
             return res;
         };
         s.writers -= 1;
-        if w.log.is_none() {
+        if w.settled.is_none() {
             s.direct -= 1;
         }
         if s.writers > 0 {

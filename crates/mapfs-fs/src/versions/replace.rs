@@ -125,7 +125,7 @@ impl Versions {
             handle,
             Writer {
                 key: new_key,
-                log: None,
+                settled: None,
             },
         );
         Ok(Some((handle, writer)))

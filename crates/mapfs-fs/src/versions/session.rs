@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use mapfs::Result;
 
-use super::delta::Undo;
+use super::delta::{Ranges, Undo};
 use super::store::Store;
 
 /// Size, mtime and ctime (seconds, nanoseconds) of a file.
@@ -65,6 +65,10 @@ pub struct Session {
     pub undos: Vec<Arc<Undo>>,
     /// How the latest version holds the file.
     pub current: Current,
+    /// What undo writers were made able to write in place (saved first
+    /// into the undo versions of the time): a version taken later saves it
+    /// at once, since those writers write there without asking again.
+    pub writable: Ranges,
     /// The version taken at the latest point a writer found the file
     /// changed (or at the start); dropped at the end if nothing changed
     /// since.
@@ -86,6 +90,7 @@ impl Session {
             marks: Vec::new(),
             undos: Vec::new(),
             current: Current::Nothing,
+            writable: Ranges::default(),
             latest: None,
             stamp: stamp_of(&backing)?,
             backing,

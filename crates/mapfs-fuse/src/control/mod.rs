@@ -729,6 +729,12 @@ fn serve(
             Err(r) => r.into(),
         },
         Ok(Request::Release { handle, map }) => conn.release(registry, handle, map).into(),
+        Ok(Request::Remap {
+            handle,
+            map,
+            offset,
+            len,
+        }) => conn.remap(registry, handle, map, offset, len),
     }
 }
 
@@ -736,20 +742,34 @@ impl Conn {
     /// Installs the map a client pushed for its lent open `handle`, if its
     /// own writes could have made it.
     fn release(&self, registry: &dyn OpenRegistry, handle: u64, map: mapfs::DataMap) -> Response {
-        let a = match self.adopted.get(&handle) {
-            None => return refused(libc::EBADF, "no such handle on this connection"),
-            Some(a) if !a.lent => return refused(libc::EINVAL, "the open is not lent"),
-            Some(a) if !a.writable => return refused(libc::EBADF, "the open is read-only"),
-            Some(a) => a,
-        };
-        let Some(open) = registry.open(a.fh) else {
-            return refused(libc::EBADF, "the open was released");
-        };
-        match pushed::check(&open.map, &open.files, &map) {
-            Ok(()) => {
+        match self.pushed_map(registry, handle, &map) {
+            Ok((a, _)) => {
                 registry.client_released(a.fh, map);
                 Response::Done
             }
+            Err(r) => r,
+        }
+    }
+
+    /// The lent writable open `handle` and its state, if `map` is one its
+    /// client's own writes and truncates could have made of it.
+    fn pushed_map(
+        &self,
+        registry: &dyn OpenRegistry,
+        handle: u64,
+        map: &mapfs::DataMap,
+    ) -> Result<(&Adoption, OpenInfo), Response> {
+        let a = match self.adopted.get(&handle) {
+            None => return Err(refused(libc::EBADF, "no such handle on this connection")),
+            Some(a) if !a.lent => return Err(refused(libc::EINVAL, "the open is not lent")),
+            Some(a) if !a.writable => return Err(refused(libc::EBADF, "the open is read-only")),
+            Some(a) => a,
+        };
+        let Some(open) = registry.open(a.fh) else {
+            return Err(refused(libc::EBADF, "the open was released"));
+        };
+        match pushed::check(&open.map, &open.files, map) {
+            Ok(()) => Ok((a, open)),
             Err(why) => {
                 BAD_MAP.log(|n| {
                     tracing::warn!(
@@ -760,9 +780,64 @@ impl Conn {
                         "a shim client's map was refused: {why}"
                     )
                 });
-                refused(libc::EINVAL, &format!("map refused: {why}"))
+                Err(refused(libc::EINVAL, &format!("map refused: {why}")))
             }
         }
+    }
+
+    /// Makes room for a write the client's map of its lent open `handle`
+    /// cannot place (see [`Request::Remap`]). Only guarded maps (copy on
+    /// write in place) are remapped for a client; others are handed back
+    /// to the mount, which remaps them itself.
+    fn remap(
+        &self,
+        registry: &dyn OpenRegistry,
+        handle: u64,
+        map: mapfs::DataMap,
+        offset: u64,
+        len: u64,
+    ) -> Answer {
+        let (a, open) = match self.pushed_map(registry, handle, &map) {
+            Ok(v) => v,
+            Err(r) => return r.into(),
+        };
+        if !matches!(open.map.growth(), Growth::Guarded { .. }) {
+            return refused(
+                libc::EOPNOTSUPP,
+                "only guarded maps are remapped for a client",
+            )
+            .into();
+        }
+        let new = match registry.client_remap(a.fh, map, offset, len) {
+            Ok(Some(new)) => new,
+            Ok(None) => return refused(libc::EBADF, "the open was released").into(),
+            Err(e) => return refused(e.errno(), &format!("remap failed: {e}")).into(),
+        };
+        if new.map.is_whole_file() {
+            return refused(libc::EOPNOTSUPP, "the open became whole-file").into();
+        }
+        let same = new.files.len() == open.files.len()
+            && new
+                .files
+                .iter()
+                .zip(&open.files)
+                .all(|(x, y)| Arc::ptr_eq(x, y));
+        let fds = if same {
+            Vec::new()
+        } else {
+            match lend_files(&new, new.flags, true, self.peer) {
+                Ok(fds) => fds,
+                Err(r) => return r.into(),
+            }
+        };
+        let files = fds.len() as u32;
+        Answer::Reply(
+            Response::Remapped {
+                map: new.map,
+                files,
+            },
+            fds,
+        )
     }
 
     /// The open `proof` vouches for, if this connection may have it.
@@ -987,7 +1062,7 @@ fn lend_files(
         ));
     }
     let own_log = match open.map.growth() {
-        Growth::AppendLog { file, .. } => Some(file as usize),
+        Growth::AppendLog { file, .. } | Growth::Guarded { file } => Some(file as usize),
         Growth::ReadOnly | Growth::InPlace { .. } => None,
     };
     if open.files.len() > control::MAX_FDS {

@@ -28,7 +28,7 @@ pub fn check(
     if pushed.is_whole_file() {
         return Err("a lent open's map cannot become whole-file".into());
     }
-    if let Growth::InPlace { .. } = base.growth() {
+    if let Growth::InPlace { .. } | Growth::Guarded { .. } = base.growth() {
         return check_in_place(base, pushed);
     }
     let Growth::AppendLog { file: own, .. } = base.growth() else {
@@ -75,7 +75,9 @@ pub fn check(
 /// An in-place writer (an M-to-1 slot) writes where its map already points
 /// or where its last piece grows to, up to the limit: every extent and
 /// reserved piece it pushes must lie in that space at the same shift, and
-/// the growth policy must be the one it was lent.
+/// the growth policy must be the one it was lent. A guarded writer's space
+/// is its extents and reserved pieces, each of its own file: a read-only
+/// extent stays read-only (only the daemon's remap makes it writable).
 fn check_in_place(base: &DataMap, pushed: &DataMap) -> Result<(), String> {
     if pushed.growth() != base.growth() {
         return Err("the map's growth policy changed".into());

@@ -161,6 +161,7 @@ fn answer(what: &str, got: std::io::Result<(Response, Vec<OwnedFd>)>) -> Value {
                 Response::Status(_) => json!({"answer": "Status"}),
                 Response::Stats(_) => json!({"answer": "Stats"}),
                 Response::Trace { .. } => json!({"answer": "Trace"}),
+                Response::Remapped { files, .. } => json!({"answer": "Remapped", "files": files}),
             };
             v["what"] = json!(what);
             v["fds"] = json!(fds);

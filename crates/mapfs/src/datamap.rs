@@ -109,7 +109,10 @@ pub enum Growth {
     /// system makes the range writable (it saves what it must, then maps
     /// the range to `file`). Space dropped by a truncate or a punched hole
     /// stays reserved when it was `file`'s, as under [`Growth::InPlace`];
-    /// the engine zeroes the writable file's punched bytes in place.
+    /// the engine zeroes the writable file's punched bytes in place. By
+    /// choosing this policy the file system promises that bytes written in
+    /// place are the file's own from then on, as in a whole-file map (an
+    /// open after a crash of the executor finds them there).
     Guarded {
         /// The backing file written in place.
         file: u32,

@@ -166,6 +166,18 @@ impl DataFile {
         Some((st.map.locate(offset, len), file, log))
     }
 
+    /// True when `offset..offset+len` of a [`Growth::Guarded`] map lies in
+    /// its writable file's extents: bytes written there are the file's own
+    /// from then on, as in a whole-file map, and an executor keeps nothing
+    /// of them for a successor. False for other maps.
+    pub fn written_in_place(&self, offset: u64, len: u64) -> bool {
+        if self.whole.get().is_some() {
+            return false;
+        }
+        let st = self.inner.read();
+        matches!(st.map.growth(), Growth::Guarded { .. }) && st.map.overwrites_in_place(offset, len)
+    }
+
     /// Replaces the map and backing files, e.g. with the final map a shim
     /// client wrote through (it must have been the only writer meanwhile:
     /// two engines appending to one log would overwrite each other).

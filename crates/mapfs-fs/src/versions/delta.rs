@@ -36,12 +36,16 @@ use super::store::{Piece, Store};
 /// store) and more bytes saved for a small change.
 pub const GRANULE: u64 = 256 << 10;
 
-/// The range a remap for a write of `offset..offset+len` makes writable.
+/// The range a remap for a write of `offset..offset+len` makes writable
+/// (never past the largest offset a file may have).
 pub fn granted(offset: u64, len: u64) -> (u64, u64) {
+    const MAX: u64 = i64::MAX as u64;
+    let offset = offset.min(MAX);
     let start = offset - offset % GRANULE;
-    let end = offset.saturating_add(len.max(1));
-    let end = end.saturating_add(GRANULE - 1);
-    (start, end - end % GRANULE)
+    let end = offset
+        .saturating_add(len.max(1))
+        .saturating_add(GRANULE - 1);
+    (start, (end - end % GRANULE).min(MAX))
 }
 
 /// Half-open ranges, sorted and disjoint.

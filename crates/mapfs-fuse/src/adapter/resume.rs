@@ -36,10 +36,11 @@ const JOURNAL_CHUNK: usize = 128 << 10;
 /// A change kept by place ([`Bytes::InLog`]) costs the supervisor no
 /// memory, only its successor the time to copy it back: it counts against
 /// the limits above at this fraction of its size (so up to 128 MiB per
-/// open). Handing a map over is costly for some file systems (versions
-/// copies every changed byte into the file and its undo version), so fewer
+/// open). Handing a map over is costly for some file systems, so fewer
 /// hand-overs matter: 4k random writes to a versions undo writer ran at
-/// 0.6x the unsupervised mount when this was 1 (every 8 MiB).
+/// 0.6x the unsupervised mount when this was 1 (every 8 MiB), when such
+/// writers still sent their writes to a log that each hand-over copied
+/// into the file.
 const IN_LOG_WEIGHT: u64 = 16;
 
 /// A kept change with its bytes, being written again.
@@ -126,6 +127,18 @@ impl Shared {
             return;
         }
         if len == 0 {
+            return;
+        }
+        if written.is_some() && file.data.written_in_place(offset, len) {
+            // A guarded map's write landed in its backing file: those bytes
+            // are the file's own already, as in a whole-file map. Changes
+            // kept from before it (a hole, a truncate) would be written
+            // again over them after a restart: hand the map over first.
+            if file.journaled.load(Ordering::Relaxed) > 0 {
+                if let Err(e) = self.persist_map(file) {
+                    warn!(path = %file.path.display(), "cannot hand a map to the file system: {e}");
+                }
+            }
             return;
         }
         let total = {

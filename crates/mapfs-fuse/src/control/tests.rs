@@ -33,6 +33,8 @@ struct Fake {
     writeback: bool,
     /// Size pages of writable lendings.
     size_pages: Mutex<Vec<Arc<mapfs::lentsize::LentSize>>>,
+    /// (fh, offset, len) of remaps asked for by clients.
+    remaps: Mutex<Vec<(u64, u64, u64)>>,
 }
 
 impl OpenRegistry for Fake {
@@ -70,6 +72,24 @@ impl OpenRegistry for Fake {
     }
     fn generations(&self) -> Option<&Generations> {
         self.generations.as_ref()
+    }
+    /// As `versions` does: the write's range becomes writable.
+    fn client_remap(
+        &self,
+        fh: u64,
+        map: DataMap,
+        offset: u64,
+        len: u64,
+    ) -> mapfs::Result<Option<OpenInfo>> {
+        self.remaps.lock().push((fh, offset, len));
+        let mut opens = self.opens.lock();
+        let Some(o) = opens.iter_mut().find(|o| o.fh == fh) else {
+            return Ok(None);
+        };
+        let mut map = map;
+        map.unguard(offset, offset + len);
+        o.map = map;
+        Ok(Some(o.clone()))
     }
     fn adopting(&self, open: &OpenInfo) {
         self.adopting.lock().push(open.fh);
@@ -859,4 +879,127 @@ fn raw_connect(path: &Path) -> OwnedFd {
     let sock = control::socket().unwrap();
     rustix::net::connect(&sock, &rustix::net::SocketAddrUnix::new(path).unwrap()).unwrap();
     sock
+}
+
+/// A guarded map (copy on write in place) is remapped for the client that
+/// runs it: the daemon checks the map it sends as for a push, and refuses
+/// a map that made a read-only range writable by itself, a map of another
+/// kind, and a handle it did not give.
+#[test]
+fn guarded_maps_are_remapped_for_their_client_and_forged_ones_refused() {
+    let s = setup();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&s.backing)
+        .unwrap();
+    let read_only = |len| Extent {
+        logical: 0,
+        file: 1,
+        offset: 0,
+        len,
+    };
+    let map = DataMap::new(vec![read_only(10)], 10, Growth::Guarded { file: 0 }).unwrap();
+    let file = Arc::new(file);
+    let files = vec![file.clone(), file.clone()];
+    s.add_open(OpenInfo {
+        ino: 4,
+        fh: 9,
+        flags: libc::O_RDWR,
+        uid: my_uid(),
+        gid: my_gid(),
+        data: Arc::new(DataFile::new(Opened {
+            map: map.clone(),
+            files: files.clone(),
+            handle: 0,
+        })),
+        map: map.clone(),
+        files,
+    });
+    let conn = control::connect(s.server.path()).unwrap();
+    let (resp, _fds) = s.adopt(&conn, 9, libc::O_RDWR, true);
+    let Response::Adopted {
+        handle, files: 2, ..
+    } = resp
+    else {
+        panic!("a guarded map is lent: {resp:?}");
+    };
+    // Forged: bytes 0..4 made writable by the client itself.
+    let mut forged = map.clone();
+    forged.unguard(0, 4);
+    let (resp, fds) = ask(
+        &conn,
+        &Request::Remap {
+            handle,
+            map: forged,
+            offset: 6,
+            len: 2,
+        },
+    );
+    assert_eq!(errno_of(&resp), Some(libc::EINVAL), "{resp:?}");
+    assert!(fds.is_empty());
+    // Another connection's handle.
+    let other = control::connect(s.server.path()).unwrap();
+    let (resp, _) = ask(
+        &other,
+        &Request::Remap {
+            handle,
+            map: map.clone(),
+            offset: 6,
+            len: 2,
+        },
+    );
+    assert_eq!(errno_of(&resp), Some(libc::EBADF), "{resp:?}");
+    assert!(
+        s.fake.remaps.lock().is_empty(),
+        "refused remaps reached the file system"
+    );
+    // The real one: remapped, no new descriptors (the files are the same).
+    let (resp, fds) = ask(
+        &conn,
+        &Request::Remap {
+            handle,
+            map: map.clone(),
+            offset: 6,
+            len: 2,
+        },
+    );
+    let Response::Remapped { map: new, files: 0 } = resp else {
+        panic!("not remapped: {resp:?}");
+    };
+    assert!(fds.is_empty());
+    assert_eq!(*s.fake.remaps.lock(), vec![(9, 6, 2)]);
+    assert_eq!(
+        new.place_write(6, 2),
+        mapfs::Placement::Fits(vec![mapfs::Segment::Data {
+            file: 0,
+            offset: 6,
+            len: 2
+        }])
+    );
+    // A map of another kind is handed back to the mount, never remapped.
+    let log = DataMap::new(vec![], 0, Growth::AppendLog { file: 0, end: 0 }).unwrap();
+    s.add_open(open_info(
+        5,
+        10,
+        libc::O_RDWR,
+        log,
+        File::open(&s.backing).unwrap(),
+    ));
+    let (resp, _fds) = s.adopt(&conn, 10, libc::O_RDWR, true);
+    let Response::Adopted { handle: h2, .. } = resp else {
+        panic!("an append log is lent: {resp:?}");
+    };
+    let pushed = DataMap::new(vec![], 0, Growth::AppendLog { file: 0, end: 0 }).unwrap();
+    let (resp, _) = ask(
+        &conn,
+        &Request::Remap {
+            handle: h2,
+            map: pushed,
+            offset: 0,
+            len: 1,
+        },
+    );
+    assert_eq!(errno_of(&resp), Some(libc::EOPNOTSUPP), "{resp:?}");
+    assert_eq!(s.fake.remaps.lock().len(), 1);
 }

@@ -399,6 +399,156 @@ proptest! {
     }
 }
 
+/// Copy on write in place ([`Growth::Guarded`]), as `versions` uses it:
+/// files 0 (writable) and 1 (read-only) are one backing array at shift 0;
+/// a remap "saves" a granule around the write and unguards it. Reads must
+/// match the model, and no write may land on a byte of the original file
+/// that was not saved first.
+struct Guarded {
+    map: DataMap,
+    backing: Vec<u8>,
+    /// The file's size and bytes at the start: the version.
+    orig: Vec<u8>,
+    saved: Vec<(u64, u64)>,
+    model: Vec<u8>,
+}
+
+const GRANULE: u64 = 16;
+
+impl Guarded {
+    fn new(size: u64) -> Guarded {
+        let orig: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(7) | 1).collect();
+        let extents = if size > 0 {
+            vec![Extent {
+                logical: 0,
+                file: 1,
+                offset: 0,
+                len: size,
+            }]
+        } else {
+            Vec::new()
+        };
+        Guarded {
+            map: DataMap::new(extents, size, Growth::Guarded { file: 0 }).unwrap(),
+            backing: orig.clone(),
+            model: orig.clone(),
+            orig,
+            saved: Vec::new(),
+        }
+    }
+
+    fn saved_at(&self, i: u64) -> bool {
+        i >= self.orig.len() as u64 || self.saved.iter().any(|&(a, b)| a <= i && i < b)
+    }
+
+    fn write(&mut self, off: u64, len: u64, seed: u8) {
+        let mut p = self.map.place_write(off, len);
+        if p == Placement::NeedsRemap {
+            let a = off - off % GRANULE;
+            let b = (off + len).div_ceil(GRANULE) * GRANULE;
+            self.saved.push((a, b));
+            self.map.unguard(a, b);
+            p = self.map.place_write(off, len);
+        }
+        let Placement::Fits(segs) = &p else {
+            panic!("an unguarded range must place the write");
+        };
+        let mut at = off;
+        for s in segs {
+            let Segment::Data {
+                file,
+                offset,
+                len: n,
+            } = *s
+            else {
+                panic!("placement holds a hole");
+            };
+            assert_eq!(file, 0, "a write placed in the read-only file");
+            assert_eq!(offset, at, "shift 0");
+            for i in offset..offset + n {
+                assert!(self.saved_at(i), "byte {i} written before it was saved");
+                let v = seed.wrapping_add((i - off) as u8);
+                if self.backing.len() <= i as usize {
+                    self.backing.resize(i as usize + 1, SENTINEL);
+                }
+                self.backing[i as usize] = v;
+            }
+            at += n;
+        }
+        self.map.commit_write(off, len, &p);
+        let end = (off + len) as usize;
+        if self.model.len() < end {
+            self.model.resize(end, 0);
+        }
+        for i in off..off + len {
+            self.model[i as usize] = seed.wrapping_add((i - off) as u8);
+        }
+    }
+
+    fn punch(&mut self, off: u64, len: u64) {
+        // The engine zeroes the writable file's punched pieces.
+        for r in self.map.punch_hole(off, len) {
+            if r.file == 0 {
+                for i in r.offset..r.offset + r.len {
+                    assert!(self.saved_at(i), "byte {i} zeroed before it was saved");
+                    if let Some(b) = self.backing.get_mut(i as usize) {
+                        *b = 0;
+                    }
+                }
+            }
+        }
+        let end = ((off + len) as usize).min(self.model.len());
+        if (off as usize) < end {
+            self.model[off as usize..end].fill(0);
+        }
+    }
+
+    fn check(&self) {
+        self.map.validate().expect("map invariants hold");
+        assert_eq!(self.map.size(), self.model.len() as u64, "size");
+        let mut got = Vec::new();
+        for seg in self.map.locate(0, self.map.size()) {
+            match seg {
+                Segment::Hole { len } => got.resize(got.len() + len as usize, 0),
+                Segment::Data { offset, len, .. } => {
+                    for i in offset..offset + len {
+                        got.push(self.backing.get(i as usize).copied().unwrap_or(0));
+                    }
+                }
+            }
+        }
+        assert_eq!(got, self.model, "content");
+        for (i, &v) in self.orig.iter().enumerate() {
+            assert!(
+                self.saved_at(i as u64) || self.backing[i] == v,
+                "original byte {i} changed unsaved"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn guarded_maps_write_only_what_was_saved(size in 0u64..200,
+                                              ops in prop::collection::vec(op(), 0..40)) {
+        let mut g = Guarded::new(size);
+        g.check();
+        for op in &ops {
+            match *op {
+                Op::Write { off, len, seed } => g.write(off, len, seed),
+                Op::Truncate(n) => {
+                    g.map.truncate(n);
+                    g.model.resize(n as usize, 0);
+                }
+                Op::Punch { off, len } => g.punch(off, len),
+            }
+            g.check();
+        }
+    }
+}
+
 #[test]
 fn serde_round_trip_keeps_reserved_space() {
     let mut m = DataMap::new(

@@ -795,6 +795,40 @@ fn a_writer_joining_after_changes_gets_its_own_version() {
     }
 }
 
+/// Listing the history of a directory takes the paths beneath it, and
+/// only those: not a sibling whose name starts with the directory's, nor
+/// one that sorts right after its `/` (by the index range `[d/, d0)`).
+#[test]
+fn listing_beneath_a_directory_takes_exactly_its_paths() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = Versions::new(tmp.path(), keep_all(1 << 20)).unwrap();
+    for d in ["/a", "/a/b", "/a/b/c", "/a/bc", "/a/b0"] {
+        fs.mkdir(&ROOT, p(d), 0o755).unwrap();
+    }
+    for f in ["/a/b/f", "/a/b/c/g", "/a/bc/h", "/a/b0/i", "/a/b.j"] {
+        create(&fs, f, b"one");
+        let w = open(&fs, f, libc::O_WRONLY | libc::O_TRUNC);
+        w.write(0, b"two");
+        w.close();
+    }
+    let paths = |dir: &str, under: bool| -> Vec<String> {
+        let mut v: Vec<String> = fs
+            .store()
+            .list(Some(dir.as_bytes()), under)
+            .unwrap()
+            .iter()
+            .map(|v| String::from_utf8_lossy(&v.path).into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(paths("/a/b", true), ["/a/b/c/g", "/a/b/f"]);
+    assert_eq!(paths("/a/b/", true), ["/a/b/c/g", "/a/b/f"]);
+    assert_eq!(paths("/a/b/f", false), ["/a/b/f"]);
+    assert_eq!(paths("/a/b", false), Vec::<String>::new());
+    assert_eq!(paths("/", true).len(), 5);
+}
+
 /// Undo writers write in place once a range was saved: a version taken
 /// for a writer that joins later must hold those ranges as they were then,
 /// although the first writer goes on writing there without asking again.

@@ -581,20 +581,35 @@ impl Store {
                     push(r).map_err(sql)?;
                 }
             }
+            Some(p) if !under => {
+                // By the (path, ts) index: retention lists a path's versions
+                // at every version made once the count limit is reached.
+                let mut st = db
+                    .prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM versions WHERE path = ?1 ORDER BY ts, id"
+                    ))
+                    .map_err(sql)?;
+                let mut rows = st.query(params![p]).map_err(sql)?;
+                while let Some(r) = rows.next().map_err(sql)? {
+                    push(r).map_err(sql)?;
+                }
+            }
             Some(p) => {
+                // The paths beneath `p` are the range [p/, p0) ('0' follows
+                // '/'): an index range, not a scan of every version.
                 let mut prefix = p.to_vec();
                 if !prefix.ends_with(b"/") {
                     prefix.push(b'/');
                 }
+                let mut upper = prefix.clone();
+                *upper.last_mut().expect("ends with '/'") = b'/' + 1;
                 let mut st = db
                     .prepare_cached(&format!(
                         "SELECT {COLUMNS} FROM versions WHERE path = ?1
-                         OR (?2 AND substr(path, 1, ?3) = ?4) ORDER BY ts, id"
+                         OR (path >= ?2 AND path < ?3) ORDER BY ts, id"
                     ))
                     .map_err(sql)?;
-                let mut rows = st
-                    .query(params![p, under, prefix.len() as i64, prefix])
-                    .map_err(sql)?;
+                let mut rows = st.query(params![p, prefix, upper]).map_err(sql)?;
                 while let Some(r) = rows.next().map_err(sql)? {
                     push(r).map_err(sql)?;
                 }

@@ -242,8 +242,82 @@ pub fn remove_stale() {
     remove_stale_in(&runtime_dir());
 }
 
-/// [`remove_stale`] in `dir`.
+/// Logs of daemons that are gone kept by [`remove_stale`] (the newest):
+/// enough to read what happened to the last mounts, while a machine that
+/// mounts and unmounts all day (tests, jobs) does not fill its runtime
+/// directory.
+pub const KEPT_LOGS: usize = 64;
+
+/// [`remove_stale`] in `dir`: pid and info files of daemons that died,
+/// control sockets nobody listens on any more, and logs of daemons that
+/// are gone but the newest [`KEPT_LOGS`].
 fn remove_stale_in(dir: &Path) {
+    remove_stale_pids(dir);
+    remove_leftovers(dir);
+}
+
+/// Sockets, info files and old logs of mountpoints with no pid file (a
+/// daemon that died, whose pid file [`remove_stale_pids`] removed, or one
+/// that unmounted: a daemon writes its pid file before it binds its
+/// socket, and removes it last).
+fn remove_leftovers(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut logs = Vec::new();
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        // Mountpoint names may hold dots: split at the known suffixes.
+        let Some((base, ext)) = ["sock", "json", "log", "log.1"]
+            .iter()
+            .find_map(|x| Some((name.strip_suffix(&format!(".{x}"))?, *x)))
+        else {
+            continue;
+        };
+        if base.starts_with("h-") || dir.join(format!("{base}.pid")).exists() {
+            // Hashed socket names do not say their mountpoint.
+            continue;
+        }
+        match ext {
+            "sock" => {
+                // Whoever still listens keeps it (a daemon that could not
+                // write its pid file).
+                let refused = std::os::unix::net::UnixStream::connect(&path)
+                    .is_err_and(|e| e.raw_os_error() == Some(libc::ECONNREFUSED));
+                if refused {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            "json" => {
+                let dead = std::fs::read(&path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<MountInfo>(&b).ok())
+                    .and_then(|i| rustix::process::Pid::from_raw(i.pid as i32))
+                    .is_none_or(|p| rustix::process::test_kill_process(p).is_err());
+                if dead {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            "log" | "log.1" => {
+                if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                    logs.push((m, path));
+                }
+            }
+            _ => {}
+        }
+    }
+    if logs.len() > KEPT_LOGS {
+        logs.sort_by_key(|l| std::cmp::Reverse(l.0));
+        for (_, path) in logs.drain(KEPT_LOGS..) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Pid files (and their info files) of daemons that died.
+fn remove_stale_pids(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -340,6 +414,57 @@ mod tests {
         drop(held);
         remove_stale_in(dir.path());
         assert!(!pid.exists(), "a stale pid file stayed");
+    }
+
+    /// What dead daemons leave goes: their sockets (nobody listens), info
+    /// files and logs beyond the newest [`KEPT_LOGS`]; a live daemon's
+    /// socket and log, and a listening socket without a pid file, stay.
+    #[test]
+    fn leftovers_of_dead_daemons_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // A live daemon: locked pid file, listening socket, log.
+        let held = write_pid_file(&d.join("live.pid"), std::process::id()).unwrap();
+        let _live = std::os::unix::net::UnixListener::bind(d.join("live.sock")).unwrap();
+        std::fs::write(d.join("live.log"), "live").unwrap();
+        // A listener whose pid file could not be written.
+        let _orphan = std::os::unix::net::UnixListener::bind(d.join("nopid.sock")).unwrap();
+        // Dead daemons: sockets nobody listens on, info files, logs.
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        std::fs::write(d.join("mnt-a.b.log"), "dotted, newest").unwrap();
+        for i in 0..KEPT_LOGS + 5 {
+            drop(std::os::unix::net::UnixListener::bind(d.join(format!("dead{i}.sock"))).unwrap());
+            std::fs::write(d.join(format!("dead{i}.log")), "x").unwrap();
+            let info = format!(
+                "{{\"pid\":{gone_pid},\"program\":\"mapfs\",\"fs\":\"passthrough\",\"backing\":\"/b\",\"data\":\"auto\",\"passthrough_active\":true,\"writeback_cache\":false,\"started_unix\":0}}"
+            );
+            std::fs::write(d.join(format!("dead{i}.json")), info).unwrap();
+            let t =
+                std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
+            std::fs::File::options()
+                .write(true)
+                .open(d.join(format!("dead{i}.log")))
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        }
+        remove_stale_in(d);
+        let has = |n: &str| d.join(n).exists();
+        assert!(
+            has("live.sock") && has("live.log") && has("live.pid"),
+            "a live daemon's files went"
+        );
+        assert!(has("nopid.sock"), "a listening socket went");
+        for i in 0..KEPT_LOGS + 5 {
+            assert!(!has(&format!("dead{i}.sock")), "dead{i}.sock stayed");
+            assert!(!has(&format!("dead{i}.json")), "dead{i}.json stayed");
+            // The newest logs stay (the highest numbers here).
+            assert_eq!(has(&format!("dead{i}.log")), i >= 6, "dead{i}.log");
+        }
+        assert!(has("mnt-a.b.log"), "the newest log went");
+        drop(held);
     }
 
     #[test]

@@ -486,6 +486,24 @@ fn versions_survives_kills() {
     storm("versions", DataMode::Auto, &[], false);
 }
 
+/// versions' undo writers under `mapfs run` (files above `max-size=0`:
+/// guarded maps, written in place in the exercisers, remapped by the daemon
+/// over the control socket) across daemon kills: a successor lends the
+/// open again and what the exerciser wrote is all there.
+#[test]
+fn versions_under_the_shim_survives_kills() {
+    storm_with(
+        "versions",
+        DataMode::Auto,
+        &["-o", "max-size=0"],
+        Load {
+            shim: true,
+            maxlen: 600_000,
+            more: &["--no-mmap", "--no-copy-range"],
+        },
+    );
+}
+
 /// A versions writer of a small file gets a whole-file map, which the
 /// kernel runs by passthrough; once the file has grown past `max-size`, a
 /// new daemon must still reopen that open whole-file: a hole punched

@@ -154,7 +154,13 @@ impl Lent {
             lending.resized();
             return Ok(0);
         }
-        let copied = mapfs::carry::carry_over(&lending.data, &data)?;
+        // A guarded map's new lending may need the daemon's remap for what
+        // this process wrote in place past the size the new daemon found.
+        let mut remap = |map: &DataMap, offset: u64, len: u64| {
+            self.remap_by_daemon(handle, map, offset, len)
+                .ok_or_else(|| mapfs::Error::from_errno(libc::EOPNOTSUPP))
+        };
+        let copied = mapfs::carry::carry_over_remapping(&lending.data, &data, &mut remap)?;
         *lending = Lending {
             handle,
             data,

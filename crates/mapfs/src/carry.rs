@@ -23,13 +23,19 @@
 //! lending does not already map the same backing bytes: a new lending of
 //! the same slot takes over only the size, one of another slot (a slot the
 //! dead daemon gave at the lending and no map recorded) gets every byte.
+//!
+//! A guarded map (copy on write in place) is like an in-place one, but the
+//! new lending's map stops at the file's size when the new daemon opened
+//! it: the bytes the client wrote in place beyond it are copied (the same
+//! bytes, at the same place), and that needs the file system's remap
+//! ([`carry_over_remapping`]).
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
 use crate::datamap::{DataMap, Growth, Segment};
-use crate::engine::DataFile;
+use crate::engine::{DataFile, Remap};
 use crate::error::{Error, Result};
 
 /// Largest piece copied at once.
@@ -42,6 +48,14 @@ const CHUNK: u64 = 1 << 20;
 /// Writes use `into`'s growth policy; a map that cannot place them without
 /// the file system's `remap` fails with `EOPNOTSUPP`.
 pub fn carry_over(from: &DataFile, into: &DataFile) -> Result<u64> {
+    carry_over_remapping(from, into, &mut |_: &DataMap, _: u64, _: u64| {
+        Err(Error::from_errno(libc::EOPNOTSUPP))
+    })
+}
+
+/// [`carry_over`], asking `remap` (the file system's, through the daemon)
+/// for writes `into`'s map cannot place.
+pub fn carry_over_remapping(from: &DataFile, into: &DataFile, remap: Remap<'_>) -> Result<u64> {
     let (old, old_files) = from.snapshot();
     let own = match old.growth() {
         Growth::AppendLog { file, .. } => Some(file),
@@ -79,7 +93,7 @@ pub fn carry_over(from: &DataFile, into: &DataFile) -> Result<u64> {
                     into.fallocate(libc::FALLOC_FL_ZERO_RANGE, at, len)?;
                 }
             } else {
-                copy(from, into, at, len)?;
+                copy(from, into, at, len, remap)?;
                 copied += len;
             }
         }
@@ -157,7 +171,7 @@ fn maps_alike(
 }
 
 /// Copies `len` logical bytes at `at` from `from` into `into`.
-fn copy(from: &DataFile, into: &DataFile, at: u64, len: u64) -> Result<()> {
+fn copy(from: &DataFile, into: &DataFile, at: u64, len: u64, remap: Remap<'_>) -> Result<()> {
     let mut buf = vec![0u8; CHUNK.min(len) as usize];
     let mut done = 0;
     while done < len {
@@ -166,10 +180,9 @@ fn copy(from: &DataFile, into: &DataFile, at: u64, len: u64) -> Result<()> {
         // The map says the bytes are there; a short read means a backing
         // file shorter than its extents, which reads as zeros.
         buf[got..n].fill(0);
-        let mut no_remap = |_: &DataMap, _: u64, _: u64| Err(Error::from_errno(libc::EOPNOTSUPP));
         let mut written = 0;
         while written < n {
-            written += into.write(at + done + written as u64, &buf[written..n], &mut no_remap)?;
+            written += into.write(at + done + written as u64, &buf[written..n], remap)?;
         }
         done += n as u64;
     }

@@ -212,12 +212,23 @@ impl Undo {
 
     /// Saves the bytes of `backing` in `ranges` (clipped to the size at the
     /// start of the session) not saved before.
+    ///
+    /// Bytes past the file's end now are gone: whoever cut them saved them
+    /// first if they were this version's (a settle saves into every undo
+    /// version of its session). They are counted as saved, so that bytes
+    /// written there later are never taken for the version's.
     pub fn save(&self, store: &Store, backing: &File, ranges: &[(u64, u64)]) -> Result<()> {
         let mut st = self.state.lock();
         let before = st.end;
+        let now = backing.metadata()?.len();
         for &(a, b) in ranges {
             let (a, b) = (a.min(self.orig_size), b.min(self.orig_size));
             for (x, y) in st.saved.missing(a, b) {
+                st.saved.insert(x, y);
+                let y = y.min(now);
+                if x >= y {
+                    continue;
+                }
                 let at = st.end;
                 super::clone::copy_range(backing, x, &self.obj, at, y - x)?;
                 match st.pieces.last_mut() {
@@ -231,7 +242,6 @@ impl Undo {
                     }),
                 }
                 st.end += y - x;
-                st.saved.insert(x, y);
             }
         }
         if st.end > before {

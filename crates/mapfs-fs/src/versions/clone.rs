@@ -65,7 +65,10 @@ pub fn clone_or_copy(
     if !copy_allowed {
         return Ok(None);
     }
-    copy_range(src, 0, dst, 0, len)?;
+    // A file cut since `len` was read (by a writer beside this version's)
+    // gives what it still has; the rest reads as zeros.
+    let have = len.min(src.metadata()?.len());
+    copy_range(src, 0, dst, 0, have)?;
     dst.set_len(len)?;
     Ok(Some(false))
 }

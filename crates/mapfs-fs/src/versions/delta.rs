@@ -300,8 +300,11 @@ pub fn settle(
         for seg in map.locate(a, b - a) {
             match seg {
                 Segment::Data { file, offset, len } => {
-                    if !(file == 0 && offset == at) {
-                        super::clone::copy_range(&files[file as usize], offset, backing, at, len)?;
+                    let src = &files[file as usize];
+                    // The backing file's own bytes at their place (a guarded
+                    // map's, read-only or written in place) stay.
+                    if !(offset == at && Arc::ptr_eq(src, backing)) {
+                        super::clone::copy_range(src, offset, backing, at, len)?;
                     }
                 }
                 Segment::Hole { len } => zero(backing, at, len, old_end)?,

@@ -402,7 +402,8 @@ impl Versions {
                 // save them all anyway, so a copy (and a whole-file map,
                 // natively written) is cheaper.
                 let undo_ok = !readers && s.direct == 0 && !trunc;
-                self.take_version(path, s, &now, undo_ok)?;
+                self.take_version(path, s, &now, undo_ok)
+                    .map_err(|e| e.context("taking a version at a writer's open"))?;
             }
             s.writers += 1;
             let undo = match &s.current {
@@ -410,7 +411,8 @@ impl Versions {
                 Current::Undo(_) => {
                     // Joins whole-file: every byte is saved first, so its
                     // direct writes cannot lose an old one.
-                    s.save_all(&self.store, &[(0, u64::MAX)])?;
+                    s.save_all(&self.store, &[(0, u64::MAX)])
+                        .map_err(|e| e.context("saving the file before a whole-file writer"))?;
                     None
                 }
                 _ => None,

@@ -1070,12 +1070,20 @@ fn lend_files(
     }
     // A write-only open must not become a way to read the file: the client
     // gets the log it appends to, and empty stand-ins for the files only
-    // reads would touch. An in-place writer writes where its bytes are, so
-    // it gets its files as they are (its peer may read them anyway).
+    // reads would touch, unless their descriptors cannot read either (a
+    // guarded map's read-only ranges are the writer's own write-only
+    // descriptor: a stand-in there would make them another file, and a
+    // client carrying its writes to a successor would copy its zeros). An
+    // in-place writer writes where its bytes are, so it gets its files as
+    // they are (its peer may read them anyway).
     let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY && !in_place;
+    let cannot_read = |f: &std::fs::File| {
+        rustix::fs::fcntl_getfl(f)
+            .is_ok_and(|fl| fl & rustix::fs::OFlags::RWMODE == rustix::fs::OFlags::WRONLY)
+    };
     let mut fds = Vec::with_capacity(open.files.len());
     for (i, f) in open.files.iter().enumerate() {
-        let fd = if write_only && Some(i) != own_log {
+        let fd = if write_only && Some(i) != own_log && !cannot_read(f) {
             rustix::fs::memfd_create("mapfs-withheld", rustix::fs::MemfdFlags::CLOEXEC)
                 .map_err(std::io::Error::from)
         } else if in_place && read_only {

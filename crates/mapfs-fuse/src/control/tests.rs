@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -1002,4 +1003,42 @@ fn guarded_maps_are_remapped_for_their_client_and_forged_ones_refused() {
     );
     assert_eq!(errno_of(&resp), Some(libc::EOPNOTSUPP), "{resp:?}");
     assert_eq!(s.fake.remaps.lock().len(), 1);
+    // A write-only guarded writer gets its own write-only descriptor for
+    // the read-only ranges too (the same file, still unreadable), not an
+    // empty stand-in that a carry-over to a successor would copy from.
+    let wo = Arc::new(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&s.backing)
+            .unwrap(),
+    );
+    s.add_open(OpenInfo {
+        ino: 6,
+        fh: 11,
+        flags: libc::O_WRONLY,
+        uid: my_uid(),
+        gid: my_gid(),
+        data: Arc::new(DataFile::new(Opened {
+            map: map.clone(),
+            files: vec![wo.clone(), wo.clone()],
+            handle: 0,
+        })),
+        map: map.clone(),
+        files: vec![wo.clone(), wo],
+    });
+    let (resp, fds) = s.adopt(&conn, 11, libc::O_WRONLY, true);
+    let Response::Adopted { files: 2, .. } = resp else {
+        panic!("a write-only guarded map is lent: {resp:?}");
+    };
+    let backing_ino = std::fs::metadata(&s.backing).unwrap().ino();
+    for fd in &fds[..2] {
+        let f = File::from(fd.try_clone().unwrap());
+        assert_eq!(
+            f.metadata().unwrap().ino(),
+            backing_ino,
+            "a stand-in was lent"
+        );
+        let mut b = [0u8; 1];
+        assert!((&f).read(&mut b).is_err(), "a write-only client could read");
+    }
 }

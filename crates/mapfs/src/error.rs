@@ -29,6 +29,16 @@ impl Error {
         self
     }
 
+    /// Says which step failed, keeping what the error already says:
+    /// `"{step}: {context}"`.
+    pub fn during(mut self, step: &str) -> Self {
+        self.context = Some(match self.context.take() {
+            Some(c) => format!("{step}: {c}"),
+            None => step.to_string(),
+        });
+        self
+    }
+
     /// The errno the caller of the file system sees.
     pub fn errno(&self) -> i32 {
         self.errno

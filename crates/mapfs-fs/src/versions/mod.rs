@@ -321,7 +321,8 @@ impl Versions {
             let copy = !undo_ok || meta.size <= self.config.max_size;
             match self
                 .store
-                .add_whole(bytes(path), &s.backing, meta, "write", copy)?
+                .add_whole(bytes(path), &s.backing, meta, "write", copy)
+                .map_err(|e| e.during("a whole version"))?
             {
                 Some(id) => {
                     s.marks.push(self.store.mark_in_use(id)?);
@@ -330,11 +331,15 @@ impl Versions {
                     s.current = Current::Whole;
                 }
                 None => {
-                    let (id, obj) = self.store.add_undo(bytes(path), meta)?;
+                    let (id, obj) = self
+                        .store
+                        .add_undo(bytes(path), meta)
+                        .map_err(|e| e.during("an undo version"))?;
                     let u = Undo::new(id, meta.size, obj);
                     // Undo writers of the session may write these ranges
                     // in place: what they hold now goes first.
-                    u.save(&self.store, &s.backing, s.writable.spans())?;
+                    u.save(&self.store, &s.backing, s.writable.spans())
+                        .map_err(|e| e.during("saving what other writers may change"))?;
                     s.marks.push(self.store.mark_in_use(id)?);
                     s.versions.push(id);
                     s.latest = Some(id);
@@ -403,7 +408,7 @@ impl Versions {
                 // natively written) is cheaper.
                 let undo_ok = !readers && s.direct == 0 && !trunc;
                 self.take_version(path, s, &now, undo_ok)
-                    .map_err(|e| e.context("taking a version at a writer's open"))?;
+                    .map_err(|e| e.during("taking a version at a writer's open"))?;
             }
             s.writers += 1;
             let undo = match &s.current {
@@ -412,7 +417,7 @@ impl Versions {
                     // Joins whole-file: every byte is saved first, so its
                     // direct writes cannot lose an old one.
                     s.save_all(&self.store, &[(0, u64::MAX)])
-                        .map_err(|e| e.context("saving the file before a whole-file writer"))?;
+                        .map_err(|e| e.during("saving the file before a whole-file writer"))?;
                     None
                 }
                 _ => None,

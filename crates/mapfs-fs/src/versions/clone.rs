@@ -65,10 +65,44 @@ pub fn clone_or_copy(
     if !copy_allowed {
         return Ok(None);
     }
-    // A file cut since `len` was read (by a writer beside this version's)
-    // gives what it still has; the rest reads as zeros.
+    // A file cut since `len` was read, even during the copy (a writer
+    // beside this version's, such as a program writing it natively under
+    // `mapfs run`), gives what it still has; the rest reads as zeros.
     let have = len.min(src.metadata()?.len());
-    copy_range(src, 0, dst, 0, have)?;
+    match copy_range(src, 0, dst, 0, have) {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+        r => r?,
+    }
     dst.set_len(len)?;
     Ok(Some(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+
+    /// A whole version of a file cut since its size was read holds what
+    /// the file still has, then zeros, instead of failing.
+    #[test]
+    fn a_copy_of_a_file_cut_meanwhile_keeps_what_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut src = File::create(dir.path().join("src")).unwrap();
+        src.write_all(b"0123456789").unwrap();
+        let src = File::open(dir.path().join("src")).unwrap();
+        let dst = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("dst"))
+            .unwrap();
+        assert_eq!(clone_or_copy(&src, &dst, 100, true).unwrap(), Some(false));
+        let mut got = vec![0u8; 100];
+        dst.read_exact_at(&mut got, 0).unwrap();
+        assert_eq!(&got[..10], b"0123456789");
+        assert!(got[10..].iter().all(|&b| b == 0));
+        assert_eq!(dst.metadata().unwrap().len(), 100);
+    }
 }

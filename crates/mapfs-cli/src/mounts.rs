@@ -270,9 +270,9 @@ fn remove_leftovers(dir: &Path) {
         let name = e.file_name();
         let name = name.to_string_lossy();
         // Mountpoint names may hold dots: split at the known suffixes.
-        let Some((base, ext)) = ["sock", "json", "log", "log.1"]
+        let Some((base, ext)) = [".sock", ".json", ".log", ".log.1"]
             .iter()
-            .find_map(|x| Some((name.strip_suffix(&format!(".{x}"))?, *x)))
+            .find_map(|x| Some((name.strip_suffix(x)?, *x)))
         else {
             continue;
         };
@@ -281,7 +281,7 @@ fn remove_leftovers(dir: &Path) {
             continue;
         }
         match ext {
-            "sock" => {
+            ".sock" => {
                 // Whoever still listens keeps it (a daemon that could not
                 // write its pid file).
                 let refused = std::os::unix::net::UnixStream::connect(&path)
@@ -290,17 +290,16 @@ fn remove_leftovers(dir: &Path) {
                     let _ = std::fs::remove_file(&path);
                 }
             }
-            "json" => {
-                let dead = std::fs::read(&path)
+            ".json" => {
+                let alive = std::fs::read(&path)
                     .ok()
                     .and_then(|b| serde_json::from_slice::<MountInfo>(&b).ok())
-                    .and_then(|i| rustix::process::Pid::from_raw(i.pid as i32))
-                    .is_none_or(|p| rustix::process::test_kill_process(p).is_err());
-                if dead {
+                    .is_some_and(|i| process_alive(i.pid as i32));
+                if !alive {
                     let _ = std::fs::remove_file(&path);
                 }
             }
-            "log" | "log.1" => {
+            ".log" | ".log.1" => {
                 if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
                     logs.push((m, path));
                 }
@@ -316,6 +315,13 @@ fn remove_leftovers(dir: &Path) {
     }
 }
 
+/// True when a process numbered `pid` exists (in this pid namespace): for
+/// tidying runtime files only, never to prove who a peer is.
+fn process_alive(pid: i32) -> bool {
+    rustix::process::Pid::from_raw(pid)
+        .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+}
+
 /// Pid files (and their info files) of daemons that died.
 fn remove_stale_pids(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -329,12 +335,7 @@ fn remove_stale_pids(dir: &Path) {
         let Ok(before) = std::fs::read_to_string(&path) else {
             continue;
         };
-        let alive = before
-            .trim()
-            .parse::<i32>()
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-            .is_some_and(|p| rustix::process::test_kill_process(p).is_ok());
+        let alive = before.trim().parse::<i32>().is_ok_and(process_alive);
         // Only while it still names the dead process: a daemon that took
         // over the mount (failover) may have just written its own.
         if !alive && !locked(&path) && std::fs::read_to_string(&path).is_ok_and(|now| now == before)

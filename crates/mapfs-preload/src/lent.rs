@@ -244,14 +244,11 @@ impl Lent {
         let mut needs_mount = false;
         let mut remap = |map: &mapfs::DataMap, offset: u64, len: u64| {
             // The file system's remap runs in the daemon.
-            let got = match map.growth() {
-                Growth::Guarded { .. } => self.remap_by_daemon(lending.handle, map, offset, len),
-                _ => None,
-            };
-            got.ok_or_else(|| {
-                needs_mount = true;
-                mapfs::Error::from_errno(libc::EOPNOTSUPP)
-            })
+            self.remap_by_daemon(lending.handle, map, offset, len)
+                .ok_or_else(|| {
+                    needs_mount = true;
+                    mapfs::Error::from_errno(libc::EOPNOTSUPP)
+                })
         };
         match lending.data.write(at, data, &mut remap) {
             Ok(n) => {
@@ -266,7 +263,9 @@ impl Lent {
     }
 
     /// Has the daemon remap lending `handle` (map `map`) for a write at
-    /// `offset..offset+len`; `None` when it would not.
+    /// `offset..offset+len`; `None` when it would not. Only guarded maps are
+    /// remapped for a client (others are handed back to the mount), so no
+    /// other map is asked about.
     fn remap_by_daemon(
         &self,
         handle: u64,
@@ -274,6 +273,9 @@ impl Lent {
         offset: u64,
         len: u64,
     ) -> Option<mapfs::Opened> {
+        if !matches!(map.growth(), Growth::Guarded { .. }) {
+            return None;
+        }
         let m = crate::mounts::all().get(self.mount)?;
         let req = Request::Remap {
             handle,
@@ -296,7 +298,7 @@ impl Lent {
             }
             other => {
                 crate::sys::log(format_args!(
-                    "the daemon did not remap a lent open ({other:?}): handed back to the mount"
+                    "the daemon did not remap a lent open ({other:?})"
                 ));
                 None
             }

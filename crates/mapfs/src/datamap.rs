@@ -292,12 +292,38 @@ fn check_sorted(v: &[Extent], what: &str) -> Result<()> {
 }
 
 /// Largest byte offset a file may reach (`off_t` is signed).
-pub(crate) const MAX_OFFSET: u64 = i64::MAX as u64;
+pub const MAX_OFFSET: u64 = i64::MAX as u64;
 
 /// Merges two sorted, mutually disjoint extent lists into one sorted list.
 fn merge_sorted(a: impl Iterator<Item = Extent>, b: impl Iterator<Item = Extent>) -> Vec<Extent> {
     let mut out: Vec<Extent> = a.chain(b).collect();
     out.sort_unstable_by_key(|e| e.logical);
+    out
+}
+
+/// The extents and reserved pieces of `map` inside logical `start..end`,
+/// each cut to it, sorted.
+fn taken_in(map: &DataMap, start: u64, end: u64) -> Vec<Extent> {
+    merge_sorted(
+        pieces_in(&map.extents, start, end),
+        pieces_in(&map.reserved, start, end),
+    )
+}
+
+/// The parts of logical `start..end` that no piece of `taken` (sorted,
+/// within the range) covers.
+fn gaps(taken: &[Extent], start: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = start;
+    for t in taken {
+        if t.logical > at {
+            out.push((at, t.logical));
+        }
+        at = at.max(t.logical_end());
+    }
+    if at < end {
+        out.push((at, end));
+    }
     out
 }
 
@@ -405,27 +431,13 @@ impl DataMap {
         if self.whole_file || !matches!(self.growth, Growth::InPlace { .. }) || space.len == 0 {
             return;
         }
-        let taken = merge_sorted(
-            pieces_in(&self.extents, space.logical, space.logical_end()),
-            pieces_in(&self.reserved, space.logical, space.logical_end()),
-        );
-        let mut at = space.logical;
-        let mut gaps = Vec::new();
-        for t in taken.iter().chain(std::iter::once(&Extent {
-            logical: space.logical_end(),
-            file: space.file,
-            offset: 0,
-            len: 0,
-        })) {
-            if t.logical > at {
-                gaps.push(space.slice(at, t.logical));
-            }
-            at = at.max(t.logical_end());
-        }
-        if gaps.is_empty() {
+        let (start, end) = (space.logical, space.logical_end());
+        let free = gaps(&taken_in(self, start, end), start, end);
+        if free.is_empty() {
             return;
         }
-        self.reserved = merge_sorted(self.reserved.iter().copied(), gaps.into_iter());
+        let new = free.into_iter().map(|(a, b)| space.slice(a, b));
+        self.reserved = merge_sorted(self.reserved.iter().copied(), new);
     }
 
     /// Under [`Growth::Guarded`], makes logical `start..end` writable in
@@ -442,44 +454,22 @@ impl DataMap {
         if self.whole_file || start >= end {
             return;
         }
-        let inside = pieces_in(&self.extents, start, end).collect::<Vec<_>>();
-        let mut at = start;
-        let mut free = Vec::new();
-        for p in inside {
-            if p.logical > at {
-                free.push((at, p.logical));
-            }
-            if p.file != file {
-                insert_extent(&mut self.extents, Extent { file, ..p });
-            }
-            at = p.logical_end();
+        let taken = taken_in(self, start, end);
+        // Reserved pieces are all `file`'s (an invariant): only extents of
+        // other files move.
+        for p in taken.iter().filter(|p| p.file != file) {
+            insert_extent(&mut self.extents, Extent { file, ..*p });
         }
-        if at < end {
-            free.push((at, end));
-        }
-        for (a, b) in free {
-            // Reserved pieces there already stay as they are.
-            let taken: Vec<Extent> = pieces_in(&self.reserved, a, b).collect();
-            let mut c = a;
-            for t in taken.iter().chain(std::iter::once(&Extent {
-                logical: b,
-                file,
-                offset: b,
-                len: 0,
-            })) {
-                if t.logical > c {
-                    insert_extent(
-                        &mut self.reserved,
-                        Extent {
-                            logical: c,
-                            file,
-                            offset: c,
-                            len: t.logical - c,
-                        },
-                    );
-                }
-                c = c.max(t.logical_end());
-            }
+        for (a, b) in gaps(&taken, start, end) {
+            insert_extent(
+                &mut self.reserved,
+                Extent {
+                    logical: a,
+                    file,
+                    offset: a,
+                    len: b - a,
+                },
+            );
         }
     }
 
@@ -489,18 +479,16 @@ impl DataMap {
     /// [`Growth::Guarded`] map, its extents and reserved pieces: what its
     /// writes and truncates can make of it lies there. Empty for other maps.
     pub fn own_space(&self) -> Vec<Extent> {
-        if self.whole_file {
-            return Vec::new();
-        }
-        let limit = match self.growth {
-            Growth::InPlace { limit } => limit,
-            Growth::Guarded { .. } => {
-                return merge_sorted(self.extents.iter().copied(), self.reserved.iter().copied())
-            }
+        // An in-place map's last piece grows (to its limit); a guarded
+        // map's does not.
+        let grows = match self.growth {
+            _ if self.whole_file => return Vec::new(),
+            Growth::InPlace { limit } => Some(limit),
+            Growth::Guarded { .. } => None,
             _ => return Vec::new(),
         };
         let mut out = merge_sorted(self.extents.iter().copied(), self.reserved.iter().copied());
-        if let Some(t) = self.tail() {
+        if let (Some(limit), Some(t)) = (grows, self.tail()) {
             let end = limit.unwrap_or(MAX_OFFSET).min(MAX_OFFSET);
             if end > t.logical_end() {
                 out.push(Extent {
@@ -825,13 +813,13 @@ impl DataMap {
     }
 
     fn keep_reserved(&mut self, pieces: Vec<Extent>) {
-        let keep = |p: &Extent| match self.growth {
+        let growth = self.growth;
+        let keep = |p: &Extent| match growth {
             Growth::InPlace { .. } => true,
             Growth::Guarded { file } => p.file == file,
             _ => false,
         };
-        let kept: Vec<Extent> = pieces.into_iter().filter(keep).collect();
-        for p in kept {
+        for p in pieces.into_iter().filter(keep) {
             insert_extent(&mut self.reserved, p);
         }
     }

@@ -74,20 +74,6 @@ impl State {
             ))
         })
     }
-
-    /// Takes a remap's result (see [`Remap`]); returns the backing file
-    /// when the map is whole-file now.
-    fn remapped(&mut self, opened: Opened) -> Option<Arc<File>> {
-        self.map = opened.map;
-        if !opened.files.is_empty() {
-            self.files = opened.files;
-        }
-        if self.map.is_whole_file() {
-            self.files.first().cloned()
-        } else {
-            None
-        }
-    }
 }
 
 /// `pread` until `buf` is full or the file ends; returns the bytes read.
@@ -216,6 +202,20 @@ impl DataFile {
         Ok(())
     }
 
+    /// Takes a remap's result (see [`Remap`]) into `st`, this open's state;
+    /// a map that became whole-file skips the lock in every op from now on.
+    fn take_remap(&self, st: &mut State, opened: Opened) {
+        st.map = opened.map;
+        if !opened.files.is_empty() {
+            st.files = opened.files;
+        }
+        if st.map.is_whole_file() {
+            if let Some(f) = st.files.first() {
+                let _ = self.whole.set(f.clone());
+            }
+        }
+    }
+
     /// Makes the map able to place writes when it can place none
     /// ([`DataMap::places_nothing`], as a file system that gives a writable
     /// open its space at its first write hands out at open): `remap` is asked
@@ -233,9 +233,7 @@ impl DataFile {
         }
         let size = st.map.size();
         let opened = remap(&st.map, size, 0)?;
-        if let Some(f) = st.remapped(opened) {
-            let _ = self.whole.set(f);
-        }
+        self.take_remap(&mut st, opened);
         Ok(())
     }
 
@@ -254,9 +252,7 @@ impl DataFile {
             return Ok(());
         }
         let opened = remap(&st.map, offset, len)?;
-        if let Some(f) = st.remapped(opened) {
-            let _ = self.whole.set(f);
-        }
+        self.take_remap(&mut st, opened);
         Ok(())
     }
 
@@ -347,10 +343,7 @@ impl DataFile {
         let mut placement = st.map.place_write(offset, len);
         if placement == Placement::NeedsRemap {
             let opened = remap(&st.map, offset, len)?;
-            if let Some(f) = st.remapped(opened) {
-                // From now on every op skips the lock.
-                let _ = self.whole.set(f);
-            }
+            self.take_remap(&mut st, opened);
             placement = st.map.place_write(offset, len);
         }
         let Placement::Fits(segs) = placement else {
@@ -520,7 +513,7 @@ impl DataFile {
 
 /// Makes `len` bytes at `offset` of `f` read as zeros: a punched hole, or
 /// zeros written where the file system cannot punch.
-fn zero_backing(f: &File, offset: u64, len: u64) -> Result<()> {
+pub fn zero_backing(f: &File, offset: u64, len: u64) -> Result<()> {
     let hole = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
     if rustix::fs::fallocate(f, hole, offset, len).is_ok() {
         return Ok(());

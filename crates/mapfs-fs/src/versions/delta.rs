@@ -22,7 +22,6 @@
 //! undo holds the bytes from before the session even with several writers.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use mapfs::{DataMap, Extent, Growth, Result, Segment};
@@ -39,13 +38,13 @@ pub const GRANULE: u64 = 256 << 10;
 /// The range a remap for a write of `offset..offset+len` makes writable
 /// (never past the largest offset a file may have).
 pub fn granted(offset: u64, len: u64) -> (u64, u64) {
-    const MAX: u64 = i64::MAX as u64;
-    let offset = offset.min(MAX);
+    use mapfs::datamap::MAX_OFFSET;
+    let offset = offset.min(MAX_OFFSET);
     let start = offset - offset % GRANULE;
     let end = offset
         .saturating_add(len.max(1))
         .saturating_add(GRANULE - 1);
-    (start, (end - end % GRANULE).min(MAX))
+    (start, (end - end % GRANULE).min(MAX_OFFSET))
 }
 
 /// Half-open ranges, sorted and disjoint.
@@ -224,24 +223,25 @@ impl Undo {
         for &(a, b) in ranges {
             let (a, b) = (a.min(self.orig_size), b.min(self.orig_size));
             for (x, y) in st.saved.missing(a, b) {
+                let there = y.min(now);
+                if x < there {
+                    let at = st.end;
+                    super::clone::copy_range(backing, x, &self.obj, at, there - x)?;
+                    let n = there - x;
+                    match st.pieces.last_mut() {
+                        // A writer going forwards saves one range after the
+                        // next: one piece keeps the store's row small.
+                        Some(p) if p.logical + p.len == x && p.at + p.len == at => p.len += n,
+                        _ => st.pieces.push(Piece {
+                            logical: x,
+                            len: n,
+                            at,
+                        }),
+                    }
+                    st.end += n;
+                }
+                // Only once copied: a failed copy is tried again next time.
                 st.saved.insert(x, y);
-                let y = y.min(now);
-                if x >= y {
-                    continue;
-                }
-                let at = st.end;
-                super::clone::copy_range(backing, x, &self.obj, at, y - x)?;
-                match st.pieces.last_mut() {
-                    // A writer going forwards saves one range after the
-                    // next: one piece keeps the store's row small.
-                    Some(p) if p.logical + p.len == x && p.at + p.len == at => p.len += y - x,
-                    _ => st.pieces.push(Piece {
-                        logical: x,
-                        len: y - x,
-                        at,
-                    }),
-                }
-                st.end += y - x;
             }
         }
         if st.end > before {
@@ -255,7 +255,8 @@ impl Undo {
     }
 }
 
-/// Makes `backing` (files[0]; files[1] is the writer's log) hold what
+/// Makes `backing` (files[0]; files[1] is the same file, the writer map's
+/// read-only ranges) hold what
 /// a writer changed from `prev` (its map at its last settle) to `map`,
 /// saving first what that overwrites into every undo version being
 /// filled (`undos`: a session may have begun several). Only this writer's changes are
@@ -322,18 +323,7 @@ fn zero(f: &File, at: u64, len: u64, old_end: u64) -> Result<()> {
     if at >= end {
         return Ok(());
     }
-    let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
-    if rustix::fs::fallocate(f, flags, at, end - at).is_ok() {
-        return Ok(());
-    }
-    let buf = vec![0u8; ((end - at).min(1 << 20)) as usize];
-    let mut off = at;
-    while off < end {
-        let n = buf.len().min((end - off) as usize);
-        f.write_all_at(&buf[..n], off)?;
-        off += n as u64;
-    }
-    Ok(())
+    mapfs::engine::zero_backing(f, at, end - at)
 }
 
 #[cfg(test)]

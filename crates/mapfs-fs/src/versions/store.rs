@@ -566,34 +566,20 @@ impl Store {
     /// `under`, of the paths beneath it) when given.
     pub fn list(&self, path: Option<&[u8]>, under: bool) -> Result<Vec<Version>> {
         let db = self.db.lock();
-        let mut out = Vec::new();
-        let mut push = |r: &rusqlite::Row<'_>| -> rusqlite::Result<()> {
-            out.push(row_version(r)?);
-            Ok(())
+        let run = |query: &str, args: &[&dyn rusqlite::ToSql]| -> Result<Vec<Version>> {
+            let mut st = db
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM versions {query} ORDER BY ts, id"
+                ))
+                .map_err(sql)?;
+            let rows = st.query_map(args, row_version).map_err(sql)?;
+            rows.collect::<rusqlite::Result<_>>().map_err(sql)
         };
         match path {
-            None => {
-                let mut st = db
-                    .prepare_cached(&format!("SELECT {COLUMNS} FROM versions ORDER BY ts, id"))
-                    .map_err(sql)?;
-                let mut rows = st.query([]).map_err(sql)?;
-                while let Some(r) = rows.next().map_err(sql)? {
-                    push(r).map_err(sql)?;
-                }
-            }
-            Some(p) if !under => {
-                // By the (path, ts) index: retention lists a path's versions
-                // at every version made once the count limit is reached.
-                let mut st = db
-                    .prepare_cached(&format!(
-                        "SELECT {COLUMNS} FROM versions WHERE path = ?1 ORDER BY ts, id"
-                    ))
-                    .map_err(sql)?;
-                let mut rows = st.query(params![p]).map_err(sql)?;
-                while let Some(r) = rows.next().map_err(sql)? {
-                    push(r).map_err(sql)?;
-                }
-            }
+            None => run("", &[]),
+            // By the (path, ts) index: retention lists a path's versions at
+            // every version made once the count limit is reached.
+            Some(p) if !under => run("WHERE path = ?1", &[&p]),
             Some(p) => {
                 // The paths beneath `p` are the range [p/, p0) ('0' follows
                 // '/'): an index range, not a scan of every version.
@@ -603,19 +589,12 @@ impl Store {
                 }
                 let mut upper = prefix.clone();
                 *upper.last_mut().expect("ends with '/'") = b'/' + 1;
-                let mut st = db
-                    .prepare_cached(&format!(
-                        "SELECT {COLUMNS} FROM versions WHERE path = ?1
-                         OR (path >= ?2 AND path < ?3) ORDER BY ts, id"
-                    ))
-                    .map_err(sql)?;
-                let mut rows = st.query(params![p, prefix, upper]).map_err(sql)?;
-                while let Some(r) = rows.next().map_err(sql)? {
-                    push(r).map_err(sql)?;
-                }
+                run(
+                    "WHERE path = ?1 OR (path >= ?2 AND path < ?3)",
+                    &[&p, &prefix, &upper],
+                )
             }
         }
-        Ok(out)
     }
 
     /// The version of `path` taken at `ts`.

@@ -1061,7 +1061,9 @@ fn lend_files(
              served by the daemon",
         ));
     }
-    let own_log = match open.map.growth() {
+    // The file this open's new bytes go to (a log, or a guarded map's
+    // writable file).
+    let own_file = match open.map.growth() {
         Growth::AppendLog { file, .. } | Growth::Guarded { file } => Some(file as usize),
         Growth::ReadOnly | Growth::InPlace { .. } => None,
     };
@@ -1083,7 +1085,7 @@ fn lend_files(
     };
     let mut fds = Vec::with_capacity(open.files.len());
     for (i, f) in open.files.iter().enumerate() {
-        let fd = if write_only && Some(i) != own_log && !cannot_read(f) {
+        let fd = if write_only && Some(i) != own_file && !cannot_read(f) {
             rustix::fs::memfd_create("mapfs-withheld", rustix::fs::MemfdFlags::CLOEXEC)
                 .map_err(std::io::Error::from)
         } else if in_place && read_only {

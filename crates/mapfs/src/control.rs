@@ -682,13 +682,10 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A new open file description of the file `fd` refers to, with the access
-/// mode and status flags of an application's open (`flags`, as `F_GETFL`
-/// reports them; the creation flags were applied by the open through the
-/// mount already), close-on-exec. What the daemon hands a client, and what a
-/// client makes of a cached backing file: the kernel checks the opener's
-/// permissions on the file again.
-pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
+/// The flags of an application's open (`flags`) that a new open file
+/// description of the same file keeps: the access mode and status flags,
+/// close-on-exec; not the creation flags.
+pub fn reopen_flags(flags: i32) -> OFlags {
     let keep = libc::O_ACCMODE
         | libc::O_APPEND
         | libc::O_NONBLOCK
@@ -697,7 +694,17 @@ pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
         | libc::O_SYNC
         | libc::O_DSYNC
         | libc::O_LARGEFILE;
-    let oflags = OFlags::from_bits_retain((flags & keep) as u32) | OFlags::CLOEXEC;
+    OFlags::from_bits_retain((flags & keep) as u32) | OFlags::CLOEXEC
+}
+
+/// A new open file description of the file `fd` refers to, with the access
+/// mode and status flags of an application's open (`flags`, as `F_GETFL`
+/// reports them; the creation flags were applied by the open through the
+/// mount already), close-on-exec. What the daemon hands a client, and what a
+/// client makes of a cached backing file: the kernel checks the opener's
+/// permissions on the file again.
+pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
+    let oflags = reopen_flags(flags);
     let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
     match rustix::fs::open(proc_path.as_str(), oflags, Mode::empty()) {
         Ok(f) => Ok(f),

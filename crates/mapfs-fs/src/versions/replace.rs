@@ -27,7 +27,7 @@ use mapfs::Result;
 use rustix::fs::{AtFlags, XattrFlags};
 
 use super::session::{self, Current, Session};
-use super::store::FileMeta;
+use super::store::{FileMeta, Store};
 use super::{bytes, Versions, Writer};
 use crate::passthrough::xattr::{sized, split_names};
 
@@ -68,8 +68,7 @@ impl Versions {
         }
         let (new, tmp) = self.store.new_replacement()?;
         // The writer's own open file description, with its flags.
-        let writer = like(old, &new, st)
-            .and_then(|()| Ok(File::from(mapfs::control::reopen(new.as_fd(), flags)?)));
+        let writer = like(old, &new, st).and_then(|()| self.store.open_replacement(&tmp, flags));
         let writer = match writer {
             Ok(w) => w,
             Err(e) => {
@@ -89,7 +88,12 @@ impl Versions {
                 return Err(e);
             }
         };
-        let mark = self.store.mark_in_use(id);
+        // `old` is the version's object now: marked through a descriptor
+        // of it, not by opening its new name.
+        let mark = old
+            .try_clone()
+            .map_err(Into::into)
+            .and_then(Store::mark_object);
         let placed = mark.and_then(|mark| {
             self.store.place_replacement(&tmp, dir.as_fd(), &name)?;
             Ok(mark)

@@ -381,7 +381,7 @@ impl Store {
         kind: Kind,
         meta: &FileMeta,
         reason: &str,
-        fill: impl FnOnce(i64) -> Result<Option<(u64, bool, T)>>,
+        mut fill: impl FnMut(i64) -> Result<Option<(u64, bool, T)>>,
     ) -> Result<Option<(i64, T)>> {
         let mut db = self.db.lock();
         let tx = db
@@ -393,10 +393,17 @@ impl Store {
         };
         // No committed row has this id (it was just given out under the
         // write lock), but a process that died between making an object and
-        // committing its row left one by this name: an orphan, and in the
-        // way of the new object.
-        remove();
-        match fill(id) {
+        // committing its row left one by this name: an orphan, in the way of
+        // the new object. Rare, so it is removed only when found (an unlink
+        // before every version cost a system call each).
+        let filled = match fill(id) {
+            Err(e) if e.errno() == libc::EEXIST => {
+                remove();
+                fill(id)
+            }
+            other => other,
+        };
+        match filled {
             Ok(Some((stored, terminal, t))) => {
                 let done = tx
                     .prepare_cached("UPDATE versions SET stored = ?2, terminal = ?3 WHERE id = ?1")
@@ -436,9 +443,14 @@ impl Store {
     /// `mapfs versions prune` runs elsewhere): a shared `flock` on its
     /// object, held as long as the returned file is open.
     pub fn mark_in_use(&self, id: i64) -> Result<File> {
-        let f = self.open_object(id)?;
-        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockShared)?;
-        Ok(f)
+        Self::mark_object(self.open_object(id)?)
+    }
+
+    /// [`Store::mark_in_use`] through `object`, a descriptor of the
+    /// version's object the caller holds (no open by name).
+    pub fn mark_object(object: File) -> Result<File> {
+        rustix::fs::flock(&object, rustix::fs::FlockOperation::LockShared)?;
+        Ok(object)
     }
 
     /// Whether some process marked version `id` as being made
@@ -516,6 +528,24 @@ impl Store {
             Mode::from_raw_mode(0o600),
         )?;
         Ok((File::from(fd), name))
+    }
+
+    /// Opens the replacement `tmp` again with the open flags `flags` (a
+    /// writer's own open file description, as [`mapfs::control::reopen`]
+    /// makes one, without a walk through `/proc`).
+    pub fn open_replacement(&self, tmp: &str, flags: i32) -> Result<File> {
+        let oflags = mapfs::control::reopen_flags(flags);
+        let open = |oflags: OFlags| {
+            rustix::fs::openat(&self.objects, tmp, oflags | OFlags::NOFOLLOW, Mode::empty())
+        };
+        let fd = match open(oflags) {
+            // O_NOATIME needs ownership; drop it rather than the open.
+            Err(rustix::io::Errno::PERM) if oflags.contains(OFlags::NOATIME) => {
+                open(oflags - OFlags::NOATIME)?
+            }
+            other => other?,
+        };
+        Ok(File::from(fd))
     }
 
     /// Renames the replacement `tmp` over `dir`/`name` (atomically: the name

@@ -185,8 +185,8 @@ pub fn table(r: &StatsReport, interval: bool) -> String {
     );
     let _ = writeln!(
         out,
-        "opens: {} kernel passthrough, {} daemon; shim adoptions: {} ({} lent)",
-        s.passthrough_opens, s.daemon_opens, s.adoptions, s.lendings
+        "opens: {} kernel passthrough, {} daemon; shim adoptions: {} ({} lent, {} copied)",
+        s.passthrough_opens, s.daemon_opens, s.adoptions, s.lendings, s.copies
     );
     let _ = writeln!(
         out,
@@ -282,6 +282,11 @@ pub fn prometheus(mountpoint: &Path, s: &MountStats) -> String {
         "mapfs_shim_lendings_total",
         "Opens lent to preload-shim clients' engines.",
         one(s.lendings),
+    );
+    counter(
+        "mapfs_shim_copies_total",
+        "Read-only opens answered with a copy of the file's bytes.",
+        one(s.copies),
     );
     counter(
         "mapfs_kernel_invalidations_total",

@@ -612,3 +612,56 @@ fn pack_changes_kept_before_a_move_to_an_own_file_are_not_written_again() {
     let out = s.umount().unwrap();
     assert!(out.success(), "{test}: umount: {}", out.stderr);
 }
+
+/// Another user's shim client reads a copy of a slotted file (`pack`:
+/// docs/pack.md, "Running slots in the program"), valid only while the
+/// daemon whose token table guards it runs: a successor bumps a table of
+/// its own. Once the daemon is killed, the client's next read goes through
+/// the mount and sees what the successor was given since (the supervisor
+/// starts the successor only after clients had time to notice the death).
+#[test]
+fn copies_are_dropped_when_their_daemon_dies() {
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    let test = "failover: copies made by a dead daemon";
+    if !fuse_or_skip(test) || !preload_support::have("python3") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let s = MountSession::builder(mapfs_bin())
+        .fs("pack")
+        .data(DataMode::Auto)
+        .options(["allow_other", "default_permissions", "threshold=4096"])
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mp = s.mountpoint().to_path_buf();
+    let f = mp.join("f");
+    std::fs::write(&f, b"before-the-kill\n").unwrap();
+    let report = report_path(&s, "copies");
+    std::fs::write(&report, b"").unwrap();
+    std::fs::set_permissions(&report, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = "import os, sys, ctypes\n\
+        lib = ctypes.CDLL(None)\n\
+        fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+        print(os.pread(fd, 100, 0).decode().strip(), lib.mapfs_preload_fd_status(fd), flush=True)\n\
+        sys.stdin.readline()\n\
+        print(os.pread(fd, 100, 0).decode().strip(), lib.mapfs_preload_fd_status(fd), flush=True)\n";
+    let mut p = preload_support::Stepped::start_as_nobody(&s, &report, script, &f);
+    // 6: read in the program (from the copy).
+    assert_eq!(p.line(), "before-the-kill 6", "{test}: the first read");
+    kill_and_wait_for_the_next_daemon(&mp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .write_all_at(b"after--the-kill\n", 0)
+        .unwrap();
+    p.go();
+    // 4: handed back, served through the mount by the successor.
+    assert_eq!(
+        p.line(),
+        "after--the-kill 4",
+        "{test}: the read after the kill; mount log:\n{}",
+        log_tail(&mp)
+    );
+    p.finish();
+}

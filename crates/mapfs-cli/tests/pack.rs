@@ -343,6 +343,154 @@ fn lent_reads_of_slotted_files() {
     assert_consistent(s.backing(), test);
 }
 
+/// Reads of slotted files by another user (nobody) under `mapfs run`: the
+/// pack file holds other users' files, so nobody is never lent it; each
+/// read-only open gets a copy of its file's bytes instead (fd status 6, run
+/// in the program). Random `pread`s, sequential `read`s, `lseek(SEEK_END)`
+/// and `fstat` give the model's bytes; once root rewrites a file in place
+/// through the mount, the next call on nobody's open hands it back to the
+/// mount (status 4) and reads the new bytes; a file open for writing
+/// elsewhere is not copied. Ends with `MODEL` in the script replaced by the
+/// model directory.
+const COPY_READS: &str = r#"
+import os, sys, random, ctypes
+lib = ctypes.CDLL(None)
+mnt, model = sys.argv[1], "MODEL"
+rng = random.Random(20261126)
+names = sorted(os.listdir(model))
+checked = 0
+def check(name, fd):
+    global checked
+    want = open(os.path.join(model, name), 'rb').read()
+    for k in range(10):
+        off = rng.randrange(0, len(want) + 16)
+        n = rng.randrange(1, 5000)
+        got = os.pread(fd, n, off)
+        assert got == want[off:off + n], (name, off, n, len(got), len(want))
+        checked += 1
+    os.lseek(fd, 0, os.SEEK_SET)
+    got = b''
+    while True:
+        b = os.read(fd, rng.randrange(1, 3000))
+        if not b:
+            break
+        got += b
+    assert got == want, (name, 'sequential read')
+    assert os.lseek(fd, 0, os.SEEK_END) == len(want), (name, 'size')
+    assert os.fstat(fd).st_size == len(want), (name, 'fstat size')
+fds = {}
+copies = 0
+for name in names:
+    fd = os.open(os.path.join(mnt, name), os.O_RDONLY)
+    check(name, fd)
+    copies += lib.mapfs_preload_fd_status(fd) == 6
+    fds[name] = fd
+print(f"copied={copies} checked={checked}", flush=True)
+changed = sys.stdin.readline().split()
+for name in changed:
+    assert lib.mapfs_preload_fd_status(fds[name]) == 6, (name, 'not a copy before the change')
+    check(name, fds[name])
+    st = lib.mapfs_preload_fd_status(fds[name])
+    assert st == 4, (name, 'a changed file was still read from its copy', st)
+for name in names:
+    check(name, fds[name])
+print(f"changed={len(changed)} checked={checked}", flush=True)
+w = sys.stdin.readline().strip()
+fd = os.open(os.path.join(mnt, w), os.O_RDONLY)
+check(w, fd)
+print(f"beside a writer: {lib.mapfs_preload_fd_status(fd)}", flush=True)
+"#;
+
+#[test]
+fn other_users_read_copies_that_follow_every_change() {
+    use preload_support::*;
+    let test = "pack: nobody reads copies of slotted files under mapfs run";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = pack_on(
+        DataMode::Auto,
+        None,
+        &["allow_other", "default_permissions", SMALL_THRESHOLD],
+    );
+    let m = s.mountpoint();
+    // nobody reads the model: a directory of its own, not the session's.
+    let model_dir = tempfile::Builder::new()
+        .prefix("mapfs-copy-model")
+        .tempdir_in("/tmp")
+        .unwrap();
+    fs::set_permissions(model_dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let model = model_dir.path();
+    let files = 60usize;
+    for i in 0..files {
+        let name = format!("f{i:03}");
+        let data = stream(&name, 1 + (i * 7_919) % 4_000);
+        fs::write(m.join(&name), &data).unwrap();
+        fs::write(model.join(&name), &data).unwrap();
+        fs::set_permissions(model.join(&name), fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let report = report_path(&s, "copies");
+    fs::write(&report, b"").unwrap();
+    fs::set_permissions(&report, fs::Permissions::from_mode(0o666)).unwrap();
+    let script = COPY_READS.replace("MODEL", &model.display().to_string());
+    let mut p = Stepped::start_as_nobody(&s, &report, &script, m);
+    assert_eq!(
+        p.line(),
+        format!("copied={files} checked={}", files * 10),
+        "{test}: every read-only open of nobody's should be a copy"
+    );
+    // Root rewrites ten files in place through the mount (and the model).
+    let mut changed = Vec::new();
+    for i in (0..files).step_by(6) {
+        let name = format!("f{i:03}");
+        let mut want = fs::read(model.join(&name)).unwrap();
+        if want.len() < 8 {
+            continue;
+        }
+        let at = want.len() / 3;
+        want[at..at + 8].copy_from_slice(b"CHANGED!");
+        fs::OpenOptions::new()
+            .write(true)
+            .open(m.join(&name))
+            .unwrap()
+            .write_all_at(b"CHANGED!", at as u64)
+            .unwrap();
+        fs::write(model.join(&name), &want).unwrap();
+        changed.push(name);
+    }
+    p.say(&changed.join(" "));
+    assert_eq!(
+        p.line(),
+        format!(
+            "changed={} checked={}",
+            changed.len(),
+            (2 * files + changed.len()) * 10
+        ),
+        "{test}: after root's rewrites"
+    );
+    // A file open for writing elsewhere is served by the daemon: its bytes
+    // may change with no bump.
+    let _writer = fs::OpenOptions::new()
+        .write(true)
+        .open(m.join("f001"))
+        .unwrap();
+    p.say("f001");
+    assert_eq!(p.line(), "beside a writer: 4", "{test}");
+    p.finish();
+    let out = ok(Command::new(mapfs_bin()).arg("stats").arg(m));
+    let st = String::from_utf8_lossy(&out.stdout);
+    let copies: usize = st
+        .split(" copied)")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{test}: no count of copies in mapfs stats:\n{st}"));
+    assert!(
+        copies >= files,
+        "{test}: mapfs stats counts {copies} copies, expected at least {files}:\n{st}"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Real programs, compared with native
 // ---------------------------------------------------------------------------
@@ -809,11 +957,12 @@ fn shim_adopts_own_files_and_refuses_like_the_mount() {
         format!("{sp} EACCES\n{bp} ok {b100} -1\n{mp} ok {m100} -1\n"),
         "{test}: through the mount"
     );
-    // 3: adopted (reads run in the program), 4: served through the mount.
-    // A slot is never lent to nobody: its pack file holds root's secret.
+    // 3: adopted (reads run in the program), 6: run in the program's
+    // engine. A slot is never lent to nobody (its pack file holds root's
+    // secret): nobody reads a copy of the file's bytes.
     assert_eq!(
         run(true),
-        format!("{sp} EACCES\n{bp} ok {b100} 3\n{mp} ok {m100} 4\n"),
+        format!("{sp} EACCES\n{bp} ok {b100} 3\n{mp} ok {m100} 6\n"),
         "{test}: through the shim"
     );
     // Root could open the pack file itself: its slots run in the program

@@ -1036,6 +1036,15 @@ impl OpenRegistry for Shared {
         self.tokens.adopting(open.ino, &open.map, &open.files);
     }
 
+    fn has_writer(&self, ino: u64) -> bool {
+        self.handles.has_writer(ino)
+    }
+
+    fn copied(&self) {
+        self.stats.add(Event::Adoption, 1);
+        self.stats.add(Event::Copy, 1);
+    }
+
     fn lend(&self, fh: u64, lent: bool, size: Option<Arc<mapfs::lentsize::LentSize>>) {
         if lent {
             self.stats.add(Event::Lending, 1);

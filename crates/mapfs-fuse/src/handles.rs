@@ -293,6 +293,13 @@ impl Handles {
         self.files.read().values().find(|f| f.ino == ino).cloned()
     }
 
+    /// True when `ino` has an open that may write it (its access mode is
+    /// not read-only).
+    pub fn has_writer(&self, ino: u64) -> bool {
+        (self.files.read().values())
+            .any(|f| f.ino == ino && f.flags & libc::O_ACCMODE != libc::O_RDONLY)
+    }
+
     /// True when `ino` has an open that runs through the daemon (not in
     /// kernel passthrough).
     pub fn has_daemon_open(&self, ino: u64) -> bool {

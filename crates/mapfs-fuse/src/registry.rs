@@ -141,4 +141,13 @@ pub trait OpenRegistry: Send + Sync + 'static {
     /// if its map is not the last one the daemon saw for the inode (see
     /// `control::tokens::MapTokens::adopting`).
     fn adopting(&self, open: &OpenInfo);
+
+    /// Whether inode `ino` has an open that may write it (through the
+    /// mount or lent): such a file's bytes are not copied to a client
+    /// ([`mapfs::control::Response::Copied`]), as they may change without
+    /// a bump of the inode's token.
+    fn has_writer(&self, ino: u64) -> bool;
+
+    /// An open was answered with a copy of its file's bytes (for stats).
+    fn copied(&self) {}
 }

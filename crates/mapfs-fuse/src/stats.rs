@@ -145,13 +145,15 @@ pub enum Event {
     Adoption,
     /// An open lent to a shim client's engine.
     Lending,
+    /// An open answered with a copy of the file's bytes.
+    Copy,
     /// A cache invalidation sent to the kernel.
     Invalidation,
     /// A map-cache token bump.
     TokenBump,
 }
 
-const EVENTS: usize = 8;
+const EVENTS: usize = 9;
 
 /// Every counter of one mount.
 pub struct Counters {
@@ -319,6 +321,7 @@ impl Counters {
             daemon_opens: e(Event::DaemonOpen),
             adoptions: e(Event::Adoption),
             lendings: e(Event::Lending),
+            copies: e(Event::Copy),
             invalidations: e(Event::Invalidation),
             token_bumps: e(Event::TokenBump),
             kernel: self.mountpoint.get().and_then(|m| kernel_connection(m)),

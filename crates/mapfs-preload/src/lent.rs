@@ -32,6 +32,12 @@
 //! (it needs the file system's `remap`), except in a guarded map (copy on
 //! write in place, `versions`'s writers), where the daemon remaps for the
 //! shim ([`mapfs::control::Request::Remap`]) and the open stays lent.
+//!
+//! A *copy* ([`mapfs::control::Response::Copied`]) is a read-only lending
+//! of a copy of the file's bytes in this process's memory, for a file whose
+//! backing file holds other users' files too. It is read only while the
+//! file's token is the one read before asking and the daemon that made it
+//! runs ([`Lent::copy_stale`]); the first call after that hands it back.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -72,6 +78,18 @@ pub struct Lent {
     writable: bool,
     append: AtomicBool,
     wrote: AtomicBool,
+    /// A copy's validity (see the module docs).
+    copy: Option<CopyOf>,
+}
+
+/// What a copy of a file's bytes stays valid under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyOf {
+    /// The file's inode on the mount.
+    pub ino: u64,
+    /// Its token, with its table ([`crate::mounts::Mount::copy_token`]),
+    /// read before the daemon was asked.
+    pub token: (u64, u64),
 }
 
 /// What one daemon lent.
@@ -128,7 +146,71 @@ impl Lent {
             writable: access != libc::O_RDONLY,
             append: AtomicBool::new(flags & libc::O_APPEND != 0),
             wrote: AtomicBool::new(false),
+            copy: None,
         }
+    }
+
+    /// A read-only lending of `bytes`, a copy of the file's bytes the daemon
+    /// made after `copy.token` was read, at `offset`: the map is 1-to-1 on a
+    /// sealed memfd holding them.
+    pub fn copied(
+        mount: usize,
+        bytes: &[u8],
+        copy: CopyOf,
+        offset: u64,
+        flags: i32,
+    ) -> std::io::Result<Self> {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let fd = rustix::fs::memfd_create(
+            "mapfs-copy",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )?;
+        let mut done = 0;
+        while done < bytes.len() {
+            done += rustix::io::pwrite(&fd, &bytes[done..], done as u64)?;
+        }
+        rustix::fs::fcntl_add_seals(
+            &fd,
+            SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
+        )?;
+        let len = bytes.len() as u64;
+        let extents = if len == 0 {
+            Vec::new()
+        } else {
+            vec![mapfs::Extent {
+                logical: 0,
+                file: 0,
+                offset: 0,
+                len,
+            }]
+        };
+        let map = DataMap::new(extents, len, Growth::ReadOnly)?;
+        let data = DataFile::new(mapfs::Opened {
+            map,
+            files: vec![std::sync::Arc::new(std::fs::File::from(fd))],
+            handle: 0,
+        });
+        let mut lent = Lent::new(mount, 0, data, None, offset, flags);
+        lent.copy = Some(copy);
+        Ok(lent)
+    }
+
+    /// A copy whose file may have changed since it was made (its token
+    /// moved, or the daemon that would move it died): it must not be read.
+    /// False for other lendings.
+    pub fn copy_stale(&self) -> bool {
+        let Some(c) = &self.copy else {
+            return false;
+        };
+        let Some(m) = crate::mounts::all().get(self.mount) else {
+            return true;
+        };
+        !m.daemon_alive() || m.copy_token(c.ino) != Some(c.token)
+    }
+
+    /// A copy of the file's bytes, not a lending of its map.
+    pub fn is_copy(&self) -> bool {
+        self.copy.is_some()
     }
 
     /// The daemon's name for this lending.

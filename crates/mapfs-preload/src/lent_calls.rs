@@ -19,6 +19,11 @@ fn with_lent<T>(fd: RawFd, f: impl FnOnce(&Lent) -> LentResult<T>) -> Option<Res
     }
     let _g = Guard::enter()?;
     let lent = table::lent(fd)?;
+    if lent.copy_stale() {
+        drop(lent);
+        sys::keep_errno(|| table::serve_final(fd, "the file changed since it was copied"));
+        return None;
+    }
     report::count_native();
     match f(&lent) {
         Ok(v) => Some(Ok(v)),
@@ -251,6 +256,12 @@ pub fn flags_set(fd: RawFd) {
 pub fn position(fd: RawFd) -> Option<(u64, u64)> {
     let _g = Guard::enter()?;
     let l = table::lent(fd)?;
+    if l.copy_stale() {
+        // Back on the mount, the kernel's offset and size are the open's.
+        drop(l);
+        sys::keep_errno(|| table::serve_final(fd, "the file changed since it was copied"));
+        return None;
+    }
     Some((l.offset(), l.size().ok()?))
 }
 
@@ -260,7 +271,8 @@ pub fn patch_size(fd: RawFd, size: &mut i64, blocks: &mut i64) {
         return;
     }
     if let Some(_g) = Guard::enter() {
-        if let Some(l) = table::lent(fd) {
+        // A stale copy's size is not the file's: the mount's answer is.
+        if let Some(l) = table::lent(fd).filter(|l| !l.copy_stale()) {
             table::patch_lent_size(&l, size, blocks);
         }
     }

@@ -21,7 +21,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,13 @@ pub struct Mount {
     daemon: AtomicU32,
     /// See [`Mount::take_cache_stale`].
     cache_stale: AtomicBool,
+    /// Counts the generation tables this process attached or dropped, so a
+    /// token names its table (see [`Mount::copy_token`]).
+    table_epoch: AtomicU64,
+    /// When [`Mount::daemon_alive`] last looked (coarse monotonic ms), and
+    /// what it found.
+    alive_checked: AtomicU64,
+    alive: AtomicBool,
 }
 
 /// An open connection to a daemon.
@@ -183,6 +190,9 @@ fn mount(point: PathBuf, dev: u64) -> Mount {
         reached: AtomicBool::new(false),
         daemon: AtomicU32::new(0),
         cache_stale: AtomicBool::new(false),
+        table_epoch: AtomicU64::new(0),
+        alive_checked: AtomicU64::new(0),
+        alive: AtomicBool::new(false),
     }
 }
 
@@ -463,7 +473,10 @@ impl Mount {
                 self.point.display(),
                 c.daemon
             ));
-            *self.generations.lock() = None;
+            let mut g = self.generations.lock();
+            *g = None;
+            self.table_epoch.fetch_add(1, Ordering::Relaxed);
+            drop(g);
             // Emptied by the map cache at its next use (it is locked before
             // the connection, never under it).
             self.cache_stale.store(true, Ordering::Relaxed);
@@ -480,6 +493,33 @@ impl Mount {
     /// if this process has the table.
     pub fn token(&self, ino: u64) -> Option<u64> {
         Some(self.generations.lock().as_ref()?.table.token(ino))
+    }
+
+    /// The token of inode `ino` with the table it comes from, if this
+    /// process has a table: what a copy of the file's bytes stays valid
+    /// under ([`mapfs::control::Response::Copied`]). Tokens of two tables
+    /// never compare equal, though their counters may.
+    pub fn copy_token(&self, ino: u64) -> Option<(u64, u64)> {
+        let g = self.generations.lock();
+        let token = g.as_ref()?.table.token(ino);
+        Some((self.table_epoch.load(Ordering::Relaxed), token))
+    }
+
+    /// Whether the daemon this process talks to still runs, looked up at
+    /// most every [`mapfs::control::COPY_CHECK`] (its connection hung up
+    /// once it died): a copy of a file's bytes is valid only while the
+    /// daemon whose table guards it runs.
+    pub fn daemon_alive(&self) -> bool {
+        let now = sys::coarse_ms();
+        let check = mapfs::control::COPY_CHECK.as_millis() as u64;
+        if now.saturating_sub(self.alive_checked.load(Ordering::Relaxed)) < check {
+            return self.alive.load(Ordering::Relaxed);
+        }
+        let pid = sys::getpid();
+        let alive = (self.conn.lock().as_ref()).is_some_and(|c| c.pid == pid && !c.hung_up());
+        self.alive.store(alive, Ordering::Relaxed);
+        self.alive_checked.store(now, Ordering::Relaxed);
+        alive
     }
 
     /// Keeps the generation table that came with an adoption (the first
@@ -502,7 +542,9 @@ impl Mount {
                 if let Some(k) = &kept {
                     crate::table::claim_shim_fd(k.as_raw_fd());
                 }
-                *self.generations.lock() = Some(Table { table, fd: kept });
+                let mut g = self.generations.lock();
+                *g = Some(Table { table, fd: kept });
+                self.table_epoch.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => sys::log(format_args!(
                 "the daemon's generation table is unusable: {e}"

@@ -92,6 +92,13 @@ pub fn getpid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
 }
 
+/// Milliseconds of the coarse monotonic clock (a vDSO read, no system
+/// call; a few milliseconds of resolution).
+pub fn coarse_ms() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
+
 /// Thread id of the caller.
 pub fn gettid() -> u32 {
     rustix::thread::gettid().as_raw_nonzero().get() as u32

@@ -408,10 +408,13 @@ pub fn hand_back(entry: &Entry, why: &str) {
     }
     if let Some(m) = mounts::all().get(entry.mount) {
         push_map(m, &lent, open);
-        let _ = m.call(&Request::Closed {
-            handle: lent.handle(),
-            wrote: lent.wrote(),
-        });
+        // A copy is no lending: the daemon has nothing to end.
+        if !lent.is_copy() {
+            let _ = m.call(&Request::Closed {
+                handle: lent.handle(),
+                wrote: lent.wrote(),
+            });
+        }
     }
     if let Some(k) = open {
         for &fd in &inner.fds {
@@ -601,12 +604,46 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
         });
     }
     let token = mcache::token_before_asking(entry.mount, entry.ino);
+    // A copy is valid under a token read before asking, whatever the map
+    // cache's settings.
+    let copy_token = mount.copy_token(entry.ino);
+    let handed = match ask_adopt(mount, first, flags, engine)? {
+        Answer::Handed(h) => h,
+        Answer::Copied(bytes) => {
+            let (token, bytes) = match copy_token {
+                Some(t) => (t, bytes),
+                None => {
+                    // The table came with this answer (the connection's
+                    // first adoption): the copy may predate the token read
+                    // now, so it is asked for again.
+                    let t = mount
+                        .copy_token(entry.ino)
+                        .ok_or("no generation table to keep a copy valid")?;
+                    match ask_adopt(mount, first, flags, engine)? {
+                        Answer::Copied(b) => (t, b),
+                        Answer::Handed(h) => {
+                            end_handed(mount, &h);
+                            return Err("the daemon lent the open at the second asking".into());
+                        }
+                    }
+                }
+            };
+            let copy = crate::lent::CopyOf {
+                ino: entry.ino,
+                token,
+            };
+            let lent = Lent::copied(entry.mount, &bytes, copy, offset, flags)
+                .map_err(|e| format!("cannot hold the copy: {e}"))?;
+            inner.lent = Some(Arc::new(lent));
+            return Ok(Status::Lent);
+        }
+    };
     let Handed {
         handle,
         map,
         backing,
         size_page,
-    } = ask_adopt(mount, first, flags, engine)?;
+    } = handed;
     if !map.is_whole_file() {
         // Lent: the daemon checked the map can run here.
         let data = lent_data(map, backing);
@@ -635,6 +672,22 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
     Ok(Status::Adopted { handle, writable })
 }
 
+/// A daemon's answer to an adoption.
+enum Answer {
+    /// The open, or its map, handed over.
+    Handed(Handed),
+    /// A copy of the file's bytes ([`Response::Copied`]).
+    Copied(Vec<u8>),
+}
+
+/// Ends a lending this process will not use.
+fn end_handed(mount: &mounts::Mount, h: &Handed) {
+    let _ = mount.call(&Request::Closed {
+        handle: h.handle,
+        wrote: false,
+    });
+}
+
 /// What a daemon handed out for an adoption.
 struct Handed {
     handle: u64,
@@ -645,7 +698,7 @@ struct Handed {
 
 /// Asks the daemon of `mount` to hand over the open of `fd` (see
 /// [`Request::Adopt`]).
-fn ask_adopt(mount: &mounts::Mount, fd: RawFd, flags: i32, engine: bool) -> Result<Handed, String> {
+fn ask_adopt(mount: &mounts::Mount, fd: RawFd, flags: i32, engine: bool) -> Result<Answer, String> {
     let (resp, mut backing) = mount
         .call_proven(sys::fd(fd), |proof| Request::Adopt {
             proof,
@@ -676,12 +729,16 @@ fn ask_adopt(mount: &mounts::Mount, fd: RawFd, flags: i32, engine: bool) -> Resu
             } else {
                 None
             };
-            Ok(Handed {
+            Ok(Answer::Handed(Handed {
                 handle,
                 map,
                 backing,
                 size_page,
-            })
+            }))
+        }
+        Response::Copied { bytes, generations } => {
+            mount.keep_generations(&mut backing, 0, generations);
+            Ok(Answer::Copied(bytes))
         }
         Response::Refused { reason, .. } => Err(format!("refused: {reason}")),
         other => Err(format!("unexpected answer {other:?}")),
@@ -708,7 +765,10 @@ fn relend(m: &mounts::Mount, kept: RawFd, lent: &Lent) -> Result<u64, String> {
     let flags = rustix::fs::fcntl_getfl(sys::fd(kept))
         .map_err(|e| format!("F_GETFL: {e}"))?
         .bits() as i32;
-    let h = ask_adopt(m, kept, flags, true)?;
+    let h = match ask_adopt(m, kept, flags, true)? {
+        Answer::Handed(h) => h,
+        Answer::Copied(_) => return Err("the new daemon answered a writer with a copy".into()),
+    };
     let end = |why: String| {
         let _ = m.call(&Request::Closed {
             handle: h.handle,
@@ -917,10 +977,12 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
                 push_map(m, &l, inner.kept.and_then(|k| k.live(entry.dev, entry.ino)));
             }
             end_lending(&l);
-            Some(Notice::Handle(Request::Closed {
-                handle: l.handle(),
-                wrote: l.wrote(),
-            }))
+            (!l.is_copy()).then(|| {
+                Notice::Handle(Request::Closed {
+                    handle: l.handle(),
+                    wrote: l.wrote(),
+                })
+            })
         }
         None => {
             let notice = closed_notice(&inner.status);

@@ -96,7 +96,24 @@ use crate::stats::{MountStats, TraceEvent};
 /// `Changed`; the generation table comes with the first adoption.
 /// Version 5: `Stats` (request counters, [`crate::stats`]) and `Trace`.
 /// Version 6: `Remap`/`Remapped`, and maps with [`crate::Growth::Guarded`].
-pub const VERSION: u8 = 6;
+/// Version 7: `Copied`; [`crate::stats::MountStats::copies`].
+pub const VERSION: u8 = 7;
+
+/// Largest file whose adoption a daemon may answer with a copy of its bytes
+/// ([`Response::Copied`]).
+pub const COPY_MAX: u64 = 128 * 1024;
+
+/// How often a client reading copies ([`Response::Copied`]) checks that the
+/// daemon that made them still runs (its connection did not hang up): a
+/// daemon that replaces a dead one bumps a table of its own, which the
+/// client does not have yet.
+pub const COPY_CHECK: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long a supervisor waits after a daemon's death before it starts the
+/// next one: more than twice [`COPY_CHECK`], so every client has noticed the
+/// death, and stopped reading its copies, before the successor can serve a
+/// write.
+pub const COPY_NOTICE: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// Largest packet either side sends or accepts.
 pub const MAX_PACKET: usize = 256 * 1024;
@@ -297,6 +314,21 @@ pub enum Response {
         size_slot: bool,
         /// A descriptor of the daemon's generation table ([`Generations`])
         /// follows the backing files (the first adoption on a connection).
+        generations: bool,
+    },
+    /// Answer to [`Request::Adopt`] of a read-only open whose map the
+    /// client may not run (its backing file holds other users' files, as a
+    /// pack file's slots do): the file's bytes, at most [`COPY_MAX`]. The
+    /// client reads them in its own memory for as long as the inode's token
+    /// stays the one it read before asking (every change to the file bumps
+    /// it; the daemon copies only files no writer has open) and the daemon
+    /// runs ([`COPY_CHECK`]), then hands the open back to the mount. The
+    /// generation table follows when `generations` (no other descriptor).
+    Copied {
+        /// The file's bytes, from offset 0 to its size.
+        bytes: Vec<u8>,
+        /// A descriptor of the daemon's generation table is attached (the
+        /// first adoption on a connection).
         generations: bool,
     },
     /// Answer to [`Request::Remap`]: the open's map from now on; `files`

@@ -169,6 +169,9 @@ pub struct MountStats {
     pub adoptions: u64,
     /// Of those, lendings (the client runs the map in its own engine).
     pub lendings: u64,
+    /// Of those, copies (the client reads a copy of the file's bytes; see
+    /// [`crate::control::Response::Copied`]).
+    pub copies: u64,
     /// Cache invalidations the daemon sent to the kernel.
     pub invalidations: u64,
     /// Map-cache token bumps (each makes shim clients re-ask for a map).
@@ -211,6 +214,7 @@ impl MountStats {
             daemon_opens: d(self.daemon_opens, earlier.daemon_opens),
             adoptions: d(self.adoptions, earlier.adoptions),
             lendings: d(self.lendings, earlier.lendings),
+            copies: d(self.copies, earlier.copies),
             invalidations: d(self.invalidations, earlier.invalidations),
             token_bumps: d(self.token_bumps, earlier.token_bumps),
             kernel: self.kernel.clone(),

@@ -260,7 +260,30 @@ impl Stepped {
         file: &Path,
     ) -> Stepped {
         let report = report_path(s, name);
-        let mut child = attached(s, &report, "python3")
+        Self::spawn(attached(s, &report, "python3"), script, file)
+    }
+
+    /// [`Stepped::start`] as user nobody (adopting at the first call); the
+    /// shim's report goes to `report`, which nobody must be able to write.
+    pub fn start_as_nobody(
+        s: &mapfs_testkit::MountSession,
+        report: &Path,
+        script: &str,
+        file: &Path,
+    ) -> Stepped {
+        shim();
+        let mut cmd = mapfs_testkit::user::command_as_nobody(mapfs_bin());
+        cmd.args(["run", "--mount"])
+            .arg(s.mountpoint())
+            .args(["--", "python3"])
+            .env("MAPFS_PRELOAD_REPORT", report)
+            .env("MAPFS_PRELOAD_ADOPT_CALLS", "1")
+            .env("HOME", "/");
+        Self::spawn(cmd, script, file)
+    }
+
+    fn spawn(mut cmd: Command, script: &str, file: &Path) -> Stepped {
+        let mut child = cmd
             .arg("-c")
             .arg(script)
             .arg(file)

@@ -915,6 +915,9 @@ impl Conn {
         } else {
             open
         };
+        if !writable && engine && shared_backing(&open) && !owner_or_root(self.peer) {
+            return self.copy(registry, &open);
+        }
         let (map, mut fds, lent) = if open.map.is_whole_file() {
             let backing = open
                 .files
@@ -994,6 +997,65 @@ impl Conn {
         ))
     }
 
+    /// Answers the adoption of read-only `open`, whose backing file the
+    /// client may not get, with a copy of the file's bytes (see
+    /// [`Response::Copied`]): what the client could read through the mount,
+    /// and nothing else. Nothing of it stays in the daemon: the client keeps
+    /// the bytes in its own memory, and its reads of the open through the
+    /// mount (raw system calls, or after the copy is stale) are served as
+    /// before.
+    fn copy(
+        &mut self,
+        registry: &dyn OpenRegistry,
+        open: &OpenInfo,
+    ) -> Result<(Response, Vec<OwnedFd>), Response> {
+        let size = open.map.size();
+        if size > control::COPY_MAX {
+            return Err(refused(
+                libc::EOPNOTSUPP,
+                "in a backing file shared with other users' files, and too large to copy: \
+                 served by the daemon",
+            ));
+        }
+        // A writer may change the bytes without an open or a truncate, the
+        // changes that bump the token.
+        if registry.has_writer(open.ino) {
+            return Err(refused(
+                libc::EBUSY,
+                "open for writing elsewhere: served by the daemon",
+            ));
+        }
+        let mut bytes = vec![0u8; size as usize];
+        let n = open
+            .data
+            .read(0, &mut bytes)
+            .map_err(|e| refused(e.errno(), &format!("cannot copy the file's bytes: {e}")))?;
+        bytes.truncate(n);
+        let mut fds = Vec::new();
+        let mut generations = false;
+        if !self.table_sent {
+            if let Some(Ok(t)) = registry
+                .generations()
+                .and_then(|t| t.fd())
+                .map(|t| t.try_clone_to_owned())
+            {
+                fds.push(t);
+                generations = true;
+                self.table_sent = true;
+            }
+        }
+        registry.copied();
+        tracing::debug!(
+            uid = self.peer.uid,
+            pid = self.peer.pid,
+            ino = open.ino,
+            fh = open.fh,
+            bytes = n,
+            "open answered with a copy for a shim client"
+        );
+        Ok((Response::Copied { bytes, generations }, fds))
+    }
+
     /// The client's connection is gone (closed, dropped, or the process
     /// died): what it may have written becomes visible through the mount.
     fn gone(&mut self, registry: &dyn OpenRegistry) {
@@ -1018,6 +1080,13 @@ impl Conn {
 /// True when `peer` is the mount's owner (the daemon's user) or root.
 fn owner_or_root(peer: Peer) -> bool {
     peer.uid == 0 || peer.uid == rustix::process::geteuid().as_raw()
+}
+
+/// True when the backing file of `open`'s map also holds other files (an
+/// in-place map: M-to-1 slots, as `pack`'s), so that only the mount's owner
+/// and root may be given it.
+fn shared_backing(open: &OpenInfo) -> bool {
+    !open.map.is_whole_file() && matches!(open.map.growth(), Growth::InPlace { .. })
 }
 
 /// True when `peer` may act on what `uid`/`gid` did: the same user and
@@ -1053,7 +1122,7 @@ fn lend_files(
         return Err(refused(libc::EOPNOTSUPP, "map is not whole-file"));
     }
     let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY;
-    let in_place = matches!(open.map.growth(), Growth::InPlace { .. });
+    let in_place = shared_backing(open);
     if in_place && !owner_or_root(peer) {
         return Err(refused(
             libc::EOPNOTSUPP,

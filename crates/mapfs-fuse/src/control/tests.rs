@@ -92,6 +92,10 @@ impl OpenRegistry for Fake {
         o.map = map;
         Ok(Some(o.clone()))
     }
+    fn has_writer(&self, ino: u64) -> bool {
+        (self.opens.lock().iter())
+            .any(|o| o.ino == ino && o.flags & libc::O_ACCMODE != libc::O_RDONLY)
+    }
     fn adopting(&self, open: &OpenInfo) {
         self.adopting.lock().push(open.fh);
         if let Some(g) = &self.generations {

@@ -159,15 +159,19 @@ pub fn supervise(
             eio::fail_all(c.dev.as_fd())?;
             return Ok(1);
         }
+        // Never at once: shim clients reading copies of files stop once
+        // they see the daemon gone, which takes them up to
+        // `control::COPY_CHECK`; the successor must not serve a write
+        // before that.
         let wait = match failed_starts {
-            0 => Duration::ZERO,
+            0 => control::COPY_NOTICE,
             n => (Duration::from_millis(100) * 2u32.pow(n - 1)).min(Duration::from_secs(2)),
         };
         warn!(
             "daemon {} {how} after {:.1} s; restarting it{} (restart {} in the last {} s)",
             child.id(),
             started.elapsed().as_secs_f64(),
-            if wait.is_zero() {
+            if failed_starts == 0 {
                 String::new()
             } else {
                 format!(" in {} ms", wait.as_millis())

@@ -162,6 +162,9 @@ fn answer(what: &str, got: std::io::Result<(Response, Vec<OwnedFd>)>) -> Value {
                 Response::Stats(_) => json!({"answer": "Stats"}),
                 Response::Trace { .. } => json!({"answer": "Trace"}),
                 Response::Remapped { files, .. } => json!({"answer": "Remapped", "files": files}),
+                Response::Copied { bytes, generations } => json!({
+                    "answer": "Copied", "bytes": bytes.len(), "generations": generations,
+                }),
             };
             v["what"] = json!(what);
             v["fds"] = json!(fds);

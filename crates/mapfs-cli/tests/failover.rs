@@ -665,3 +665,73 @@ fn copies_are_dropped_when_their_daemon_dies() {
     );
     p.finish();
 }
+
+/// A plfs open's allocation past the end and punched hole, not yet handed
+/// to the file system when the daemon dies, are kept for the successor as
+/// holes (no copy of their zeros) and made again: the successor's file has
+/// the size, the zeros and the bytes around them the program left.
+#[test]
+fn plfs_holes_kept_for_a_successor_are_made_again() {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
+    let test = "plfs: holes kept across a kill";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = MountSession::builder(mapfs_bin())
+        .fs("plfs")
+        .data(DataMode::Auto)
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mp = s.mountpoint().to_path_buf();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(mp.join("f"))
+        .unwrap();
+    let len = 8usize << 20;
+    let mut model = vec![0u8; len];
+    let head: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8 + 1).collect();
+    f.write_all_at(&head, 0).unwrap();
+    model[..head.len()].copy_from_slice(&head);
+    rustix::fs::fallocate(
+        f.as_fd(),
+        rustix::fs::FallocateFlags::empty(),
+        0,
+        len as u64,
+    )
+    .unwrap();
+    let hole = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+    rustix::fs::fallocate(f.as_fd(), hole, 4096, 8192).unwrap();
+    model[4096..12288].fill(0);
+    f.write_all_at(b"tail", 7 << 20).unwrap();
+    model[(7 << 20)..(7 << 20) + 4].copy_from_slice(b"tail");
+    kill_and_wait_for_the_next_daemon(&mp);
+    let check = |f: &std::fs::File, when: &str| {
+        assert_eq!(
+            f.metadata().unwrap().len(),
+            len as u64,
+            "{test}: size {when}; mount log:\n{}",
+            log_tail(&mp)
+        );
+        let mut back = vec![0u8; len];
+        f.read_exact_at(&mut back, 0).unwrap();
+        let first = back.iter().zip(&model).position(|(a, b)| a != b);
+        assert!(
+            first.is_none(),
+            "{test}: bytes differ {when} from offset {first:?}; mount log:\n{}",
+            log_tail(&mp)
+        );
+    };
+    check(&f, "through the open, after the kill");
+    drop(f);
+    check(
+        &std::fs::File::open(mp.join("f")).unwrap(),
+        "after a new open",
+    );
+    let out = s.umount().unwrap();
+    assert!(out.success(), "{test}: umount: {}", out.stderr);
+}

@@ -148,6 +148,7 @@ impl Shared {
                 cost += match &bytes {
                     Bytes::Copied(b) => b.len() as u64,
                     Bytes::InLog { len, .. } => len.div_ceil(IN_LOG_WEIGHT),
+                    Bytes::Hole { .. } => 1,
                 };
                 link.send(&ToSupervisor::Wrote(PendingWrite {
                     fh: file.fh,
@@ -181,47 +182,51 @@ impl Shared {
                     }
                 }
             };
-            match file.data.locate_in_log(offset, len) {
-                Some((segments, log, log_file)) => {
-                    let mut at = offset;
-                    for seg in segments {
-                        match seg {
-                            Segment::Data {
-                                file: f,
-                                offset: in_log,
-                                len: n,
-                            } if f == log => {
-                                if !logs_sent.contains(&log) {
-                                    link.send_with(
-                                        &ToSupervisor::Log {
-                                            fh: file.fh,
-                                            file: log,
-                                        },
-                                        &[log_file.as_fd()],
-                                    );
-                                    logs_sent.push(log);
-                                }
-                                let mut done = 0;
-                                while done < n {
-                                    let piece = (n - done).min(JOURNAL_CHUNK as u64);
-                                    send(
-                                        at + done,
-                                        Bytes::InLog {
-                                            file: log,
-                                            at: in_log + done,
-                                            len: piece,
-                                        },
-                                    );
-                                    done += piece;
-                                }
-                            }
-                            // Pieces of other files, holes: copied.
-                            other => copy(&mut send, at, at + other.len()),
+            // Pieces of the open's log are kept by place, holes as holes,
+            // anything else (pieces of other files) copied.
+            let (segments, log) = match file.data.locate_in_log(offset, len) {
+                Some((segments, log, log_file)) => (segments, Some((log, log_file))),
+                None => (file.data.snapshot().0.locate(offset, len), None),
+            };
+            let mut at = offset;
+            for seg in segments {
+                match (seg, &log) {
+                    (
+                        Segment::Data {
+                            file: f,
+                            offset: in_log,
+                            len: n,
+                        },
+                        Some((log, log_file)),
+                    ) if f == *log => {
+                        if !logs_sent.contains(log) {
+                            link.send_with(
+                                &ToSupervisor::Log {
+                                    fh: file.fh,
+                                    file: *log,
+                                },
+                                &[log_file.as_fd()],
+                            );
+                            logs_sent.push(*log);
                         }
-                        at += seg.len();
+                        let mut done = 0;
+                        while done < n {
+                            let piece = (n - done).min(JOURNAL_CHUNK as u64);
+                            send(
+                                at + done,
+                                Bytes::InLog {
+                                    file: *log,
+                                    at: in_log + done,
+                                    len: piece,
+                                },
+                            );
+                            done += piece;
+                        }
                     }
+                    (Segment::Hole { len: n }, _) => send(at, Bytes::Hole { len: n }),
+                    (other, _) => copy(&mut send, at, at + other.len()),
                 }
-                None => copy(&mut send, offset, offset + len),
+                at += seg.len();
             }
             self.journaled_total.fetch_add(cost, Ordering::Relaxed);
             file.journaled.fetch_add(cost, Ordering::Relaxed) + cost
@@ -293,6 +298,26 @@ impl Shared {
             };
             let bytes = match w.bytes {
                 Bytes::Copied(b) => b,
+                Bytes::Hole { len } => {
+                    // The size grows to the hole's end, as the change made
+                    // it (an allocation), and the range reads as zeros.
+                    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                    let res = file
+                        .data
+                        .fallocate(0, w.offset, len)
+                        .and_then(|()| file.data.fallocate(punch, w.offset, len));
+                    match res {
+                        Ok(()) => {
+                            self.changed(&file, SizeChange::Extend(w.offset + len));
+                            touched.insert(w.fh, file);
+                        }
+                        Err(e) => {
+                            warn!(path = %file.path.display(), "cannot make a hole again: {e}");
+                            lost += len;
+                        }
+                    }
+                    continue;
+                }
                 Bytes::InLog { file: log, at, len } => {
                     let mut b = vec![0u8; len as usize];
                     let read = logs.get(&(w.fh, log)).map(|fd| {

@@ -150,6 +150,13 @@ pub enum Bytes {
         /// Length.
         len: u64,
     },
+    /// `len` bytes that read as zeros: a hole the change made (an
+    /// allocation past the end, a punched range) or left. Kept without a
+    /// copy: an allocation of a GiB once sent a GiB of zeros.
+    Hole {
+        /// Length.
+        len: u64,
+    },
 }
 
 impl Bytes {
@@ -157,7 +164,7 @@ impl Bytes {
     pub fn len(&self) -> u64 {
         match self {
             Bytes::Copied(b) => b.len() as u64,
-            Bytes::InLog { len, .. } => *len,
+            Bytes::InLog { len, .. } | Bytes::Hole { len } => *len,
         }
     }
 

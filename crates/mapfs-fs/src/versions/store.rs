@@ -224,6 +224,16 @@ fn rel(path: &[u8]) -> &OsStr {
     OsStr::from_bytes(if p.is_empty() { b"." } else { p })
 }
 
+/// The `meta` key of the highest version id ever given. Ids are never
+/// given twice: [`Store::delete_ids`] removes a version's object after its
+/// row is gone, outside the transaction, so a version given the id of one
+/// being deleted lost its object to that deletion (SQLite gives a deleted
+/// highest rowid again): a writer's open that took a version just as the
+/// release of the file's previous writer dropped an unchanged one failed
+/// with `ENOENT`, or kept a version without its bytes. Kept in the index
+/// rather than by `AUTOINCREMENT`, which a table made before cannot take.
+const LAST_ID: &str = "last_id";
+
 /// Names of replacements being made (`Store::new_replacement`); object
 /// names are numbers.
 const REPLACEMENT_PREFIX: &str = ".replacement-";
@@ -333,7 +343,8 @@ impl Store {
     }
 
     /// Adds a row for a new version of `path` inside `tx` and returns its
-    /// id. The lineage continues the path's last one unless that ended.
+    /// id, one never given before (see [`LAST_ID`]). The lineage continues
+    /// the path's last one unless that ended.
     fn insert(
         tx: &rusqlite::Transaction<'_>,
         path: &[u8],
@@ -354,9 +365,17 @@ impl Store {
                 .query_row([], |r| r.get(0))?,
         };
         let ts = stamp::now_us().max(last.map_or(0, |l| l.2 + 1));
+        let id: i64 = tx
+            .prepare_cached(
+                "SELECT max((SELECT coalesce(max(id), 0) FROM versions),
+                            coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key = ?1), 0)) + 1",
+            )?
+            .query_row(params![LAST_ID], |r| r.get(0))?;
+        tx.prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")?
+            .execute(params![LAST_ID, id.to_string()])?;
         tx.prepare_cached(
-            "INSERT INTO versions(path, lineage, ts, kind, size, stored, uid, gid, mode, reason, terminal)
-             VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, 0)",
+            "INSERT INTO versions(id, path, lineage, ts, kind, size, stored, uid, gid, mode, reason, terminal)
+             VALUES (?10, ?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8, ?9, 0)",
         )?
         .execute(params![
             path,
@@ -367,9 +386,10 @@ impl Store {
             meta.uid,
             meta.gid,
             meta.mode,
-            reason
+            reason,
+            id
         ])?;
-        Ok(tx.last_insert_rowid())
+        Ok(id)
     }
 
     /// Makes a version in one transaction: its row, then its object by
@@ -391,11 +411,12 @@ impl Store {
         let remove = || {
             let _ = rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty());
         };
-        // No committed row has this id (it was just given out under the
-        // write lock), but a process that died between making an object and
-        // committing its row left one by this name: an orphan, in the way of
-        // the new object. Rare, so it is removed only when found (an unlink
-        // before every version cost a system call each).
+        // No row ever had this id (it was just given out under the write
+        // lock), but a process that died between making an object and
+        // committing its row left one by this name (its id was not
+        // recorded as given either): an orphan, in the way of the new
+        // object. Rare, so it is removed only when found (an unlink before
+        // every version cost a system call each).
         let filled = match fill(id) {
             Err(e) if e.errno() == libc::EEXIST => {
                 remove();
@@ -655,6 +676,14 @@ impl Store {
 
     /// Removes versions and their objects.
     pub fn delete_ids(&self, ids: &[i64]) -> Result<()> {
+        self.delete_rows(ids)?;
+        self.delete_objects(ids)
+    }
+
+    /// The first half of [`Store::delete_ids`]: the rows, in one
+    /// transaction, before the objects (a crash between the two leaves
+    /// orphan objects, never a row without its object).
+    fn delete_rows(&self, ids: &[i64]) -> Result<()> {
         let mut db = self.db.lock();
         let tx = db.transaction().map_err(sql)?;
         let mut freed = 0i64;
@@ -671,6 +700,13 @@ impl Store {
         tx.commit().map_err(sql)?;
         drop(db);
         self.count_stored(-freed);
+        Ok(())
+    }
+
+    /// The second half of [`Store::delete_ids`]: the objects of deleted
+    /// rows. Their ids are never given again ([`LAST_ID`]), so a version
+    /// made since cannot lose its object here.
+    fn delete_objects(&self, ids: &[i64]) -> Result<()> {
         for id in ids {
             match rustix::fs::unlinkat(&self.objects, object_name(*id), AtFlags::empty()) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => {}
@@ -958,5 +994,39 @@ mod tests {
         assert_eq!(second, first + 1);
         let kept = std::fs::read(objects.join(object_name(second))).unwrap();
         assert_eq!(kept, b"old bytes");
+    }
+
+    /// The release of a writer that changed nothing drops its version
+    /// while the file's next writer opens and takes one: the deletion
+    /// removes the object after the row, so the new version must not be
+    /// given the deleted id, or the deletion removes its object instead
+    /// (the open failed with `ENOENT`, or kept a version without its
+    /// bytes). Nor may another process using the store give it again.
+    #[test]
+    fn a_deleted_version_s_id_is_never_given_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::File::open(dir.path()).unwrap();
+        let store = Store::open(root.as_fd(), true).unwrap();
+        let src = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut &src, b"old bytes").unwrap();
+        let meta = FileMeta::of(&src).unwrap();
+        let (dropped, _) = store.add_undo(b"/f", &meta).unwrap();
+        // The deletion has removed the row, not yet the object...
+        store.delete_rows(&[dropped]).unwrap();
+        // ...when the next writer's version is made...
+        let (taken, _obj) = store.add_undo(b"/f", &meta).unwrap();
+        let _mark = store.mark_in_use(taken).unwrap();
+        // ...and then the deletion ends.
+        store.delete_objects(&[dropped]).unwrap();
+        store
+            .open_object(taken)
+            .expect("the new version's object is still there");
+        assert_ne!(taken, dropped);
+        // The newest version deleted, another connection to the store (as
+        // `mapfs versions` makes) gives a new id too.
+        store.delete_ids(&[taken]).unwrap();
+        let other = Store::open(root.as_fd(), false).unwrap();
+        let (later, _) = other.add_undo(b"/f", &meta).unwrap();
+        assert!(later > taken, "id {later} given again (newest was {taken})");
     }
 }

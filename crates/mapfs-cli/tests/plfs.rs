@@ -972,6 +972,69 @@ fn n1(mode: DataMode) {
     }
 }
 
+/// Two hosts sharing one store (two mounts of one backing directory whose
+/// kernels keep names for 30 s): an `open(O_CREAT)` on host A of a file
+/// that host B removed after A's kernel had looked it up creates the file,
+/// and a plain open of such a name answers ENOENT. The first answered
+/// ENOENT (issue 14: fio lays an N-1 file out by removing and creating it
+/// again, and another host's fio, opening it with O_CREAT meanwhile, failed).
+fn open_creat_of_a_name_another_host_removed(mode: DataMode) {
+    let test = format!("plfs open(O_CREAT) of a name another host removed --data {mode}");
+    let (_keep, backing) = kept_backing();
+    let host = |id: &str| {
+        MountSession::builder(mapfs_bin())
+            .fs(FS)
+            .data(mode)
+            .backing(&backing)
+            .option(&format!("hostid={id}"))
+            .arg("--ttl")
+            .arg("30")
+            .mount()
+            .unwrap_or_else(|e| panic!("{test}: mounting host {id}: {e:#}"))
+    };
+    let (a, b) = (host("a"), host("b"));
+    for name in ["created", "plain"] {
+        fs::write(a.mountpoint().join(name), b"old").unwrap();
+        // Host A's kernel holds the name now, for the TTL.
+        fs::metadata(a.mountpoint().join(name)).unwrap();
+        fs::remove_file(b.mountpoint().join(name)).unwrap();
+    }
+    let created = a.mountpoint().join("created");
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        // As fio opens the file it lays out: O_WRONLY|O_CREAT, no O_TRUNC.
+        .truncate(false)
+        .open(&created)
+        .unwrap_or_else(|e| panic!("{test}: open(O_CREAT) on host A: {e}"));
+    f.write_all(b"new").unwrap();
+    drop(f);
+    assert_eq!(fs::read(&created).unwrap(), b"new", "{test}: on host A");
+    assert_eq!(
+        fs::read(b.mountpoint().join("created")).unwrap(),
+        b"new",
+        "{test}: on host B"
+    );
+    let plain = fs::File::open(a.mountpoint().join("plain")).map(|_| ());
+    assert_eq!(
+        plain.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::NotFound),
+        "{test}: plain open on host A"
+    );
+    umount_clean(a, &test);
+    umount_clean(b, &test);
+}
+
+fuse_test!(
+    open_creat_of_a_name_another_host_removed_daemon =>
+        open_creat_of_a_name_another_host_removed(DataMode::Daemon)
+);
+
+fuse_test!(
+    open_creat_of_a_name_another_host_removed_auto =>
+        open_creat_of_a_name_another_host_removed(DataMode::Auto)
+);
+
 fuse_test!(n1_checkpoint_daemon => n1(DataMode::Daemon));
 
 fuse_test!(n1_checkpoint_daemon_nowb => n1(DataMode::DaemonNoWriteback));

@@ -1478,6 +1478,29 @@ impl Filesystem for Adapter {
             }
             r => r,
         };
+        // The kernel found this inode at the name, and the name lost it
+        // before the open came (removed by another host sharing the store,
+        // or in the backing directory). A local file system would open the
+        // file found; here it is gone, so ESTALE makes the kernel walk the
+        // path again once, looking every name up afresh: an `open(O_CREAT)`
+        // then creates the file (the kernel sends an open of an existing
+        // inode without O_CREAT, so only it can), and another open answers
+        // ENOENT from that lookup or opens what the name holds by then.
+        // ENOENT here failed fio's `open(O_CREAT)` of a file that another
+        // host's fio removed to lay it out again (issue 14). A name still
+        // there keeps the file system's ENOENT (something it was missing).
+        let opened = opened.map_err(|e| {
+            let gone = e.errno() == libc::ENOENT
+                && s.fs.getattr(&c, &path).err().map(|e| e.errno()) == Some(libc::ENOENT);
+            if gone {
+                Error::from_errno(libc::ESTALE).context(format!(
+                    "{} was removed since the kernel looked it up",
+                    path.display()
+                ))
+            } else {
+                e
+            }
+        });
         let opened = tri!(reply, opened);
         let (fh, backing, fopen) = tri!(
             reply,

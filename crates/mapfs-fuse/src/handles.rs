@@ -125,6 +125,14 @@ pub struct Handles {
     lent_sizes: Mutex<HashMap<u64, Vec<LentWriter>>>,
     /// `lent_sizes.len()`, a lock-free "none" for [`Handles::lent_size`].
     lent_count: AtomicUsize,
+    /// Opens that may write, by inode (for [`Handles::has_writer`], asked
+    /// at every copy handed to a shim client: no scan of every open).
+    writers: Mutex<HashMap<u64, usize>>,
+}
+
+/// Whether an open with `flags` may write its file.
+fn may_write(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY
 }
 
 /// The size of an inode as changes through non-whole-file opens left it,
@@ -165,8 +173,32 @@ impl Handles {
     pub fn add_file(&self, mut file: OpenFile) -> u64 {
         let fh = self.next_fh();
         file.fh = fh;
-        self.files.write().insert(fh, Arc::new(file));
+        self.insert_file(fh, file);
         fh
+    }
+
+    fn insert_file(&self, fh: u64, file: OpenFile) {
+        let mut files = self.files.write();
+        if may_write(file.flags) {
+            *self.writers.lock().entry(file.ino).or_default() += 1;
+        }
+        if let Some(old) = files.insert(fh, Arc::new(file)) {
+            self.forget_writer(&old);
+        }
+    }
+
+    /// Takes `file`, removed from the table, off the writer counts.
+    fn forget_writer(&self, file: &OpenFile) {
+        if !may_write(file.flags) {
+            return;
+        }
+        let mut writers = self.writers.lock();
+        if let Some(n) = writers.get_mut(&file.ino) {
+            *n -= 1;
+            if *n == 0 {
+                writers.remove(&file.ino);
+            }
+        }
     }
 
     /// The open file `fh`.
@@ -209,7 +241,7 @@ impl Handles {
     pub fn restore_file(&self, fh: u64, mut file: OpenFile) {
         self.next.fetch_max(fh, Ordering::Relaxed);
         file.fh = fh;
-        self.files.write().insert(fh, Arc::new(file));
+        self.insert_file(fh, file);
     }
 
     /// Registers a placeholder open under an earlier daemon's handle.
@@ -284,7 +316,10 @@ impl Handles {
 
     /// Removes and returns the open file `fh`.
     pub fn remove_file(&self, fh: u64) -> Option<Arc<OpenFile>> {
-        self.files.write().remove(&fh)
+        let mut files = self.files.write();
+        let file = files.remove(&fh)?;
+        self.forget_writer(&file);
+        Some(file)
     }
 
     /// Any open of `ino` executed by the daemon (for `getattr` of an open,
@@ -296,8 +331,7 @@ impl Handles {
     /// True when `ino` has an open that may write it (its access mode is
     /// not read-only).
     pub fn has_writer(&self, ino: u64) -> bool {
-        (self.files.read().values())
-            .any(|f| f.ino == ino && f.flags & libc::O_ACCMODE != libc::O_RDONLY)
+        self.writers.lock().contains_key(&ino)
     }
 
     /// True when `ino` has an open that runs through the daemon (not in
@@ -448,5 +482,50 @@ impl Handles {
         if map.get(&ino).is_some_and(|b| b.id.strong_count() == 0) {
             map.remove(&ino);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(ino: u64, flags: i32) -> OpenFile {
+        let data = Arc::new(DataFile::new(mapfs::Opened {
+            map: mapfs::DataMap::whole_file(),
+            files: vec![Arc::new(tempfile::tempfile().unwrap())],
+            handle: 0,
+        }));
+        OpenFile::new(
+            ino,
+            PathBuf::from("/f"),
+            flags,
+            mapfs::Ctx::current(),
+            0,
+            data,
+            None,
+        )
+    }
+
+    /// The writer counts follow every way a handle comes and goes,
+    /// including a restored handle that replaces one.
+    #[test]
+    fn writers_are_counted_per_inode() {
+        let h = Handles::default();
+        let r = h.add_file(open(7, libc::O_RDONLY));
+        assert!(!h.has_writer(7));
+        let w1 = h.add_file(open(7, libc::O_WRONLY));
+        let w2 = h.add_file(open(7, libc::O_RDWR));
+        assert!(h.has_writer(7) && !h.has_writer(8));
+        h.remove_file(w1);
+        assert!(h.has_writer(7), "one writer is left");
+        h.remove_file(w2);
+        assert!(!h.has_writer(7));
+        h.restore_file(r, open(7, libc::O_RDWR));
+        assert!(h.has_writer(7), "a restored writer counts");
+        h.restore_file(r, open(7, libc::O_RDONLY));
+        assert!(!h.has_writer(7), "the writer it replaced no longer counts");
+        h.remove_file(r);
+        assert!(h.remove_file(r).is_none());
+        assert!(!h.has_writer(7));
     }
 }

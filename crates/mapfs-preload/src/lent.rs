@@ -165,12 +165,10 @@ impl Lent {
             "mapfs-copy",
             MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
         )?;
-        let mut done = 0;
-        while done < bytes.len() {
-            done += rustix::io::pwrite(&fd, &bytes[done..], done as u64)?;
-        }
+        let file = std::fs::File::from(fd);
+        std::os::unix::fs::FileExt::write_all_at(&file, bytes, 0)?;
         rustix::fs::fcntl_add_seals(
-            &fd,
+            &file,
             SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL,
         )?;
         let len = bytes.len() as u64;
@@ -187,7 +185,7 @@ impl Lent {
         let map = DataMap::new(extents, len, Growth::ReadOnly)?;
         let data = DataFile::new(mapfs::Opened {
             map,
-            files: vec![std::sync::Arc::new(std::fs::File::from(fd))],
+            files: vec![std::sync::Arc::new(file)],
             handle: 0,
         });
         let mut lent = Lent::new(mount, 0, data, None, offset, flags);

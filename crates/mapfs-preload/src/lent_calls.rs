@@ -18,12 +18,7 @@ fn with_lent<T>(fd: RawFd, f: impl FnOnce(&Lent) -> LentResult<T>) -> Option<Res
         return None;
     }
     let _g = Guard::enter()?;
-    let lent = table::lent(fd)?;
-    if lent.copy_stale() {
-        drop(lent);
-        sys::keep_errno(|| table::serve_final(fd, "the file changed since it was copied"));
-        return None;
-    }
+    let lent = fresh_lent(fd)?;
     report::count_native();
     match f(&lent) {
         Ok(v) => Some(Ok(v)),
@@ -34,6 +29,19 @@ fn with_lent<T>(fd: RawFd, f: impl FnOnce(&Lent) -> LentResult<T>) -> Option<Res
             None
         }
     }
+}
+
+/// The lent open of `fd`, unless it is a copy of a file that changed
+/// since ([`Lent::copy_stale`]): that one is handed back to the mount, and
+/// `None` answered as for a descriptor that is not lent.
+fn fresh_lent(fd: RawFd) -> Option<std::sync::Arc<Lent>> {
+    let lent = table::lent(fd)?;
+    if !lent.copy_stale() {
+        return Some(lent);
+    }
+    drop(lent);
+    sys::keep_errno(|| table::serve_final(fd, "the file changed since it was copied"));
+    None
 }
 
 /// `-1` with `errno`, or the count.
@@ -255,13 +263,8 @@ pub fn flags_set(fd: RawFd) {
 /// The description's offset and the size, for locks given relative to them.
 pub fn position(fd: RawFd) -> Option<(u64, u64)> {
     let _g = Guard::enter()?;
-    let l = table::lent(fd)?;
-    if l.copy_stale() {
-        // Back on the mount, the kernel's offset and size are the open's.
-        drop(l);
-        sys::keep_errno(|| table::serve_final(fd, "the file changed since it was copied"));
-        return None;
-    }
+    // Back on the mount, the kernel's offset and size are the open's.
+    let l = fresh_lent(fd)?;
     Some((l.offset(), l.size().ok()?))
 }
 

@@ -622,7 +622,7 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
                     match ask_adopt(mount, first, flags, engine)? {
                         Answer::Copied(b) => (t, b),
                         Answer::Handed(h) => {
-                            end_handed(mount, &h);
+                            end_unused(mount, h.handle);
                             return Err("the daemon lent the open at the second asking".into());
                         }
                     }
@@ -650,10 +650,7 @@ fn try_adopt(entry: &Entry, inner: &mut Inner, engine: bool) -> Result<Status, S
         if writable {
             if let Err(why) = put_placeholders(entry, inner) {
                 // Nothing was written: end the lending, stay on the mount.
-                let _ = mount.call(&Request::Closed {
-                    handle,
-                    wrote: false,
-                });
+                end_unused(mount, handle);
                 return Err(why);
             }
         }
@@ -680,10 +677,11 @@ enum Answer {
     Copied(Vec<u8>),
 }
 
-/// Ends a lending this process will not use.
-fn end_handed(mount: &mounts::Mount, h: &Handed) {
+/// Ends the lending `handle` of `mount`, which this process will not use
+/// (it wrote nothing through it).
+fn end_unused(mount: &mounts::Mount, handle: u64) {
     let _ = mount.call(&Request::Closed {
-        handle: h.handle,
+        handle,
         wrote: false,
     });
 }
@@ -719,10 +717,7 @@ fn ask_adopt(mount: &mounts::Mount, fd: RawFd, flags: i32, engine: bool) -> Resu
                 match mapfs::control::take_size_slot(&mut backing, files, size_slot) {
                     Some(p) => Some(p),
                     None => {
-                        let _ = mount.call(&Request::Closed {
-                            handle,
-                            wrote: false,
-                        });
+                        end_unused(mount, handle);
                         return Err("the daemon's size page is unusable".into());
                     }
                 }
@@ -770,10 +765,7 @@ fn relend(m: &mounts::Mount, kept: RawFd, lent: &Lent) -> Result<u64, String> {
         Answer::Copied(_) => return Err("the new daemon answered a writer with a copy".into()),
     };
     let end = |why: String| {
-        let _ = m.call(&Request::Closed {
-            handle: h.handle,
-            wrote: false,
-        });
+        end_unused(m, h.handle);
         Err(why)
     };
     if h.map.is_whole_file() {

@@ -717,7 +717,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// The flags of an application's open (`flags`) that a new open file
 /// description of the same file keeps: the access mode and status flags,
 /// close-on-exec; not the creation flags.
-pub fn reopen_flags(flags: i32) -> OFlags {
+fn reopen_flags(flags: i32) -> OFlags {
     let keep = libc::O_ACCMODE
         | libc::O_APPEND
         | libc::O_NONBLOCK
@@ -736,16 +736,26 @@ pub fn reopen_flags(flags: i32) -> OFlags {
 /// client makes of a cached backing file: the kernel checks the opener's
 /// permissions on the file again.
 pub fn reopen(fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
-    let oflags = reopen_flags(flags);
     let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    match rustix::fs::open(proc_path.as_str(), oflags, Mode::empty()) {
+    open_like(flags, |oflags| {
+        rustix::fs::open(proc_path.as_str(), oflags, Mode::empty())
+    })
+}
+
+/// Opens a file by `open`, given the open flags, as an application's open
+/// with `flags` was made (see [`reopen`], which opens through `/proc`; a
+/// caller holding a directory and the name opens by those).
+pub fn open_like(
+    flags: i32,
+    open: impl Fn(OFlags) -> rustix::io::Result<OwnedFd>,
+) -> io::Result<OwnedFd> {
+    let oflags = reopen_flags(flags);
+    match open(oflags) {
         Ok(f) => Ok(f),
         // O_NOATIME needs ownership; drop it rather than the open.
-        Err(rustix::io::Errno::PERM) if oflags.contains(OFlags::NOATIME) => Ok(rustix::fs::open(
-            proc_path.as_str(),
-            oflags - OFlags::NOATIME,
-            Mode::empty(),
-        )?),
+        Err(rustix::io::Errno::PERM) if oflags.contains(OFlags::NOATIME) => {
+            Ok(open(oflags - OFlags::NOATIME)?)
+        }
         Err(e) => Err(e.into()),
     }
 }

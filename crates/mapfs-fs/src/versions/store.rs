@@ -555,17 +555,9 @@ impl Store {
     /// writer's own open file description, as [`mapfs::control::reopen`]
     /// makes one, without a walk through `/proc`).
     pub fn open_replacement(&self, tmp: &str, flags: i32) -> Result<File> {
-        let oflags = mapfs::control::reopen_flags(flags);
-        let open = |oflags: OFlags| {
+        let fd = mapfs::control::open_like(flags, |oflags| {
             rustix::fs::openat(&self.objects, tmp, oflags | OFlags::NOFOLLOW, Mode::empty())
-        };
-        let fd = match open(oflags) {
-            // O_NOATIME needs ownership; drop it rather than the open.
-            Err(rustix::io::Errno::PERM) if oflags.contains(OFlags::NOATIME) => {
-                open(oflags - OFlags::NOATIME)?
-            }
-            other => other?,
-        };
+        })?;
         Ok(File::from(fd))
     }
 
@@ -969,17 +961,24 @@ const LOW_WATER_TENTHS: u64 = 9;
 mod tests {
     use super::*;
 
+    /// A store in a new directory (and that directory, open), and a source
+    /// file holding "old bytes" with its metadata.
+    fn store_and_source() -> (tempfile::TempDir, File, Store, File, FileMeta) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = File::open(dir.path()).unwrap();
+        let store = Store::open(root.as_fd(), true).unwrap();
+        let src = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut &src, b"old bytes").unwrap();
+        let meta = FileMeta::of(&src).unwrap();
+        (dir, root, store, src, meta)
+    }
+
     /// A daemon killed between making a version's object and committing
     /// its row leaves an object whose id the next version is given again:
     /// the new version must be made anyway (a failover's reopen takes one).
     #[test]
     fn an_orphan_object_does_not_block_the_next_version() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = std::fs::File::open(dir.path()).unwrap();
-        let store = Store::open(root.as_fd(), true).unwrap();
-        let src = tempfile::tempfile().unwrap();
-        std::io::Write::write_all(&mut &src, b"old bytes").unwrap();
-        let meta = FileMeta::of(&src).unwrap();
+        let (dir, _root, store, src, meta) = store_and_source();
         let first = store
             .add_whole(b"/f", &src, &meta, "write", true)
             .unwrap()
@@ -1004,12 +1003,7 @@ mod tests {
     /// bytes). Nor may another process using the store give it again.
     #[test]
     fn a_deleted_version_s_id_is_never_given_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = std::fs::File::open(dir.path()).unwrap();
-        let store = Store::open(root.as_fd(), true).unwrap();
-        let src = tempfile::tempfile().unwrap();
-        std::io::Write::write_all(&mut &src, b"old bytes").unwrap();
-        let meta = FileMeta::of(&src).unwrap();
+        let (_dir, root, store, _src, meta) = store_and_source();
         let (dropped, _) = store.add_undo(b"/f", &meta).unwrap();
         // The deletion has removed the row, not yet the object...
         store.delete_rows(&[dropped]).unwrap();

@@ -966,16 +966,7 @@ impl Conn {
         }
         let size_slot = lent && writable;
         let files = fds.len() as u32 - u32::from(size_slot);
-        let mut generations = false;
-        if !self.table_sent {
-            if let Some(t) = registry.generations().and_then(|t| t.fd()) {
-                if let Ok(t) = t.try_clone_to_owned() {
-                    fds.push(t);
-                    generations = true;
-                    self.table_sent = true;
-                }
-            }
-        }
+        let generations = self.attach_table(registry, &mut fds);
         tracing::debug!(
             uid = self.peer.uid,
             pid = self.peer.pid,
@@ -995,6 +986,24 @@ impl Conn {
             },
             fds,
         ))
+    }
+
+    /// Adds the generation table to `fds` if this connection has not been
+    /// sent it yet; true when it was added.
+    fn attach_table(&mut self, registry: &dyn OpenRegistry, fds: &mut Vec<OwnedFd>) -> bool {
+        if self.table_sent {
+            return false;
+        }
+        let Some(Ok(t)) = registry
+            .generations()
+            .and_then(|t| t.fd())
+            .map(|t| t.try_clone_to_owned())
+        else {
+            return false;
+        };
+        fds.push(t);
+        self.table_sent = true;
+        true
     }
 
     /// Answers the adoption of read-only `open`, whose backing file the
@@ -1032,18 +1041,7 @@ impl Conn {
             .map_err(|e| refused(e.errno(), &format!("cannot copy the file's bytes: {e}")))?;
         bytes.truncate(n);
         let mut fds = Vec::new();
-        let mut generations = false;
-        if !self.table_sent {
-            if let Some(Ok(t)) = registry
-                .generations()
-                .and_then(|t| t.fd())
-                .map(|t| t.try_clone_to_owned())
-            {
-                fds.push(t);
-                generations = true;
-                self.table_sent = true;
-            }
-        }
+        let generations = self.attach_table(registry, &mut fds);
         registry.copied();
         tracing::debug!(
             uid = self.peer.uid,

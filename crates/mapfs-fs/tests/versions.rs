@@ -20,6 +20,21 @@ const ROOT: Ctx = Ctx {
     pid: 0,
 };
 
+/// Held while a test spawns a program, and by the retention test
+/// throughout: a child forked by another test thread holds every open file
+/// description of this process until it execs, flock marks included, so
+/// retention would (rightly) spare a version the child seems to be making.
+static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn spawning() -> std::sync::MutexGuard<'static, ()> {
+    SPAWNING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn spawning_output(cmd: &mut Command) -> std::io::Result<std::process::Output> {
+    let _g = spawning();
+    cmd.output()
+}
+
 fn p(s: &str) -> &Path {
     Path::new(s)
 }
@@ -335,6 +350,7 @@ fn every_version_matches_the_history_with_whole_versions() {
 
 #[test]
 fn retention_by_count_age_and_bytes() {
+    let _no_forks = spawning();
     let tmp = tempfile::tempdir().unwrap();
     let mut cfg = keep_all(1 << 30);
     cfg.policy.keep = Some(3);
@@ -534,6 +550,7 @@ fn du(dir: &Path) -> u64 {
 }
 
 fn fs_type(dir: &Path) -> String {
+    let _g = spawning();
     let out = Command::new("stat")
         .args(["-f", "-c", "%T"])
         .arg(dir)
@@ -622,6 +639,7 @@ struct Image {
 
 impl Image {
     fn mount(args: &[&str], dir: &Path) -> bool {
+        let _g = spawning();
         Command::new("mount")
             .args(args)
             .arg(dir)
@@ -642,7 +660,7 @@ impl Image {
 
     /// `mkfs` on a sparse image, mounted through a loop device.
     fn loop_fs(mkfs: &str, size_mib: u64) -> Option<Image> {
-        if Command::new(mkfs).arg("-V").output().is_err() {
+        if spawning_output(Command::new(mkfs).arg("-V")).is_err() {
             eprintln!("SKIPPED: {mkfs} is not installed (scripts/deps.sh installs it)");
             return None;
         }
@@ -652,7 +670,7 @@ impl Image {
             .unwrap()
             .set_len(size_mib << 20)
             .unwrap();
-        let made = Command::new(mkfs).arg("-q").arg(&img).output().unwrap();
+        let made = spawning_output(Command::new(mkfs).arg("-q").arg(&img)).unwrap();
         assert!(
             made.status.success(),
             "{mkfs}: {}",
@@ -670,6 +688,7 @@ impl Image {
 
 impl Drop for Image {
     fn drop(&mut self) {
+        let _g = spawning();
         let _ = Command::new("umount").arg(&self.dir).status();
     }
 }
@@ -677,6 +696,7 @@ impl Drop for Image {
 /// Physical extents of a file, as `filefrag -v` reports them, with their
 /// `shared` flag.
 fn extents(path: &Path) -> Vec<(u64, bool)> {
+    let _g = spawning();
     let out = Command::new("filefrag")
         .arg("-v")
         .arg(path)

@@ -3,6 +3,7 @@
 #   PREFIX/bin/mapfs
 #   PREFIX/lib/mapfs/libmapfs_preload.so   (found by `mapfs run` relative to bin/)
 #   PREFIX/lib/mapfs/libmapfs_embed_builtins.so (`mapfs run --embed`, when built)
+#   PREFIX/lib/mapfs/libmapfs_embed_full.so (`mapfs run --embed versions:...`, when built)
 #   PREFIX/share/man/man1/mapfs*.1
 #   PREFIX/share/{bash-completion,zsh,fish}/... completions
 #   PREFIX/lib/systemd/system/mapfs@.service
@@ -17,7 +18,7 @@ if [ -n "${MAPFS_BUILD_DIR:-}" ]; then
     build="$MAPFS_BUILD_DIR"
 else
     export PATH="$HOME/.cargo/bin:$PATH"
-    cargo build --release -p mapfs-cli -p mapfs-preload -p mapfs-embed-builtins
+    cargo build --release -p mapfs-cli -p mapfs-preload -p mapfs-embed-builtins -p mapfs-embed-full
     build=target/release
 fi
 for f in mapfs libmapfs_preload.so; do
@@ -28,9 +29,11 @@ install -d "$PREFIX/bin" "$PREFIX/lib/mapfs" "$PREFIX/share/man/man1" \
     "$PREFIX/share/fish/vendor_completions.d" "$PREFIX/lib/systemd/system"
 install -m 0755 "$build/mapfs" "$PREFIX/bin/mapfs"
 install -m 0644 "$build/libmapfs_preload.so" "$PREFIX/lib/mapfs/libmapfs_preload.so"
-if [ -f "$build/libmapfs_embed_builtins.so" ]; then
-    install -m 0644 "$build/libmapfs_embed_builtins.so" "$PREFIX/lib/mapfs/libmapfs_embed_builtins.so"
-fi
+for lib in libmapfs_embed_builtins.so libmapfs_embed_full.so; do
+    if [ -f "$build/$lib" ]; then
+        install -m 0644 "$build/$lib" "$PREFIX/lib/mapfs/$lib"
+    fi
+done
 mapfs="$PREFIX/bin/mapfs"
 "$mapfs" manpages "$PREFIX/share/man/man1"
 "$mapfs" completions bash > "$PREFIX/share/bash-completion/completions/mapfs"

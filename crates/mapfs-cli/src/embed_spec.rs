@@ -60,7 +60,7 @@ impl Embedding {
                 registry.names().join(", ")
             );
         };
-        if !spec.embeddable || registry.embed_library.is_none() {
+        if !spec.embeddable || registry.embed_library_for(fs).is_none() {
             let embeddable: Vec<&str> = (registry.specs.iter())
                 .filter(|s| s.embeddable)
                 .map(|s| s.name)
@@ -143,6 +143,7 @@ impl Embedding {
             layers,
             custom: self.options.clone(),
             resumed: false,
+            embedded: true,
         }
     }
 

@@ -66,7 +66,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{ArgMatches, FromArgMatches, Subcommand};
 
-pub use registry::{builtins, embeddable, Build, FsOptions, FsSpec, Registry};
+pub use registry::{builtins, embeddable, embeddable_full, Build, FsOptions, FsSpec, Registry};
 
 /// The version of this framework.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -27,6 +27,10 @@ pub struct FsOptions {
     /// `mapfs run` were lent), so a file system must not reclaim it as a
     /// fresh mount would.
     pub resumed: bool,
+    /// This instance runs inside a program (embedded mode, `run --embed`):
+    /// every process of the job builds one over the same backing directory
+    /// at the same time, so what one keeps in memory the others never see.
+    pub embedded: bool,
 }
 
 impl FsOptions {
@@ -54,6 +58,8 @@ pub struct FsSpec {
     pub(crate) layered: bool,
     pub(crate) cacheable: bool,
     pub(crate) embeddable: bool,
+    pub(crate) embed_library: Option<&'static str>,
+    pub(crate) keeps_writers: bool,
     pub(crate) backing_dirs: bool,
     pub(crate) options: &'static [&'static str],
 }
@@ -70,6 +76,8 @@ impl FsSpec {
             layered: false,
             cacheable: false,
             embeddable: false,
+            embed_library: None,
+            keeps_writers: false,
             backing_dirs: false,
             options: &[],
         }
@@ -112,6 +120,34 @@ impl FsSpec {
     pub fn embeddable(mut self) -> Self {
         self.embeddable = true;
         self
+    }
+
+    /// [`FsSpec::embeddable`], by the library `file` instead of the
+    /// registry's ([`Registry::embed_library`]): for a file system whose
+    /// code (SQLite, for `versions`) the registry's library leaves out, so
+    /// that jobs which do not embed it do not load it. `file` must serve
+    /// every embeddable file system of the registry too (`run --embed`
+    /// preloads one library for all of a job's embeddings).
+    pub fn embeddable_by(mut self, file: &'static str) -> Self {
+        self.embeddable = true;
+        self.embed_library = Some(file);
+        self
+    }
+
+    /// The file system keeps state for an open that may write until that
+    /// open's release, even when its map is whole-file (`versions`: the
+    /// write session whose version is dropped at release if nothing
+    /// changed). Embedded mode then serves such opens by the data engine,
+    /// released at their last close, instead of handing the program the
+    /// backing file and releasing at once.
+    pub fn keeps_writers(mut self) -> Self {
+        self.keeps_writers = true;
+        self
+    }
+
+    /// Whether [`FsSpec::keeps_writers`] was said.
+    pub fn has_kept_writers(&self) -> bool {
+        self.keeps_writers
     }
 
     /// Every directory of this file system is the backing directory at the
@@ -200,6 +236,14 @@ impl Registry {
         self.embed_library
     }
 
+    /// The library that serves embedded file system `fs`: its own
+    /// ([`FsSpec::embeddable_by`]) or the registry's.
+    pub fn embed_library_for(&self, fs: &str) -> Option<&'static str> {
+        self.get(fs)
+            .and_then(|s| s.embed_library)
+            .or(self.embed_library)
+    }
+
     /// Adds a file system; a later one with the same name replaces it.
     pub fn register(mut self, spec: FsSpec) -> Self {
         self.specs.retain(|s| s.name != spec.name);
@@ -223,6 +267,32 @@ impl Registry {
     }
 }
 
+/// `versions`, embeddable by [`crate::run::EMBED_FULL_LIB`] (it links
+/// SQLite, which the lean library leaves out).
+fn versions() -> FsSpec {
+    FsSpec::new(
+        "versions",
+        "keeps the old bytes of every overwrite (see `mapfs versions`)",
+        |b, o| {
+            let mut c = mapfs_fs::versions::Config::from_options(|k| o.get(k))
+                .map_err(|e| mapfs::Error::invalid().context(e))?;
+            c.shared = o.embedded;
+            Ok(Arc::new(mapfs_fs::versions::Versions::new(b, c)?))
+        },
+    )
+    .options(&["max-size", "keep", "keep-days", "keep-bytes"])
+    .keeps_writers()
+    .embeddable_by(crate::run::EMBED_FULL_LIB)
+}
+
+/// The registry of `libmapfs_embed_full.so` ([`crate::run::EMBED_FULL_LIB`]):
+/// [`embeddable`] and `versions`.
+pub fn embeddable_full() -> Registry {
+    embeddable()
+        .embed_library(crate::run::EMBED_FULL_LIB)
+        .register(versions())
+}
+
 /// The `mapfs` binary's registry: the built-in file systems of `mapfs-fs`,
 /// registered exactly as an outside file system registers itself.
 pub fn builtins() -> Registry {
@@ -241,24 +311,14 @@ pub fn builtins() -> Registry {
             .options(&["threshold", "sync"])
             .cacheable(),
         )
-        .register(
-            FsSpec::new(
-                "versions",
-                "keeps the old bytes of every overwrite (see `mapfs versions`)",
-                |b, o| {
-                    let c = mapfs_fs::versions::Config::from_options(|k| o.get(k))
-                        .map_err(|e| mapfs::Error::invalid().context(e))?;
-                    Ok(Arc::new(mapfs_fs::versions::Versions::new(b, c)?))
-                },
-            )
-            .options(&["max-size", "keep", "keep-days", "keep-bytes"]),
-        )
+        .register(versions())
 }
 
-/// The built-in file systems embedded mode can run (`mapfs run --embed`),
-/// registered as in [`builtins`]: the registry of the embedding library,
-/// which so links neither SQLite nor what only `pack` and `versions` use
-/// (every process of an embedded job loads it).
+/// The built-in file systems embedded mode runs with its lean library
+/// (`mapfs run --embed`), registered as in [`builtins`]: the registry of
+/// `libmapfs_embed_builtins.so`, which so links neither SQLite nor what
+/// only `pack` and `versions` use (every process of an embedded job loads
+/// it). A job that embeds `versions` loads [`embeddable_full`]'s library.
 pub fn embeddable() -> Registry {
     use mapfs_fs::{passthrough::Passthrough, plfs::Plfs};
     Registry::new(
@@ -320,8 +380,20 @@ mod tests {
             .filter(|s| s.is_embeddable())
             .map(|s| s.name)
             .collect();
-        assert_eq!(embeddable_builtins, embeddable().names());
+        assert_eq!(embeddable_builtins, embeddable_full().names());
         assert_eq!(r.embed_library_file(), Some(crate::run::EMBED_LIB));
+        // versions links SQLite: only the full library serves it, and that
+        // one serves every embeddable file system.
+        assert_eq!(r.embed_library_for("plfs"), Some(crate::run::EMBED_LIB));
+        assert_eq!(
+            r.embed_library_for("versions"),
+            Some(crate::run::EMBED_FULL_LIB)
+        );
+        assert_eq!(
+            embeddable_full().names(),
+            ["passthrough", "plfs", "versions"]
+        );
+        assert!(r.get("versions").unwrap().has_kept_writers());
         assert!(r.get("passthrough").unwrap().whole_file_maps);
         assert!(!r.get("plfs").unwrap().whole_file_maps);
         let r = r.register(FsSpec::new("plfs", "replaced", |b, _| {

@@ -23,6 +23,11 @@ const SHIM: &str = "libmapfs_preload.so";
 /// (`--embed`, crates/mapfs-embed-builtins), built next to it.
 pub const EMBED_LIB: &str = "libmapfs_embed_builtins.so";
 
+/// File name of the embedded-mode library that serves `versions` as well
+/// as every file system of [`EMBED_LIB`] (it links SQLite, which every
+/// process of a job that does not embed `versions` is spared).
+pub const EMBED_FULL_LIB: &str = "libmapfs_embed_full.so";
+
 /// Arguments of `mapfs run`.
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -127,10 +132,7 @@ pub fn run(registry: &Registry, args: RunArgs) -> Result<()> {
     // every other call on to the next definition (the attached shim's, then
     // libc's), so both see what they serve.
     let mut libs: Vec<PathBuf> = Vec::new();
-    if embedded.is_some() {
-        let lib = registry
-            .embed_library_file()
-            .expect("checked by Embedding::parse");
+    if let Some((_, lib)) = &embedded {
         libs.push(lib_path(lib)?);
     }
     if !chosen.is_empty() || embedded.is_none() {
@@ -160,7 +162,7 @@ pub fn run(registry: &Registry, args: RunArgs) -> Result<()> {
         .env("LD_PRELOAD", preload)
         .env("MAPFS_MOUNTS", joined);
     match &embedded {
-        Some(v) => cmd.env(embed_spec::EMBED_ENV, v),
+        Some((v, _)) => cmd.env(embed_spec::EMBED_ENV, v),
         None => cmd.env_remove(embed_spec::EMBED_ENV),
     };
     if chosen.is_empty() {
@@ -186,7 +188,9 @@ fn uses_writeback_cache(mountpoint: &Path) -> bool {
 
 /// The checked `--embed` list as [`embed_spec::EMBED_ENV`] carries it
 /// (`None` without `--embed`).
-fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<String>> {
+/// The job's embeddings, encoded for its processes, and the library that
+/// serves them all.
+fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'static str)>> {
     if args.embed.is_empty() {
         if !args.options.is_empty() {
             bail!("-o is for embedded file systems; it needs --embed");
@@ -218,7 +222,25 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<String>> {
             .with_context(|| format!("--embed {}: {}", e.fs, e.backing.display()))?;
         e.options.push(embed_spec::STORE_CHECKED.to_string());
     }
-    Ok(Some(embed_spec::encode(&list)))
+    // One library serves the whole job: the lean one, unless a file system
+    // needs its own (which serves the others too).
+    let mut libs: Vec<&'static str> = list
+        .iter()
+        .filter_map(|e| registry.get(&e.fs).and_then(|s| s.embed_library))
+        .collect();
+    libs.dedup();
+    let lib = match libs[..] {
+        [] => registry
+            .embed_library_file()
+            .expect("checked by Embedding::parse"),
+        [one] => one,
+        _ => bail!(
+            "--embed: these file systems need different embedded libraries ({}); embed them \
+             in separate jobs",
+            libs.join(", ")
+        ),
+    };
+    Ok(Some((embed_spec::encode(&list), lib)))
 }
 
 /// The shim, found relative to the running binary: installed

@@ -15,46 +15,19 @@ use std::process::{Command, Output};
 use common::{have, mapfs_bin, native_dir};
 
 /// The embedded library; panics with how to build it when missing or older
-/// than its sources (`cargo test` does not build a cdylib nobody depends
-/// on).
+/// than its sources.
 fn embed_lib() -> PathBuf {
-    let dir = Path::new(mapfs_bin()).parent().unwrap();
-    let p = dir.join("libmapfs_embed_builtins.so");
-    let built = std::fs::metadata(&p)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} is missing: build it first with `cargo build --workspace` (same profile)",
-                p.display()
-            )
-        });
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for d in [
-        "mapfs-embed/src",
-        "mapfs-embed-builtins/src",
-        "mapfs-cli/src",
-        "mapfs-fs/src/passthrough",
-        "mapfs-fs/src/plfs",
-        "mapfs/src",
-    ] {
-        for e in std::fs::read_dir(crates.join(d))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let newer = e
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t > built);
-            assert!(
-                !newer,
-                "{} is older than {}: rebuild it with `cargo build --workspace`",
-                p.display(),
-                e.path().display()
-            );
-        }
-    }
-    p
+    common::fresh_library(
+        "libmapfs_embed_builtins.so",
+        &[
+            "mapfs-embed/src",
+            "mapfs-embed-builtins/src",
+            "mapfs-cli/src",
+            "mapfs-fs/src/passthrough",
+            "mapfs-fs/src/plfs",
+            "mapfs/src",
+        ],
+    )
 }
 
 /// A test area: a backing directory and a prefix (inside the temp dir, so

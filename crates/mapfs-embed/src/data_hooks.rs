@@ -279,6 +279,12 @@ fn duped(old: c_int, new: c_int) -> c_int {
     new
 }
 
+/// [`engine_fd::whole_backing`], with the guard held.
+fn whole_backing(fd: c_int) -> Option<std::os::fd::OwnedFd> {
+    let _g = Guard::enter()?;
+    engine_fd::whole_backing(fd)
+}
+
 fn refused<T>(call: &'static str, errno: c_int, fail: T) -> T {
     if let Some(_g) = Guard::enter() {
         set_errno(engine_fd::refuse(call, errno));
@@ -643,6 +649,11 @@ hooks! {
     }
     fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void = |real| {
         if flags & libc::MAP_ANONYMOUS == 0 && is_placeholder(fd) {
+            if let Some(b) = whole_backing(fd) {
+                // SAFETY: libc's call with the caller's arguments, on the
+                // backing file the open's map is.
+                return unsafe { real(addr, len, prot, flags, std::os::fd::AsRawFd::as_raw_fd(&b), off) };
+            }
             return refused("mmap", libc::ENODEV, libc::MAP_FAILED);
         }
         // SAFETY: libc's call with the caller's arguments.
@@ -650,6 +661,11 @@ hooks! {
     }
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void = |real| {
         if flags & libc::MAP_ANONYMOUS == 0 && is_placeholder(fd) {
+            if let Some(b) = whole_backing(fd) {
+                // SAFETY: libc's call with the caller's arguments, on the
+                // backing file the open's map is.
+                return unsafe { real(addr, len, prot, flags, std::os::fd::AsRawFd::as_raw_fd(&b), off) };
+            }
             return refused("mmap", libc::ENODEV, libc::MAP_FAILED);
         }
         // SAFETY: libc's call with the caller's arguments.

@@ -57,6 +57,9 @@ pub struct EngineOpen {
     locks: std::sync::OnceLock<Option<OwnedFd>>,
     readable: bool,
     writable: bool,
+    /// A child was forked while this process held the open (see
+    /// [`crate::state::Emb::keeps_writers`]).
+    forked: std::sync::atomic::AtomicBool,
 }
 
 /// What one process image holds of an open.
@@ -256,6 +259,7 @@ pub fn adopt(
         locks: std::sync::OnceLock::new(),
         readable: access != libc::O_WRONLY && flags & libc::O_PATH == 0,
         writable: access != libc::O_RDONLY && flags & libc::O_PATH == 0,
+        forked: std::sync::atomic::AtomicBool::new(false),
     };
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
     // An open whose descriptor was closed unseen (`close_range`, a raw
@@ -318,6 +322,13 @@ impl EngineOpen {
     fn release(&self) -> Result<(), i32> {
         let g = self.inner.read();
         if g.gen != GEN.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if self.forked.load(Ordering::Acquire) && embs()[self.idx].keeps_writers {
+            // A forked child may write through the open still: what the
+            // file system keeps for it (a version it would drop as
+            // unchanged) stays, as a mount keeps it until the last close
+            // of every process.
             return Ok(());
         }
         self.fs()
@@ -806,6 +817,29 @@ extern "C" fn fork_prepare() {
 extern "C" fn fork_parent() {
     // SAFETY: locked by `fork_prepare` on this thread, guard forgotten.
     unsafe { TABLE.force_unlock_write() };
+    if let Some(t) = TABLE.read().as_ref() {
+        for o in t.values() {
+            o.forked.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// A descriptor of the backing file of the open of placeholder `fd`, when
+/// its map in this image is that whole file: `mmap` runs on it natively (a
+/// duplicate, so that a close of the open meanwhile cannot hand the call
+/// another file).
+pub fn whole_backing(fd: i32) -> Option<OwnedFd> {
+    if !any() {
+        return None;
+    }
+    let o = get(fd)?;
+    o.with(|i| {
+        Ok(i.data
+            .whole_file_backing()
+            .and_then(|f| rustix::io::fcntl_dupfd_cloexec(f, HIGH_FD).ok()))
+    })
+    .ok()
+    .flatten()
 }
 
 extern "C" fn fork_child() {

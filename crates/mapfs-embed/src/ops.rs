@@ -170,7 +170,9 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
         e.fs.open(&ctx, &place.path, OpenFlags(fsflags))
             .map_err(|e| e.errno())?
     };
-    if !(opened.map.is_whole_file() && opened.files.len() == 1) && engine_served(e) {
+    let whole = opened.map.is_whole_file() && opened.files.len() == 1;
+    let kept_writer = e.keeps_writers && flags & (libc::O_ACCMODE | libc::O_TRUNC) != 0;
+    if (!whole || kept_writer) && engine_served(e) {
         let fd =
             crate::engine_fd::adopt(place.idx, place.path.clone(), flags, fsflags, opened, None)?;
         if flags & libc::O_DIRECTORY != 0 {

@@ -39,6 +39,12 @@ pub struct Emb {
     /// (`FsSpec::lists_backing_dirs`): listed natively; otherwise through
     /// its `readdir` ([`crate::dirs`]).
     pub native_dirs: bool,
+    /// It keeps state for an open that may write until its release
+    /// (`FsSpec::keeps_writers`, versions' write sessions): such opens are
+    /// served by the data engine and released at their last close (and
+    /// never by a process that forked while holding them: the child may
+    /// write through them still).
+    pub keeps_writers: bool,
 }
 
 static EMBS: OnceLock<Vec<Emb>> = OnceLock::new();
@@ -142,6 +148,7 @@ pub fn init(registry: &mapfs_cli::Registry) {
                     dev,
                     whole_file_maps: spec.has_whole_file_maps(),
                     native_dirs: spec.lists_backing_dirs_natively(),
+                    keeps_writers: spec.has_kept_writers(),
                 });
             }
             (Err(err), _) => crate::warn(format_args!(

@@ -32,6 +32,36 @@ pub struct Sole {
 /// the instance of the file system `what` over `shown` (for the message),
 /// or fails with `EBUSY` when another instance holds it.
 pub fn take(dir: BorrowedFd<'_>, name: &str, what: &str, shown: &str) -> Result<Sole> {
+    lock(
+        dir,
+        name,
+        what,
+        shown,
+        FlockOperation::NonBlockingLockExclusive,
+    )
+}
+
+/// [`take`] for one of several instances that share the directory (the
+/// processes of an embedded job, each running the file system): any
+/// number of them hold the lock together, and none while a sole instance
+/// (a mount) holds it, nor a mount while any of them does.
+pub fn take_shared(dir: BorrowedFd<'_>, name: &str, what: &str, shown: &str) -> Result<Sole> {
+    lock(
+        dir,
+        name,
+        what,
+        shown,
+        FlockOperation::NonBlockingLockShared,
+    )
+}
+
+fn lock(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    what: &str,
+    shown: &str,
+    op: FlockOperation,
+) -> Result<Sole> {
     let fd = openat2_beneath(
         dir,
         OsStr::new(name),
@@ -41,7 +71,7 @@ pub fn take(dir: BorrowedFd<'_>, name: &str, what: &str, shown: &str) -> Result<
     let file = File::from(fd);
     let start = Instant::now();
     loop {
-        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        match rustix::fs::flock(&file, op) {
             Ok(()) => return Ok(Sole { _file: file }),
             Err(rustix::io::Errno::WOULDBLOCK) if start.elapsed() < WAIT => {
                 std::thread::sleep(Duration::from_millis(20));

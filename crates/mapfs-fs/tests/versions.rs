@@ -49,6 +49,7 @@ fn keep_all(max_size: u64) -> Config {
             keep_bytes: None,
         },
         keep_bytes_auto: false,
+        shared: false,
     }
 }
 

@@ -167,3 +167,39 @@ pub fn have(prog: &str) -> bool {
     }
     found
 }
+
+/// A library of ours built next to `mapfs` (`file`); panics with how to
+/// build it when missing or older than a file of the crate directories
+/// `sources` (`cargo test` does not build a cdylib nobody depends on).
+pub fn fresh_library(file: &str, sources: &[&str]) -> PathBuf {
+    let dir = Path::new(mapfs_bin()).parent().unwrap();
+    let p = dir.join(file);
+    let built = std::fs::metadata(&p)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: build it first with `cargo build --workspace` (same profile)",
+                p.display()
+            )
+        });
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for d in sources {
+        for e in std::fs::read_dir(crates.join(d))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let newer = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > built);
+            assert!(
+                !newer,
+                "{} is older than {}: rebuild it with `cargo build --workspace`",
+                p.display(),
+                e.path().display()
+            );
+        }
+    }
+    p
+}

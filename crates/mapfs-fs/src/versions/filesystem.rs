@@ -284,6 +284,28 @@ impl FileSystem for Versions {
         self.remap_writer(handle, map, offset, len)
     }
 
+    /// The file itself (a new open of it): embedded mode keeps the locks
+    /// of opens it serves by the data engine there, where they meet the
+    /// locks of processes that hold the file natively (read-only opens are
+    /// the backing file).
+    fn lock_file(&self, ctx: &Ctx, path: &Path) -> Result<Option<std::fs::File>> {
+        readable_place(path)?;
+        if let Place::Virtual(_) = virtual_dir::place(path) {
+            return Ok(None);
+        }
+        let opened = self
+            .inner
+            .open(ctx, path, OpenFlags(libc::O_RDWR))
+            .or_else(|_| self.inner.open(ctx, path, OpenFlags(libc::O_RDONLY)))?;
+        let file = opened
+            .files
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::io().context("an open without its file"))?;
+        let file = std::sync::Arc::try_unwrap(file).or_else(|shared| shared.try_clone())?;
+        Ok(Some(file))
+    }
+
     fn fsyncdir(&self, ctx: &Ctx, path: &Path, datasync: bool) -> Result<()> {
         readable_place(path)?;
         if let Place::Virtual(_) = virtual_dir::place(path) {

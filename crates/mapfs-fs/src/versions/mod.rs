@@ -98,6 +98,14 @@ pub struct Config {
     /// file system (every resource a writer can make the daemon spend is
     /// bounded).
     pub keep_bytes_auto: bool,
+    /// Other processes run instances over the same backing directory at
+    /// the same time (embedded mode: every process of the job). Each sees
+    /// only its own write sessions, so a writer's version is always whole
+    /// (a reflink, else a copy, whatever `max_size`): an undo version keeps
+    /// only what its own instance's writers overwrite, and an `O_TRUNC`
+    /// that gave the name a new inode would leave another process writing
+    /// into the version.
+    pub shared: bool,
 }
 
 impl Default for Config {
@@ -106,6 +114,7 @@ impl Default for Config {
             max_size: 64 << 10,
             policy: Policy::default(),
             keep_bytes_auto: true,
+            shared: false,
         }
     }
 }
@@ -243,16 +252,23 @@ impl Versions {
             config.policy.keep_bytes = Some(s.f_blocks.saturating_mul(s.f_frsize) / 10);
         }
         let store = Store::open(inner.root().fd(), true)?;
-        let sole = crate::sole::take(
+        let take = if config.shared {
+            crate::sole::take_shared
+        } else {
+            crate::sole::take
+        };
+        let sole = take(
             store.dir(),
             LOCK_NAME,
             "versions",
             &backing.display().to_string(),
         )?;
         store.save_policy(&config.policy)?;
-        // This instance holds the store now: replacements left are a dead
-        // one's (`replace.rs`).
-        store.remove_replacements()?;
+        if !config.shared {
+            // This instance holds the store now: replacements left are a
+            // dead one's (`replace.rs`); shared instances make none.
+            store.remove_replacements()?;
+        }
         Ok(Versions {
             _sole: sole,
             inner,
@@ -375,7 +391,7 @@ impl Versions {
                 Ok(opened)
             };
         }
-        if trunc && !native {
+        if trunc && !native && !self.config.shared {
             if let Some((handle, writer)) =
                 self.replace_for_truncate(path, &opened.files[0], &st, flags.0)?
             {
@@ -406,7 +422,7 @@ impl Versions {
                 // An O_TRUNC overwrites every byte: an undo version would
                 // save them all anyway, so a copy (and a whole-file map,
                 // natively written) is cheaper.
-                let undo_ok = !readers && s.direct == 0 && !trunc;
+                let undo_ok = !readers && s.direct == 0 && !trunc && !self.config.shared;
                 self.take_version(path, s, &now, undo_ok)
                     .map_err(|e| e.during("taking a version at a writer's open"))?;
             }

@@ -165,7 +165,7 @@ pub struct Store {
     root: OwnedFd,
     dir: OwnedFd,
     objects: OwnedFd,
-    db: Mutex<Connection>,
+    db: Mutex<Db>,
     /// Bytes kept by all versions, as this process last knew (summing is
     /// a scan); `None` until first needed, refreshed by every full prune.
     stored_total: Mutex<Option<i64>>,
@@ -242,7 +242,39 @@ fn object_name(id: i64) -> String {
     id.to_string()
 }
 
+/// The index's connection, and the process that opened it.
+#[derive(Debug)]
+struct Db {
+    conn: Connection,
+    pid: rustix::process::Pid,
+    path: PathBuf,
+    flags: rusqlite::OpenFlags,
+}
+
+fn connect(path: &Path, flags: rusqlite::OpenFlags) -> Result<Connection> {
+    let conn = Connection::open_with_flags(path, flags).map_err(sql)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(sql)?;
+    Ok(conn)
+}
+
 impl Store {
+    /// The index, through this process's own connection: a forked child
+    /// (embedded mode builds the store in a program, which may fork) must
+    /// not use its parent's, whose SQLite locks are the parent's. The
+    /// inherited one is left unclosed (closing it could act on the
+    /// parent's locks and WAL).
+    fn db(&self) -> Result<parking_lot::MappedMutexGuard<'_, Connection>> {
+        let mut db = self.db.lock();
+        let me = rustix::process::getpid();
+        if db.pid != me {
+            let fresh = connect(&db.path, db.flags)?;
+            std::mem::forget(std::mem::replace(&mut db.conn, fresh));
+            db.pid = me;
+        }
+        Ok(parking_lot::MutexGuard::map(db, |d| &mut d.conn))
+    }
+
     /// Opens (and with `create`, makes) the store of the backing directory
     /// whose root fd is `root`.
     pub fn open(root: BorrowedFd<'_>, create: bool) -> Result<Store> {
@@ -278,15 +310,18 @@ impl Store {
         if create {
             flags |= rusqlite::OpenFlags::SQLITE_OPEN_CREATE;
         }
-        let conn = Connection::open_with_flags(&db_path, flags).map_err(sql)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(sql)?;
+        let conn = connect(&db_path, flags)?;
         conn.execute_batch(SCHEMA).map_err(sql)?;
         Ok(Store {
             root,
             dir,
             objects,
-            db: Mutex::new(conn),
+            db: Mutex::new(Db {
+                conn,
+                pid: rustix::process::getpid(),
+                path: db_path,
+                flags: flags & !rusqlite::OpenFlags::SQLITE_OPEN_CREATE,
+            }),
             stored_total: Mutex::new(None),
         })
     }
@@ -304,7 +339,7 @@ impl Store {
 
     /// Records the mount's retention policy, for `prune` without flags.
     pub fn save_policy(&self, p: &Policy) -> Result<()> {
-        let db = self.db.lock();
+        let db = self.db()?;
         let put = |k: &str, v: Option<String>| -> Result<()> {
             match v {
                 Some(v) => db.execute(
@@ -324,7 +359,7 @@ impl Store {
 
     /// The policy the last mount recorded (the default if none did).
     pub fn load_policy(&self) -> Result<Policy> {
-        let db = self.db.lock();
+        let db = self.db()?;
         let get = |k: &str| -> Result<Option<String>> {
             db.query_row("SELECT value FROM meta WHERE key = ?1", params![k], |r| {
                 r.get(0)
@@ -403,7 +438,7 @@ impl Store {
         reason: &str,
         mut fill: impl FnMut(i64) -> Result<Option<(u64, bool, T)>>,
     ) -> Result<Option<(i64, T)>> {
-        let mut db = self.db.lock();
+        let mut db = self.db()?;
         let tx = db
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql)?;
@@ -597,8 +632,7 @@ impl Store {
     pub fn set_pieces(&self, id: i64, pieces: &[Piece], stored: u64, added: u64) -> Result<()> {
         self.count_stored(added as i64);
         let blob = postcard::to_allocvec(pieces).map_err(|_| Error::io())?;
-        self.db
-            .lock()
+        self.db()?
             .prepare_cached("UPDATE versions SET pieces = ?2, stored = ?3 WHERE id = ?1")
             .and_then(|mut st| st.execute(params![id, blob, stored as i64]))
             .map_err(sql)?;
@@ -608,7 +642,7 @@ impl Store {
     /// Every version, oldest first; only those of `path` (and, with
     /// `under`, of the paths beneath it) when given.
     pub fn list(&self, path: Option<&[u8]>, under: bool) -> Result<Vec<Version>> {
-        let db = self.db.lock();
+        let db = self.db()?;
         let run = |query: &str, args: &[&dyn rusqlite::ToSql]| -> Result<Vec<Version>> {
             let mut st = db
                 .prepare_cached(&format!(
@@ -642,8 +676,7 @@ impl Store {
 
     /// The version of `path` taken at `ts`.
     pub fn find(&self, path: &[u8], ts: i64) -> Result<Option<Version>> {
-        self.db
-            .lock()
+        self.db()?
             .query_row(
                 &format!("SELECT {COLUMNS} FROM versions WHERE path = ?1 AND ts = ?2"),
                 params![path, ts],
@@ -655,8 +688,7 @@ impl Store {
 
     /// The version with id `id`.
     pub fn get(&self, id: i64) -> Result<Option<Version>> {
-        self.db
-            .lock()
+        self.db()?
             .query_row(
                 &format!("SELECT {COLUMNS} FROM versions WHERE id = ?1"),
                 params![id],
@@ -676,7 +708,7 @@ impl Store {
     /// transaction, before the objects (a crash between the two leaves
     /// orphan objects, never a row without its object).
     fn delete_rows(&self, ids: &[i64]) -> Result<()> {
-        let mut db = self.db.lock();
+        let mut db = self.db()?;
         let tx = db.transaction().map_err(sql)?;
         let mut freed = 0i64;
         for id in ids {
@@ -730,7 +762,7 @@ impl Store {
         if all.is_empty() {
             return Ok(());
         }
-        let mut db = self.db.lock();
+        let mut db = self.db()?;
         let tx = db.transaction().map_err(sql)?;
         for (id, p) in all {
             tx.execute(
@@ -747,7 +779,7 @@ impl Store {
     /// exceeded (so making a version costs no scan of every version).
     pub fn prune_after(&self, path: &[u8], policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
         let (old, bytes): (i64, i64) = {
-            let db = self.db.lock();
+            let db = self.db()?;
             let old = match policy.keep_days {
                 Some(d) => db
                     .prepare_cached("SELECT EXISTS(SELECT 1 FROM versions WHERE ts < ?1)")
@@ -791,8 +823,7 @@ impl Store {
             return Ok(Vec::new());
         };
         let count: i64 = self
-            .db
-            .lock()
+            .db()?
             .prepare_cached("SELECT count(*) FROM versions WHERE path = ?1")
             .and_then(|mut st| st.query_row(params![path], |r| r.get(0)))
             .map_err(sql)?;
@@ -901,7 +932,7 @@ impl Store {
             return self.open_object(v.id);
         }
         let newer: Vec<Version> = {
-            let db = self.db.lock();
+            let db = self.db()?;
             let mut st = db
                 .prepare(&format!(
                     "SELECT {COLUMNS} FROM versions WHERE lineage = ?1 AND ts > ?2 ORDER BY ts"

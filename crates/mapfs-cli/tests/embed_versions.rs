@@ -249,7 +249,7 @@ fn embedded_unwritten_opens_keep_nothing_and_sqlite_wal_works() {
 }
 
 /// A child forked with an open for writing writes after its parent closed
-/// its copy: the version taken at the open stays (the parent's close must
+/// its copy (and rewrites another file): the version taken at the open stays (the parent's close must
 /// not drop it as unchanged, which a mount never does while another
 /// process holds the open).
 #[test]
@@ -263,12 +263,17 @@ fn embedded_forked_writer_keeps_its_parents_version() {
         .arg("-c")
         .arg(
             "import os,sys,time\nf=sys.argv[1]\nopen(f,'w').write('before\\n')\n\
+         g=sys.argv[2]\nopen(g,'w').write('g1')\n\
          fd=os.open(f, os.O_WRONLY)\npid=os.fork()\n\
-         if pid==0:\n    time.sleep(0.3)\n    os.pwrite(fd, b'AFTER!\\n', 0)\n    os._exit(0)\n\
+         if pid==0:\n    time.sleep(0.3)\n    os.pwrite(fd, b'AFTER!\\n', 0)\n    open(g,'w').write('g2')\n    os._exit(0)\n\
          os.close(fd)\nos.waitpid(pid, 0)\nsys.stdout.write(open(f).read())\n",
         )
-        .arg(a.at("f")));
+        .arg(a.at("f"))
+        .arg(a.at("g")));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "AFTER!\n");
+    // The child made a version of its own (through its own connection to
+    // the store's index).
+    assert_eq!(a.contents("/g"), ["g1"], "the child's version");
     assert_eq!(
         a.contents("/f"),
         ["before\n"],

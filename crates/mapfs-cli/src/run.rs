@@ -34,6 +34,7 @@ pub const EMBED_FULL_LIB: &str = "libmapfs_embed_full.so";
       mapfs run -- cp /mnt/data/big /mnt/data/big.copy\n  \
       mapfs run --mount /mnt/data -- python3 train.py\n  \
       mapfs run --embed passthrough:/srv/data:/data -- python3 train.py   # no mount, no daemon\n  \
+      mapfs run --embed versions:/srv/work:/work -o keep=20 -- make   # every overwrite kept\n  \
       MAPFS_PRELOAD_REPORT=/tmp/r.json mapfs run -- fio job.fio   # what was served natively\n\n\
       Environment of the shim:\n  \
       MAPFS_PRELOAD_REPORT=FILE       append a JSON summary line per process at exit\n  \
@@ -49,7 +50,8 @@ pub struct RunArgs {
     pub mounts: Vec<PathBuf>,
     /// Serve file system FS over BACKING under PREFIX inside every process
     /// of the command: no mount, no daemon, no privilege (repeatable; see
-    /// docs/embedded.md). PREFIX need not exist.
+    /// docs/embedded.md). FS: passthrough, plfs or versions. PREFIX need
+    /// not exist.
     #[arg(long = "embed", value_name = "FS:BACKING:PREFIX")]
     pub embed: Vec<String>,
     /// Options of the embedded file systems (`name` or `name=value`,

@@ -7,17 +7,19 @@
 //! (except the nobody test, which needs root to switch user).
 
 mod common;
+mod preload_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::{have, mapfs_bin, native_dir};
+use preload_support::{fsx_bin, ok};
 
 /// The embedded library; panics with how to build it when missing or older
 /// than its sources.
 fn embed_lib() -> PathBuf {
-    common::fresh_library(
+    preload_support::fresh_library(
         "libmapfs_embed_builtins.so",
         &[
             "mapfs-embed/src",
@@ -79,21 +81,6 @@ impl Area {
             .env_remove("MAPFS_EMBED");
         c
     }
-}
-
-/// Runs `cmd`, panicking with its output unless it succeeds.
-fn ok(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({:?})\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 /// Runs shell `script` with `$D` set to the prefix (embedded) and to the
@@ -267,12 +254,7 @@ git log --format='%H %s' && git status --short && git fsck --no-progress 2>&1 | 
 #[test]
 fn embedded_fsx_byte_model_passthrough() {
     let a = Area::new();
-    let fsx = Path::new(mapfs_bin()).parent().unwrap().join("mapfs-fsx");
-    assert!(
-        fsx.exists(),
-        "{} is missing: build it first with `cargo build --workspace`",
-        fsx.display()
-    );
+    let fsx = fsx_bin();
     let out = ok(a
         .run(fsx.to_str().unwrap())
         .arg("--dir")
@@ -543,12 +525,7 @@ fn embedded_combines_with_an_attached_mount() {
 #[test]
 fn embedded_fsx_byte_model_plfs() {
     let a = Area::new();
-    let fsx = Path::new(mapfs_bin()).parent().unwrap().join("mapfs-fsx");
-    assert!(
-        fsx.exists(),
-        "{} is missing: build it first with `cargo build --workspace`",
-        fsx.display()
-    );
+    let fsx = fsx_bin();
     let out = ok(a
         .run_fs("plfs", fsx.to_str().unwrap())
         .arg("--dir")

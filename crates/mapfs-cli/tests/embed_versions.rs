@@ -7,11 +7,16 @@
 //! embedded job of one backing directory exclude each other.
 
 mod common;
+mod preload_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Command;
 
-use common::{fuse_or_skip, have, mapfs_bin, native_dir, DataMode, MountSession};
+use common::{
+    fuse_or_skip, have, mapfs_bin, native_dir, DataMode, MountSession, VERSIONS_EXPECTED,
+    VERSIONS_SEQUENCE_PY,
+};
+use preload_support::{fsx_bin, ok};
 
 /// Retention off, so every version must be there.
 const KEEP_ALL: &str = "keep=none,keep-days=none";
@@ -19,7 +24,7 @@ const KEEP_ALL: &str = "keep=none,keep-days=none";
 /// The library that serves `versions`; panics with how to build it when
 /// missing or older than its sources.
 fn full_lib() -> PathBuf {
-    common::fresh_library(
+    preload_support::fresh_library(
         "libmapfs_embed_full.so",
         &[
             "mapfs-embed/src",
@@ -106,50 +111,8 @@ impl Area {
     }
 }
 
-/// Runs `cmd`, panicking with its output unless it succeeds.
-fn ok(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({:?})\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// What the overwrite sequence keeps, oldest first (as through a mount:
-/// `tests/versions.rs`).
-const EXPECTED: [&str; 7] = [
-    "first version\n",
-    "second, by O_TRUNC\n",
-    "third, saved by an editor\n",
-    "thXrd, saved by an editor\n",
-    "th",
-    "th+appended",
-    "another file renamed over\n",
-];
-
-/// The sequence: O_TRUNC rewrite, editor's temp + rename, in-place write,
-/// truncate, append, rename over, unlink. Then it reads `.versions/`.
-const SEQUENCE_PY: &str = r#"
-import os, sys
-d = sys.argv[1]
-f = os.path.join(d, "doc")
-E = sys.argv[2:]
-open(f, "w").write(E[0])
-open(f, "w").write(E[1])
-open(os.path.join(d, ".doc.swp"), "w").write(E[2])
-os.rename(os.path.join(d, ".doc.swp"), f)
-fd = os.open(f, os.O_WRONLY); os.pwrite(fd, b"X", 2); os.close(fd)
-fd = os.open(f, os.O_WRONLY); os.ftruncate(fd, 2); os.close(fd)
-fd = os.open(f, os.O_WRONLY | os.O_APPEND); os.write(fd, b"+appended"); os.close(fd)
-open(os.path.join(d, "other"), "w").write(E[6])
-os.rename(os.path.join(d, "other"), f)
-os.unlink(f)
+/// After the sequence, the job reads `.versions/`.
+const READ_BACK_PY: &str = r#"
 vd = os.path.join(d, ".versions")
 for n in sorted(x for x in os.listdir(vd) if x.startswith("doc@")):
     sys.stdout.write(repr(open(os.path.join(vd, n)).read()) + "\n")
@@ -168,19 +131,23 @@ fn embedded_overwrite_sequence_keeps_what_a_mount_keeps() {
         let out = ok(a
             .run(&opts, "python3")
             .arg("-c")
-            .arg(SEQUENCE_PY)
+            .arg(format!("{VERSIONS_SEQUENCE_PY}{READ_BACK_PY}"))
             .arg(&a.prefix)
-            .args(EXPECTED));
+            .args(VERSIONS_EXPECTED));
         let seen: Vec<String> = String::from_utf8(out.stdout)
             .unwrap()
             .lines()
             .map(String::from)
             .collect();
-        let want: Vec<String> = EXPECTED.iter().map(|e| format!("{e:?}")).collect();
+        let want: Vec<String> = VERSIONS_EXPECTED.iter().map(|e| format!("{e:?}")).collect();
         // Python's repr quotes with ' where Rust's Debug uses ".
         let want: Vec<String> = want.iter().map(|w| w.replace('"', "'")).collect();
         assert_eq!(seen, want, "-o {opts}: .versions/ read in the job");
-        assert_eq!(a.contents("/doc"), EXPECTED, "-o {opts}: mapfs versions");
+        assert_eq!(
+            a.contents("/doc"),
+            VERSIONS_EXPECTED,
+            "-o {opts}: mapfs versions"
+        );
         let kinds: Vec<String> = a.listed("/doc").into_iter().map(|(_, k)| k).collect();
         assert!(
             kinds.iter().all(|k| k == "whole"),
@@ -312,12 +279,7 @@ fn embedded_writers_in_two_processes_share_one_file() {
 #[test]
 fn embedded_fsx_byte_model_versions() {
     let a = Area::new();
-    let fsx = Path::new(mapfs_bin()).parent().unwrap().join("mapfs-fsx");
-    assert!(
-        fsx.exists(),
-        "{} is missing: build it first with `cargo build --workspace`",
-        fsx.display()
-    );
+    let fsx = fsx_bin();
     let out = ok(a
         .run("keep=5", fsx.to_str().unwrap())
         .arg("--dir")

@@ -13,7 +13,10 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
-use common::{fuse_or_skip, DataMode, MountSession};
+use common::{
+    fuse_or_skip, DataMode, MountSession, VERSIONS_EXPECTED as EXPECTED,
+    VERSIONS_SEQUENCE_PY as SEQUENCE_PY,
+};
 use mapfs_testkit::fsx::{self, FsxConfig};
 use preload_support::{attached, fsx_bin, have, ok, report_path, totals};
 
@@ -71,16 +74,6 @@ fn cli_ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-const EXPECTED: [&str; 7] = [
-    "first version\n",
-    "second, by O_TRUNC\n",
-    "third, saved by an editor\n",
-    "thXrd, saved by an editor\n",
-    "th",
-    "th+appended",
-    "another file renamed over\n",
-];
-
 /// The sequence, with plain system calls: each step keeps one version.
 fn sequence_natively(dir: &Path) {
     let f = dir.join("doc");
@@ -105,24 +98,6 @@ fn sequence_natively(dir: &Path) {
     fs::rename(dir.join("other"), &f).unwrap(); // rename over
     fs::remove_file(&f).unwrap(); // unlink
 }
-
-/// The same sequence in Python (so through libc, where the shim is).
-const SEQUENCE_PY: &str = r#"
-import os, sys
-d = sys.argv[1]
-f = os.path.join(d, "doc")
-E = sys.argv[2:]
-open(f, "w").write(E[0])
-open(f, "w").write(E[1])
-open(os.path.join(d, ".doc.swp"), "w").write(E[2])
-os.rename(os.path.join(d, ".doc.swp"), f)
-fd = os.open(f, os.O_WRONLY); os.pwrite(fd, b"X", 2); os.close(fd)
-fd = os.open(f, os.O_WRONLY); os.ftruncate(fd, 2); os.close(fd)
-fd = os.open(f, os.O_WRONLY | os.O_APPEND); os.write(fd, b"+appended"); os.close(fd)
-open(os.path.join(d, "other"), "w").write(E[6])
-os.rename(os.path.join(d, "other"), f)
-os.unlink(f)
-"#;
 
 fn check_sequence(s: &MountSession, test: &str) {
     let got = listed(s, "", "doc");

@@ -168,38 +168,34 @@ pub fn have(prog: &str) -> bool {
     found
 }
 
-/// A library of ours built next to `mapfs` (`file`); panics with how to
-/// build it when missing or older than a file of the crate directories
-/// `sources` (`cargo test` does not build a cdylib nobody depends on).
-pub fn fresh_library(file: &str, sources: &[&str]) -> PathBuf {
-    let dir = Path::new(mapfs_bin()).parent().unwrap();
-    let p = dir.join(file);
-    let built = std::fs::metadata(&p)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} is missing: build it first with `cargo build --workspace` (same profile)",
-                p.display()
-            )
-        });
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for d in sources {
-        for e in std::fs::read_dir(crates.join(d))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let newer = e
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t > built);
-            assert!(
-                !newer,
-                "{} is older than {}: rebuild it with `cargo build --workspace`",
-                p.display(),
-                e.path().display()
-            );
-        }
-    }
-    p
-}
+/// What the `versions` overwrite sequence keeps, oldest first (tests
+/// `versions.rs` and `embed_versions.rs`).
+pub const VERSIONS_EXPECTED: [&str; 7] = [
+    "first version\n",
+    "second, by O_TRUNC\n",
+    "third, saved by an editor\n",
+    "thXrd, saved by an editor\n",
+    "th",
+    "th+appended",
+    "another file renamed over\n",
+];
+
+/// The `versions` overwrite sequence in Python (through libc, where the
+/// shim and the embedded library are): `python3 -c SEQ DIR EXPECTED...`
+/// makes `DIR/doc` go through [`VERSIONS_EXPECTED`].
+pub const VERSIONS_SEQUENCE_PY: &str = r#"
+import os, sys
+d = sys.argv[1]
+f = os.path.join(d, "doc")
+E = sys.argv[2:]
+open(f, "w").write(E[0])
+open(f, "w").write(E[1])
+open(os.path.join(d, ".doc.swp"), "w").write(E[2])
+os.rename(os.path.join(d, ".doc.swp"), f)
+fd = os.open(f, os.O_WRONLY); os.pwrite(fd, b"X", 2); os.close(fd)
+fd = os.open(f, os.O_WRONLY); os.ftruncate(fd, 2); os.close(fd)
+fd = os.open(f, os.O_WRONLY | os.O_APPEND); os.write(fd, b"+appended"); os.close(fd)
+open(os.path.join(d, "other"), "w").write(E[6])
+os.rename(os.path.join(d, "other"), f)
+os.unlink(f)
+"#;

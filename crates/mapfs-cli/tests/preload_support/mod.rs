@@ -28,7 +28,14 @@ fn bin_dir() -> PathBuf {
 /// sources (`cargo test` alone does not build a cdylib nobody depends on,
 /// and testing a stale one would test the wrong code).
 pub fn shim() -> PathBuf {
-    let p = bin_dir().join("libmapfs_preload.so");
+    fresh_library("libmapfs_preload.so", &["mapfs-preload/src", "mapfs/src"])
+}
+
+/// A library of ours built next to `mapfs` (`file`); panics with how to
+/// build it when missing or older than a file of the crate directories
+/// `sources` (`cargo test` does not build a cdylib nobody depends on).
+pub fn fresh_library(file: &str, sources: &[&str]) -> PathBuf {
+    let p = bin_dir().join(file);
     let built = std::fs::metadata(&p)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| {
@@ -38,8 +45,8 @@ pub fn shim() -> PathBuf {
             )
         });
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for dir in ["mapfs-preload/src", "mapfs/src"] {
-        for e in std::fs::read_dir(crates.join(dir))
+    for d in sources {
+        for e in std::fs::read_dir(crates.join(d))
             .into_iter()
             .flatten()
             .flatten()
@@ -50,7 +57,7 @@ pub fn shim() -> PathBuf {
                 .is_ok_and(|t| t > built);
             assert!(
                 !newer,
-                "{} is older than {}: rebuild it with `cargo build --workspace` (same profile)",
+                "{} is older than {}: rebuild it with `cargo build --workspace`",
                 p.display(),
                 e.path().display()
             );

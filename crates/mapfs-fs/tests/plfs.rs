@@ -1229,3 +1229,41 @@ fn create_without_excl_races_unlink_without_enoent() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
 }
+
+/// A directory's link count is 2 plus its real subdirectories, containers
+/// not counted, also where its entries are looked at by several threads
+/// (more than 32 of them) and after a change made elsewhere.
+#[test]
+fn directory_link_count_leaves_containers_out() {
+    let f = fx();
+    f.fs.mkdir(&ROOT, p("/d"), 0o755).unwrap();
+    for small in [false, true] {
+        let dir = if small { "/s" } else { "/d" };
+        if small {
+            f.fs.mkdir(&ROOT, p(dir), 0o755).unwrap();
+        }
+        let (files, subdirs) = if small { (5, 2) } else { (150, 9) };
+        for i in 0..files {
+            f.create(&format!("{dir}/f{i}")).close();
+        }
+        for i in 0..subdirs {
+            f.fs.mkdir(&ROOT, p(&format!("{dir}/sub{i}")), 0o755)
+                .unwrap();
+        }
+        let nlink = |f: &Fx| f.fs.getattr(&ROOT, p(dir)).unwrap().nlink;
+        assert_eq!(
+            nlink(&f),
+            2 + subdirs,
+            "{dir}: {files} files, {subdirs} subdirectories"
+        );
+        // A container added behind this instance's back (another host's
+        // create) changes the directory: the count is taken again (after
+        // a tick of the clock that stamps directories).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let other = f.b.join(&dir[1..]).join("elsewhere");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join(".plfs"), b"").unwrap();
+        std::fs::create_dir(f.b.join(&dir[1..]).join("realdir")).unwrap();
+        assert_eq!(nlink(&f), 3 + subdirs, "{dir} after changes elsewhere");
+    }
+}

@@ -1,6 +1,6 @@
 //! `mapfs bench` end to end on a small scale: the configurations that set
 //! themselves up in unusual ways (pack over a store of its own, embedded
-//! plfs) run the workloads that make their own files, and every cell has a
+//! plfs, embedded versions over a store of its own) run the workloads that make their own files, and every cell has a
 //! figure. Speed is not checked here (benchmarks, not tests, hold speed
 //! goals); that the workloads run, with their own byte checks, is.
 
@@ -134,7 +134,7 @@ fn bench_overwrite_reports_what_versions_keeps() {
         "--workloads",
         "overwrite",
         "--configs",
-        "native,auto,versions,versions-preload",
+        "native,auto,versions,versions-preload,embedded-versions",
         "--overwrite-files",
         "40",
         "--rounds",
@@ -158,7 +158,13 @@ fn bench_overwrite_reports_what_versions_keeps() {
     let rewritten = record("native", "MB/s")["amount"].as_f64().unwrap();
     let files_mib = rewritten / 2.0 / 1048576.0;
     assert!(files_mib > 0.5, "40 files of 2 KiB-1 MiB: {files_mib} MiB");
-    for c in ["native", "auto", "versions", "versions-preload"] {
+    for c in [
+        "native",
+        "auto",
+        "versions",
+        "versions-preload",
+        "embedded-versions",
+    ] {
         assert!(value(c, "MB/s") > 0.0, "overwrite {c}: no throughput");
         assert_eq!(record(c, "MB/s")["amount"].as_f64(), Some(rewritten), "{c}");
     }
@@ -166,7 +172,7 @@ fn bench_overwrite_reports_what_versions_keeps() {
         value("native", "kept MiB") < 0.5,
         "native kept bytes: {json}"
     );
-    for c in ["versions", "versions-preload"] {
+    for c in ["versions", "versions-preload", "embedded-versions"] {
         let kept = value(c, "kept MiB");
         assert!(
             kept >= 2.0 * files_mib * 0.9,

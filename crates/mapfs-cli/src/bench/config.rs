@@ -30,6 +30,11 @@ pub enum Setup {
     Embedded {
         /// The file system.
         fs: &'static str,
+        /// Over an empty store of its own, as [`Setup::OwnStore`] (the
+        /// configurations' mounts are all up while workloads run, and a
+        /// versions mount of the backing directory refuses other
+        /// instances there).
+        own_store: bool,
     },
     /// `mapfs mount <fs> BACKING MNT --data <data>`: another file system
     /// than passthrough.
@@ -184,13 +189,28 @@ pub const CONFIGS: &[ConfigDef] = &[
     ConfigDef {
         name: "embedded",
         about: "no mount: mapfs passthrough run inside the workload's processes (mapfs run --embed)",
-        setup: Setup::Embedded { fs: "passthrough" },
+        setup: Setup::Embedded {
+            fs: "passthrough",
+            own_store: false,
+        },
         wrap: Wrap::None,
     },
     ConfigDef {
         name: "embedded-plfs",
         about: "no mount: mapfs plfs run inside the workload's processes (mapfs run --embed)",
-        setup: Setup::Embedded { fs: "plfs" },
+        setup: Setup::Embedded {
+            fs: "plfs",
+            own_store: false,
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "embedded-versions",
+        about: "no mount: mapfs versions run inside the workload's processes (mapfs run --embed), over a store of its own",
+        setup: Setup::Embedded {
+            fs: "versions",
+            own_store: true,
+        },
         wrap: Wrap::None,
     },
     ConfigDef {
@@ -385,10 +405,21 @@ pub fn prepare(
     let mut made: Option<RemoveOnDrop> = None;
     let (root, guard) = match def.setup {
         Setup::Native => (backing.to_path_buf(), None),
-        Setup::Embedded { fs } => {
+        Setup::Embedded { fs, own_store } => {
+            let store = if own_store {
+                let s = backing.join(work).join(format!(".{}-store", def.name));
+                std::fs::create_dir_all(s.join(work))?;
+                own = Some(s.clone());
+                s
+            } else {
+                made = made_in_backing(fs, backing)
+                    .filter(|d| !d.exists())
+                    .map(RemoveOnDrop);
+                backing.to_path_buf()
+            };
             let dir = mnt_parent.join(def.name);
             let mut spec = OsString::from(format!("{fs}:"));
-            spec.push(backing);
+            spec.push(&store);
             spec.push(":");
             spec.push(&dir);
             prefix = vec![

@@ -188,10 +188,9 @@ fn uses_writeback_cache(mountpoint: &Path) -> bool {
         .is_ok_and(|s| s.writeback_cache)
 }
 
-/// The checked `--embed` list as [`embed_spec::EMBED_ENV`] carries it
-/// (`None` without `--embed`).
-/// The job's embeddings, encoded for its processes, and the library that
-/// serves them all.
+/// The checked `--embed` list as [`embed_spec::EMBED_ENV`] carries it, and
+/// the library that serves all of the job's embeddings (`None` without
+/// `--embed`).
 fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'static str)>> {
     if args.embed.is_empty() {
         if !args.options.is_empty() {
@@ -230,6 +229,7 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
         .iter()
         .filter_map(|e| registry.get(&e.fs).and_then(|s| s.embed_library))
         .collect();
+    libs.sort_unstable();
     libs.dedup();
     let lib = match libs[..] {
         [] => registry

@@ -279,10 +279,19 @@ fn duped(old: c_int, new: c_int) -> c_int {
     new
 }
 
-/// [`engine_fd::whole_backing`], with the guard held.
-fn whole_backing(fd: c_int) -> Option<std::os::fd::OwnedFd> {
-    let _g = Guard::enter()?;
-    engine_fd::whole_backing(fd)
+/// The descriptor `mmap` of `fd` runs on, and what holds it open for the
+/// call: `fd` itself, unless it is a placeholder; then the backing file of
+/// its open if its map is that whole file ([`engine_fd::whole_backing`]),
+/// else `None` (refused: no kernel object holds such a file's bytes).
+fn mmap_target(fd: c_int, flags: c_int) -> Option<(c_int, Option<std::os::fd::OwnedFd>)> {
+    if flags & libc::MAP_ANONYMOUS != 0 || !is_placeholder(fd) {
+        return Some((fd, None));
+    }
+    let backing = {
+        let _g = Guard::enter()?;
+        engine_fd::whole_backing(fd)?
+    };
+    Some((std::os::fd::AsRawFd::as_raw_fd(&backing), Some(backing)))
 }
 
 fn refused<T>(call: &'static str, errno: c_int, fail: T) -> T {
@@ -648,28 +657,20 @@ hooks! {
         }
     }
     fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void = |real| {
-        if flags & libc::MAP_ANONYMOUS == 0 && is_placeholder(fd) {
-            if let Some(b) = whole_backing(fd) {
-                // SAFETY: libc's call with the caller's arguments, on the
-                // backing file the open's map is.
-                return unsafe { real(addr, len, prot, flags, std::os::fd::AsRawFd::as_raw_fd(&b), off) };
-            }
+        let Some((target, _held)) = mmap_target(fd, flags) else {
             return refused("mmap", libc::ENODEV, libc::MAP_FAILED);
-        }
-        // SAFETY: libc's call with the caller's arguments.
-        unsafe { real(addr, len, prot, flags, fd, off) }
+        };
+        // SAFETY: libc's call with the caller's arguments (on the backing
+        // file a placeholder's whole-file map is, held open meanwhile).
+        unsafe { real(addr, len, prot, flags, target, off) }
     }
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void = |real| {
-        if flags & libc::MAP_ANONYMOUS == 0 && is_placeholder(fd) {
-            if let Some(b) = whole_backing(fd) {
-                // SAFETY: libc's call with the caller's arguments, on the
-                // backing file the open's map is.
-                return unsafe { real(addr, len, prot, flags, std::os::fd::AsRawFd::as_raw_fd(&b), off) };
-            }
+        let Some((target, _held)) = mmap_target(fd, flags) else {
             return refused("mmap", libc::ENODEV, libc::MAP_FAILED);
-        }
-        // SAFETY: libc's call with the caller's arguments.
-        unsafe { real(addr, len, prot, flags, fd, off) }
+        };
+        // SAFETY: libc's call with the caller's arguments (on the backing
+        // file a placeholder's whole-file map is, held open meanwhile).
+        unsafe { real(addr, len, prot, flags, target, off) }
     }
     fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t = |real| {
         if is_placeholder(out) || is_placeholder(inp) {

@@ -1236,13 +1236,8 @@ fn create_without_excl_races_unlink_without_enoent() {
 #[test]
 fn directory_link_count_leaves_containers_out() {
     let f = fx();
-    f.fs.mkdir(&ROOT, p("/d"), 0o755).unwrap();
-    for small in [false, true] {
-        let dir = if small { "/s" } else { "/d" };
-        if small {
-            f.fs.mkdir(&ROOT, p(dir), 0o755).unwrap();
-        }
-        let (files, subdirs) = if small { (5, 2) } else { (150, 9) };
+    for (dir, files, subdirs) in [("/d", 150, 9), ("/s", 5, 2)] {
+        f.fs.mkdir(&ROOT, p(dir), 0o755).unwrap();
         for i in 0..files {
             f.create(&format!("{dir}/f{i}")).close();
         }

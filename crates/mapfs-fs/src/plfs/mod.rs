@@ -722,7 +722,10 @@ fn real_subdirs(dir: BorrowedFd<'_>, names: &[std::ffi::OsString]) -> u32 {
                 })
             })
             .collect();
-        workers.into_iter().map(|w| w.join().unwrap_or(0)).sum()
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .sum()
     })
 }
 

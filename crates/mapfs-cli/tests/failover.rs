@@ -736,3 +736,85 @@ fn plfs_holes_kept_for_a_successor_are_made_again() {
     let out = s.umount().unwrap();
     assert!(out.success(), "{test}: umount: {}", out.stderr);
 }
+
+/// The daemon's descriptors of `file` (a backing file), by `/proc`.
+fn daemon_holds(pid: u32, file: &Path) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.flatten()
+                .filter(|e| std::fs::read_link(e.path()).is_ok_and(|to| to == file))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A daemon that dies after it recorded the handle of an open or a create
+/// for its supervisor and before it answered: the kernel sends the request
+/// again to the next daemon (`FUSE_NOTIFY_RESEND`), which must answer with
+/// the recorded handle. Before, it made another: an exclusive create failed
+/// with `EEXIST` (the dead daemon had made the file), and the recorded
+/// handle, which the kernel never got, stayed open in every later daemon
+/// until unmount. The window is made certain by the daemon's test hook
+/// (`MAPFS_TEST_DIE_BEFORE_ANSWER`), with passthrough run by the kernel and
+/// by the daemon.
+#[test]
+fn a_request_whose_daemon_died_before_answering_gets_the_handle_made_for_it() {
+    use std::io::{Read, Write};
+    let test = "failover: a request answered by no daemon";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for data in [DataMode::Auto, DataMode::Daemon] {
+        let mut s = MountSession::builder(mapfs_bin())
+            .data(data)
+            .env("MAPFS_TEST_DIE_BEFORE_ANSWER", "victim")
+            .mount()
+            .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+        let mp = s.mountpoint().to_path_buf();
+        let backing = s.backing().join("victim");
+        let first = next_daemon(&mp, None);
+
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(mp.join("victim"))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{test} ({data:?}): exclusive create: {e}; log:\n{}",
+                    log_tail(&mp)
+                )
+            });
+        let second = next_daemon(&mp, Some(first));
+        f.write_all(b"made once").unwrap();
+        drop(f);
+
+        let mut f = std::fs::File::open(mp.join("victim"))
+            .unwrap_or_else(|e| panic!("{test} ({data:?}): open: {e}; log:\n{}", log_tail(&mp)));
+        let third = next_daemon(&mp, Some(second));
+        let mut back = String::new();
+        f.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "made once", "{test} ({data:?})");
+        drop(f);
+        assert_eq!(
+            std::fs::read(&backing).unwrap(),
+            b"made once",
+            "{test} ({data:?})"
+        );
+
+        // Every open is closed: the daemon holds none of the file (the
+        // kernel sends its releases in the background).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while daemon_holds(third, &backing) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            daemon_holds(third, &backing),
+            0,
+            "{test} ({data:?}): the daemon holds a handle nobody has; log:\n{}",
+            log_tail(&mp)
+        );
+        let out = s.umount().unwrap();
+        assert!(out.success(), "{test} ({data:?}): umount: {}", out.stderr);
+    }
+}

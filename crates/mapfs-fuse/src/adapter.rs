@@ -178,6 +178,9 @@ pub struct Shared {
     /// Bytes of changes handed to the supervisor and not yet in a map the
     /// file system holds, over all opens (see `resume::JOURNAL_TOTAL_LIMIT`).
     journaled_total: std::sync::atomic::AtomicU64,
+    /// Handles a dead daemon made and the kernel may ask for again (see
+    /// [`Shared::made_before`]).
+    resent: Mutex<resume::Resent>,
 }
 
 /// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
@@ -217,6 +220,7 @@ impl Adapter {
             stats: Counters::from_env(),
             link: OnceLock::new(),
             journaled_total: std::sync::atomic::AtomicU64::new(0),
+            resent: Mutex::default(),
         })))
     }
 
@@ -268,6 +272,15 @@ fn file_open_flags(data: &DataFile, flags: i32) -> FopenFlags {
         FopenFlags::FOPEN_NOFLUSH
     } else {
         FopenFlags::empty()
+    }
+}
+
+/// Answers an `OPEN` with handle `fh`, run by the kernel on `backing` if
+/// there is one.
+fn answer_opened(reply: ReplyOpen, fh: u64, fopen: FopenFlags, backing: Option<&fuser::BackingId>) {
+    match backing {
+        Some(id) => reply.opened_passthrough(FileHandle(fh), fopen, id),
+        None => reply.opened(FileHandle(fh), fopen),
     }
 }
 
@@ -515,6 +528,26 @@ impl Shared {
         self.fuse_attr(ino, attr)
     }
 
+    /// Answers a `CREATE` with entry `fa` and handle `fh`, run by the
+    /// kernel on `backing` if there is one.
+    fn answer_created(
+        &self,
+        reply: ReplyCreate,
+        fa: &FileAttr,
+        fh: u64,
+        fopen: FopenFlags,
+        backing: Option<&fuser::BackingId>,
+    ) {
+        // One TTL serves entry and attributes here: the stricter one.
+        let ttl = self.opts.entry_ttl.min(self.opts.ttl);
+        match backing {
+            Some(id) => {
+                reply.created_passthrough(&ttl, fa, Generation(0), FileHandle(fh), fopen, id)
+            }
+            None => reply.created(&ttl, fa, Generation(0), FileHandle(fh), fopen),
+        }
+    }
+
     /// Replies with a new entry and records the kernel's reference.
     fn entry(&self, parent: INodeNo, name: &OsStr, attr: &Attr, reply: ReplyEntry) {
         let fa = self.enter(parent, name, attr);
@@ -720,15 +753,19 @@ impl Shared {
         }
     }
 
+    /// Makes the handle of an open that `req` asked for (its caller's
+    /// context and `unique` id, recorded for a successor).
     fn register_open(
         &self,
-        c: &Ctx,
+        req: &Request,
         ino: u64,
-        path: PathBuf,
+        path: &Path,
         flags: i32,
         opened: Opened,
         open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<fuser::BackingId>,
     ) -> Result<(u64, Option<Arc<fuser::BackingId>>, FopenFlags)> {
+        let c = &ctx(req);
+        let unique = req.unique().0;
         let fs_handle = opened.handle;
         let data = Arc::new(DataFile::new(opened));
         let fopen = file_open_flags(&data, flags);
@@ -747,7 +784,7 @@ impl Shared {
                     // would read and write the old one. ESTALE makes it
                     // look the name up afresh and retry: the lookup gives
                     // the new file its own inode.
-                    let _ = self.fs.release(c, &path, fs_handle, &data.map());
+                    let _ = self.fs.release(c, path, fs_handle, &data.map());
                     STALE_OPENS.log(|held_back| {
                         warn!(
                             path = %path.display(),
@@ -770,7 +807,7 @@ impl Shared {
         }
         let fh = self.handles.add_file(OpenFile::new(
             ino,
-            path,
+            path.to_path_buf(),
             flags,
             *c,
             fs_handle,
@@ -778,7 +815,7 @@ impl Shared {
             backing.clone(),
         ));
         if let Some(file) = self.handles.file(fh) {
-            self.journal_file(&file);
+            self.journal_file(&file, unique);
         }
         let executor = match backing {
             Some(_) => Event::PassthroughOpen,
@@ -1459,9 +1496,17 @@ impl Filesystem for Adapter {
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.path(ino));
+        let reply = match s.made_before(req, ino.0) {
+            Some(fh) => match s.open_again(fh, reply) {
+                Some(reply) => reply,
+                None => return,
+            },
+            None => reply,
+        };
         if flags.0 & libc::O_ACCMODE == PLACEHOLDER_ACCESS {
             let fh = tri!(reply, s.open_placeholder(&c, &path));
-            s.journal_handle(fh, ino.0, OpenKind::Placeholder);
+            s.journal_handle(fh, ino.0, OpenKind::Placeholder, req.unique().0);
+            s.test_die_before_answer(req, &path);
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_NONSEEKABLE);
             return;
         }
@@ -1504,12 +1549,11 @@ impl Filesystem for Adapter {
         let opened = tri!(reply, opened);
         let (fh, backing, fopen) = tri!(
             reply,
-            s.register_open(&c, ino.0, path, flags.0, opened, |f| reply.open_backing(f))
+            s.register_open(req, ino.0, &path, flags.0, opened, |f| reply
+                .open_backing(f))
         );
-        match backing {
-            Some(id) => reply.opened_passthrough(FileHandle(fh), fopen, &id),
-            None => reply.opened(FileHandle(fh), fopen),
-        }
+        s.test_die_before_answer(req, &path);
+        answer_opened(reply, fh, fopen, backing.as_deref());
     }
 
     fn read(
@@ -1642,9 +1686,15 @@ impl Filesystem for Adapter {
         let _t = s.stats.timer(Op::Opendir, req.pid(), ino.0);
         let _names = s.names.read();
         let path = tri!(reply, s.path(ino));
+        if let Some(fh) = s.made_before(req, ino.0) {
+            if s.handles.dir(fh).is_some() {
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+                return;
+            }
+        }
         let entries = tri!(reply, s.fs.readdir(&ctx(req), &path));
         let fh = s.handles.add_dir(OpenDir { entries });
-        s.journal_handle(fh, ino.0, OpenKind::Dir);
+        s.journal_handle(fh, ino.0, OpenKind::Dir, req.unique().0);
         reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
@@ -1855,23 +1905,22 @@ impl Filesystem for Adapter {
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.child(parent, name));
+        let reply = match s.create_again(req, &path, reply) {
+            Some(reply) => reply,
+            None => return,
+        };
         let fs_flags = s.open_flags_for_fs(flags);
         let (attr, opened) = tri!(reply, s.fs.create(&c, &path, OpenFlags(fs_flags), mode));
         let fa = s.enter(parent, name, &attr);
         let (fh, backing, fopen) = tri!(
             reply,
-            s.register_open(&c, fa.ino.0, path, flags, opened, |f| reply.open_backing(f))
+            s.register_open(req, fa.ino.0, &path, flags, opened, |f| reply
+                .open_backing(f))
         );
+        s.test_die_before_answer(req, &path);
         // A new file may reuse the number of one a client still caches.
         s.tokens.bump(fa.ino.0);
-        // One TTL serves entry and attributes here: the stricter one.
-        let ttl = s.opts.entry_ttl.min(s.opts.ttl);
-        match backing {
-            Some(id) => {
-                reply.created_passthrough(&ttl, &fa, Generation(0), FileHandle(fh), fopen, &id)
-            }
-            None => reply.created(&ttl, &fa, Generation(0), FileHandle(fh), fopen),
-        }
+        s.answer_created(reply, &fa, fh, fopen, backing.as_deref());
     }
 
     fn fallocate(

@@ -13,7 +13,9 @@ use mapfs::engine::DataFile;
 use mapfs::{Ctx, Segment};
 use tracing::{debug, info, warn};
 
-use super::{Shared, ROOT_CTX};
+use fuser::{FileHandle, FopenFlags, ReplyCreate, ReplyOpen};
+
+use super::{answer_opened, file_open_flags, Shared, ROOT_CTX};
 use crate::failover::records::{Bytes, InitState, OpenKind, OpenRec, PendingWrite, ToSupervisor};
 use crate::failover::{Link, Resume};
 use crate::handles::{OpenDir, OpenFile, SizeChange};
@@ -65,12 +67,14 @@ impl Shared {
         }
     }
 
-    /// Records a file handle about to be given to the kernel.
-    pub(super) fn journal_file(&self, file: &OpenFile) {
+    /// Records a file handle about to be given to the kernel in answer to
+    /// request `unique`.
+    pub(super) fn journal_file(&self, file: &OpenFile, unique: u64) {
         self.journal(|| {
             ToSupervisor::Opened(OpenRec {
                 fh: file.fh,
                 ino: file.ino,
+                unique: unique & !fuser::RESEND_UNIQUE_BIT,
                 kind: OpenKind::File {
                     flags: file.flags,
                     path: file.path.as_os_str().as_bytes().to_vec(),
@@ -82,14 +86,132 @@ impl Shared {
         });
     }
 
-    /// Records a placeholder or directory handle about to be given.
-    pub(super) fn journal_handle(&self, fh: u64, ino: u64, kind: OpenKind) {
-        self.journal(|| ToSupervisor::Opened(OpenRec { fh, ino, kind }));
+    /// Records a placeholder or directory handle about to be given in
+    /// answer to request `unique`.
+    pub(super) fn journal_handle(&self, fh: u64, ino: u64, kind: OpenKind, unique: u64) {
+        let unique = unique & !fuser::RESEND_UNIQUE_BIT;
+        self.journal(|| {
+            ToSupervisor::Opened(OpenRec {
+                fh,
+                ino,
+                kind,
+                unique,
+            })
+        });
     }
 
     /// Records that the kernel released `fh` and the release is done.
     pub(super) fn journal_released(&self, fh: u64) {
+        self.resent.lock().released(fh);
         self.journal(|| ToSupervisor::Released { fh });
+    }
+
+    /// The handle a dead daemon made for request `req` on nodeid `ino` and
+    /// recorded, if `req` is that request sent again (the kernel marks it
+    /// with [`fuser::RESEND_UNIQUE_BIT`]): the kernel never got the handle,
+    /// so the request is answered with it (see [`OpenRec::unique`]).
+    pub(super) fn made_before(&self, req: &fuser::Request, ino: u64) -> Option<u64> {
+        let unique = req.unique().0;
+        if unique & fuser::RESEND_UNIQUE_BIT == 0 {
+            return None;
+        }
+        let (fh, made_on) = self
+            .resent
+            .lock()
+            .claim(unique & !fuser::RESEND_UNIQUE_BIT)?;
+        if made_on != ino {
+            warn!(
+                fh,
+                ino, made_on, "a request sent again names another node than its handle's"
+            );
+            return None;
+        }
+        debug!(
+            fh,
+            ino, "a request sent again is answered with the handle made for it"
+        );
+        Some(fh)
+    }
+
+    /// Answers an `OPEN` sent again with handle `fh`, which a dead daemon
+    /// made for it; gives `reply` back if that handle was not restored.
+    pub(super) fn open_again(&self, fh: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
+        if self.handles.is_placeholder(fh) {
+            reply.opened(FileHandle(fh), FopenFlags::FOPEN_NONSEEKABLE);
+            return None;
+        }
+        let Some(file) = self.handles.file(fh) else {
+            return Some(reply);
+        };
+        let fopen = file_open_flags(&file.data, file.flags);
+        answer_opened(reply, fh, fopen, file.backing.as_deref());
+        None
+    }
+
+    /// Answers a `CREATE` of `path` sent again with the entry and handle a
+    /// dead daemon made for it (see [`Shared::made_before`]); gives `reply`
+    /// back if `req` is not such a request or that handle was not restored.
+    pub(super) fn create_again(
+        &self,
+        req: &fuser::Request,
+        path: &std::path::Path,
+        reply: ReplyCreate,
+    ) -> Option<ReplyCreate> {
+        let unique = req.unique().0;
+        if unique & fuser::RESEND_UNIQUE_BIT == 0 {
+            return Some(reply);
+        }
+        let claimed = self.resent.lock().claim(unique & !fuser::RESEND_UNIQUE_BIT);
+        let Some((fh, ino)) = claimed else {
+            return Some(reply);
+        };
+        let Some(file) = self.handles.file(fh) else {
+            return Some(reply);
+        };
+        if self.inodes.path(ino).as_deref() != Some(path) {
+            warn!(fh, path = %path.display(), "a create sent again names another file than its handle's");
+            return Some(reply);
+        }
+        let attr = match self.fs.getattr(&ROOT_CTX, path) {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(path = %path.display(), "a create sent again: {e}");
+                return Some(reply);
+            }
+        };
+        // The dead daemon entered the name already (the kernel's reference
+        // is in the restored table): no second `enter`.
+        let fa = self.fuse_attr(ino, &attr);
+        let fopen = file_open_flags(&file.data, file.flags);
+        debug!(
+            fh,
+            ino, "a create sent again is answered with the handle made for it"
+        );
+        self.answer_created(reply, &fa, fh, fopen, file.backing.as_deref());
+        None
+    }
+
+    /// Test hook of failover (`MAPFS_TEST_DIE_BEFORE_ANSWER=NAME`, read
+    /// once): the daemon kills itself once it has recorded the handle of an
+    /// open or create of a file named `NAME` and before it answers, the
+    /// window [`Shared::made_before`] closes. A request sent again never
+    /// triggers it, so the next daemon answers.
+    pub(super) fn test_die_before_answer(&self, req: &fuser::Request, path: &std::path::Path) {
+        static NAME: std::sync::OnceLock<Option<OsString>> = std::sync::OnceLock::new();
+        let Some(name) = NAME.get_or_init(|| std::env::var_os("MAPFS_TEST_DIE_BEFORE_ANSWER"))
+        else {
+            return;
+        };
+        if req.unique().0 & fuser::RESEND_UNIQUE_BIT == 0
+            && path.file_name() == Some(name.as_os_str())
+            && self.link.get().is_some()
+        {
+            warn!(path = %path.display(), "MAPFS_TEST_DIE_BEFORE_ANSWER: dying before the answer");
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::KILL,
+            );
+        }
     }
 
     /// Under a supervisor, hands it the bytes a change (a write, or with
@@ -437,6 +559,9 @@ impl Shared {
             )
         });
         for rec in opens {
+            if rec.unique != 0 {
+                self.resent.lock().record(rec.unique, rec.fh, rec.ino);
+            }
             match rec.kind {
                 OpenKind::Placeholder => self.handles.restore_placeholder(rec.fh),
                 OpenKind::Dir => {
@@ -545,6 +670,39 @@ impl Shared {
                 self.open_with_fallback(wide, |f| open(&ROOT_CTX, f), asked)
             }
             r => r,
+        }
+    }
+}
+
+/// The handles a dead daemon recorded, by the request that made each, for
+/// the requests the kernel sends again (see [`Shared::made_before`]). An
+/// entry leaves when its request comes again or when its handle is
+/// released (the kernel had it), so the table holds at most the handles
+/// of the takeover and empties as they go.
+#[derive(Default)]
+pub struct Resent {
+    by_unique: HashMap<u64, (u64, u64)>,
+    by_fh: HashMap<u64, u64>,
+}
+
+impl Resent {
+    fn record(&mut self, unique: u64, fh: u64, ino: u64) {
+        self.by_unique.insert(unique, (fh, ino));
+        self.by_fh.insert(fh, unique);
+    }
+
+    fn claim(&mut self, unique: u64) -> Option<(u64, u64)> {
+        let (fh, ino) = self.by_unique.remove(&unique)?;
+        self.by_fh.remove(&fh);
+        Some((fh, ino))
+    }
+
+    fn released(&mut self, fh: u64) {
+        if self.by_fh.is_empty() {
+            return;
+        }
+        if let Some(unique) = self.by_fh.remove(&fh) {
+            self.by_unique.remove(&unique);
         }
     }
 }

@@ -119,6 +119,13 @@ pub struct OpenRec {
     pub ino: u64,
     /// What it is.
     pub kind: OpenKind,
+    /// The `unique` id of the request that made it (`OPEN`, `CREATE`,
+    /// `OPENDIR`), without [`fuser::RESEND_UNIQUE_BIT`]: a daemon that dies
+    /// after recording the handle and before answering leaves the kernel
+    /// without it, and the kernel sends that request again to the next
+    /// daemon, marked, which answers it with this handle instead of making
+    /// another (that one would be held by nobody until unmount).
+    pub unique: u64,
 }
 
 /// Bytes a change left in an open whose map is not whole-file, not yet in

@@ -453,6 +453,51 @@ fn unlink_removes_every_kind_of_container() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// A removed file's container that cannot be emptied at once (a writer on
+/// another host put a new entry in it meanwhile; here, a tree deeper than
+/// the daemon removes, which fails the same way): the unlink took effect
+/// when the name went, so it succeeds; the container stays under its
+/// hidden name, never listed, and goes at a later removal once it can.
+/// Before, the caller got ENOTEMPTY for an unlink that had removed the
+/// name (fio laying out one file from two hosts over Gluster).
+#[test]
+fn unlink_succeeds_when_the_container_cannot_be_emptied_yet() {
+    let f = fx();
+    f.create("/stuck").close();
+    let mut deep = f.b.join("stuck");
+    for i in 0..10 {
+        deep = deep.join(format!("d{i}"));
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    f.fs.unlink(&ROOT, p("/stuck"))
+        .unwrap_or_else(|e| panic!("unlink of a file whose container is not emptied: {e}"));
+    assert!(f.fs.getattr(&ROOT, p("/stuck")).is_err());
+    let listed = f.fs.readdir(&ROOT, p("/")).unwrap();
+    assert!(
+        listed
+            .iter()
+            .all(|e| e.name != "stuck" && !e.name.to_string_lossy().starts_with(".plfs")),
+        "{:?}",
+        listed.iter().map(|e| &e.name).collect::<Vec<_>>()
+    );
+    let left = |b: &Path| -> Vec<String> {
+        std::fs::read_dir(b)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let kept = left(&f.b);
+    assert!(
+        kept.len() == 1 && kept[0].starts_with(".plfs-gone."),
+        "the container stays under a hidden name: {kept:?}"
+    );
+    // Once it can be emptied, the next removal takes it.
+    std::fs::remove_dir_all(f.b.join(&kept[0]).join("d0")).unwrap();
+    f.create("/next").close();
+    f.fs.unlink(&ROOT, p("/next")).unwrap();
+    assert!(left(&f.b).is_empty(), "{:?}", left(&f.b));
+}
+
 /// A writer whose first write comes after its file was unlinked still
 /// writes and reads its bytes, and leaves nothing behind.
 #[test]

@@ -201,7 +201,15 @@ pub struct Plfs {
     /// first create: [`NOREPLACE_UNKNOWN`], [`NOREPLACE_YES`] or
     /// [`NOREPLACE_NO`]); without it new containers are made in place.
     noreplace: std::sync::atomic::AtomicU8,
+    /// Containers of removed files that a writer elsewhere kept an entry
+    /// in (see `names.rs`, `do_unlink`): tried again at later removals,
+    /// at most [`LEFTOVERS_KEPT`] (beyond that they wait for the removal
+    /// of their directory, which removes leftovers).
+    leftovers: Mutex<Vec<(OwnedFd, std::ffi::OsString)>>,
 }
+
+/// Most removed containers [`Plfs::leftovers`] remembers.
+const LEFTOVERS_KEPT: usize = 64;
 
 /// [`Plfs::noreplace`] not learned yet.
 const NOREPLACE_UNKNOWN: u8 = 0;
@@ -346,6 +354,7 @@ impl Plfs {
             next_handle: AtomicU64::new(1),
             nlinks: Mutex::new(HashMap::new()),
             noreplace: std::sync::atomic::AtomicU8::new(NOREPLACE_UNKNOWN),
+            leftovers: Mutex::new(Vec::new()),
         })
     }
 
@@ -362,6 +371,7 @@ impl Plfs {
             next_handle: AtomicU64::new(1),
             nlinks: Mutex::new(HashMap::new()),
             noreplace: std::sync::atomic::AtomicU8::new(NOREPLACE_UNKNOWN),
+            leftovers: Mutex::new(Vec::new()),
         })
     }
 

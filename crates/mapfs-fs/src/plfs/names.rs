@@ -8,7 +8,7 @@ use std::path::Path;
 use mapfs::creds::as_caller;
 use mapfs::{Ctx, DirEntry, Error, FileKind, FileSystem as _, RenameFlags, Result};
 use rustix::fs::{AtFlags, Mode, OFlags};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::container;
 use super::format::{self, GONE_PREFIX};
@@ -79,7 +79,7 @@ impl Plfs {
                 // again: without this the cached link count taken before
                 // the unlink was lost, and the next getattr of the parent
                 // opened every subdirectory to count again (O(n) per unlink).
-                let res = self.remove_container(parent.as_fd(), OsStr::new(&gone), &dir);
+                let res = self.remove_renamed(&parent, OsStr::new(&gone), &dir);
                 self.nlink_kept(parent.as_fd(), renamed);
                 res
             }
@@ -182,9 +182,7 @@ impl Plfs {
             return Err(e);
         }
         let res = match &b.node {
-            Node::File(d) if replace_file => {
-                self.remove_container(b.parent.as_fd(), OsStr::new(&gone), d)
-            }
+            Node::File(d) if replace_file => self.remove_renamed(&b.parent, OsStr::new(&gone), d),
             _ => rustix::fs::unlinkat(&b.parent, gone.as_str(), AtFlags::empty())
                 .map_err(Error::from),
         };
@@ -305,6 +303,50 @@ impl Plfs {
     /// lock: an open or merge of it that raced the unlink either completed
     /// before (and keeps its logs open) or finds it gone and looks the name
     /// up again (`ESTALE`), never a half-removed container.
+    /// Removes container `name` of `parent`, a file this daemon removed by
+    /// renaming it to a hidden name (`unlink`, a rename over it). The name
+    /// is gone already: that is the removal. A writer on another host that
+    /// had the file open may put its log or index in the container while it
+    /// is being emptied, as it may write to an unlinked file: the container
+    /// then stays under its hidden name and is tried again later
+    /// ([`Plfs::retry_leftovers`]; also removed with its directory).
+    /// Before, the caller got ENOTEMPTY for a removal that had taken effect
+    /// (fio laying out one file from two hosts over Gluster).
+    fn remove_renamed(&self, parent: &OwnedFd, name: &OsStr, dir: &OwnedFd) -> Result<()> {
+        self.retry_leftovers();
+        match self.remove_container(parent.as_fd(), name, dir) {
+            Err(e) if e.errno() == libc::ENOTEMPTY => {
+                debug!("a removed file's container kept a new entry: {e}");
+                let mut left = self.leftovers.lock();
+                if left.len() < super::LEFTOVERS_KEPT {
+                    if let Ok(p) = parent.try_clone() {
+                        left.push((p, name.to_os_string()));
+                    }
+                }
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// Tries again to remove the containers of removed files that a writer
+    /// elsewhere kept an entry in ([`Plfs::leftovers`]); those still in
+    /// use stay listed.
+    fn retry_leftovers(&self) {
+        let left = std::mem::take(&mut *self.leftovers.lock());
+        let mut kept = Vec::new();
+        for (parent, name) in left {
+            match container::remove_container(parent.as_fd(), &name) {
+                Err(e) if e.errno() == libc::ENOTEMPTY => kept.push((parent, name)),
+                Err(e) => warn!("cannot remove a removed file's container: {e}"),
+                Ok(()) => {}
+            }
+        }
+        let mut now = self.leftovers.lock();
+        kept.truncate(super::LEFTOVERS_KEPT.saturating_sub(now.len()));
+        now.extend(kept);
+    }
+
     fn remove_container(&self, parent: BorrowedFd<'_>, name: &OsStr, dir: &OwnedFd) -> Result<()> {
         let key = container::key_of(dir.as_fd())?;
         match self.store.lock(dir.as_fd(), key) {

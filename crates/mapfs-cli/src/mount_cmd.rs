@@ -50,7 +50,8 @@ pub struct MountArgs {
     #[arg(long)]
     pub foreground: bool,
     /// Attribute and entry cache time in seconds (0 to 31536000)
-    /// [default: 1; 31536000 with --exclusive].
+    /// [default: 1; 0 with `-o hostid=` (a store shared by hosts, whose
+    /// changes the next open must see); 31536000 with --exclusive].
     #[arg(long, value_parser = parse_ttl, allow_hyphen_values = true)]
     pub ttl: Option<f64>,
     /// Nothing but this mount (and `mapfs run` clients of it) changes the
@@ -82,13 +83,25 @@ const EXCLUSIVE_TTL_SECS: f64 = MAX_TTL_SECS;
 
 impl MountArgs {
     /// The attribute and entry cache time in seconds: `--ttl`, else 1 s,
-    /// or [`EXCLUSIVE_TTL_SECS`] with `--exclusive`.
+    /// 0 when `-o hostid=` names this host of a store other hosts change
+    /// (close-to-open across hosts: a kernel keeping a size for 1 s showed
+    /// another host's closed rewrite cut to the old size), or
+    /// [`EXCLUSIVE_TTL_SECS`] with `--exclusive`.
     pub fn ttl_secs(&self) -> f64 {
         match (self.ttl, self.exclusive) {
             (Some(t), _) => t,
             (None, true) => EXCLUSIVE_TTL_SECS,
+            (None, false) if self.names_a_host() => 0.0,
             (None, false) => 1.0,
         }
+    }
+
+    /// `-o hostid=NAME` was given: the backing store is shared by hosts.
+    fn names_a_host(&self) -> bool {
+        self.options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .any(|o| o.trim().starts_with("hostid="))
     }
 }
 

@@ -1025,6 +1025,51 @@ fn open_creat_of_a_name_another_host_removed(mode: DataMode) {
     umount_clean(b, &test);
 }
 
+/// Two hosts of one store, mounted with `-o hostid=` and no `--ttl`: the
+/// next open on host A sees what host B wrote and closed (close-to-open),
+/// a rewrite and a remove-and-create alike, with A's kernel having just
+/// looked the file up. With the former default of 1 s A read B's "newer"
+/// cut to the 3 bytes of the size it kept.
+fn named_hosts_see_closed_rewrites_at_the_next_open(mode: DataMode) {
+    let test = format!("plfs -o hostid= without --ttl: close-to-open --data {mode}");
+    let (_keep, backing) = kept_backing();
+    let host = |id: &str| {
+        MountSession::builder(mapfs_bin())
+            .fs(FS)
+            .data(mode)
+            .backing(&backing)
+            .option(&format!("hostid={id}"))
+            .mount()
+            .unwrap_or_else(|e| panic!("{test}: mounting host {id}: {e:#}"))
+    };
+    let (a, b) = (host("a"), host("b"));
+    for (name, remove) in [("rewritten", false), ("made-again", true)] {
+        fs::write(a.mountpoint().join(name), b"old").unwrap();
+        fs::metadata(a.mountpoint().join(name)).unwrap();
+        if remove {
+            fs::remove_file(b.mountpoint().join(name)).unwrap();
+        }
+        fs::write(b.mountpoint().join(name), b"newer").unwrap();
+        assert_eq!(
+            fs::read(a.mountpoint().join(name)).unwrap(),
+            b"newer",
+            "{test}: {name}: host A's next open"
+        );
+    }
+    umount_clean(a, &test);
+    umount_clean(b, &test);
+}
+
+fuse_test!(
+    named_hosts_see_closed_rewrites_at_the_next_open_auto =>
+        named_hosts_see_closed_rewrites_at_the_next_open(DataMode::Auto)
+);
+
+fuse_test!(
+    named_hosts_see_closed_rewrites_at_the_next_open_daemon =>
+        named_hosts_see_closed_rewrites_at_the_next_open(DataMode::Daemon)
+);
+
 /// Two hosts sharing one store, racing: host A creates, writes, closes and
 /// removes one name again and again while host B opens it with O_CREAT,
 /// writes and closes. Natively every call succeeds. B's open of an inode A

@@ -1074,10 +1074,12 @@ fuse_test!(
 /// removes one name again and again while host B opens it with O_CREAT,
 /// writes and closes. Natively every call succeeds. B's open of an inode A
 /// has just removed and made again answered ENOENT (190 of 11,000 opens in
-/// 5 s, before the adapter answered ESTALE there too, on which the kernel
-/// looks the name up again). Left: the kernel retries an open once, so B
-/// sees ESTALE when A removes the name again inside that retry (about 5 in
-/// 10,000 here; docs/plfs-hosts.md).
+/// 5 s with `--ttl 1`, before the adapter answered ESTALE there too, on
+/// which the kernel looks the name up again; 593 of 6,600 with the `--ttl
+/// 0` that `-o hostid=` brings, at the GETATTR of the permission check,
+/// before that answered ESTALE too). Left: the kernel retries an open
+/// once, so B sees ESTALE when A removes the name again inside that retry
+/// (about 1 in 1,000 here; docs/plfs-hosts.md).
 fn create_and_remove_race_across_hosts(mode: DataMode) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let test = format!("plfs create/remove race across hosts --data {mode}");

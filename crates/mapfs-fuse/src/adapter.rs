@@ -572,10 +572,23 @@ impl Shared {
         match by_path {
             Err(e) if e.errno() == libc::ENOENT || e.errno() == libc::ESTALE => {
                 // An open file whose name is gone still has attributes.
+                // Another inode the kernel holds lost its file behind the
+                // mount (removed by another host sharing the store, or in
+                // the backing directory): ESTALE, on which the kernel looks
+                // the name up again where it walked a path. ENOENT failed
+                // `open(O_CREAT)` of a name another host removed and made
+                // again, at the permission check's GETATTR after the lookup
+                // (the kernel keeping no attributes: `-o hostid=`).
                 let file = fh
                     .and_then(|fh| self.handles.file(fh.0))
                     .or_else(|| self.handles.any_file_of(ino.0))
-                    .ok_or(e)?;
+                    .ok_or_else(|| {
+                        if e.errno() == libc::ENOENT {
+                            Error::from_errno(libc::ESTALE).context(format!("{e}"))
+                        } else {
+                            e
+                        }
+                    })?;
                 if let Some(backing) = file.data.whole_file_backing() {
                     let mut attr = attr_from_metadata(&backing.metadata()?);
                     attr.ino = self.inodes.fs_ino(ino.0);

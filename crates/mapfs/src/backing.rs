@@ -94,6 +94,14 @@ impl BackingRoot {
     }
 
     fn open_components(&self, comps: &[&OsStr], flags: OFlags, mode: Mode) -> Result<OwnedFd> {
+        if comps.is_empty() && flags.difference(OFlags::CLOEXEC) == OFlags::PATH | OFlags::DIRECTORY
+        {
+            // The root itself, as the root is held: a copy of the descriptor
+            // instead of an `openat2` of ".", which is a round trip on a
+            // network store (0.3 ms on the Gluster test bed) for the parent
+            // of every top-level name.
+            return Ok(rustix::io::fcntl_dupfd_cloexec(&self.root, 0)?);
+        }
         let flags = flags | OFlags::CLOEXEC;
         let mode = if flags.intersects(OFlags::CREATE | OFlags::TMPFILE) {
             mode

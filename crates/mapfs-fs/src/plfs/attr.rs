@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mapfs::backing::openat2_beneath;
 use mapfs::creds::as_caller;
 use mapfs::{Attr, Ctx, Error, FileKind, FileSystem as _, Result, SetAttr};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
+use rustix::fs::{AtFlags, Mode, OFlags, Stat};
 use rustix::process::{Gid, Uid};
 
 use super::container;
@@ -30,12 +30,27 @@ impl Plfs {
     // The `stat` field types differ between architectures.
     #[allow(clippy::unnecessary_cast)]
     pub(super) fn file_attr(&self, dir: &OwnedFd) -> Result<Attr> {
-        let id = match rustix::fs::statat(dir, IDENTITY, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => st,
+        self.file_attr_seen(dir, None, None)
+    }
+
+    /// [`Plfs::file_attr`], given what a walk that just found the file saw
+    /// of it: its identity's `stat` and the container's (each saves a
+    /// round trip on a network store).
+    pub(super) fn file_attr_seen(
+        &self,
+        dir: &OwnedFd,
+        id: Option<Stat>,
+        dir_stat: Option<Stat>,
+    ) -> Result<Attr> {
+        let id = match id.or_else(|| container::identity_stat(dir.as_fd())) {
+            Some(st) => st,
             // It was a file when looked up: removed since, look again.
-            _ => return Err(Error::from_errno(libc::ESTALE)),
+            None => return Err(Error::from_errno(libc::ESTALE)),
         };
-        let (key, v) = super::store::key_and_validator(dir.as_fd())?;
+        let (key, v) = match dir_stat {
+            Some(st) => super::store::key_and_validator_of(&st),
+            None => super::store::key_and_validator(dir.as_fd())?,
+        };
         let loaded = self.store.load_seen(dir.as_fd(), key, v)?;
         self.attr_of(dir, &id, loaded.merged.map.size(), loaded.log_blocks)
     }

@@ -76,10 +76,15 @@ pub(super) fn open_dir(at: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd> {
 
 /// True when `dir` holds a regular file named `.plfs`, i.e. is a container.
 pub(super) fn is_container(dir: BorrowedFd<'_>) -> bool {
-    matches!(
-        rustix::fs::statat(dir, IDENTITY, AtFlags::SYMLINK_NOFOLLOW),
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-    )
+    identity_stat(dir).is_some()
+}
+
+/// The `stat` of `dir`'s identity (`.plfs`), if `dir` is a container.
+pub(super) fn identity_stat(dir: BorrowedFd<'_>) -> Option<rustix::fs::Stat> {
+    match rustix::fs::statat(dir, IDENTITY, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => Some(st),
+        _ => None,
+    }
 }
 
 /// The entries of a container that matter.

@@ -306,6 +306,10 @@ struct Found {
     parent: OwnedFd,
     name: OsString,
     node: Node,
+    /// What the walk saw of a file: its identity's `stat` and the
+    /// container's, reused for its attributes (each is a round trip on a
+    /// network store).
+    seen: Option<(Option<rustix::fs::Stat>, rustix::fs::Stat)>,
 }
 
 /// True when `path` names the root of the file system.
@@ -414,34 +418,52 @@ impl Plfs {
 
     /// Resolves an existing non-root `path` (as the caller).
     fn find(&self, path: &Path) -> Result<Found> {
+        self.walk(path, true)
+    }
+
+    /// [`Plfs::find`]; without `recheck`, a container found with its
+    /// identity is taken as the file without looking at the name again (for
+    /// `getattr`: a file renamed away meanwhile answers with its attributes,
+    /// as a native `stat` racing a rename may; one round trip less on a
+    /// network store).
+    fn walk(&self, path: &Path, recheck: bool) -> Result<Found> {
         let (parent, name) = self.parent_of(path)?;
         if format::reserved_name(name.as_bytes()) {
             return Err(Error::not_found());
         }
         // Opened as a directory straight away (files are containers, so
         // most names are): anything else fails to open as one.
+        let mut seen = None;
         let node = match container::open_dir(parent.as_fd(), &name) {
             Err(e) if matches!(e.errno(), libc::ENOTDIR | libc::ELOOP) => Node::Other,
             Err(e) => return Err(e),
             Ok(dir) => {
-                let file = container::is_container(dir.as_fd())
-                    || self.made_meanwhile(parent.as_fd(), &name, dir.as_fd());
+                let id = container::identity_stat(dir.as_fd());
+                let file = id.is_some() || self.made_meanwhile(parent.as_fd(), &name, dir.as_fd());
                 // The name must still hold what was judged: a file replaced by
                 // a rename and being removed has lost its `.plfs` and would pass
                 // for a directory.
-                let now = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
                 let was = rustix::fs::fstat(&dir)?;
-                if (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino) {
-                    return Err(Error::from_errno(libc::ESTALE));
+                if recheck || id.is_none() {
+                    let now = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+                    if (now.st_dev, now.st_ino) != (was.st_dev, was.st_ino) {
+                        return Err(Error::from_errno(libc::ESTALE));
+                    }
                 }
                 if file {
+                    seen = Some((id, was));
                     Node::File(dir)
                 } else {
                     Node::Dir
                 }
             }
         };
-        Ok(Found { parent, name, node })
+        Ok(Found {
+            parent,
+            name,
+            node,
+            seen,
+        })
     }
 
     /// What `path` names, `None` for the root (as the caller).
@@ -542,9 +564,23 @@ impl FileSystem for Plfs {
     }
 
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
-        retry_stale(|| match self.file_dir(ctx, path)? {
-            Some(dir) => self.file_attr(&dir),
-            None => self.pt.getattr(ctx, path).map(|a| self.fix_dir(path, a)),
+        retry_stale(|| {
+            let found = if is_root(path) {
+                None
+            } else {
+                Some(as_caller(ctx, || self.walk(path, false))?)
+            };
+            match found {
+                Some(Found {
+                    node: Node::File(dir),
+                    seen,
+                    ..
+                }) => {
+                    let (id, dir_stat) = seen.map_or((None, None), |(id, d)| (id, Some(d)));
+                    self.file_attr_seen(&dir, id, dir_stat)
+                }
+                _ => self.pt.getattr(ctx, path).map(|a| self.fix_dir(path, a)),
+            }
         })
     }
 

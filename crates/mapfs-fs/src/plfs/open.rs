@@ -104,7 +104,9 @@ impl Plfs {
             if super::is_root(path) {
                 return Ok(None);
             }
-            match self.find(path)?.node {
+            // The identity's open below proves the file is still there:
+            // the name need not be looked at again (see `Plfs::walk`).
+            match self.walk(path, false)?.node {
                 Node::File(dir) => {
                     match openat2_beneath(
                         dir.as_fd(),

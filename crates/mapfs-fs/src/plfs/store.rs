@@ -111,9 +111,13 @@ pub(super) fn validator(dir: BorrowedFd<'_>) -> Result<Validator> {
 
 /// The [`Key`] and [`Validator`] of directory `dir` now, from one `fstat`.
 pub(super) fn key_and_validator(dir: BorrowedFd<'_>) -> Result<(Key, Validator)> {
-    let st = rustix::fs::fstat(dir)?;
+    Ok(key_and_validator_of(&rustix::fs::fstat(dir)?))
+}
+
+/// [`key_and_validator`] of a `stat` of the container already taken.
+pub(super) fn key_and_validator_of(st: &rustix::fs::Stat) -> (Key, Validator) {
     #[allow(clippy::unnecessary_cast)]
-    Ok((
+    (
         (st.st_dev, st.st_ino),
         (
             st.st_mtime as i64,
@@ -121,7 +125,7 @@ pub(super) fn key_and_validator(dir: BorrowedFd<'_>) -> Result<(Key, Validator)>
             st.st_ctime as i64,
             st.st_ctime_nsec as i64,
         ),
-    ))
+    )
 }
 
 /// A container locked for changes (in-process and across processes).

@@ -972,6 +972,29 @@ fn n1(mode: DataMode) {
     }
 }
 
+/// Hosts `a` and `b` of one store: two plfs mounts of `backing` with those
+/// host ids, and `args` for both.
+fn two_hosts(
+    test: &str,
+    mode: DataMode,
+    backing: &Path,
+    args: &[&str],
+) -> (MountSession, MountSession) {
+    let host = |id: &str| {
+        let mut m = MountSession::builder(mapfs_bin())
+            .fs(FS)
+            .data(mode)
+            .backing(backing)
+            .option(&format!("hostid={id}"));
+        for a in args {
+            m = m.arg(a);
+        }
+        m.mount()
+            .unwrap_or_else(|e| panic!("{test}: mounting host {id}: {e:#}"))
+    };
+    (host("a"), host("b"))
+}
+
 /// Two hosts sharing one store (two mounts of one backing directory whose
 /// kernels keep names for 30 s): an `open(O_CREAT)` on host A of a file
 /// that host B removed after A's kernel had looked it up creates the file,
@@ -981,18 +1004,7 @@ fn n1(mode: DataMode) {
 fn open_creat_of_a_name_another_host_removed(mode: DataMode) {
     let test = format!("plfs open(O_CREAT) of a name another host removed --data {mode}");
     let (_keep, backing) = kept_backing();
-    let host = |id: &str| {
-        MountSession::builder(mapfs_bin())
-            .fs(FS)
-            .data(mode)
-            .backing(&backing)
-            .option(&format!("hostid={id}"))
-            .arg("--ttl")
-            .arg("30")
-            .mount()
-            .unwrap_or_else(|e| panic!("{test}: mounting host {id}: {e:#}"))
-    };
-    let (a, b) = (host("a"), host("b"));
+    let (a, b) = two_hosts(&test, mode, &backing, &["--ttl", "30"]);
     for name in ["created", "plain"] {
         fs::write(a.mountpoint().join(name), b"old").unwrap();
         // Host A's kernel holds the name now, for the TTL.
@@ -1033,16 +1045,7 @@ fn open_creat_of_a_name_another_host_removed(mode: DataMode) {
 fn named_hosts_see_closed_rewrites_at_the_next_open(mode: DataMode) {
     let test = format!("plfs -o hostid= without --ttl: close-to-open --data {mode}");
     let (_keep, backing) = kept_backing();
-    let host = |id: &str| {
-        MountSession::builder(mapfs_bin())
-            .fs(FS)
-            .data(mode)
-            .backing(&backing)
-            .option(&format!("hostid={id}"))
-            .mount()
-            .unwrap_or_else(|e| panic!("{test}: mounting host {id}: {e:#}"))
-    };
-    let (a, b) = (host("a"), host("b"));
+    let (a, b) = two_hosts(&test, mode, &backing, &[]);
     for (name, remove) in [("rewritten", false), ("made-again", true)] {
         fs::write(a.mountpoint().join(name), b"old").unwrap();
         fs::metadata(a.mountpoint().join(name)).unwrap();
@@ -1084,16 +1087,7 @@ fn create_and_remove_race_across_hosts(mode: DataMode) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let test = format!("plfs create/remove race across hosts --data {mode}");
     let (_keep, backing) = kept_backing();
-    let host = |id: &str| {
-        MountSession::builder(mapfs_bin())
-            .fs(FS)
-            .data(mode)
-            .backing(&backing)
-            .option(&format!("hostid={id}"))
-            .mount()
-            .unwrap_or_else(|e| panic!("{test}: mounting host {id}: {e:#}"))
-    };
-    let (a, b) = (host("a"), host("b"));
+    let (a, b) = two_hosts(&test, mode, &backing, &[]);
     let (pa, pb) = (a.mountpoint().join("raced"), b.mountpoint().join("raced"));
     let stop = AtomicBool::new(false);
     let (a_errors, (b_ops, b_errors)) = std::thread::scope(|sc| {

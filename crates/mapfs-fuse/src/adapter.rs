@@ -772,7 +772,7 @@ impl Shared {
         &self,
         req: &Request,
         ino: u64,
-        path: &Path,
+        path: PathBuf,
         flags: i32,
         opened: Opened,
         open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<fuser::BackingId>,
@@ -797,7 +797,7 @@ impl Shared {
                     // would read and write the old one. ESTALE makes it
                     // look the name up afresh and retry: the lookup gives
                     // the new file its own inode.
-                    let _ = self.fs.release(c, path, fs_handle, &data.map());
+                    let _ = self.fs.release(c, &path, fs_handle, &data.map());
                     STALE_OPENS.log(|held_back| {
                         warn!(
                             path = %path.display(),
@@ -820,7 +820,7 @@ impl Shared {
         }
         let fh = self.handles.add_file(OpenFile::new(
             ino,
-            path.to_path_buf(),
+            path,
             flags,
             *c,
             fs_handle,
@@ -829,6 +829,7 @@ impl Shared {
         ));
         if let Some(file) = self.handles.file(fh) {
             self.journal_file(&file, unique);
+            self.test_die_before_answer(req, &file.path);
         }
         let executor = match backing {
             Some(_) => Event::PassthroughOpen,
@@ -1570,10 +1571,8 @@ impl Filesystem for Adapter {
         let opened = tri!(reply, opened);
         let (fh, backing, fopen) = tri!(
             reply,
-            s.register_open(req, ino.0, &path, flags.0, opened, |f| reply
-                .open_backing(f))
+            s.register_open(req, ino.0, path, flags.0, opened, |f| reply.open_backing(f))
         );
-        s.test_die_before_answer(req, &path);
         answer_opened(reply, fh, fopen, backing.as_deref());
     }
 
@@ -1935,10 +1934,9 @@ impl Filesystem for Adapter {
         let fa = s.enter(parent, name, &attr);
         let (fh, backing, fopen) = tri!(
             reply,
-            s.register_open(req, fa.ino.0, &path, flags, opened, |f| reply
+            s.register_open(req, fa.ino.0, path, flags, opened, |f| reply
                 .open_backing(f))
         );
-        s.test_die_before_answer(req, &path);
         // A new file may reuse the number of one a client still caches.
         s.tokens.bump(fa.ino.0);
         s.answer_created(reply, &fa, fh, fopen, backing.as_deref());

@@ -30,25 +30,27 @@ impl Plfs {
     // The `stat` field types differ between architectures.
     #[allow(clippy::unnecessary_cast)]
     pub(super) fn file_attr(&self, dir: &OwnedFd) -> Result<Attr> {
-        self.file_attr_seen(dir, None, None)
+        self.file_attr_seen(dir, None)
     }
 
     /// [`Plfs::file_attr`], given what a walk that just found the file saw
-    /// of it: its identity's `stat` and the container's (each saves a
-    /// round trip on a network store).
+    /// of it (`Found::seen`: its identity's `stat`, if it had one,
+    /// and the container's), each a round trip saved on a network store.
     pub(super) fn file_attr_seen(
         &self,
         dir: &OwnedFd,
-        id: Option<Stat>,
-        dir_stat: Option<Stat>,
+        seen: Option<(Option<Stat>, Stat)>,
     ) -> Result<Attr> {
-        let id = match id.or_else(|| container::identity_stat(dir.as_fd())) {
+        let id = match seen
+            .and_then(|(id, _)| id)
+            .or_else(|| container::identity_stat(dir.as_fd()))
+        {
             Some(st) => st,
             // It was a file when looked up: removed since, look again.
             None => return Err(Error::from_errno(libc::ESTALE)),
         };
-        let (key, v) = match dir_stat {
-            Some(st) => super::store::key_and_validator_of(&st),
+        let (key, v) = match seen {
+            Some((_, st)) => super::store::key_and_validator_of(&st),
             None => super::store::key_and_validator(dir.as_fd())?,
         };
         let loaded = self.store.load_seen(dir.as_fd(), key, v)?;

@@ -575,10 +575,7 @@ impl FileSystem for Plfs {
                     node: Node::File(dir),
                     seen,
                     ..
-                }) => {
-                    let (id, dir_stat) = seen.map_or((None, None), |(id, d)| (id, Some(d)));
-                    self.file_attr_seen(&dir, id, dir_stat)
-                }
+                }) => self.file_attr_seen(&dir, seen),
                 _ => self.pt.getattr(ctx, path).map(|a| self.fix_dir(path, a)),
             }
         })

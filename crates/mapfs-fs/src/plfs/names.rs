@@ -299,10 +299,6 @@ impl Plfs {
         Ok(ids)
     }
 
-    /// Removes container `dir`, now named `name` in `parent`, holding its
-    /// lock: an open or merge of it that raced the unlink either completed
-    /// before (and keeps its logs open) or finds it gone and looks the name
-    /// up again (`ESTALE`), never a half-removed container.
     /// Removes container `name` of `parent`, a file this daemon removed by
     /// renaming it to a hidden name (`unlink`, a rename over it). The name
     /// is gone already: that is the removal. A writer on another host that
@@ -347,6 +343,10 @@ impl Plfs {
         now.extend(kept);
     }
 
+    /// Removes container `dir`, now named `name` in `parent`, holding its
+    /// lock: an open or merge of it that raced the unlink either completed
+    /// before (and keeps its logs open) or finds it gone and looks the name
+    /// up again (`ESTALE`), never a half-removed container.
     fn remove_container(&self, parent: BorrowedFd<'_>, name: &OsStr, dir: &OwnedFd) -> Result<()> {
         let key = container::key_of(dir.as_fd())?;
         match self.store.lock(dir.as_fd(), key) {

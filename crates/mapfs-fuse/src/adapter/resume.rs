@@ -111,14 +111,7 @@ impl Shared {
     /// with [`fuser::RESEND_UNIQUE_BIT`]): the kernel never got the handle,
     /// so the request is answered with it (see [`OpenRec::unique`]).
     pub(super) fn made_before(&self, req: &fuser::Request, ino: u64) -> Option<u64> {
-        let unique = req.unique().0;
-        if unique & fuser::RESEND_UNIQUE_BIT == 0 {
-            return None;
-        }
-        let (fh, made_on) = self
-            .resent
-            .lock()
-            .claim(unique & !fuser::RESEND_UNIQUE_BIT)?;
+        let (fh, made_on) = self.claim_resent(req)?;
         if made_on != ino {
             warn!(
                 fh,
@@ -131,6 +124,17 @@ impl Shared {
             ino, "a request sent again is answered with the handle made for it"
         );
         Some(fh)
+    }
+
+    /// The handle and nodeid a dead daemon recorded for `req`, if `req` is
+    /// a request sent again (marked with [`fuser::RESEND_UNIQUE_BIT`]) and
+    /// one was recorded; taken out of the table.
+    fn claim_resent(&self, req: &fuser::Request) -> Option<(u64, u64)> {
+        let unique = req.unique().0;
+        if unique & fuser::RESEND_UNIQUE_BIT == 0 {
+            return None;
+        }
+        self.resent.lock().claim(unique & !fuser::RESEND_UNIQUE_BIT)
     }
 
     /// Answers an `OPEN` sent again with handle `fh`, which a dead daemon
@@ -157,12 +161,7 @@ impl Shared {
         path: &std::path::Path,
         reply: ReplyCreate,
     ) -> Option<ReplyCreate> {
-        let unique = req.unique().0;
-        if unique & fuser::RESEND_UNIQUE_BIT == 0 {
-            return Some(reply);
-        }
-        let claimed = self.resent.lock().claim(unique & !fuser::RESEND_UNIQUE_BIT);
-        let Some((fh, ino)) = claimed else {
+        let Some((fh, ino)) = self.claim_resent(req) else {
             return Some(reply);
         };
         let Some(file) = self.handles.file(fh) else {

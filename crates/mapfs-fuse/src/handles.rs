@@ -446,9 +446,7 @@ impl Handles {
         file: &std::fs::File,
         create: impl FnOnce() -> std::io::Result<BackingId>,
     ) -> std::io::Result<Option<Arc<BackingId>>> {
-        let identity = rustix::fs::fstat(file)
-            .ok()
-            .map(|st| (st.st_dev, st.st_ino));
+        let identity = mapfs::backing::identity(file).ok();
         let mut map = self.backing.lock();
         if let Some(live) = map.get(&ino) {
             if let Some(id) = live.id.upgrade() {

@@ -19,7 +19,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 
-use rustix::fs::{openat2, Mode, OFlags, ResolveFlags};
+use rustix::fs::{openat2, AtFlags, Mode, OFlags, ResolveFlags};
 
 use crate::error::{Error, Result};
 
@@ -124,6 +124,24 @@ impl BackingRoot {
         let at = dir.as_ref().map_or(self.root.as_fd(), |d| d.as_fd());
         Ok(openat2_beneath(at, last.as_os_str(), flags, mode)?)
     }
+}
+
+/// `(st_dev, st_ino)` of an open file, as `fstat` gives them, from the
+/// inode the kernel holds: no request reaches the file system (a FUSE
+/// backing store, such as Gluster with its attribute cache off, would
+/// otherwise be asked on every call). An inode's device and number never
+/// change, so they need no fresh attributes.
+pub fn identity(fd: impl AsFd) -> std::io::Result<(u64, u64)> {
+    let st = rustix::fs::statx(
+        fd,
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
+        rustix::fs::StatxFlags::INO,
+    )?;
+    Ok((
+        rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+        st.stx_ino,
+    ))
 }
 
 /// `openat2` of `path` relative to `at`, beneath `at`, with no magic links

@@ -6,14 +6,14 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use mapfs::backing::openat2_beneath;
 use mapfs::{Error, Result};
 use rustix::fs::{
-    AtFlags, FileType, FlockOperation, Mode, OFlags, StatxFlags, Timespec, Timestamps, UTIME_NOW,
-    UTIME_OMIT,
+    AtFlags, FileType, FlockOperation, Mode, OFlags, Stat, StatxFlags, Timespec, Timestamps,
+    UTIME_NOW, UTIME_OMIT,
 };
 use tracing::warn;
 
@@ -112,26 +112,22 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
         Mode::empty(),
     )?;
     let mut out = Listing::default();
-    // The fd is this listing's own: no need for a second one.
-    let mut d = rustix::fs::Dir::new(fd)?;
-    while let Some(e) = d.read() {
-        let e = e?;
-        let Ok(name) = std::str::from_utf8(e.file_name().to_bytes()) else {
-            continue;
+    each_entry(fd.as_fd(), |name, kind, ino| {
+        let Ok(name) = std::str::from_utf8(name.as_bytes()) else {
+            return;
         };
         if name.starts_with(INDEX_PREFIX) {
             out.indexes.push(name.to_owned());
             // A symlink or anything else planted under the name is not the
             // dropping that was cached, even with a reused inode number.
-            let not_file = e.file_type() != FileType::RegularFile;
-            out.index_inos
-                .push(if not_file { u64::MAX } else { e.ino() });
+            let not_file = kind != FileType::RegularFile;
+            out.index_inos.push(if not_file { u64::MAX } else { ino });
         } else if name.starts_with(LOG_PREFIX) {
             out.logs.push(name.to_owned());
         } else if name.starts_with(TMP_PREFIX) {
             out.tmps.push(name.to_owned());
         }
-    }
+    })?;
     let mut pairs: Vec<(String, u64)> = out
         .indexes
         .drain(..)
@@ -140,6 +136,31 @@ pub(super) fn list(dir: BorrowedFd<'_>) -> Result<Listing> {
     pairs.sort();
     (out.indexes, out.index_inos) = pairs.into_iter().unzip();
     Ok(out)
+}
+
+/// Bytes of directory entries one `getdents` may return: enough for a
+/// container of a few dozen droppings and logs in one call. Each call is a
+/// round trip on a network store, and the kernel's FUSE client fills one
+/// page per request, so a smaller buffer (as `rustix::fs::Dir` starts with)
+/// costs requests a page would have answered.
+const LISTING_BUF: usize = 32 * 1024;
+
+/// Calls `f` with the name, type and inode number of every entry of
+/// directory `fd` but `.` and `..`, reading from its current position.
+pub(super) fn each_entry(
+    fd: BorrowedFd<'_>,
+    mut f: impl FnMut(&OsStr, FileType, u64),
+) -> Result<()> {
+    let mut buf = Vec::with_capacity(LISTING_BUF);
+    let mut d = rustix::fs::RawDir::new(fd, buf.spare_capacity_mut());
+    while let Some(e) = d.next() {
+        let e = e?;
+        let n = OsStr::from_bytes(e.file_name().to_bytes());
+        if n != "." && n != ".." {
+            f(n, e.file_type(), e.ino());
+        }
+    }
+    Ok(())
 }
 
 /// 512-byte blocks allocated to log `name` of `dir` (0 if it vanished).
@@ -157,14 +178,8 @@ pub(super) fn subdirs(dir: BorrowedFd<'_>) -> Result<Vec<std::ffi::OsString>> {
         Mode::empty(),
     )?;
     let mut out = Vec::new();
-    let mut d = rustix::fs::Dir::read_from(&fd)?;
-    while let Some(e) = d.read() {
-        let e = e?;
-        let n = OsStr::from_bytes(e.file_name().to_bytes());
-        if n == "." || n == ".." {
-            continue;
-        }
-        let is_dir = match e.file_type() {
+    each_entry(fd.as_fd(), |n, kind, _| {
+        let is_dir = match kind {
             FileType::Directory => true,
             FileType::Unknown => matches!(
                 rustix::fs::statat(&fd, n, AtFlags::SYMLINK_NOFOLLOW),
@@ -175,13 +190,18 @@ pub(super) fn subdirs(dir: BorrowedFd<'_>) -> Result<Vec<std::ffi::OsString>> {
         if is_dir {
             out.push(n.to_os_string());
         }
-    }
+    })?;
     Ok(out)
 }
 
 /// Opens regular file `name` in `dir` with `flags` (no symlink, never
 /// blocking on a planted FIFO); anything but a regular file is `EIO`.
 pub(super) fn open_file(dir: BorrowedFd<'_>, name: &str, flags: OFlags) -> Result<File> {
+    Ok(open_file_stat(dir, name, flags)?.0)
+}
+
+/// [`open_file`], with the `fstat` it took of the file.
+fn open_file_stat(dir: BorrowedFd<'_>, name: &str, flags: OFlags) -> Result<(File, Stat)> {
     // openat2 rejects a mode without O_CREAT.
     let mode = if flags.contains(OFlags::CREATE) {
         Mode::from_raw_mode(0o600)
@@ -201,17 +221,37 @@ pub(super) fn open_file(dir: BorrowedFd<'_>, name: &str, flags: OFlags) -> Resul
     // Clear O_NONBLOCK again: it only guarded the open.
     let fl = rustix::fs::fcntl_getfl(&fd)?;
     rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK)?;
-    Ok(File::from(fd))
+    Ok((File::from(fd), st))
+}
+
+/// The bytes of dropping `name`. A dropping is written whole under a
+/// temporary name and renamed into place, never changed after, so the size
+/// its open saw is all there is: one read of that size, without the size
+/// query and the read of end-of-file that `read_to_end` adds (each a round
+/// trip on a network store). A short read (not a dropping as written) is
+/// read on to the end.
+fn read_whole(dir: BorrowedFd<'_>, name: &str) -> Result<Vec<u8>> {
+    let (mut f, st) = open_file_stat(dir, name, OFlags::RDONLY)?;
+    let size = usize::try_from(st.st_size).unwrap_or(0);
+    let mut buf = vec![0u8; size];
+    let mut got = 0;
+    while got < size {
+        match f.read(&mut buf[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    buf.truncate(got);
+    if got < size {
+        f.read_to_end(&mut buf)?;
+    }
+    Ok(buf)
 }
 
 /// Reads and decodes dropping `name`; `None` when it vanished (removed by a
 /// compaction since it was listed).
 pub(super) fn read_dropping(dir: BorrowedFd<'_>, name: &str) -> Result<Option<Dropping>> {
-    let res = open_file(dir, name, OFlags::RDONLY).and_then(|mut f| {
-        let mut buf = Vec::new();
-        f.read_to_end(&mut buf)?;
-        format::decode(&buf)
-    });
+    let res = read_whole(dir, name).and_then(|buf| format::decode(&buf));
     match res {
         Ok(d) => Ok(Some(d)),
         Err(e) if e.errno() == libc::ENOENT => Ok(None),
@@ -225,11 +265,7 @@ pub(super) fn read_dropping(dir: BorrowedFd<'_>, name: &str) -> Result<Option<Dr
 pub(super) fn read_droppings(dir: BorrowedFd<'_>, names: &[String]) -> Vec<Dropping> {
     let mut out = Vec::with_capacity(names.len());
     for n in names {
-        let res = open_file(dir, n, OFlags::RDONLY).and_then(|mut f| {
-            let mut buf = Vec::new();
-            f.read_to_end(&mut buf)?;
-            format::decode(&buf)
-        });
+        let res = read_whole(dir, n).and_then(|buf| format::decode(&buf));
         match res {
             Ok(d) => out.push(d),
             Err(e) if e.errno() == libc::ENOENT => {}
@@ -367,18 +403,9 @@ fn open_to_list(parent: BorrowedFd<'_>, name: &OsStr) -> rustix::io::Result<Owne
 /// `name` in `parent`.
 fn remove_listed(fd: OwnedFd, parent: BorrowedFd<'_>, name: &OsStr, depth: u32) -> Result<()> {
     let mut names = Vec::new();
-    // The fd is this listing's own: no need for a second one.
-    let mut d = rustix::fs::Dir::new(fd)?;
-    while let Some(e) = d.read() {
-        let e = e?;
-        let n = OsStr::from_bytes(e.file_name().to_bytes());
-        if n != "." && n != ".." {
-            names.push(n.to_os_string());
-        }
-    }
-    let fd = d.fd()?;
+    each_entry(fd.as_fd(), |n, _, _| names.push(n.to_os_string()))?;
     for n in names {
-        remove_tree_at(fd, &n, depth + 1)?;
+        remove_tree_at(fd.as_fd(), &n, depth + 1)?;
     }
     match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),

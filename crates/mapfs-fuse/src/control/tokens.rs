@@ -43,7 +43,7 @@ impl Seen {
     fn of(map: DataMap, files: &[Arc<File>]) -> Option<Seen> {
         let files = files
             .iter()
-            .map(|f| rustix::fs::fstat(f).map(|st| (st.st_dev, st.st_ino)))
+            .map(mapfs::backing::identity)
             .collect::<Result<Vec<_>, _>>()
             .ok()?;
         Some(Seen { map, files })

@@ -343,6 +343,117 @@ fn lent_reads_of_slotted_files() {
     assert_consistent(s.backing(), test);
 }
 
+/// A writer under `mapfs run` that a test drives line by line: opens its
+/// file read-write, then for each line `HEX OFFSET` on stdin writes those
+/// bytes there in place (in its lent slot) and answers `ok STATUS` (the
+/// shim's status of its descriptor: 6 is lent); at end of input it closes.
+const STEPPED_WRITER: &str = r#"
+import os, sys, ctypes
+lib = ctypes.CDLL(None)
+fd = os.open(sys.argv[1], os.O_RDWR)
+for line in sys.stdin:
+    data, off = line.split()
+    os.pwrite(fd, bytes.fromhex(data), int(off))
+    print("ok", lib.mapfs_preload_fd_status(fd), flush=True)
+os.close(fd)
+"#;
+
+/// Read-only opens through the mount keep the kernel's cached pages of a
+/// slotted file (no `READ` reaches the daemon for a file read before), but
+/// never while a program under `mapfs run` writes the file in its lent
+/// slot, behind those pages: each read through the mount sees what the
+/// writer wrote so far, and its close.
+#[test]
+fn mount_readers_keep_pages_only_while_nothing_writes_outside_them() {
+    use preload_support::*;
+    use std::io::{BufRead, BufReader, Write};
+    let test = "pages kept by read-only opens of pack";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    // Where a read first differs from the model (the files are 4 KiB).
+    let differs = |got: &[u8], want: &[u8]| {
+        (got != want).then(|| {
+            let at = got.iter().zip(want).position(|(a, b)| a != b);
+            format!(
+                "{} bytes, want {}; first difference at {at:?}",
+                got.len(),
+                want.len()
+            )
+        })
+    };
+    let s = pack_on(DataMode::Auto, None, &[]);
+    let m = s.mountpoint();
+    let f = m.join("f");
+    let mut want = stream("kept", 4096);
+    fs::write(&f, &want).unwrap();
+    let reads = || {
+        let out = run_captured(Command::new(mapfs_bin()).args(["stats", "--json"]).arg(m)).unwrap();
+        assert!(out.success(), "{test}: mapfs stats: {}", out.stderr);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        common::op_counts(&v).get("READ").map_or(0, |c| c.0)
+    };
+    assert_eq!(
+        differs(&fs::read(&f).unwrap(), &want),
+        None,
+        "{test}: first read"
+    );
+    let before = reads();
+    for _ in 0..3 {
+        assert_eq!(
+            differs(&fs::read(&f).unwrap(), &want),
+            None,
+            "{test}: kept pages"
+        );
+    }
+    assert_eq!(
+        reads(),
+        before,
+        "{test}: reads of a clean file reached the daemon"
+    );
+
+    let report = report_path(&s, "stepped-writer");
+    let mut w = attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(STEPPED_WRITER)
+        .arg(&f)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to = w.stdin.take().unwrap();
+    let mut from = BufReader::new(w.stdout.take().unwrap());
+    for (k, off) in [(1u8, 100usize), (2, 2000), (3, 4000)] {
+        let bytes = vec![b'0' + k; 64];
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        writeln!(to, "{hex} {off}").unwrap();
+        let mut line = String::new();
+        from.read_line(&mut line).unwrap();
+        assert_eq!(
+            line.trim(),
+            "ok 6",
+            "{test}: step {k}: the writer is not lent"
+        );
+        want[off..off + bytes.len()].copy_from_slice(&bytes);
+        assert_eq!(
+            differs(&fs::read(&f).unwrap(), &want),
+            None,
+            "{test}: step {k}: a read through the mount missed the lent writer's bytes"
+        );
+    }
+    drop(to);
+    let status = w.wait().unwrap();
+    assert!(status.success(), "{test}: writer failed");
+    for _ in 0..2 {
+        assert_eq!(
+            differs(&fs::read(&f).unwrap(), &want),
+            None,
+            "{test}: after the writer closed"
+        );
+    }
+    umount_clean(s, test);
+}
+
 /// Reads of slotted files by another user (nobody) under `mapfs run`: the
 /// pack file holds other users' files, so nobody is never lent it; each
 /// read-only open gets a copy of its file's bytes instead (fd status 6, run

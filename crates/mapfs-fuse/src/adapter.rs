@@ -181,6 +181,9 @@ pub struct Shared {
     /// Handles a dead daemon made and the kernel may ask for again (see
     /// [`Shared::made_before`]).
     resent: Mutex<resume::Resent>,
+    /// Inodes whose pages a read-only open may keep (see
+    /// [`crate::pagecache`]).
+    pages: crate::pagecache::KeptPages,
 }
 
 /// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
@@ -221,6 +224,7 @@ impl Adapter {
             link: OnceLock::new(),
             journaled_total: std::sync::atomic::AtomicU64::new(0),
             resent: Mutex::default(),
+            pages: Default::default(),
         })))
     }
 
@@ -663,14 +667,14 @@ impl Shared {
     /// kernel (`EBADF`/`EACCES`), `lseek` and `pread` with `ESPIPE`
     /// (non-seekable), and `fsync` here with `EIO`: a call the client
     /// cannot see never gets an answer older than the client's writes. The
-    /// file system is not asked to open anything.
-    fn open_placeholder(&self, c: &Ctx, path: &Path) -> Result<u64> {
-        let attr = self.fs.getattr(c, path)?;
-        if attr.kind != FileKind::File {
-            return Err(Error::from_errno(libc::EINVAL));
-        }
-        self.fs.access(c, path, libc::R_OK | libc::W_OK)?;
-        Ok(self.handles.add_placeholder())
+    /// file system is not asked anything: the handle reads, writes and
+    /// proves nothing (the control socket lends only real opens), the kernel
+    /// sends `OPEN` only for an inode it holds as a regular file, and it
+    /// checked read and write permission for the open (`default_permissions`,
+    /// on every mapfs mount). Asking the file system again cost two path
+    /// walks per lent writer, tens of round trips on a network store.
+    fn open_placeholder(&self) -> u64 {
+        self.handles.add_placeholder()
     }
 
     fn open_file(&self, fh: FileHandle) -> Result<Arc<OpenFile>> {
@@ -781,7 +785,7 @@ impl Shared {
         let unique = req.unique().0;
         let fs_handle = opened.handle;
         let data = Arc::new(DataFile::new(opened));
-        let fopen = file_open_flags(&data, flags);
+        let mut fopen = file_open_flags(&data, flags);
         let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         self.tokens.opened(ino, &data, may_change);
         let mut backing = None;
@@ -817,6 +821,18 @@ impl Shared {
                     }
                 }
             }
+        }
+        if backing.is_some() {
+            if flags & libc::O_ACCMODE != libc::O_RDONLY {
+                self.pages.written_outside(ino);
+            }
+        } else if !may_change
+            && self.fs.only_this_mount_writes()
+            && self
+                .pages
+                .open_read_only(ino, || self.handles.has_writer(ino))
+        {
+            fopen |= FopenFlags::FOPEN_KEEP_CACHE;
         }
         let fh = self.handles.add_file(OpenFile::new(
             ino,
@@ -1083,6 +1099,9 @@ impl OpenRegistry for Shared {
     }
 
     fn adopting(&self, open: &OpenInfo) {
+        if open.flags & libc::O_ACCMODE != libc::O_RDONLY {
+            self.pages.written_outside(open.ino);
+        }
         self.stats.add(Event::Adoption, 1);
         self.tokens.adopting(open.ino, &open.map, &open.files);
     }
@@ -1101,6 +1120,9 @@ impl OpenRegistry for Shared {
             self.stats.add(Event::Lending, 1);
         }
         if let Some(f) = self.handles.file(fh) {
+            if lent && f.flags & libc::O_ACCMODE != libc::O_RDONLY {
+                self.pages.written_outside(f.ino);
+            }
             f.lent.store(lent, Ordering::Release);
             let sized = lent && size.is_some();
             self.handles
@@ -1254,6 +1276,9 @@ impl Filesystem for Adapter {
         let s = &self.0;
         let _t = s.stats.timer(Op::Forget, _req.pid(), ino.0);
         s.inodes.forget(ino.0, nlookup);
+        if s.inodes.path(ino.0).is_none() {
+            s.pages.forgotten(ino.0);
+        }
         s.tokens.forgotten(ino.0, || s.inodes.path(ino.0).is_none());
     }
 
@@ -1518,7 +1543,7 @@ impl Filesystem for Adapter {
             None => reply,
         };
         if flags.0 & libc::O_ACCMODE == PLACEHOLDER_ACCESS {
-            let fh = tri!(reply, s.open_placeholder(&c, &path));
+            let fh = s.open_placeholder();
             s.journal_handle(fh, ino.0, OpenKind::Placeholder, req.unique().0);
             s.test_die_before_answer(req, &path);
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_NONSEEKABLE);
@@ -1932,6 +1957,7 @@ impl Filesystem for Adapter {
         let fs_flags = s.open_flags_for_fs(flags);
         let (attr, opened) = tri!(reply, s.fs.create(&c, &path, OpenFlags(fs_flags), mode));
         let fa = s.enter(parent, name, &attr);
+        s.pages.created(fa.ino.0);
         let (fh, backing, fopen) = tri!(
             reply,
             s.register_open(req, fa.ino.0, path, flags, opened, |f| reply

@@ -10,6 +10,7 @@ pub mod failover;
 pub mod handles;
 pub mod inodes;
 pub mod mount;
+pub mod pagecache;
 pub mod ratelimit;
 pub mod registry;
 pub mod stats;

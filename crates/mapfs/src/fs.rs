@@ -286,6 +286,17 @@ pub trait FileSystem: Send + Sync + 'static {
         false
     }
 
+    /// True when the bytes of this file system's files change only through
+    /// its own calls and the maps it hands out: nothing else (another host,
+    /// a process working in the backing directory) writes its backing files
+    /// while it is mounted. A mount then lets the kernel keep a file's
+    /// cached pages from one read-only open to the next, where it would
+    /// drop them and read the file through the daemon again. The default,
+    /// false, drops them at every open.
+    fn only_this_mount_writes(&self) -> bool {
+        false
+    }
+
     /// File-system statistics.
     fn statfs(&self, ctx: &Ctx, path: &Path) -> Result<StatFs> {
         Ok(StatFs {

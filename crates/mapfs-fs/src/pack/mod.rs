@@ -348,6 +348,12 @@ impl Pack {
 }
 
 impl FileSystem for Pack {
+    /// One daemon per backing directory (`pack.lock`), and `mapfs pack
+    /// compact` moves slots without changing a byte.
+    fn only_this_mount_writes(&self) -> bool {
+        true
+    }
+
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
         let i = names::resolve(&self.conn.lock(), &self.dirs, ctx, path)?;
         self.attr_of(&i)

@@ -1,0 +1,99 @@
+//! Which inodes' pages in the kernel's page cache are known to hold their
+//! files' bytes, so that a read-only open may keep them
+//! (`FOPEN_KEEP_CACHE`) instead of dropping them and reading again through
+//! the daemon.
+//!
+//! The kernel drops an inode's cached pages at every open that does not
+//! ask to keep them. Keeping them is right only while every change of the
+//! file went through those pages: writes the kernel sent (it wrote its
+//! pages first), truncates and hole punches it ran. Changes it never saw
+//! make them stale:
+//!
+//! - another host or process writing the backing files, which only a file
+//!   system that owns its backing store can rule out
+//!   ([`mapfs::FileSystem::only_this_mount_writes`]);
+//! - a shim client writing the backing file itself (a writable open lent
+//!   or adopted), and kernel passthrough writing it (the FUSE inode's own
+//!   pages are not updated).
+//!
+//! An inode is *clean* from its creation through this mount, or from a
+//! read-only open that dropped its pages while nothing could write it,
+//! until an open that may write it outside the kernel's pages is lent,
+//! adopted or run by passthrough. A daemon that took over from a dead one
+//! starts with no clean inode (the dead one's clients may have written).
+
+use std::collections::HashSet;
+
+use parking_lot::Mutex;
+
+/// The clean inodes of one mount (FUSE inode numbers). Bounded by the
+/// inodes the kernel holds: an inode leaves when the kernel forgets it.
+#[derive(Debug, Default)]
+pub struct KeptPages {
+    clean: Mutex<HashSet<u64>>,
+}
+
+impl KeptPages {
+    /// `ino` was just created through the mount: the kernel has no page of
+    /// it that could be stale.
+    pub fn created(&self, ino: u64) {
+        self.clean.lock().insert(ino);
+    }
+
+    /// A read-only open of `ino` is being answered: true if it may keep the
+    /// kernel's cached pages. `may_be_written` tells whether an open that
+    /// may write the file exists (through the mount or lent); none may be
+    /// registered between this call's check and its effect, so both happen
+    /// under the lock [`KeptPages::written_outside`] takes. An open that
+    /// keeps nothing makes the inode clean when no writer exists: the
+    /// kernel drops its pages as it takes the answer, and reads through
+    /// the mount fill them afresh.
+    pub fn open_read_only(&self, ino: u64, may_be_written: impl FnOnce() -> bool) -> bool {
+        let mut clean = self.clean.lock();
+        if may_be_written() {
+            return false;
+        }
+        !clean.insert(ino)
+    }
+
+    /// An open of `ino` may write its bytes where the kernel's pages do not
+    /// see it (lent, adopted, passthrough).
+    pub fn written_outside(&self, ino: u64) {
+        self.clean.lock().remove(&ino);
+    }
+
+    /// The kernel forgot `ino` (its pages with it).
+    pub fn forgotten(&self, ino: u64) {
+        self.clean.lock().remove(&ino);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inode_is_clean_after_a_creation_or_an_open_with_no_writer() {
+        let p = KeptPages::default();
+        // Unknown (a fresh daemon, or one that took over): drop once.
+        assert!(!p.open_read_only(1, || false));
+        assert!(p.open_read_only(1, || false));
+        p.created(2);
+        assert!(p.open_read_only(2, || false));
+    }
+
+    #[test]
+    fn a_writer_outside_the_pages_or_any_writer_now_keeps_nothing() {
+        let p = KeptPages::default();
+        p.created(1);
+        assert!(!p.open_read_only(1, || true), "a writer is open");
+        // The open with a writer dropped the pages but left it unclean:
+        // the writer may still write outside them.
+        p.written_outside(1);
+        assert!(!p.open_read_only(1, || true));
+        assert!(!p.open_read_only(1, || false), "first open after: drops");
+        assert!(p.open_read_only(1, || false));
+        p.forgotten(1);
+        assert!(!p.open_read_only(1, || false));
+    }
+}

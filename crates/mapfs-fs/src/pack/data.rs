@@ -103,9 +103,16 @@ impl Pack {
 
     /// The map and files of an open of `ino`, its slot acquired (waiting
     /// for a compaction moving it to end, then reading where it went).
-    fn open_ino(&self, ino: i64, flags: OpenFlags, trunc: bool) -> Result<Opened> {
+    fn open_ino(&self, found: Inode, flags: OpenFlags, trunc: bool) -> Result<Opened> {
+        let ino = found.ino;
+        // The inode as the path walk found it serves as the first look;
+        // a retry (a compaction moved its slot meanwhile) reads it again.
+        let mut seen = Some(found);
         loop {
-            let first = db::get_inode(&self.conn.lock(), ino)?;
+            let first = match seen.take() {
+                Some(i) => i,
+                None => db::get_inode(&self.conn.lock(), ino)?,
+            };
             if let Some(s) = first.slot {
                 self.packs.acquire(s)?;
             }
@@ -122,8 +129,9 @@ impl Pack {
                     .execute(rusqlite::params![ino, db::now_ns()])
                     .map_err(db::dberr)?;
                     db::set_extents(tx, ino, &[])?;
+                    let i = db::get_inode(tx, ino)?;
+                    return Ok(Some((i, Vec::new())));
                 }
-                let i = db::get_inode(tx, ino)?;
                 let ext = db::extents(tx, ino)?;
                 Ok(Some((i, ext)))
             };
@@ -200,7 +208,7 @@ impl Pack {
             mask |= W;
         }
         perm::check(ctx, &i, mask)?;
-        self.open_ino(i.ino, flags, trunc && flags.writable())
+        self.open_ino(i, flags, trunc && flags.writable())
     }
 
     pub(super) fn do_create(

@@ -977,3 +977,52 @@ fn shim_gives_descriptors_back_under_emfile() {
         "{test}: {shimmed} files open under the shim, {plain} without: {t:?}"
     );
 }
+
+/// `isatty` of a file opened through the mount (Python asks it at every
+/// `open`) is answered by the shim, `ENOTTY` as the daemon would, without
+/// a `TCGETS` ioctl round trip to the daemon; a real terminal (a pty) is
+/// still one.
+#[test]
+fn isatty_of_mount_files_is_answered_without_the_daemon() {
+    let test = "preload isatty";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &[]);
+    let files = 50;
+    for i in 0..files {
+        std::fs::write(s.mountpoint().join(format!("f{i}")), b"data").unwrap();
+    }
+    let ioctls = || {
+        let out = mapfs_testkit::mount::run_captured(
+            Command::new(common::mapfs_bin())
+                .args(["stats", "--json"])
+                .arg(s.mountpoint()),
+        )
+        .unwrap();
+        assert!(out.success(), "{test}: mapfs stats: {}", out.stderr);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        common::op_counts(&v).get("IOCTL").map_or(0, |c| c.0)
+    };
+    let before = ioctls();
+    let report = report_path(&s, "isatty");
+    let out = ok(attached_default(&s, &report, "python3")
+        .arg("-c")
+        .arg(
+            "import os, pty, sys, errno, ctypes\n\
+             d, n = sys.argv[1], int(sys.argv[2])\n\
+             libc = ctypes.CDLL(None, use_errno=True)\n\
+             for i in range(n):\n\
+             \x20   with open(f'{d}/f{i}', 'rb') as f:\n\
+             \x20       assert libc.isatty(f.fileno()) == 0\n\
+             \x20       assert ctypes.get_errno() == errno.ENOTTY, ctypes.get_errno()\n\
+             m, sl = pty.openpty()\n\
+             assert os.isatty(sl)\n\
+             print('ok')\n",
+        )
+        .arg(s.mountpoint())
+        .arg(files.to_string()));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok", "{test}");
+    // Without the shim's answer: one per open and one per explicit call.
+    assert_eq!(ioctls() - before, 0, "{test}: isatty reached the daemon");
+}

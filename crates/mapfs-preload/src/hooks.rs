@@ -6,6 +6,10 @@
 //! descriptors (maps run in-process, [`crate::lent`]); on every other
 //! descriptor they are the real call after one load of the fd's state.
 //!
+//! `isatty` of a file opened through a mount (not adopted) is answered
+//! here, `ENOTTY`, what the daemon answers the `TCGETS` ioctl it would
+//! otherwise get: Python asks it at every `open`.
+//!
 //! Deliberately *not* intercepted:
 //! - read/write-side calls that need no help: `ioctl`, `fstatfs`... On an
 //!   adopted descriptor they are native (it *is* the backing file); on a
@@ -320,6 +324,23 @@ fn duped(old: c_int, new: c_int) {
         sys::keep_errno(|| table::duped(old, new));
     }
     closed(note);
+}
+
+/// True when `fd` is a regular file opened through a mapfs mount and not
+/// adopted: `isatty` on it would be a `TCGETS` ioctl sent to the daemon,
+/// a round trip (Python probes every file it opens) for the answer every
+/// regular file gives, `ENOTTY` (the daemon has no ioctl but its own
+/// proof). Checked on the descriptor itself (the kernel's cached identity,
+/// no request), not only on the shim's table, which a descriptor closed
+/// and reused behind the shim's back could leave stale.
+fn through_mount(fd: c_int) -> bool {
+    if crate::in_vfork_child() {
+        return false;
+    }
+    matches!(
+        table::state(fd),
+        table::PENDING | table::MOUNT | table::ENGINE
+    ) && sys::identity(fd).is_ok_and(|id| id.regular && crate::mounts::by_dev(id.dev).is_some())
 }
 
 /// Reports the mount's identity for adopted descriptors.
@@ -921,6 +942,15 @@ hooks! {
             Some(r) => r,
             None => real(table::engine_target(fd).unwrap_or(fd)),
         }
+    }
+
+    // ---- terminal probe: answered here for files opened through a mount ----
+    fn isatty(fd: c_int) -> c_int = |real| {
+        if through_mount(fd) {
+            sys::set_errno(libc::ENOTTY);
+            return 0;
+        }
+        real(fd)
     }
 
     // ---- data calls: adopt first, then the real call ----

@@ -387,12 +387,7 @@ fn mount_readers_keep_pages_only_while_nothing_writes_outside_them() {
     let f = m.join("f");
     let mut want = stream("kept", 4096);
     fs::write(&f, &want).unwrap();
-    let reads = || {
-        let out = run_captured(Command::new(mapfs_bin()).args(["stats", "--json"]).arg(m)).unwrap();
-        assert!(out.success(), "{test}: mapfs stats: {}", out.stderr);
-        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
-        common::op_counts(&v).get("READ").map_or(0, |c| c.0)
-    };
+    let reads = || common::op_count_now(m, "READ");
     assert_eq!(
         differs(&fs::read(&f).unwrap(), &want),
         None,

@@ -993,17 +993,7 @@ fn isatty_of_mount_files_is_answered_without_the_daemon() {
     for i in 0..files {
         std::fs::write(s.mountpoint().join(format!("f{i}")), b"data").unwrap();
     }
-    let ioctls = || {
-        let out = mapfs_testkit::mount::run_captured(
-            Command::new(common::mapfs_bin())
-                .args(["stats", "--json"])
-                .arg(s.mountpoint()),
-        )
-        .unwrap();
-        assert!(out.success(), "{test}: mapfs stats: {}", out.stderr);
-        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
-        common::op_counts(&v).get("IOCTL").map_or(0, |c| c.0)
-    };
+    let ioctls = || common::op_count_now(s.mountpoint(), "IOCTL");
     let before = ioctls();
     let report = report_path(&s, "isatty");
     let out = ok(attached_default(&s, &report, "python3")

@@ -155,6 +155,25 @@ pub fn op_counts(v: &serde_json::Value) -> std::collections::HashMap<String, (u6
         .collect()
 }
 
+/// How many `op` requests (a FUSE opcode: `READ`, `IOCTL`...) the mount
+/// at `mnt` has answered so far, from `mapfs stats --json`.
+pub fn op_count_now(mnt: &Path, op: &str) -> u64 {
+    let out = mapfs_testkit::mount::run_captured(
+        std::process::Command::new(mapfs_bin())
+            .args(["stats", "--json"])
+            .arg(mnt),
+    )
+    .expect("running mapfs stats");
+    assert!(
+        out.success(),
+        "mapfs stats {}: {}",
+        mnt.display(),
+        out.stderr
+    );
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("stats JSON");
+    op_counts(&v).get(op).map_or(0, |c| c.0)
+}
+
 /// Is `prog` installed? Tests needing it skip loudly when not.
 pub fn have(prog: &str) -> bool {
     let found = std::process::Command::new("sh")

@@ -529,6 +529,11 @@ impl Shared {
     /// `parent` and gives its attributes under the nodeid it gets.
     fn enter(&self, parent: INodeNo, name: &OsStr, attr: &Attr) -> FileAttr {
         let ino = self.inodes.enter(parent.0, name, attr.ino);
+        if !self.inodes.sole_node(ino) {
+            // Writes through one kernel inode of the file do not reach the
+            // other's pages.
+            self.pages.written_outside(attr.ino);
+        }
         self.fuse_attr(ino, attr)
     }
 
@@ -822,15 +827,16 @@ impl Shared {
                 }
             }
         }
+        let file_ino = self.inodes.fs_ino(ino);
         if backing.is_some() {
             if flags & libc::O_ACCMODE != libc::O_RDONLY {
-                self.pages.written_outside(ino);
+                self.pages.written_outside(file_ino);
             }
         } else if !may_change
             && self.fs.only_this_mount_writes()
-            && self
-                .pages
-                .open_read_only(ino, || self.handles.has_writer(ino))
+            && self.pages.open_read_only(file_ino, || {
+                !self.inodes.sole_node(ino) || self.handles.has_writer(ino)
+            })
         {
             fopen |= FopenFlags::FOPEN_KEEP_CACHE;
         }
@@ -1100,7 +1106,7 @@ impl OpenRegistry for Shared {
 
     fn adopting(&self, open: &OpenInfo) {
         if open.flags & libc::O_ACCMODE != libc::O_RDONLY {
-            self.pages.written_outside(open.ino);
+            self.pages.written_outside(self.inodes.fs_ino(open.ino));
         }
         self.stats.add(Event::Adoption, 1);
         self.tokens.adopting(open.ino, &open.map, &open.files);
@@ -1121,7 +1127,7 @@ impl OpenRegistry for Shared {
         }
         if let Some(f) = self.handles.file(fh) {
             if lent && f.flags & libc::O_ACCMODE != libc::O_RDONLY {
-                self.pages.written_outside(f.ino);
+                self.pages.written_outside(self.inodes.fs_ino(f.ino));
             }
             f.lent.store(lent, Ordering::Release);
             let sized = lent && size.is_some();
@@ -1275,9 +1281,8 @@ impl Filesystem for Adapter {
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Forget, _req.pid(), ino.0);
-        s.inodes.forget(ino.0, nlookup);
-        if s.inodes.path(ino.0).is_none() {
-            s.pages.forgotten(ino.0);
+        if let Some(file) = s.inodes.forget(ino.0, nlookup) {
+            s.pages.forgotten(file);
         }
         s.tokens.forgotten(ino.0, || s.inodes.path(ino.0).is_none());
     }
@@ -1828,7 +1833,9 @@ impl Filesystem for Adapter {
                 Generation(0),
             ) {
                 // Not sent: the kernel takes no reference.
-                s.inodes.forget(fa.ino.0, 1);
+                if let Some(file) = s.inodes.forget(fa.ino.0, 1) {
+                    s.pages.forgotten(file);
+                }
                 break;
             }
         }
@@ -1956,8 +1963,10 @@ impl Filesystem for Adapter {
         };
         let fs_flags = s.open_flags_for_fs(flags);
         let (attr, opened) = tri!(reply, s.fs.create(&c, &path, OpenFlags(fs_flags), mode));
+        // Clean unless the kernel still holds an inode of a file that had
+        // this number (enter then says so).
+        s.pages.created(attr.ino);
         let fa = s.enter(parent, name, &attr);
-        s.pages.created(fa.ino.0);
         let (fh, backing, fopen) = tri!(
             reply,
             s.register_open(req, fa.ino.0, path, flags, opened, |f| reply

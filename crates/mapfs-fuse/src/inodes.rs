@@ -75,6 +75,25 @@ struct Table {
     fresh: HashMap<u64, u64>,
     /// Next fresh nodeid to try.
     next_fresh: u64,
+    /// How many nodes the kernel holds for each file system number (more
+    /// than one while a replaced file's old inode is held beside a fresh
+    /// one, or a hard link got a second inode: see the module docs).
+    per_fs: HashMap<u64, u32>,
+}
+
+impl Table {
+    fn counted_in(&mut self, fs_ino: u64) {
+        *self.per_fs.entry(fs_ino).or_default() += 1;
+    }
+
+    fn counted_out(&mut self, fs_ino: u64) {
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.per_fs.entry(fs_ino) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
 }
 
 /// Thread-safe inode table. See the module docs.
@@ -92,6 +111,7 @@ impl Inodes {
             next_fresh: FRESH_BASE,
             ..Table::default()
         };
+        table.counted_in(root_fs_ino);
         table.nodes.insert(
             ROOT,
             Node {
@@ -128,7 +148,9 @@ impl Inodes {
             } => {
                 self.enter(parent, OsStr::from_bytes(&name), fs_ino);
             }
-            InodeOp::Forget { ino, n } => self.forget(ino, n),
+            InodeOp::Forget { ino, n } => {
+                self.forget(ino, n);
+            }
             InodeOp::Unlinked { parent, name } => self.unlinked(parent, OsStr::from_bytes(&name)),
             InodeOp::Renamed {
                 parent,
@@ -202,6 +224,11 @@ impl Inodes {
                     lookups: n.lookups,
                 },
             );
+        }
+        table.per_fs.clear();
+        let held: Vec<u64> = table.nodes.values().map(|n| n.fs_ino).collect();
+        for f in held {
+            table.counted_in(f);
         }
     }
 
@@ -346,6 +373,9 @@ impl Inodes {
                 }
             }
         }
+        if !table.nodes.contains_key(&ino) {
+            table.counted_in(fs_ino);
+        }
         let node = table.nodes.entry(ino).or_insert_with(|| Node {
             fs_ino,
             names: Vec::new(),
@@ -363,19 +393,23 @@ impl Inodes {
         ino
     }
 
-    /// The kernel dropped `n` references to `ino`.
-    pub fn forget(&self, ino: u64, n: u64) {
+    /// The kernel dropped `n` references to `ino`. Returns the file
+    /// system number of a file whose last node this removed.
+    pub fn forget(&self, ino: u64, n: u64) -> Option<u64> {
         if ino == ROOT {
-            return;
+            return None;
         }
         let mut table = self.table.write();
-        let Some(node) = table.nodes.get_mut(&ino) else {
-            return;
-        };
+        let node = table.nodes.get_mut(&ino)?;
         self.record(|| InodeOp::Forget { ino, n });
         node.lookups = node.lookups.saturating_sub(n);
+        let mut last = None;
         if node.lookups == 0 {
             let node = table.nodes.remove(&ino).expect("node present");
+            table.counted_out(node.fs_ino);
+            if !table.per_fs.contains_key(&node.fs_ino) {
+                last = Some(node.fs_ino);
+            }
             if table.fresh.get(&node.fs_ino) == Some(&ino) {
                 table.fresh.remove(&node.fs_ino);
             }
@@ -385,6 +419,18 @@ impl Inodes {
                 }
             }
         }
+        last
+    }
+
+    /// True when `ino` is the only node the kernel holds for its file: its
+    /// pages in the kernel's cache are then the only ones of that file,
+    /// and every write through the mount goes through them.
+    pub fn sole_node(&self, ino: u64) -> bool {
+        let table = self.table.read();
+        table
+            .nodes
+            .get(&ino)
+            .is_some_and(|n| table.per_fs.get(&n.fs_ino) == Some(&1))
     }
 
     /// The inode known as `name` in `parent`, if the kernel looked it up.
@@ -571,5 +617,21 @@ mod tests {
         t.forget(g, 1);
         t.forget(f, 1);
         assert_eq!(t.nodeid_of(7), 7);
+    }
+
+    #[test]
+    fn a_file_held_by_two_nodes_is_no_sole_node_until_one_is_forgotten() {
+        let t = Inodes::new(100);
+        let a = t.enter(ROOT, OsStr::new("a"), 7);
+        assert!(t.sole_node(a));
+        t.unlinked(ROOT, OsStr::new("a"));
+        // A hard link found after the first name went: a second node.
+        let b = t.enter(ROOT, OsStr::new("b"), 7);
+        assert_ne!(a, b);
+        assert!(!t.sole_node(a) && !t.sole_node(b));
+        assert_eq!(t.forget(a, 1), None, "b still holds file 7");
+        assert!(t.sole_node(b));
+        assert_eq!(t.forget(b, 1), Some(7), "the last node of file 7");
+        assert!(!t.sole_node(b));
     }
 }

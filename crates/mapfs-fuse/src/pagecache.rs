@@ -16,38 +16,47 @@
 //!   or adopted), and kernel passthrough writing it (the FUSE inode's own
 //!   pages are not updated).
 //!
-//! An inode is *clean* from its creation through this mount, or from a
-//! read-only open that dropped its pages while nothing could write it,
-//! until an open that may write it outside the kernel's pages is lent,
-//! adopted or run by passthrough. A daemon that took over from a dead one
-//! starts with no clean inode (the dead one's clients may have written).
+//! - a second kernel inode of the same file (a replaced file's old inode
+//!   held beside the new one, a hard link found again after its first
+//!   name went: see [`crate::inodes`]): writes through one do not update
+//!   the other's pages.
+//!
+//! A file (by the file system's number) is *clean* from its creation
+//! through this mount, or from a read-only open that dropped its pages
+//! while it had one kernel inode and no open could write it, until an open
+//! that may write it outside the kernel's pages is lent, adopted or run by
+//! passthrough, or a second kernel inode of it appears. A daemon that took
+//! over from a dead one starts with no clean file (the dead one's clients
+//! may have written).
 
 use std::collections::HashSet;
 
 use parking_lot::Mutex;
 
-/// The clean inodes of one mount (FUSE inode numbers). Bounded by the
-/// inodes the kernel holds: an inode leaves when the kernel forgets it.
+/// The clean files of one mount, by the file system's inode number.
+/// Bounded by the inodes the kernel holds: a file leaves when the kernel
+/// forgets its last inode.
 #[derive(Debug, Default)]
 pub struct KeptPages {
     clean: Mutex<HashSet<u64>>,
 }
 
 impl KeptPages {
-    /// `ino` was just created through the mount: the kernel has no page of
-    /// it that could be stale.
+    /// File `ino` was just created through the mount: the kernel has no
+    /// page of it that could be stale.
     pub fn created(&self, ino: u64) {
         self.clean.lock().insert(ino);
     }
 
-    /// A read-only open of `ino` is being answered: true if it may keep the
-    /// kernel's cached pages. `may_be_written` tells whether an open that
-    /// may write the file exists (through the mount or lent); none may be
-    /// registered between this call's check and its effect, so both happen
-    /// under the lock [`KeptPages::written_outside`] takes. An open that
-    /// keeps nothing makes the inode clean when no writer exists: the
-    /// kernel drops its pages as it takes the answer, and reads through
-    /// the mount fill them afresh.
+    /// A read-only open of file `ino` is being answered: true if it may
+    /// keep the kernel's cached pages. `may_be_written` tells whether the
+    /// file has a second kernel inode or an open that may write it (through
+    /// the mount or lent); none may appear between this call's check and
+    /// its effect, so both happen under the lock
+    /// [`KeptPages::written_outside`] takes. An open that keeps nothing
+    /// makes the file clean when `may_be_written` is false: the kernel drops
+    /// its pages as it takes the answer, and reads through the mount fill
+    /// them afresh.
     pub fn open_read_only(&self, ino: u64, may_be_written: impl FnOnce() -> bool) -> bool {
         let mut clean = self.clean.lock();
         if may_be_written() {
@@ -56,13 +65,13 @@ impl KeptPages {
         !clean.insert(ino)
     }
 
-    /// An open of `ino` may write its bytes where the kernel's pages do not
-    /// see it (lent, adopted, passthrough).
+    /// File `ino` may be written where the kernel's pages do not see it
+    /// (an open lent, adopted or run by passthrough; a second kernel inode).
     pub fn written_outside(&self, ino: u64) {
         self.clean.lock().remove(&ino);
     }
 
-    /// The kernel forgot `ino` (its pages with it).
+    /// The kernel forgot the last inode of file `ino` (its pages with it).
     pub fn forgotten(&self, ino: u64) {
         self.clean.lock().remove(&ino);
     }
@@ -83,10 +92,10 @@ mod tests {
     }
 
     #[test]
-    fn a_writer_outside_the_pages_or_any_writer_now_keeps_nothing() {
+    fn a_writer_outside_the_pages_a_second_inode_or_any_writer_keeps_nothing() {
         let p = KeptPages::default();
         p.created(1);
-        assert!(!p.open_read_only(1, || true), "a writer is open");
+        assert!(!p.open_read_only(1, || true), "a writer, or a second inode");
         // The open with a writer dropped the pages but left it unclean:
         // the writer may still write outside them.
         p.written_outside(1);

@@ -883,6 +883,11 @@ fn pid_file_does_not_steer_umount() {
         let start = Instant::now();
         let out = v.session.as_mut().unwrap().umount_settled().unwrap();
         let took = start.elapsed();
+        // The daemon leaves a pid file that is not its own, and the files
+        // beside it (it may be a new daemon's); nothing else removes one
+        // naming a live process (pid 1): the forger tidies up.
+        let _ = fs::remove_file(&pidfile);
+        let _ = fs::remove_file(pidfile.with_extension("json"));
         let alive = fs::read_to_string(format!("/proc/{daemon}/stat")).is_ok_and(|st| {
             !st.rsplit(')')
                 .next()

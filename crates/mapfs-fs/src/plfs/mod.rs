@@ -817,17 +817,13 @@ impl Plfs {
             }
         }
         let mut dirs: Vec<std::ffi::OsString> = Vec::new();
-        let mut d = rustix::fs::Dir::read_from(&fd)?;
-        while let Some(e) = d.read() {
-            let e = e?;
-            let name = OsStr::from_bytes(e.file_name().to_bytes());
-            if name == "." || name == ".." || format::reserved_name(name.as_bytes()) {
-                continue;
-            }
-            if matches!(e.file_type(), FileType::Directory | FileType::Unknown) {
+        container::each_entry(fd.as_fd(), |name, kind, _| {
+            if !format::reserved_name(name.as_bytes())
+                && matches!(kind, FileType::Directory | FileType::Unknown)
+            {
                 dirs.push(name.to_os_string());
             }
-        }
+        })?;
         let n = 2 + real_subdirs(fd.as_fd(), &dirs);
         let mut c = self.nlinks.lock();
         if c.len() >= 4096 {
@@ -846,14 +842,11 @@ impl Plfs {
             Mode::empty(),
         )?;
         let mut gone = Vec::new();
-        let mut d = rustix::fs::Dir::read_from(&fd)?;
-        while let Some(e) = d.read() {
-            let e = e?;
-            let name = e.file_name().to_bytes();
-            if name.starts_with(format::GONE_PREFIX.as_bytes()) {
-                gone.push(OsStr::from_bytes(name).to_os_string());
+        container::each_entry(fd.as_fd(), |name, _, _| {
+            if name.as_bytes().starts_with(format::GONE_PREFIX.as_bytes()) {
+                gone.push(name.to_os_string());
             }
-        }
+        })?;
         for n in &gone {
             container::remove_tree(fd.as_fd(), n)?;
         }

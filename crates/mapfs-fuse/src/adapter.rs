@@ -181,7 +181,7 @@ pub struct Shared {
     /// Handles a dead daemon made and the kernel may ask for again (see
     /// [`Shared::made_before`]).
     resent: Mutex<resume::Resent>,
-    /// Inodes whose pages a read-only open may keep (see
+    /// Files whose pages a read-only open may keep (see
     /// [`crate::pagecache`]).
     pages: crate::pagecache::KeptPages,
 }
@@ -206,6 +206,7 @@ impl Adapter {
     pub fn new(fs: Arc<dyn FileSystem>, opts: AdapterOptions) -> Result<Self> {
         let root = fs.getattr(&Ctx::current(), Path::new("/"))?;
         let passthrough = opts.data != DataMode::Daemon;
+        let pages = crate::pagecache::KeptPages::new(fs.only_this_mount_writes());
         Ok(Adapter(Arc::new(Shared {
             fs,
             inodes: Inodes::new(root.ino),
@@ -224,7 +225,7 @@ impl Adapter {
             link: OnceLock::new(),
             journaled_total: std::sync::atomic::AtomicU64::new(0),
             resent: Mutex::default(),
-            pages: Default::default(),
+            pages,
         })))
     }
 
@@ -529,7 +530,7 @@ impl Shared {
     /// `parent` and gives its attributes under the nodeid it gets.
     fn enter(&self, parent: INodeNo, name: &OsStr, attr: &Attr) -> FileAttr {
         let ino = self.inodes.enter(parent.0, name, attr.ino);
-        if !self.inodes.sole_node(ino) {
+        if self.pages.enabled() && !self.inodes.sole_node(ino) {
             // Writes through one kernel inode of the file do not reach the
             // other's pages.
             self.pages.written_outside(attr.ino);
@@ -827,18 +828,19 @@ impl Shared {
                 }
             }
         }
-        let file_ino = self.inodes.fs_ino(ino);
-        if backing.is_some() {
-            if flags & libc::O_ACCMODE != libc::O_RDONLY {
-                self.pages.written_outside(file_ino);
+        if self.pages.enabled() {
+            let file_ino = self.inodes.fs_ino(ino);
+            if backing.is_some() {
+                if flags & libc::O_ACCMODE != libc::O_RDONLY {
+                    self.pages.written_outside(file_ino);
+                }
+            } else if !may_change
+                && self.pages.open_read_only(file_ino, || {
+                    !self.inodes.sole_node(ino) || self.handles.has_writer(ino)
+                })
+            {
+                fopen |= FopenFlags::FOPEN_KEEP_CACHE;
             }
-        } else if !may_change
-            && self.fs.only_this_mount_writes()
-            && self.pages.open_read_only(file_ino, || {
-                !self.inodes.sole_node(ino) || self.handles.has_writer(ino)
-            })
-        {
-            fopen |= FopenFlags::FOPEN_KEEP_CACHE;
         }
         let fh = self.handles.add_file(OpenFile::new(
             ino,

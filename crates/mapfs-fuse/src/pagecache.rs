@@ -35,17 +35,36 @@ use parking_lot::Mutex;
 
 /// The clean files of one mount, by the file system's inode number.
 /// Bounded by the inodes the kernel holds: a file leaves when the kernel
-/// forgets its last inode.
-#[derive(Debug, Default)]
+/// forgets its last inode. Disabled (it keeps nothing and says so) for a
+/// file system whose backing files others may write.
+#[derive(Debug)]
 pub struct KeptPages {
+    enabled: bool,
     clean: Mutex<HashSet<u64>>,
 }
 
 impl KeptPages {
+    /// The set of a mount whose file system says
+    /// [`mapfs::FileSystem::only_this_mount_writes`] (`enabled`); any other
+    /// mount's pages are dropped at every open, and nothing is recorded.
+    pub fn new(enabled: bool) -> Self {
+        KeptPages {
+            enabled,
+            clean: Mutex::default(),
+        }
+    }
+
+    /// Whether read-only opens of this mount may keep pages at all.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// File `ino` was just created through the mount: the kernel has no
     /// page of it that could be stale.
     pub fn created(&self, ino: u64) {
-        self.clean.lock().insert(ino);
+        if self.enabled {
+            self.clean.lock().insert(ino);
+        }
     }
 
     /// A read-only open of file `ino` is being answered: true if it may
@@ -58,6 +77,9 @@ impl KeptPages {
     /// its pages as it takes the answer, and reads through the mount fill
     /// them afresh.
     pub fn open_read_only(&self, ino: u64, may_be_written: impl FnOnce() -> bool) -> bool {
+        if !self.enabled {
+            return false;
+        }
         let mut clean = self.clean.lock();
         if may_be_written() {
             return false;
@@ -68,12 +90,14 @@ impl KeptPages {
     /// File `ino` may be written where the kernel's pages do not see it
     /// (an open lent, adopted or run by passthrough; a second kernel inode).
     pub fn written_outside(&self, ino: u64) {
-        self.clean.lock().remove(&ino);
+        if self.enabled {
+            self.clean.lock().remove(&ino);
+        }
     }
 
     /// The kernel forgot the last inode of file `ino` (its pages with it).
     pub fn forgotten(&self, ino: u64) {
-        self.clean.lock().remove(&ino);
+        self.written_outside(ino);
     }
 }
 
@@ -83,7 +107,7 @@ mod tests {
 
     #[test]
     fn an_inode_is_clean_after_a_creation_or_an_open_with_no_writer() {
-        let p = KeptPages::default();
+        let p = KeptPages::new(true);
         // Unknown (a fresh daemon, or one that took over): drop once.
         assert!(!p.open_read_only(1, || false));
         assert!(p.open_read_only(1, || false));
@@ -93,7 +117,7 @@ mod tests {
 
     #[test]
     fn a_writer_outside_the_pages_a_second_inode_or_any_writer_keeps_nothing() {
-        let p = KeptPages::default();
+        let p = KeptPages::new(true);
         p.created(1);
         assert!(!p.open_read_only(1, || true), "a writer, or a second inode");
         // The open with a writer dropped the pages but left it unclean:
@@ -104,5 +128,14 @@ mod tests {
         assert!(p.open_read_only(1, || false));
         p.forgotten(1);
         assert!(!p.open_read_only(1, || false));
+    }
+
+    #[test]
+    fn a_disabled_set_keeps_nothing() {
+        let p = KeptPages::new(false);
+        p.created(1);
+        assert!(!p.open_read_only(1, || false));
+        assert!(!p.open_read_only(1, || false));
+        assert!(p.clean.lock().is_empty());
     }
 }

@@ -446,7 +446,9 @@ impl Handles {
         file: &std::fs::File,
         create: impl FnOnce() -> std::io::Result<BackingId>,
     ) -> std::io::Result<Option<Arc<BackingId>>> {
-        let identity = mapfs::backing::identity(file).ok();
+        let identity = mapfs::backing::identity(file)
+            .ok()
+            .map(|id| (id.dev, id.ino));
         let mut map = self.backing.lock();
         if let Some(live) = map.get(&ino) {
             if let Some(id) = live.id.upgrade() {

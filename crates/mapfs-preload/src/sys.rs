@@ -6,8 +6,6 @@ use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-use rustix::fs::{AtFlags, StatxFlags};
-
 /// Borrows a raw descriptor the application owns.
 pub fn fd<'a>(raw: RawFd) -> BorrowedFd<'a> {
     // SAFETY: the descriptor belongs to the application and stays open while
@@ -16,31 +14,13 @@ pub fn fd<'a>(raw: RawFd) -> BorrowedFd<'a> {
     unsafe { BorrowedFd::borrow_raw(raw) }
 }
 
-/// What the shim needs to know about an open descriptor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Identity {
-    /// `st_dev` as `stat` reports it.
-    pub dev: u64,
-    /// `st_ino`.
-    pub ino: u64,
-    /// A regular file.
-    pub regular: bool,
-}
+pub use mapfs::backing::Identity;
 
 /// Device, inode and type of `raw`, from cached attributes only: on a FUSE
-/// mount `AT_STATX_DONT_SYNC` keeps this from reaching the daemon.
+/// mount `AT_STATX_DONT_SYNC` keeps this from reaching the daemon (see
+/// [`mapfs::backing::identity`]).
 pub fn identity(raw: RawFd) -> io::Result<Identity> {
-    let st = rustix::fs::statx(
-        fd(raw),
-        c"",
-        AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
-        StatxFlags::TYPE | StatxFlags::INO,
-    )?;
-    Ok(Identity {
-        dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
-        ino: st.stx_ino,
-        regular: u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFREG,
-    })
+    mapfs::backing::identity(fd(raw))
 }
 
 /// Makes `target` refer to `src`'s open file description (`dup3`), keeping

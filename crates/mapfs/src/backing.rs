@@ -126,22 +126,35 @@ impl BackingRoot {
     }
 }
 
-/// `(st_dev, st_ino)` of an open file, as `fstat` gives them, from the
-/// inode the kernel holds: no request reaches the file system (a FUSE
-/// backing store, such as Gluster with its attribute cache off, would
-/// otherwise be asked on every call). An inode's device and number never
-/// change, so they need no fresh attributes.
-pub fn identity(fd: impl AsFd) -> std::io::Result<(u64, u64)> {
+/// What the executors need to tell an open file apart: its device and
+/// inode number as `stat` reports them, and whether it is a regular file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+    /// A regular file.
+    pub regular: bool,
+}
+
+/// The [`Identity`] of an open file, from the inode the kernel holds: no
+/// request reaches the file system (`AT_STATX_DONT_SYNC`; a FUSE mount,
+/// such as Gluster with its attribute cache off or a mapfs mount, would
+/// otherwise be asked on every call). An inode's device, number and type
+/// never change, so they need no fresh attributes.
+pub fn identity(fd: impl AsFd) -> std::io::Result<Identity> {
     let st = rustix::fs::statx(
         fd,
         "",
         AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC,
-        rustix::fs::StatxFlags::INO,
+        rustix::fs::StatxFlags::TYPE | rustix::fs::StatxFlags::INO,
     )?;
-    Ok((
-        rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
-        st.stx_ino,
-    ))
+    Ok(Identity {
+        dev: rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor),
+        ino: st.stx_ino,
+        regular: u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFREG,
+    })
 }
 
 /// `openat2` of `path` relative to `at`, beneath `at`, with no magic links

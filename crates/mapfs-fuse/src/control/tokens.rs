@@ -43,7 +43,7 @@ impl Seen {
     fn of(map: DataMap, files: &[Arc<File>]) -> Option<Seen> {
         let files = files
             .iter()
-            .map(mapfs::backing::identity)
+            .map(|f| mapfs::backing::identity(f).map(|id| (id.dev, id.ino)))
             .collect::<Result<Vec<_>, _>>()
             .ok()?;
         Some(Seen { map, files })

@@ -99,10 +99,9 @@ fn listed(dir: BorrowedFd<'_>) -> Result<Vec<String>> {
         Mode::empty(),
     )?;
     let mut out = Vec::new();
-    let mut d = rustix::fs::Dir::read_from(&fd)?;
-    while let Some(e) = d.read() {
-        out.push(String::from_utf8_lossy(e?.file_name().to_bytes()).into_owned());
-    }
+    super::container::each_entry(fd.as_fd(), |n, _, _| {
+        out.push(n.to_string_lossy().into_owned());
+    })?;
     Ok(out)
 }
 

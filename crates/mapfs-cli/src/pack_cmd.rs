@@ -1,11 +1,15 @@
-//! `mapfs pack`: tools for a `pack` file system's backing directory, safe
-//! while it is mounted (they work through its database's transactions and
-//! the slots' byte-range locks; see `mapfs_fs::pack`).
+//! `mapfs pack`: tools for a `pack` file system's backing directory. While
+//! a mount serves the directory, its daemon holds the store's database and
+//! runs the tool itself, asked through its control socket (only its owner
+//! or root may); otherwise the tool runs here, holding the store's instance
+//! lock (see `mapfs_fs::pack`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use mapfs_fs::pack::{CheckReport, CompactReport, PackStats};
+use serde::de::DeserializeOwned;
 
 /// Arguments of `mapfs pack`.
 #[derive(Args, Debug)]
@@ -45,8 +49,12 @@ enum PackCmd {
 pub fn run(args: PackArgs) -> Result<()> {
     match args.cmd {
         PackCmd::Compact { backing, json } => {
-            let r = mapfs_fs::pack::compact(&backing)
-                .with_context(|| format!("compacting {}", backing.display()))?;
+            let r: CompactReport = run_tool(
+                &backing,
+                mapfs_fs::pack::TOOL_COMPACT,
+                mapfs_fs::pack::compact,
+            )
+            .with_context(|| format!("compacting {}", backing.display()))?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -58,8 +66,9 @@ pub fn run(args: PackArgs) -> Result<()> {
             }
         }
         PackCmd::Stats { backing, json } => {
-            let s = mapfs_fs::pack::stats(&backing)
-                .with_context(|| format!("reading {}", backing.display()))?;
+            let s: PackStats =
+                run_tool(&backing, mapfs_fs::pack::TOOL_STATS, mapfs_fs::pack::stats)
+                    .with_context(|| format!("reading {}", backing.display()))?;
             if json {
                 println!("{}", serde_json::to_string(&s)?);
             } else {
@@ -86,8 +95,9 @@ pub fn run(args: PackArgs) -> Result<()> {
             }
         }
         PackCmd::Check { backing } => {
-            let r = mapfs_fs::pack::check(&backing)
-                .with_context(|| format!("checking {}", backing.display()))?;
+            let r: CheckReport =
+                run_tool(&backing, mapfs_fs::pack::TOOL_CHECK, mapfs_fs::pack::check)
+                    .with_context(|| format!("checking {}", backing.display()))?;
             for p in &r.problems {
                 println!("{p}");
             }
@@ -101,4 +111,59 @@ pub fn run(args: PackArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Runs pack tool `name` on the store in `backing`: in the daemon of the
+/// mount serving it, if one answers here, else with `offline`.
+fn run_tool<T: DeserializeOwned>(
+    backing: &Path,
+    name: &str,
+    offline: impl FnOnce(&Path) -> mapfs::Result<T>,
+) -> Result<T> {
+    let Some(mountpoint) = serving_mount(backing)? else {
+        return offline(backing).map_err(|e| {
+            let busy = e.errno() == libc::EBUSY;
+            let e = anyhow::Error::new(e);
+            if busy {
+                e.context(
+                    "no mount of it answers here (a `mapfs run --embed` job, or a mount in \
+                     another mount namespace, may hold it): run the tool when it is done",
+                )
+            } else {
+                e
+            }
+        });
+    };
+    let sock = mapfs::control::socket_path(&mountpoint);
+    let out = mapfs::control::tool(&sock, name, Vec::new()).with_context(|| {
+        format!(
+            "asking the daemon of {} to run {name}",
+            mountpoint.display()
+        )
+    })?;
+    mapfs::control::decode(&out).with_context(|| {
+        format!(
+            "the daemon of {} answered {name} with garbage",
+            mountpoint.display()
+        )
+    })
+}
+
+/// The mountpoint of the pack mount serving `backing`, if any: every mapfs
+/// mount in the mount table is asked what it serves.
+fn serving_mount(backing: &Path) -> Result<Option<PathBuf>> {
+    let want = std::fs::canonicalize(backing)
+        .with_context(|| format!("no such directory {}", backing.display()))?;
+    for m in crate::mounts::mount_table() {
+        if !m.is_mapfs() {
+            continue;
+        }
+        let Ok(st) = mapfs::control::status(&mapfs::control::socket_path(&m.mountpoint)) else {
+            continue;
+        };
+        if st.fs == "pack" && std::fs::canonicalize(&st.backing).is_ok_and(|b| b == want) {
+            return Ok(Some(m.mountpoint));
+        }
+    }
+    Ok(None)
 }

@@ -1139,6 +1139,41 @@ fn forged_release_on_plfs_read_only_lending() {
     v.assert_serves();
 }
 
+/// A file system's online tools (pack's compaction, stats and check read
+/// or move every file of the store) are refused to anyone but the mount's
+/// owner and root, and the refusal leaves the mount serving.
+#[test]
+fn tools_refused_to_other_users() {
+    let test = "tools refused to other users";
+    if !ready(test, &[]) {
+        return;
+    }
+    let v = Victim::mount_fs(test, "pack", DataMode::Auto);
+    for name in ["compact", "stats", "check", "no-such-tool"] {
+        let lines = v.attack(&["tool", name]);
+        let r = &lines[0];
+        assert_eq!(r["answer"], "Refused", "{test}: {name}: {r}");
+        assert_eq!(r["errno"], libc::EPERM, "{test}: {name}: {r}");
+        assert_eq!(r["fds"], serde_json::json!([]), "{test}: {name}: {r}");
+    }
+    // The owner (root) may: the same request through the CLI.
+    let out = mapfs_testkit::mount::run_captured(
+        Command::new(mapfs_bin())
+            .args(["pack", "stats", "--json"])
+            .arg(v.backing()),
+    )
+    .unwrap();
+    assert!(
+        out.success(),
+        "{test}: root's stats: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    let st: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert!(st["files"].as_u64().unwrap() >= 2, "{test}: {st}");
+    v.assert_serves();
+}
+
 /// Descriptors sent to the daemon are refused by the kernel (EPERM), and a
 /// lingering socket held by the attacker does not delay the daemon's exit.
 #[test]

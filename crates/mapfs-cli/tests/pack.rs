@@ -116,14 +116,9 @@ fn sh_ok(dir: &Path, script: &str) -> String {
     out.stdout
 }
 
-/// `mapfs pack check BACKING` must say the store is consistent.
+/// `mapfs pack check BACKING` must say the store is consistent (run by
+/// the daemon when mounted, offline otherwise).
 fn assert_consistent(backing: &Path, what: &str) {
-    let r = mapfs_fs::pack::check(backing).unwrap_or_else(|e| panic!("{what}: check: {e}"));
-    assert!(
-        r.ok(),
-        "{what}: pack check found problems: {:#?}",
-        r.problems
-    );
     let out = run_captured(
         Command::new(mapfs_bin())
             .args(["pack", "check"])
@@ -131,11 +126,28 @@ fn assert_consistent(backing: &Path, what: &str) {
     )
     .unwrap();
     assert!(
-        out.success(),
+        out.success() && out.stdout.starts_with("ok: "),
         "{what}: mapfs pack check: {}{}",
         out.stdout,
         out.stderr
     );
+}
+
+/// `mapfs pack stats --json BACKING` (from the daemon when mounted).
+fn pack_stats(backing: &Path) -> mapfs_fs::pack::PackStats {
+    let out = run_captured(
+        Command::new(mapfs_bin())
+            .args(["pack", "stats", "--json"])
+            .arg(backing),
+    )
+    .unwrap();
+    assert!(
+        out.success(),
+        "mapfs pack stats: {}{}",
+        out.stdout,
+        out.stderr
+    );
+    serde_json::from_str(out.stdout.trim()).unwrap()
 }
 
 /// Deterministic bytes: `len` bytes of stream `key`.
@@ -179,7 +191,7 @@ fn fsx_mode(mode: DataMode) {
             assert!(report.count(k) > 0, "{test}: {k} never ran: {report}");
         }
     }
-    let st = mapfs_fs::pack::stats(s.backing()).unwrap();
+    let st = pack_stats(s.backing());
     assert_consistent(s.backing(), &test);
     // fsx removed its files: their slots are free again.
     assert_eq!(st.files, 0, "{test}: files left: {st:?}");
@@ -748,7 +760,7 @@ fn many_small_files() {
         backing_files <= 8,
         "{test}: {backing_files} backing files for {n} small files"
     );
-    let st = mapfs_fs::pack::stats(s.backing()).unwrap();
+    let st = pack_stats(s.backing());
     eprintln!("{test}: {st:?}");
     assert_eq!(st.files, n as u64);
     assert_eq!(st.own_files, 0);
@@ -761,20 +773,56 @@ fuse_test!(many_small_files_byte_exact => many_small_files());
 // Space: reuse and online compaction
 // ---------------------------------------------------------------------------
 
+fuse_test!(tools_run_offline_and_refuse_a_store_in_use => {
+    let test = "tools offline";
+    let dir = tempfile::Builder::new()
+        .prefix("mapfs-pack-tools")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let backing = dir.path();
+    let s = pack_on(DataMode::Auto, Some(backing), &[]);
+    for i in 0..30 {
+        fs::write(s.mountpoint().join(format!("f{i}")), stream(&format!("f{i}"), 1000)).unwrap();
+    }
+    let mounted = pack_stats(backing);
+    umount_clean(s, test);
+    // Nothing serves the store: the tools run here, on its database.
+    let offline = pack_stats(backing);
+    assert_eq!(offline.files, 30, "{test}: {offline:?}");
+    assert_eq!(offline.slotted_bytes, mounted.slotted_bytes, "{test}: {mounted:?} {offline:?}");
+    assert_consistent(backing, test);
+    let out = run_captured(Command::new(mapfs_bin()).args(["pack", "compact", "--json"]).arg(backing)).unwrap();
+    assert!(out.success(), "{test}: offline compact: {}{}", out.stdout, out.stderr);
+    // Held by an instance no mount answers for (here, a lock taken by
+    // hand): a clear refusal, not a wait on the database.
+    let holder = fs::File::open(backing.join("pack.lock")).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    let out = run_captured(Command::new(mapfs_bin()).args(["pack", "stats"]).arg(backing)).unwrap();
+    drop(holder);
+    assert!(!out.success(), "{test}: stats of a store in use ran: {}", out.stdout);
+    assert!(
+        out.stderr.contains("already served") && out.stderr.contains("no mount of it answers"),
+        "{test}: unclear refusal: {}",
+        out.stderr
+    );
+    // The store is as it was.
+    assert_eq!(pack_stats(backing).files, 30, "{test}");
+});
+
 fuse_test!(freed_slots_are_reused => {
     let s = pack_on(DataMode::Auto, None, &[]);
     let m = s.mountpoint();
     for i in 0..200 {
         fs::write(m.join(format!("f{i}")), stream(&format!("f{i}"), 3000)).unwrap();
     }
-    let before = mapfs_fs::pack::stats(s.backing()).unwrap();
+    let before = pack_stats(s.backing());
     for i in 0..200 {
         fs::remove_file(m.join(format!("f{i}"))).unwrap();
     }
     for i in 0..200 {
         fs::write(m.join(format!("g{i}")), stream(&format!("g{i}"), 4000)).unwrap();
     }
-    let after = mapfs_fs::pack::stats(s.backing()).unwrap();
+    let after = pack_stats(s.backing());
     // The 200 new files took the 200 freed slots (and ones reserved
     // before): not one slot was cut from the pack files.
     assert_eq!(before.slots, after.slots, "new slots were cut: {before:?} {after:?}");
@@ -846,7 +894,7 @@ fuse_test!(compact_while_reading_and_writing => {
         })
     };
     std::thread::sleep(Duration::from_millis(200));
-    let before = mapfs_fs::pack::stats(s.backing()).unwrap();
+    let before = pack_stats(s.backing());
     let out = run_captured(Command::new(mapfs_bin()).args(["pack", "compact", "--json"]).arg(s.backing())).unwrap();
     assert!(out.success(), "{test}: {}{}", out.stdout, out.stderr);
     std::thread::sleep(Duration::from_millis(200));
@@ -856,7 +904,7 @@ fuse_test!(compact_while_reading_and_writing => {
     let errs = errors.lock().unwrap().clone();
     assert!(errs.is_empty(), "{test}: {errs:?}");
     let rep: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
-    let after = mapfs_fs::pack::stats(s.backing()).unwrap();
+    let after = pack_stats(s.backing());
     eprintln!("{test}: {rep} reader rounds {rounds}, writes {writes}\nbefore {before:?}\nafter {after:?}");
     assert!(rep["moved"].as_u64().unwrap() > 500, "{test}: moved too little: {rep}");
     // `held` is open the whole time, with free slots of its class before it.

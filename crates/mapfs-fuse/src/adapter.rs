@@ -1102,6 +1102,11 @@ impl OpenRegistry for Shared {
         self.stats.tracer.unsubscribe(conn);
     }
 
+    fn tool(&self, ctx: &mapfs::Ctx, name: &str, input: &[u8]) -> mapfs::Result<Vec<u8>> {
+        tracing::info!(tool = name, uid = ctx.uid, pid = ctx.pid, "running a tool");
+        self.fs.tool(ctx, name, input)
+    }
+
     fn generations(&self) -> Option<&mapfs::mapcache::Generations> {
         self.tokens.generations()
     }

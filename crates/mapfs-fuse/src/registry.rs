@@ -85,6 +85,15 @@ pub trait OpenRegistry: Send + Sync + 'static {
         None
     }
 
+    /// Runs the file system's online tool `name` for a control client with
+    /// credentials `ctx` (see `mapfs::FileSystem::tool`); called on a thread
+    /// of its own, one tool at a time. The default, for registries without
+    /// a file system, has none (`ENOSYS`).
+    fn tool(&self, ctx: &mapfs::Ctx, name: &str, input: &[u8]) -> mapfs::Result<Vec<u8>> {
+        let _ = (ctx, name, input);
+        Err(mapfs::Error::not_implemented())
+    }
+
     /// Control connection `conn`, subscribed to the trace, closed.
     fn trace_end(&self, conn: u64) {
         let _ = conn;

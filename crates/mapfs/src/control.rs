@@ -244,6 +244,17 @@ pub enum Request {
         /// Its length.
         len: u64,
     },
+    /// Run the file system's online tool `name` on `input` (see
+    /// `FileSystem::tool`); answered with [`Response::Tool`]. Only the
+    /// mount's owner (the daemon's uid) or root may (`EPERM`); one tool
+    /// runs at a time (`EBUSY`). The connection ends with the answer.
+    /// Needs no Hello.
+    Tool {
+        /// The tool's name (`compact`, `stats`, `check` for pack).
+        name: String,
+        /// Its arguments, encoded as the file system documents.
+        input: Vec<u8>,
+    },
 }
 
 /// What a daemon serves, for `mapfs list` and `mapfs run`.
@@ -349,6 +360,11 @@ pub enum Response {
     },
     /// Answer to requests that return nothing.
     Done,
+    /// Answer to [`Request::Tool`]: what the tool returned.
+    Tool {
+        /// Its output, encoded as the file system documents.
+        output: Vec<u8>,
+    },
 }
 
 /// Encodes a message as one packet (version byte + postcard).
@@ -553,6 +569,50 @@ pub fn stats(path: &Path, reset: bool) -> io::Result<MountStats> {
         _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
     }
 }
+
+/// Runs the online tool `name` of the file system behind the control
+/// socket at `path` (see [`Request::Tool`]). A tool may run for long: the
+/// answer is awaited without [`CLIENT_TIMEOUT`]. A refusal comes back as
+/// an error with the daemon's reason and errno.
+pub fn tool(path: &Path, name: &str, input: Vec<u8>) -> io::Result<Vec<u8>> {
+    let sock = open_socket(path)?;
+    rustix::net::sockopt::set_socket_timeout(&sock, rustix::net::sockopt::Timeout::Recv, None)?;
+    let req = Request::Tool {
+        name: name.to_string(),
+        input,
+    };
+    match call(sock.as_fd(), &req)? {
+        (Response::Tool { output }, _) => Ok(output),
+        (Response::Refused { errno, reason }, _) => Err(io::Error::new(
+            io::Error::from_raw_os_error(errno).kind(),
+            ToolRefused { errno, reason },
+        )),
+        _ => Err(io::Error::from_raw_os_error(libc::EPROTO)),
+    }
+}
+
+/// Why a daemon refused a [`Request::Tool`] (inside the `io::Error` that
+/// [`tool`] returns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolRefused {
+    /// The errno the daemon gave.
+    pub errno: i32,
+    /// The daemon's reason.
+    pub reason: String,
+}
+
+impl std::fmt::Display for ToolRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({})",
+            self.reason,
+            io::Error::from_raw_os_error(self.errno)
+        )
+    }
+}
+
+impl std::error::Error for ToolRefused {}
 
 /// A connected control socket with the client timeouts set.
 fn open_socket(path: &Path) -> io::Result<OwnedFd> {

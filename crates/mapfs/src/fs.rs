@@ -297,6 +297,19 @@ pub trait FileSystem: Send + Sync + 'static {
         false
     }
 
+    /// Runs the file system's online tool `name` (`mapfs pack compact` is
+    /// one) on `input`, both in an encoding of the file system's choosing,
+    /// for a client of the mount's control socket. A mount runs at most one
+    /// tool at a time, on a thread of its own beside the requests it
+    /// serves, and only for the mount's owner (the daemon's uid) or root;
+    /// `ctx` is the client's. A tool that reads or changes the store
+    /// through the file system's own state is what lets that state be
+    /// trusted as the store's only writer. The default has no tools
+    /// (`ENOSYS`).
+    fn tool(&self, ctx: &Ctx, name: &str, input: &[u8]) -> Result<Vec<u8>> {
+        Err(Error::not_implemented().context(format!("this file system has no tool {name:?}")))
+    }
+
     /// File-system statistics.
     fn statfs(&self, ctx: &Ctx, path: &Path) -> Result<StatFs> {
         Ok(StatFs {

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mapfs::{Attr, Error, FileKind, Result};
-use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 
 /// Name of the database in the backing directory.
 pub const DB_NAME: &str = "pack.db";
@@ -75,7 +75,12 @@ CREATE TABLE IF NOT EXISTS xattrs(
 /// Opens (creating if needed) the database of backing directory `dir`, in
 /// WAL mode. `full_sync`: every commit is synced (power-loss durable);
 /// otherwise commits survive a crash of the process, not of the machine.
-pub fn open(dir: &Path, full_sync: bool) -> Result<Connection> {
+/// `exclusive`: this connection keeps the database's lock until it is
+/// closed (SQLite's exclusive locking mode, asked before WAL mode so that
+/// the WAL index lives in this process's memory): no other connection can
+/// use the database meanwhile, and no statement or transaction takes and
+/// lets go of the shared-memory locks, a few system calls each.
+pub fn open(dir: &Path, full_sync: bool, exclusive: bool) -> Result<Connection> {
     let path = dir.join(DB_NAME);
     if let Ok(md) = std::fs::symlink_metadata(&path) {
         if !md.file_type().is_file() {
@@ -89,6 +94,9 @@ pub fn open(dir: &Path, full_sync: bool) -> Result<Connection> {
     // WAL and shared-memory files take its mode).
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     conn.busy_timeout(Duration::from_secs(30)).db()?;
+    if exclusive {
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").db()?;
+    }
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .db()?;
@@ -104,29 +112,54 @@ pub fn open(dir: &Path, full_sync: bool) -> Result<Connection> {
     Ok(conn)
 }
 
-/// Opens the database of `dir` for reading only (stats, checks).
-pub fn open_read_only(dir: &Path) -> Result<Connection> {
-    let path = dir.join(DB_NAME);
-    if !path.is_file() {
-        return Err(Error::not_found().context(format!(
-            "{} has no pack database ({DB_NAME})",
-            dir.display()
-        )));
+/// A write transaction, rolled back when dropped uncommitted. Its `BEGIN`
+/// and `COMMIT` are prepared statements kept with the others: a
+/// transaction per request made their parsing a visible cost.
+pub struct WriteTx<'c> {
+    conn: &'c Connection,
+    done: bool,
+}
+
+impl std::ops::Deref for WriteTx<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.conn
     }
-    let conn = Connection::open_with_flags(
-        &path,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .db()?;
-    conn.busy_timeout(Duration::from_secs(30)).db()?;
-    Ok(conn)
+}
+
+impl WriteTx<'_> {
+    /// Commits the transaction.
+    pub fn commit(mut self) -> rusqlite::Result<()> {
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for WriteTx<'_> {
+    fn drop(&mut self) {
+        // A failed COMMIT may have ended the transaction already.
+        if !self.done && !self.conn.is_autocommit() {
+            let rolled = self
+                .conn
+                .prepare_cached("ROLLBACK")
+                .and_then(|mut st| st.execute([]));
+            if let Err(e) = rolled {
+                tracing::warn!("pack database: rollback failed: {e}");
+            }
+        }
+    }
 }
 
 /// A write transaction that takes the write lock at once, so two processes
-/// never deadlock upgrading read locks.
-pub fn write_tx(conn: &mut Connection) -> Result<Transaction<'_>> {
-    conn.transaction_with_behavior(TransactionBehavior::Immediate)
-        .db()
+/// never deadlock upgrading read locks. The `&mut` keeps a second
+/// transaction from starting on the connection inside this one.
+pub fn write_tx(conn: &mut Connection) -> Result<WriteTx<'_>> {
+    conn.prepare_cached("BEGIN IMMEDIATE")
+        .and_then(|mut st| st.execute([]))
+        .db()?;
+    Ok(WriteTx { conn, done: false })
 }
 
 /// Now, in nanoseconds since the epoch.

@@ -81,7 +81,10 @@ use rusqlite::{Connection, OptionalExtension};
 use rustix::fs::{Mode, OFlags};
 
 use db::DbResult;
-pub use tools::{check, compact, stats, CheckReport, CompactReport, PackStats};
+pub use tools::{
+    check, compact, stats, CheckReport, CompactReport, PackStats, TOOL_CHECK, TOOL_COMPACT,
+    TOOL_STATS,
+};
 
 /// Default size past which a file gets a backing file of its own.
 pub const DEFAULT_THRESHOLD: u64 = 64 * 1024;
@@ -223,7 +226,7 @@ impl Pack {
             "pack",
             &backing.display().to_string(),
         )?;
-        let mut conn = db::open(backing, opts.full_sync)?;
+        let mut conn = db::open(backing, opts.full_sync, true)?;
         let own = backing.join(OWN_DIR);
         match std::fs::DirBuilder::new().mode(0o700).create(&own) {
             Ok(()) => {}
@@ -508,6 +511,27 @@ impl FileSystem for Pack {
         len: u64,
     ) -> Result<Opened> {
         self.do_remap(handle, map, offset, len)
+    }
+
+    /// [`TOOL_STATS`], [`TOOL_CHECK`] and [`TOOL_COMPACT`] (no input;
+    /// output encoded with [`mapfs::control::encode`]), through this
+    /// instance's database, whose lock it holds.
+    fn tool(&self, _ctx: &Ctx, name: &str, _input: &[u8]) -> Result<Vec<u8>> {
+        let out = match name {
+            TOOL_STATS => {
+                mapfs::control::encode(&tools::stats_on(&self.conn.lock(), &self.backing)?)
+            }
+            TOOL_CHECK => {
+                mapfs::control::encode(&tools::check_on(&self.conn.lock(), &self.backing)?)
+            }
+            TOOL_COMPACT => mapfs::control::encode(&tools::compact_on(&self.conn, &self.backing)?),
+            _ => {
+                return Err(Error::not_implemented().context(format!(
+                    "pack has no tool {name:?} (it has {TOOL_STATS}, {TOOL_CHECK}, {TOOL_COMPACT})"
+                )))
+            }
+        };
+        out.map_err(|e| Error::io().context(format!("encoding the {name} report: {e}")))
     }
 
     fn fsyncdir(&self, _ctx: &Ctx, _path: &Path, _datasync: bool) -> Result<()> {

@@ -1,5 +1,12 @@
-//! Offline and online tools on a pack store: the integrity check, stats,
-//! and compaction (safe while a daemon serves the store: see `slots.rs`).
+//! Tools on a pack store: the integrity check, stats, and compaction.
+//!
+//! While a daemon serves the store it holds the database's lock for its
+//! life (SQLite's exclusive locking mode: no shared-memory locks taken and
+//! let go at every statement), so the tools run inside it, asked through
+//! its control socket ([`mapfs::FileSystem::tool`], names [`TOOL_STATS`],
+//! [`TOOL_CHECK`], [`TOOL_COMPACT`], outputs encoded with
+//! [`mapfs::control::encode`]); the functions here without `_on` run them
+//! on a store nothing serves, holding its instance lock meanwhile.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -7,13 +14,48 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use mapfs::{Error, Result};
+use parking_lot::Mutex;
 use rusqlite::{params, Connection};
 
 use super::db::{self, DbResult, Slot};
 use super::slots::{self, LockKind, PACK_DIR};
 
+/// Name of the stats tool (output: [`PackStats`]).
+pub const TOOL_STATS: &str = "stats";
+/// Name of the check tool (output: [`CheckReport`]).
+pub const TOOL_CHECK: &str = "check";
+/// Name of the compaction tool (output: [`CompactReport`]).
+pub const TOOL_COMPACT: &str = "compact";
+
+/// Problems a check lists one by one; past them it counts.
+const MAX_PROBLEMS: usize = 1000;
+
+/// Takes the instance lock of the store in `backing` for a tool run
+/// outside any daemon, and opens its database.
+fn offline(backing: &Path) -> Result<(crate::sole::Sole, Connection)> {
+    if !backing.join(db::DB_NAME).is_file() {
+        return Err(Error::not_found().context(format!(
+            "{} has no pack store ({})",
+            backing.display(),
+            db::DB_NAME
+        )));
+    }
+    let dir = rustix::fs::open(
+        backing,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let sole = crate::sole::take(
+        std::os::fd::AsFd::as_fd(&dir),
+        super::LOCK_NAME,
+        "pack",
+        &backing.display().to_string(),
+    )?;
+    Ok((sole, db::open(backing, false, false)?))
+}
+
 /// What [`check`] found.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CheckReport {
     /// Inodes checked.
     pub inodes: u64,
@@ -21,7 +63,8 @@ pub struct CheckReport {
     pub extents: u64,
     /// Slots checked.
     pub slots: u64,
-    /// Every problem found, one line each (empty: consistent).
+    /// Every problem found, one line each (empty: consistent); past the
+    /// first thousand, one last line counts the rest.
     pub problems: Vec<String>,
 }
 
@@ -68,7 +111,22 @@ fn all_slots(conn: &Connection) -> Result<Vec<(Slot, Option<i64>)>> {
 /// is owned by it, every entry names an inode, and every link count
 /// matches the entries.
 pub fn check(backing: &Path) -> Result<CheckReport> {
-    let conn = db::open_read_only(backing)?;
+    let (_sole, conn) = offline(backing)?;
+    check_on(&conn, backing)
+}
+
+/// [`check`] through `conn`, the database of the store in `backing`.
+pub(super) fn check_on(conn: &Connection, backing: &Path) -> Result<CheckReport> {
+    let mut rep = check_all(conn, backing)?;
+    if rep.problems.len() > MAX_PROBLEMS {
+        let more = rep.problems.len() - MAX_PROBLEMS;
+        rep.problems.truncate(MAX_PROBLEMS);
+        rep.problems.push(format!("... and {more} more problems"));
+    }
+    Ok(rep)
+}
+
+fn check_all(conn: &Connection, backing: &Path) -> Result<CheckReport> {
     let mut rep = CheckReport::default();
     let ic: String = conn
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
@@ -76,7 +134,7 @@ pub fn check(backing: &Path) -> Result<CheckReport> {
     if ic != "ok" {
         rep.problems.push(format!("integrity_check: {ic}"));
     }
-    let slots = all_slots(&conn)?;
+    let slots = all_slots(conn)?;
     rep.slots = slots.len() as u64;
     let mut pack_len = HashMap::new();
     for w in slots.windows(2) {
@@ -171,7 +229,7 @@ pub fn check(backing: &Path) -> Result<CheckReport> {
             rep.problems
                 .push(format!("inode {ino}: nlink {nlink}, entries say {want}"));
         }
-        let ext = db::extents(&conn, ino)?;
+        let ext = db::extents(conn, ino)?;
         rep.extents += ext.len() as u64;
         let slot = match (pack, off, cap) {
             (Some(pack), Some(off), Some(cap)) => Some(Slot {
@@ -216,7 +274,7 @@ pub fn check(backing: &Path) -> Result<CheckReport> {
 }
 
 /// Space use of a pack store.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PackStats {
     /// Regular files with a name (files removed while open are not
     /// counted).
@@ -249,7 +307,12 @@ pub struct PackStats {
 
 /// Counts files, bytes, slack and pack files of the store in `backing`.
 pub fn stats(backing: &Path) -> Result<PackStats> {
-    let conn = db::open_read_only(backing)?;
+    let (_sole, conn) = offline(backing)?;
+    stats_on(&conn, backing)
+}
+
+/// [`stats`] through `conn`, the database of the store in `backing`.
+pub(super) fn stats_on(conn: &Connection, backing: &Path) -> Result<PackStats> {
     let mut s = PackStats::default();
     let q = |sql: &str| -> Result<i64> { conn.query_row(sql, [], |r| r.get(0)).db() };
     s.files = q(&format!(
@@ -284,7 +347,7 @@ pub fn stats(backing: &Path) -> Result<PackStats> {
 }
 
 /// What [`compact`] did.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CompactReport {
     /// Slots moved toward the front.
     pub moved: u64,
@@ -296,14 +359,26 @@ pub struct CompactReport {
     pub punched_bytes: u64,
 }
 
-/// Compacts the store in `backing`, while mounted or not: every live slot
-/// with a free slot of its class before it moves there (each move one
-/// transaction, taken only with the slot's range write-locked, so an open
-/// file is never moved: it is counted as busy), then pack files are cut
-/// after their last slot and the free slots' blocks are punched out. No
-/// file's bytes change.
+/// Compacts the store in `backing`, which nothing serves: see
+/// [`compact_on`].
 pub fn compact(backing: &Path) -> Result<CompactReport> {
-    let mut conn = db::open(backing, false)?;
+    let (_sole, conn) = offline(backing)?;
+    compact_on(&Mutex::new(conn), backing)
+}
+
+/// Compacts the store in `backing` through `conn`, its database, shared
+/// with the daemon serving it (if any): every live slot with a free slot
+/// of its class before it moves there, then pack files are cut after their
+/// last slot and the free slots' blocks are punched out. No file's bytes
+/// change.
+///
+/// A move takes the slot's range write-locked, so an open file is never
+/// moved (it is counted as busy) and an open waits for a move to end. The
+/// database is held only to choose a move (the target is marked as used by
+/// opens of the file, which a fresh mount frees again) and to record it:
+/// the copy and its sync run without it, so requests go on meanwhile, and a
+/// file changed or removed during its copy is left where it is.
+pub fn compact_on(conn: &Mutex<Connection>, backing: &Path) -> Result<CompactReport> {
     let mut rep = CompactReport::default();
     let mut files: HashMap<i64, File> = HashMap::new();
     let pack = |id: i64, files: &mut HashMap<i64, File>| -> Result<()> {
@@ -313,41 +388,55 @@ pub fn compact(backing: &Path) -> Result<CompactReport> {
         Ok(())
     };
     // Live slots from the back.
-    let mut live: Vec<(Slot, i64)> = all_slots(&conn)?
+    let mut live: Vec<(Slot, i64)> = all_slots(&conn.lock())?
         .into_iter()
         .filter_map(|(s, o)| o.filter(|o| *o > 0).map(|o| (s, o)))
         .collect();
     live.reverse();
     for (s, ino) in live {
-        let tx = db::write_tx(&mut conn)?;
-        // Still this file's current slot?
-        let cur = db::inode(&tx, ino)?.and_then(|i| i.slot);
-        if cur != Some(s) {
-            continue;
-        }
-        let target: Option<(i64, i64)> = tx
-            .query_row(
-                "SELECT pack, off FROM slots WHERE ino IS NULL AND cap = ?1 \
-                 AND (pack < ?2 OR (pack = ?2 AND off < ?3)) ORDER BY pack, off LIMIT 1",
-                params![s.cap as i64, s.pack, s.off as i64],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .ok();
-        let Some((tp, to)) = target else { continue };
-        let t = Slot {
-            pack: tp,
-            off: to as u64,
-            cap: s.cap,
+        // Choose the target and mark it as the file's opens' own.
+        let chosen = {
+            let mut c = conn.lock();
+            let tx = db::write_tx(&mut c)?;
+            let cur = db::inode(&tx, ino)?.and_then(|i| i.slot);
+            if cur != Some(s) {
+                continue;
+            }
+            let target: Option<(i64, i64)> = tx
+                .query_row(
+                    "SELECT pack, off FROM slots WHERE ino IS NULL AND cap = ?1 \
+                     AND (pack < ?2 OR (pack = ?2 AND off < ?3)) ORDER BY pack, off LIMIT 1",
+                    params![s.cap as i64, s.pack, s.off as i64],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .ok();
+            let Some((tp, to)) = target else { continue };
+            let t = Slot {
+                pack: tp,
+                off: to as u64,
+                cap: s.cap,
+            };
+            db::set_slot_owner(&tx, t, Some(-ino))?;
+            let ext = db::extents(&tx, ino)?;
+            tx.commit().db()?;
+            (t, ext)
+        };
+        let (t, ext) = chosen;
+        let unmark = |conn: &Mutex<Connection>| -> Result<()> {
+            let mut c = conn.lock();
+            let tx = db::write_tx(&mut c)?;
+            db::set_slot_owner(&tx, t, None)?;
+            tx.commit().db()
         };
         pack(s.pack, &mut files)?;
         pack(t.pack, &mut files)?;
         let src = &files[&s.pack];
         if slots::range_lock(src, s, LockKind::TryWrite).is_err() {
+            unmark(conn)?;
             rep.busy += 1;
             continue;
         }
-        let res = (|| -> Result<()> {
-            let ext = db::extents(&tx, ino)?;
+        let res = (|| -> Result<bool> {
             let mut buf = Vec::new();
             for &(l, o, n) in &ext {
                 buf.resize(n as usize, 0);
@@ -355,20 +444,36 @@ pub fn compact(backing: &Path) -> Result<CompactReport> {
                 files[&t.pack].write_all_at(&buf, t.off + l)?;
             }
             files[&t.pack].sync_data()?;
+            let mut c = conn.lock();
+            let tx = db::write_tx(&mut c)?;
+            // Removed, truncated or moved meanwhile (without an open: a
+            // `truncate` by name, an `unlink`): left where it is.
+            let same = db::inode(&tx, ino)?.and_then(|i| i.slot) == Some(s)
+                && db::extents(&tx, ino)? == ext;
+            if !same {
+                return Ok(false);
+            }
             let moved: Vec<_> = ext.iter().map(|&(l, _, n)| (l, t.off + l, n)).collect();
             db::set_extents(&tx, ino, &moved)?;
             db::set_slot_owner(&tx, t, Some(ino))?;
             db::set_slot_owner(&tx, s, None)?;
             db::set_inode_slot(&tx, ino, Some(t))?;
             tx.commit().db()?;
-            Ok(())
+            Ok(true)
         })();
         let _ = slots::range_lock(src, s, LockKind::Unlock);
-        res?;
-        rep.moved += 1;
+        match res {
+            Ok(true) => rep.moved += 1,
+            Ok(false) => unmark(conn)?,
+            Err(e) => {
+                let _ = unmark(conn);
+                return Err(e);
+            }
+        }
     }
     // Cut each pack after its last used slot, and punch out free slots.
-    let tx = db::write_tx(&mut conn)?;
+    let mut c = conn.lock();
+    let tx = db::write_tx(&mut c)?;
     let slots_now = all_slots(&tx)?;
     let mut last_used: HashMap<i64, u64> = HashMap::new();
     for (s, o) in &slots_now {
@@ -420,7 +525,7 @@ pub fn compact(backing: &Path) -> Result<CompactReport> {
         }
     }
     tx.commit().db()?;
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
         .map_err(|e| Error::io().context(format!("checkpoint: {e}")))?;
     Ok(rep)
 }

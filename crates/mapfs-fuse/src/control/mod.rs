@@ -200,6 +200,7 @@ pub fn spawn_with(
         accepted: 0,
         closer: None,
         buf: vec![0; control::MAX_PACKET],
+        tool_running: Arc::new(AtomicBool::new(false)),
     };
     let thread = std::thread::Builder::new()
         .name("mapfs-control".into())
@@ -321,6 +322,8 @@ struct Server {
     closer: Option<SyncSender<Vec<OwnedFd>>>,
     /// Receive buffer, one packet.
     buf: Vec<u8>,
+    /// A tool (see [`Request::Tool`]) is running.
+    tool_running: Arc<AtomicBool>,
 }
 
 /// The peer of a connection, as the kernel reported it at connect.
@@ -370,6 +373,14 @@ enum Answer {
     Reply(Response, Vec<OwnedFd>),
     /// Send, then close the connection.
     Last(Response),
+    /// Run the file system's tool on a thread of its own, which answers
+    /// and closes the connection (see [`Request::Tool`]).
+    Tool {
+        /// The tool.
+        name: String,
+        /// Its input.
+        input: Vec<u8>,
+    },
 }
 
 impl From<Response> for Answer {
@@ -542,13 +553,19 @@ impl Server {
                         let req = control::decode::<Request>(&self.buf[..len]);
                         let answer = serve(&*self.registry, conn, req, counts);
                         let sock = conn.sock.as_fd();
-                        let (sent, next) = match &answer {
+                        let (sent, next) = match answer {
                             Answer::Reply(resp, fds) => {
                                 let fds: Vec<BorrowedFd<'_>> =
                                     fds.iter().map(|f| f.as_fd()).collect();
-                                (control::send(sock, resp, &fds), Next::Keep)
+                                (control::send(sock, &resp, &fds), Next::Keep)
                             }
-                            Answer::Last(resp) => (control::send(sock, resp, &[]), Next::Close),
+                            Answer::Last(resp) => (control::send(sock, &resp, &[]), Next::Close),
+                            Answer::Tool { name, input } => {
+                                let tool = (name, input);
+                                let sent =
+                                    start_tool(&self.registry, &self.tool_running, conn, tool);
+                                (sent, Next::Close)
+                            }
                         };
                         // A failed send includes EAGAIN: a client that does
                         // not read its answers.
@@ -622,6 +639,63 @@ impl Server {
         };
         drop(fds);
     }
+}
+
+/// Hands `conn`'s tool request to a thread that runs it and
+/// answers; the server itself is done with the connection. One tool
+/// runs at a time: a second is refused (`EBUSY`) rather than queued,
+/// so clients cannot pile up threads.
+fn start_tool(
+    registry: &Arc<dyn OpenRegistry>,
+    tool_running: &Arc<AtomicBool>,
+    conn: &Conn,
+    (name, input): (String, Vec<u8>),
+) -> io::Result<()> {
+    let peer = conn.peer;
+    if tool_running.swap(true, Ordering::SeqCst) {
+        let busy = refused(libc::EBUSY, "another tool is running on this mount");
+        return control::send(conn.sock.as_fd(), &busy, &[]);
+    }
+    // The thread's own descriptor of the connection: the server closes
+    // its one as for any finished connection.
+    let sock = match rustix::io::fcntl_dupfd_cloexec(&conn.sock, 0) {
+        Ok(s) => s,
+        Err(e) => {
+            tool_running.store(false, Ordering::SeqCst);
+            return Err(e.into());
+        }
+    };
+    let registry = Arc::clone(registry);
+    let running = Arc::clone(tool_running);
+    let started = std::thread::Builder::new()
+        .name("mapfs-tool".into())
+        .spawn(move || {
+            let ctx = mapfs::Ctx {
+                uid: peer.uid,
+                gid: peer.gid,
+                pid: peer.pid.max(0) as u32,
+            };
+            let answer = match registry.tool(&ctx, &name, &input) {
+                Ok(output) => Response::Tool { output },
+                Err(e) => refused(e.errno(), &e.to_string()),
+            };
+            // The client waits as long as the tool runs; the answer
+            // goes out blocking, with a bound for a client gone quiet.
+            let _ = rustix::fs::fcntl_setfl(&sock, rustix::fs::OFlags::empty());
+            let _ = rustix::net::sockopt::set_socket_timeout(
+                &sock,
+                rustix::net::sockopt::Timeout::Send,
+                Some(Duration::from_secs(10)),
+            );
+            let _ = control::send(sock.as_fd(), &answer, &[]);
+            running.store(false, Ordering::SeqCst);
+        });
+    if started.is_err() {
+        tool_running.store(false, Ordering::SeqCst);
+        let failed = refused(libc::EAGAIN, "no thread for the tool");
+        return control::send(conn.sock.as_fd(), &failed, &[]);
+    }
+    Ok(())
 }
 
 /// The peer's credentials. The pid is 0 for a peer in a pid namespace the
@@ -699,6 +773,17 @@ fn serve(
                 }
                 None => refused(libc::EINVAL, "no such FUSE opcode").into(),
             }
+        }
+        Ok(Request::Tool { name, input }) => {
+            // A tool reads or changes the whole store: the owner's or
+            // root's business only.
+            if !owner_or_root(conn.peer) {
+                return Answer::Last(refused(
+                    libc::EPERM,
+                    "only the mount's owner or root may run its tools",
+                ));
+            }
+            Answer::Tool { name, input }
         }
         Ok(Request::Adopt {
             proof,

@@ -81,6 +81,13 @@ enum Cmd {
         /// Cycles.
         n: u64,
     },
+    /// Asks for the file system's online tool NAME (a pack compaction,
+    /// stats, check), which only the mount's owner or root may run; prints
+    /// the answer.
+    Tool {
+        /// The tool.
+        name: String,
+    },
     /// Opens K connections from short-lived children (each child connects a
     /// socket the parent keeps, so the connection's peer pid is the dead
     /// child's), prints the children's pids, waits for a line on stdin,
@@ -101,6 +108,7 @@ fn main() -> ExitCode {
         Cmd::SendFds { hold } => send_fds(&sock, hold),
         Cmd::Flood { n } => flood(&sock, n),
         Cmd::Stale { k } => stale(&sock, k),
+        Cmd::Tool { name } => tool(&sock, &name),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -161,6 +169,7 @@ fn answer(what: &str, got: std::io::Result<(Response, Vec<OwnedFd>)>) -> Value {
                 Response::Status(_) => json!({"answer": "Status"}),
                 Response::Stats(_) => json!({"answer": "Stats"}),
                 Response::Trace { .. } => json!({"answer": "Trace"}),
+                Response::Tool { output } => json!({"answer": "Tool", "bytes": output.len()}),
                 Response::Remapped { files, .. } => json!({"answer": "Remapped", "files": files}),
                 Response::Copied { bytes, generations } => json!({
                     "answer": "Copied", "bytes": bytes.len(), "generations": generations,
@@ -661,6 +670,17 @@ fn send_fds(path: &Path, hold_secs: u64) -> Result<()> {
     // attacker itself does not linger at exit.
     let _ = set_linger(tcp.as_fd(), 0);
     drop(conns);
+    Ok(())
+}
+
+/// One tool request on a fresh connection (no Hello: none is needed).
+fn tool(path: &Path, name: &str) -> Result<()> {
+    let sock = raw_connect(path).context("connecting")?;
+    let req = Request::Tool {
+        name: name.to_string(),
+        input: Vec::new(),
+    };
+    emit(answer(name, control::call(sock.as_fd(), &req)));
     Ok(())
 }
 

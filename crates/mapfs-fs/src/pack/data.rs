@@ -16,6 +16,7 @@ use rustix::fs::{Mode, OFlags};
 use super::db::{self, Inode, Slot};
 use super::names;
 use super::perm::{self, R, W};
+use super::readcache;
 use super::slots;
 use super::{Handle, Pack};
 
@@ -103,11 +104,17 @@ impl Pack {
 
     /// The map and files of an open of `ino`, its slot acquired (waiting
     /// for a compaction moving it to end, then reading where it went).
-    fn open_ino(&self, found: Inode, flags: OpenFlags, trunc: bool) -> Result<Opened> {
+    fn open_ino(
+        &self,
+        found: Inode,
+        found_at: u64,
+        flags: OpenFlags,
+        trunc: bool,
+    ) -> Result<Opened> {
         let ino = found.ino;
         // The inode as the path walk found it serves as the first look;
         // a retry (a compaction moved its slot meanwhile) reads it again.
-        let mut seen = Some(found);
+        let mut seen = Some(found.clone());
         loop {
             let first = match seen.take() {
                 Some(i) => i,
@@ -136,11 +143,20 @@ impl Pack {
                 Ok(Some((i, ext)))
             };
             // Only a truncating open writes; the others read, and the slot
-            // lock held keeps a compaction from moving what they read.
+            // lock held keeps a compaction from moving what they read. If
+            // the database did not change since the path walk, the walk's
+            // inode is still current, and the extents may be remembered.
             let res = if trunc {
                 self.write(|tx| check(tx))
             } else {
-                check(&self.conn.lock())
+                let conn = self.conn.lock();
+                let writes = db::writes();
+                if writes == found_at && first.slot == found.slot {
+                    readcache::extents(&conn, &self.reads, writes, ino)
+                        .map(|ext| Some((found.clone(), ext)))
+                } else {
+                    check(&conn)
+                }
             };
             let (i, ext) = match res {
                 Ok(Some(v)) => v,
@@ -193,7 +209,8 @@ impl Pack {
     }
 
     pub(super) fn do_open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
-        let i = names::resolve(&self.conn.lock(), &self.dirs, ctx, path)?;
+        let (i, found_at) =
+            names::resolve_read(&self.conn.lock(), &self.dirs, &self.reads, ctx, path)?;
         match i.kind() {
             FileKind::File => {}
             FileKind::Dir => return Err(Error::from_errno(libc::EISDIR)),
@@ -208,7 +225,7 @@ impl Pack {
             mask |= W;
         }
         perm::check(ctx, &i, mask)?;
-        self.open_ino(i, flags, trunc && flags.writable())
+        self.open_ino(i, found_at, flags, trunc && flags.writable())
     }
 
     pub(super) fn do_create(

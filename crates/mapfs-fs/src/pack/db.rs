@@ -112,6 +112,16 @@ pub fn open(dir: &Path, full_sync: bool, exclusive: bool) -> Result<Connection> 
     Ok(conn)
 }
 
+/// Write transactions ended (committed or rolled back) in this process.
+static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many write transactions ended in this process: while it stays the
+/// same, nothing changed the database of a connection whose lock the
+/// caller holds (see `readcache.rs`).
+pub fn writes() -> u64 {
+    WRITES.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// A write transaction, rolled back when dropped uncommitted. Its `BEGIN`
 /// and `COMMIT` are prepared statements kept with the others: a
 /// transaction per request made their parsing a visible cost.
@@ -133,12 +143,18 @@ impl WriteTx<'_> {
     pub fn commit(mut self) -> rusqlite::Result<()> {
         self.conn.prepare_cached("COMMIT")?.execute([])?;
         self.done = true;
+        WRITES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 }
 
 impl Drop for WriteTx<'_> {
     fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Whatever the transaction read or wrote is no longer current.
+        WRITES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // A failed COMMIT may have ended the transaction already.
         if !self.done && !self.conn.is_autocommit() {
             let rolled = self

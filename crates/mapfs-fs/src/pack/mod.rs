@@ -60,6 +60,7 @@ mod db;
 mod dircache;
 mod names;
 mod perm;
+mod readcache;
 mod slots;
 mod tools;
 
@@ -159,6 +160,9 @@ pub struct Pack {
     conn: Mutex<Connection>,
     /// Directories met by path walks (`dircache.rs`).
     dirs: dircache::DirCache,
+    /// Names and extents read since the database last changed
+    /// (`readcache.rs`).
+    reads: readcache::ReadCache,
     packs: slots::Packs,
     own_dir: OwnedFd,
     backing: PathBuf,
@@ -263,6 +267,7 @@ impl Pack {
         let fs = Pack {
             conn: Mutex::new(conn),
             dirs: dircache::DirCache::default(),
+            reads: readcache::ReadCache::default(),
             packs: slots::Packs::new(backing)?,
             own_dir,
             backing: backing.to_path_buf(),
@@ -358,7 +363,7 @@ impl FileSystem for Pack {
     }
 
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
-        let i = names::resolve(&self.conn.lock(), &self.dirs, ctx, path)?;
+        let (i, _) = names::resolve_read(&self.conn.lock(), &self.dirs, &self.reads, ctx, path)?;
         self.attr_of(&i)
     }
 
@@ -475,7 +480,7 @@ impl FileSystem for Pack {
     }
 
     fn access(&self, ctx: &Ctx, path: &Path, mask: i32) -> Result<()> {
-        let i = names::resolve(&self.conn.lock(), &self.dirs, ctx, path)?;
+        let (i, _) = names::resolve_read(&self.conn.lock(), &self.dirs, &self.reads, ctx, path)?;
         perm::check(ctx, &i, (mask & 7) as u32)
     }
 

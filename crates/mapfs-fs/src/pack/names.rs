@@ -11,6 +11,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::db::{self, DbResult, Inode, ROOT};
 use super::dircache::DirCache;
 use super::perm::{self, W, X};
+use super::readcache::ReadCache;
 use super::Pack;
 
 /// Longest name of an entry.
@@ -44,6 +45,30 @@ fn walk(conn: &Connection, dirs: &DirCache, ctx: &Ctx, names: &[&[u8]]) -> Resul
     };
     let parent = walk_dirs(conn, dirs, ctx, passed)?;
     db::lookup(conn, parent.ino, last)?.ok_or_else(Error::not_found)
+}
+
+/// [`resolve`] outside any write transaction, with the final name read
+/// through `reads` (see `readcache.rs`); also returns the
+/// [`db::writes`] count it was read at.
+pub fn resolve_read(
+    conn: &Connection,
+    dirs: &DirCache,
+    reads: &ReadCache,
+    ctx: &Ctx,
+    path: &Path,
+) -> Result<(Inode, u64)> {
+    let writes = db::writes();
+    let n = names(path)?;
+    let Some((last, passed)) = n.split_last() else {
+        return Ok((db::get_inode(conn, ROOT)?, writes));
+    };
+    let parent = walk_dirs(conn, dirs, ctx, passed)?;
+    if let Some(i) = reads.name(writes, parent.ino, last) {
+        return Ok((i, writes));
+    }
+    let i = db::lookup(conn, parent.ino, last)?.ok_or_else(Error::not_found)?;
+    reads.put_name(writes, parent.ino, last, &i);
+    Ok((i, writes))
 }
 
 /// The directory at `names` (the root when empty), searchable by `ctx`,

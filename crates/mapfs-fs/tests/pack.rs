@@ -30,9 +30,19 @@ fn pack(dir: &Path, threshold: &str) -> Pack {
     Pack::new(dir, PackOptions::parse(Some(threshold), None).unwrap()).unwrap()
 }
 
+/// The store in `dir`, which no instance holds, is consistent.
 fn consistent(dir: &Path) {
     let r = check(dir).unwrap();
     assert!(r.ok(), "{:#?}", r.problems);
+}
+
+/// The store of `fs` is consistent (checked through the database it holds:
+/// the offline check is refused while an instance holds the store).
+fn consistent_now(fs: &Pack) {
+    let r = fs.check().unwrap();
+    assert!(r.ok(), "{:#?}", r.problems);
+    let busy = check(fs.backing()).unwrap_err();
+    assert_eq!(busy.errno(), libc::EBUSY, "{busy}");
 }
 
 /// One open run by the engine, remapping through the file system.
@@ -128,12 +138,12 @@ fn grows_through_slot_classes_to_a_file_of_its_own() {
     assert!(again.data.whole_file_backing().is_some());
     assert_eq!(again.read_all(), model);
     again.release();
-    let s = stats(t.path()).unwrap();
+    let s = fs.stats().unwrap();
     assert_eq!((s.files, s.own_files), (1, 1), "{s:?}");
     // Every slot the file went through is free again.
     assert_eq!(s.slot_bytes, 0, "{s:?}");
     assert!(s.free_slots >= 5, "{s:?}");
-    consistent(t.path());
+    consistent_now(&fs);
 }
 
 #[test]
@@ -163,7 +173,7 @@ fn holes_and_truncates_never_show_stale_bytes() {
     assert_eq!(b.read_all(), want);
     b.release();
     assert_eq!(open(&fs, "/b", libc::O_RDONLY).read_all(), want);
-    consistent(t.path());
+    consistent_now(&fs);
 }
 
 #[test]
@@ -271,7 +281,7 @@ fn namespace_posix() {
     // statfs counts the files.
     let sf = fs.statfs(&ROOT, p("/")).unwrap();
     assert!(sf.files >= 7 && sf.blocks > 0, "{sf:?}");
-    consistent(t.path());
+    consistent_now(&fs);
 }
 
 #[test]
@@ -326,7 +336,7 @@ fn unlinked_while_open_lives_until_release_and_crashes_recover() {
         assert_eq!(f.read_all(), bytes(1, 3000));
         f.write(3000, &bytes(2, 100));
         f.release();
-        assert_eq!(stats(t.path()).unwrap().slot_bytes, 0);
+        assert_eq!(fs.stats().unwrap().slot_bytes, 0);
         // A crash: opens never released, a remapped slot never flushed, a
         // file unlinked while open.
         let g = create(&fs, "/g");
@@ -343,7 +353,7 @@ fn unlinked_while_open_lives_until_release_and_crashes_recover() {
     // /g as its last flush left it; the slot its unflushed remap took, and
     // everything of /h, are free.
     assert_eq!(open(&fs, "/g", libc::O_RDONLY).read_all(), bytes(3, 100));
-    let s = stats(t.path()).unwrap();
+    let s = fs.stats().unwrap();
     assert_eq!((s.files, s.own_files, s.slot_bytes), (1, 0, 512), "{s:?}");
     assert_eq!(
         s.free_slots,
@@ -354,7 +364,7 @@ fn unlinked_while_open_lives_until_release_and_crashes_recover() {
         std::fs::read_dir(t.path().join("files")).unwrap().count(),
         0
     );
-    consistent(t.path());
+    consistent_now(&fs);
 }
 
 /// A daemon taking over from a dead one (`PackOptions::resumed`) keeps what
@@ -375,7 +385,7 @@ fn a_successor_keeps_what_the_dead_daemons_opens_held() {
         h.write(0, &bytes(3, 300));
         h.flush();
         fs.unlink(&ROOT, p("/h")).unwrap();
-        let before = stats(t.path()).unwrap();
+        let before = fs.stats().unwrap();
         std::mem::forget(f);
         std::mem::forget(h);
         before
@@ -494,5 +504,5 @@ fn walks_see_every_change_of_a_directory_at_once() {
     fs.getattr(&ROOT, p("/x/k")).unwrap();
     fs.getattr(&ROOT, p("/c/e/g")).unwrap();
     assert_eq!(errno("/x/g", &ROOT), libc::ENOENT);
-    consistent(t.path());
+    consistent_now(&fs);
 }

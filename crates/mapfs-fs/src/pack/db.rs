@@ -211,6 +211,26 @@ pub struct Slot {
     pub cap: u64,
 }
 
+/// An inode row for unit tests: `ino` with `mode` (type and permission
+/// bits), root's, no slot.
+#[cfg(test)]
+pub fn test_inode(ino: i64, mode: u32) -> Inode {
+    Inode {
+        ino,
+        mode,
+        uid: 0,
+        gid: 0,
+        nlink: 1,
+        size: 0,
+        atime: 0,
+        mtime: 0,
+        ctime: 0,
+        rdev: 0,
+        own: false,
+        slot: None,
+    }
+}
+
 /// One inode row.
 #[derive(Debug, Clone)]
 pub struct Inode {

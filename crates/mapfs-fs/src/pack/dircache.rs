@@ -62,20 +62,7 @@ mod tests {
     use super::*;
 
     fn inode(ino: i64, kind: u32) -> Inode {
-        Inode {
-            ino,
-            mode: kind | 0o755,
-            uid: 0,
-            gid: 0,
-            nlink: 2,
-            size: 0,
-            atime: 0,
-            mtime: 0,
-            ctime: 0,
-            rdev: 0,
-            own: false,
-            slot: None,
-        }
+        crate::pack::db::test_inode(ino, kind | 0o755)
     }
 
     #[test]

@@ -48,6 +48,13 @@
 //! free slots' blocks out; it takes an OFD write lock on a slot's range
 //! before moving it, where every open of this daemon holds a read lock.
 //!
+//! # The database's only user
+//!
+//! The instance holds `pack.db` in SQLite's exclusive locking mode for its
+//! life, and runs the `mapfs pack` tools itself when its mount's control
+//! socket asks ([`FileSystem::tool`]). Being the only writer, it remembers
+//! what it read until its next write transaction (`readcache.rs`).
+//!
 //! # Security
 //!
 //! The daemon creates every backing file itself (mode 0600), opens them
@@ -352,6 +359,16 @@ impl Pack {
     /// The backing directory.
     pub fn backing(&self) -> &Path {
         &self.backing
+    }
+
+    /// [`stats`] of this instance's store, through the database it holds.
+    pub fn stats(&self) -> Result<PackStats> {
+        tools::stats_on(&self.conn.lock(), &self.backing)
+    }
+
+    /// [`check`] of this instance's store, through the database it holds.
+    pub fn check(&self) -> Result<CheckReport> {
+        tools::check_on(&self.conn.lock(), &self.backing)
     }
 }
 

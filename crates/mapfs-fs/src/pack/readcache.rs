@@ -108,20 +108,7 @@ mod tests {
     use super::*;
 
     fn file(ino: i64) -> Inode {
-        Inode {
-            ino,
-            mode: libc::S_IFREG | 0o644,
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            size: 10,
-            atime: 0,
-            mtime: 0,
-            ctime: 0,
-            rdev: 0,
-            own: false,
-            slot: None,
-        }
+        db::test_inode(ino, libc::S_IFREG | 0o644)
     }
 
     #[test]

@@ -156,7 +156,7 @@ impl Drop for WriteTx<'_> {
         // Whatever the transaction read or wrote is no longer current.
         WRITES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // A failed COMMIT may have ended the transaction already.
-        if !self.done && !self.conn.is_autocommit() {
+        if !self.conn.is_autocommit() {
             let rolled = self
                 .conn
                 .prepare_cached("ROLLBACK")

@@ -161,6 +161,22 @@ impl PackOptions {
     }
 }
 
+/// The lock one instance (a daemon, or a `mapfs pack` tool run offline)
+/// holds on the store in `backing` for its life (`crate::sole`).
+fn take_instance_lock(backing: &Path) -> Result<crate::sole::Sole> {
+    let root = rustix::fs::open(
+        backing,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    crate::sole::take(
+        root.as_fd(),
+        LOCK_NAME,
+        "pack",
+        &backing.display().to_string(),
+    )
+}
+
 /// The M-to-1 file system. See the module docs.
 #[derive(Debug)]
 pub struct Pack {
@@ -224,19 +240,9 @@ impl Pack {
                 )));
             }
         }
-        let root = rustix::fs::open(
-            backing,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
         // Before anything is reclaimed: another instance's reserved slots
         // look unowned to this one.
-        let sole = crate::sole::take(
-            root.as_fd(),
-            LOCK_NAME,
-            "pack",
-            &backing.display().to_string(),
-        )?;
+        let sole = take_instance_lock(backing)?;
         let mut conn = db::open(backing, opts.full_sync, true)?;
         let own = backing.join(OWN_DIR);
         match std::fs::DirBuilder::new().mode(0o700).create(&own) {
@@ -540,12 +546,8 @@ impl FileSystem for Pack {
     /// instance's database, whose lock it holds.
     fn tool(&self, _ctx: &Ctx, name: &str, _input: &[u8]) -> Result<Vec<u8>> {
         let out = match name {
-            TOOL_STATS => {
-                mapfs::control::encode(&tools::stats_on(&self.conn.lock(), &self.backing)?)
-            }
-            TOOL_CHECK => {
-                mapfs::control::encode(&tools::check_on(&self.conn.lock(), &self.backing)?)
-            }
+            TOOL_STATS => mapfs::control::encode(&self.stats()?),
+            TOOL_CHECK => mapfs::control::encode(&self.check()?),
             TOOL_COMPACT => mapfs::control::encode(&tools::compact_on(&self.conn, &self.backing)?),
             _ => {
                 return Err(Error::not_implemented().context(format!(

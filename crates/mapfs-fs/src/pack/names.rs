@@ -39,12 +39,28 @@ fn names(path: &Path) -> Result<Vec<&[u8]>> {
 
 /// Walks `names` from the root, checking search permission on each
 /// directory passed (taken from `dirs` where remembered).
-fn walk(conn: &Connection, dirs: &DirCache, ctx: &Ctx, names: &[&[u8]]) -> Result<Inode> {
+/// With `reads` (the cache and the [`db::writes`] count read under the
+/// connection's lock), the final name comes from the cache when it is
+/// there, and goes into it when read.
+fn walk(
+    conn: &Connection,
+    dirs: &DirCache,
+    reads: Option<(&ReadCache, u64)>,
+    ctx: &Ctx,
+    names: &[&[u8]],
+) -> Result<Inode> {
     let Some((last, passed)) = names.split_last() else {
         return db::get_inode(conn, ROOT);
     };
     let parent = walk_dirs(conn, dirs, ctx, passed)?;
-    db::lookup(conn, parent.ino, last)?.ok_or_else(Error::not_found)
+    if let Some(i) = reads.and_then(|(c, writes)| c.name(writes, parent.ino, last)) {
+        return Ok(i);
+    }
+    let i = db::lookup(conn, parent.ino, last)?.ok_or_else(Error::not_found)?;
+    if let Some((c, writes)) = reads {
+        c.put_name(writes, parent.ino, last, &i);
+    }
+    Ok(i)
 }
 
 /// [`resolve`] outside any write transaction, with the final name read
@@ -58,16 +74,7 @@ pub fn resolve_read(
     path: &Path,
 ) -> Result<(Inode, u64)> {
     let writes = db::writes();
-    let n = names(path)?;
-    let Some((last, passed)) = n.split_last() else {
-        return Ok((db::get_inode(conn, ROOT)?, writes));
-    };
-    let parent = walk_dirs(conn, dirs, ctx, passed)?;
-    if let Some(i) = reads.name(writes, parent.ino, last) {
-        return Ok((i, writes));
-    }
-    let i = db::lookup(conn, parent.ino, last)?.ok_or_else(Error::not_found)?;
-    reads.put_name(writes, parent.ino, last, &i);
+    let i = walk(conn, dirs, Some((reads, writes)), ctx, &names(path)?)?;
     Ok((i, writes))
 }
 
@@ -108,7 +115,7 @@ fn dir_entry(conn: &Connection, dirs: &DirCache, parent: i64, name: &[u8]) -> Re
 
 /// The inode at `path`.
 pub fn resolve(conn: &Connection, dirs: &DirCache, ctx: &Ctx, path: &Path) -> Result<Inode> {
-    walk(conn, dirs, ctx, &names(path)?)
+    walk(conn, dirs, None, ctx, &names(path)?)
 }
 
 /// The parent directory of `path` (searchable by `ctx`) and the final name.

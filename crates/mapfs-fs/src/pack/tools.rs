@@ -40,17 +40,7 @@ fn offline(backing: &Path) -> Result<(crate::sole::Sole, Connection)> {
             db::DB_NAME
         )));
     }
-    let dir = rustix::fs::open(
-        backing,
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
-    let sole = crate::sole::take(
-        std::os::fd::AsFd::as_fd(&dir),
-        super::LOCK_NAME,
-        "pack",
-        &backing.display().to_string(),
-    )?;
+    let sole = super::take_instance_lock(backing)?;
     Ok((sole, db::open(backing, false, false)?))
 }
 
@@ -451,6 +441,8 @@ pub fn compact_on(conn: &Mutex<Connection>, backing: &Path) -> Result<CompactRep
             let same = db::inode(&tx, ino)?.and_then(|i| i.slot) == Some(s)
                 && db::extents(&tx, ino)? == ext;
             if !same {
+                db::set_slot_owner(&tx, t, None)?;
+                tx.commit().db()?;
                 return Ok(false);
             }
             let moved: Vec<_> = ext.iter().map(|&(l, _, n)| (l, t.off + l, n)).collect();
@@ -464,7 +456,7 @@ pub fn compact_on(conn: &Mutex<Connection>, backing: &Path) -> Result<CompactRep
         let _ = slots::range_lock(src, s, LockKind::Unlock);
         match res {
             Ok(true) => rep.moved += 1,
-            Ok(false) => unmark(conn)?,
+            Ok(false) => {}
             Err(e) => {
                 let _ = unmark(conn);
                 return Err(e);

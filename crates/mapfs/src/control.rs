@@ -253,6 +253,7 @@ pub enum Request {
         /// The tool's name (`compact`, `stats`, `check` for pack).
         name: String,
         /// Its arguments, encoded as the file system documents.
+        #[serde(with = "serde_bytes")]
         input: Vec<u8>,
     },
 }
@@ -337,6 +338,7 @@ pub enum Response {
     /// generation table follows when `generations` (no other descriptor).
     Copied {
         /// The file's bytes, from offset 0 to its size.
+        #[serde(with = "serde_bytes")]
         bytes: Vec<u8>,
         /// A descriptor of the daemon's generation table is attached (the
         /// first adoption on a connection).
@@ -363,6 +365,7 @@ pub enum Response {
     /// Answer to [`Request::Tool`]: what the tool returned.
     Tool {
         /// Its output, encoded as the file system documents.
+        #[serde(with = "serde_bytes")]
         output: Vec<u8>,
     },
 }

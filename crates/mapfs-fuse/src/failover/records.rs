@@ -33,6 +33,7 @@ pub enum InodeOp {
         /// Parent nodeid.
         parent: u64,
         /// Name in the parent.
+        #[serde(with = "serde_bytes")]
         name: Vec<u8>,
         /// File system inode number.
         fs_ino: u64,
@@ -49,6 +50,7 @@ pub enum InodeOp {
         /// Parent nodeid.
         parent: u64,
         /// Name removed.
+        #[serde(with = "serde_bytes")]
         name: Vec<u8>,
     },
     /// [`crate::inodes::Inodes::renamed`].
@@ -56,10 +58,12 @@ pub enum InodeOp {
         /// Old parent.
         parent: u64,
         /// Old name.
+        #[serde(with = "serde_bytes")]
         name: Vec<u8>,
         /// New parent.
         newparent: u64,
         /// New name.
+        #[serde(with = "serde_bytes")]
         newname: Vec<u8>,
         /// `RENAME_EXCHANGE`.
         exchange: bool,
@@ -96,6 +100,7 @@ pub enum OpenKind {
         /// `open(2)` flags as the kernel sent them.
         flags: i32,
         /// Path at open time (what `release` is told).
+        #[serde(with = "serde_bytes")]
         path: Vec<u8>,
         /// Kernel passthrough backing id, if the kernel runs its I/O.
         backing: Option<u32>,
@@ -144,7 +149,7 @@ pub struct PendingWrite {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub enum Bytes {
     /// A copy.
-    Copied(Vec<u8>),
+    Copied(#[serde(with = "serde_bytes")] Vec<u8>),
     /// `len` bytes at `at` of the open's append log `file` (its index in
     /// the open's backing files), whose descriptor the supervisor holds
     /// ([`ToSupervisor::Log`]): a log's bytes are never overwritten, so
@@ -249,4 +254,35 @@ pub enum ToDaemon {
     Writes(Vec<PendingWrite>),
     /// The saved state is complete.
     End,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Bytes` as it was encoded before its bytes were `serde_bytes`: a
+    /// sequence of `u8`, element by element.
+    #[derive(Serialize)]
+    enum PlainBytes {
+        Copied(Vec<u8>),
+    }
+
+    #[test]
+    fn copied_bytes_keep_their_wire_format_and_round_trip() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let msg = ToSupervisor::Wrote(PendingWrite {
+            fh: 9,
+            offset: 4096,
+            bytes: Bytes::Copied(data.clone()),
+        });
+        let packet = mapfs::control::encode(&msg).unwrap();
+        // The bytes travel as one run, so the packet ends with them, after
+        // the same header an element-by-element sequence has.
+        assert!(packet.ends_with(&data));
+        let plain = postcard::to_stdvec(&PlainBytes::Copied(data.clone())).unwrap();
+        let ours = postcard::to_stdvec(&Bytes::Copied(data.clone())).unwrap();
+        assert_eq!(plain, ours);
+        let back: ToSupervisor = mapfs::control::decode(&packet).unwrap();
+        assert_eq!(back, msg);
+    }
 }

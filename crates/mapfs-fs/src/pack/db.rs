@@ -65,7 +65,10 @@ CREATE TABLE IF NOT EXISTS slots(
     pack INTEGER NOT NULL, off INTEGER NOT NULL, cap INTEGER NOT NULL,
     ino INTEGER, PRIMARY KEY(pack, off)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS slots_free ON slots(cap, pack, off) WHERE ino IS NULL;
-CREATE INDEX IF NOT EXISTS slots_owner ON slots(ino);
+-- Stores made before 2026-11-26 indexed slots by owner: only the start of
+-- an instance looked a slot up by owner, and every flush of a new file paid
+-- for the index (two more pages written to the WAL).
+DROP INDEX IF EXISTS slots_owner;
 CREATE TABLE IF NOT EXISTS packs(id INTEGER PRIMARY KEY, end INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS xattrs(
     ino INTEGER NOT NULL, name BLOB NOT NULL, value BLOB NOT NULL,

@@ -210,6 +210,34 @@ fn namespace_posix() {
         .rename(&ROOT, p("/d"), p("/d/sub/x"), RenameFlags::default())
         .unwrap_err();
     assert_eq!(e.errno(), libc::EINVAL);
+    let e = fs
+        .rename(&ROOT, p("/d"), p("/d/x"), RenameFlags::default())
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    let swap = RenameFlags {
+        exchange: true,
+        ..RenameFlags::default()
+    };
+    for (a, b) in [("/d", "/d/sub"), ("/d/sub", "/d")] {
+        let e = fs.rename(&ROOT, p(a), p(b), swap).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "{a} exchanged with {b}");
+    }
+    // A name that only starts with the same letters is not below it.
+    fs.mkdir(&ROOT, p("/dd"), 0o755).unwrap();
+    fs.rename(&ROOT, p("/d/sub"), p("/dd/sub"), RenameFlags::default())
+        .unwrap();
+    fs.rename(&ROOT, p("/dd"), p("/d/dd"), RenameFlags::default())
+        .unwrap();
+    fs.rename(&ROOT, p("/d/dd/sub"), p("/d/sub"), RenameFlags::default())
+        .unwrap();
+    fs.rmdir(&ROOT, p("/d/dd")).unwrap();
+    assert_eq!(fs.getattr(&ROOT, p("/d")).unwrap().nlink, 3);
+    fs.mkdir(&ROOT, p("/p"), 0o755).unwrap();
+    fs.mkdir(&ROOT, p("/pq"), 0o755).unwrap();
+    fs.rename(&ROOT, p("/p"), p("/pq/p"), RenameFlags::default())
+        .unwrap();
+    fs.rmdir(&ROOT, p("/pq/p")).unwrap();
+    fs.rmdir(&ROOT, p("/pq")).unwrap();
     fs.mkdir(&ROOT, p("/e"), 0o755).unwrap();
     let e = fs
         .rename(&ROOT, p("/e"), p("/d"), RenameFlags::default())

@@ -57,7 +57,6 @@ CREATE TABLE IF NOT EXISTS inodes(
 CREATE TABLE IF NOT EXISTS dentries(
     parent INTEGER NOT NULL, name BLOB NOT NULL, ino INTEGER NOT NULL,
     PRIMARY KEY(parent, name)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS dentries_ino ON dentries(ino);
 CREATE TABLE IF NOT EXISTS extents(
     ino INTEGER NOT NULL, logical INTEGER NOT NULL, off INTEGER NOT NULL,
     len INTEGER NOT NULL, PRIMARY KEY(ino, logical)) WITHOUT ROWID;
@@ -65,9 +64,12 @@ CREATE TABLE IF NOT EXISTS slots(
     pack INTEGER NOT NULL, off INTEGER NOT NULL, cap INTEGER NOT NULL,
     ino INTEGER, PRIMARY KEY(pack, off)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS slots_free ON slots(cap, pack, off) WHERE ino IS NULL;
--- Stores made before 2026-11-26 indexed slots by owner: only the start of
--- an instance looked a slot up by owner, and every flush of a new file paid
--- for the index (two more pages written to the WAL).
+-- Stores made before 2026-11-26 had two more indexes, each a page or two
+-- written to the WAL by every create or flush of a file: entries by inode
+-- (a rename's test that a directory does not move below itself now
+-- compares paths) and slots by owner (only an instance's start looked slots
+-- up by owner).
+DROP INDEX IF EXISTS dentries_ino;
 DROP INDEX IF EXISTS slots_owner;
 CREATE TABLE IF NOT EXISTS packs(id INTEGER PRIMARY KEY, end INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS xattrs(
@@ -510,4 +512,44 @@ pub fn set_inode_slot(conn: &Connection, ino: i64, s: Option<Slot>) -> Result<()
         ])
         .db()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store made when the schema had the two indexes loses them at its
+    /// next open, and keeps its rows.
+    #[test]
+    fn an_older_store_drops_the_indexes_writes_paid_for() {
+        let t = tempfile::tempdir().unwrap();
+        {
+            let c = open(t.path(), false, false).unwrap();
+            c.execute_batch(
+                "CREATE INDEX dentries_ino ON dentries(ino);
+                 CREATE INDEX slots_owner ON slots(ino);
+                 INSERT INTO dentries(parent, name, ino) VALUES (1, x'61', 2);",
+            )
+            .unwrap();
+        }
+        let c = open(t.path(), false, true).unwrap();
+        let indexes: Vec<String> = c
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'index' ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(
+            !indexes
+                .iter()
+                .any(|n| n == "dentries_ino" || n == "slots_owner"),
+            "{indexes:?}"
+        );
+        assert!(indexes.iter().any(|n| n == "slots_free"), "{indexes:?}");
+        let n: i64 = c
+            .query_row("SELECT count(*) FROM dentries", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
+    }
 }

@@ -332,10 +332,22 @@ impl Pack {
 
     /// Runs `f` in a write transaction, committed when it returns `Ok`.
     fn write<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        self.write_then(f, |_, _| {})
+    }
+
+    /// [`Pack::write`], then `seen` with what it returned and the
+    /// [`db::writes`] count its commit made, before any other transaction
+    /// (to remember in the read cache what the transaction left).
+    fn write_then<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T>,
+        seen: impl FnOnce(&T, u64),
+    ) -> Result<T> {
         let mut conn = self.conn.lock();
         let tx = db::write_tx(&mut conn)?;
         let v = f(&tx)?;
         tx.commit().db()?;
+        seen(&v, db::writes());
         Ok(v)
     }
 

@@ -175,6 +175,20 @@ pub fn make_node(
     rdev: u64,
     target: Option<&[u8]>,
 ) -> Result<Inode> {
+    make_node_in(conn, dirs, ctx, path, mode, rdev, target).map(|(i, _)| i)
+}
+
+/// [`make_node`], also returning the inode number of the directory the new
+/// entry is in.
+pub fn make_node_in(
+    conn: &Connection,
+    dirs: &DirCache,
+    ctx: &Ctx,
+    path: &Path,
+    mode: u32,
+    rdev: u64,
+    target: Option<&[u8]>,
+) -> Result<(Inode, i64)> {
     let (parent, name) = parent_for_new(conn, dirs, ctx, path)?;
     let (uid, gid, mode) = new_owner(ctx, &parent, mode);
     let dir = mode & libc::S_IFMT == libc::S_IFDIR;
@@ -186,7 +200,7 @@ pub fn make_node(
         db::add_nlink(conn, parent.ino, 1)?;
     }
     db::touch_dir(conn, parent.ino)?;
-    db::get_inode(conn, ino)
+    Ok((db::get_inode(conn, ino)?, parent.ino))
 }
 
 impl Pack {
@@ -352,8 +366,9 @@ impl Pack {
                 self.dirs.clear();
             }
             // A directory may not move below itself.
-            let moves_dir = |d: &Inode, dest_parent: &Inode| -> Result<()> {
-                if d.is_dir() && is_below(tx, dest_parent.ino, d.ino)? {
+            let root = Path::new("/");
+            let moves_dir = |d: &Inode, at: &Path, dest: &Path| -> Result<()> {
+                if d.is_dir() && is_below(dest.parent().unwrap_or(root), at)? {
                     return Err(Error::invalid());
                 }
                 Ok(())
@@ -362,8 +377,8 @@ impl Pack {
                 let Some(dst) = dst else {
                     return Err(Error::not_found());
                 };
-                moves_dir(&src, &tp)?;
-                moves_dir(&dst, &fp)?;
+                moves_dir(&src, from, to)?;
+                moves_dir(&dst, to, from)?;
                 set_dentry(tx, fp.ino, &fname, dst.ino)?;
                 set_dentry(tx, tp.ino, &tname, src.ino)?;
                 if fp.ino != tp.ino && src.is_dir() != dst.is_dir() {
@@ -396,7 +411,7 @@ impl Pack {
                     _ => {}
                 }
             }
-            moves_dir(&src, &tp)?;
+            moves_dir(&src, from, to)?;
             if let Some(d) = &dst {
                 db::delete_dentry(tx, tp.ino, &tname)?;
                 if d.is_dir() {
@@ -676,28 +691,14 @@ fn set_dentry(conn: &Connection, parent: i64, name: &[u8], ino: i64) -> Result<(
     Ok(())
 }
 
-/// True when directory `dir` is `ancestor` or lies below it.
-fn is_below(conn: &Connection, mut dir: i64, ancestor: i64) -> Result<bool> {
-    // Directories have one name, so each has one parent entry.
-    for _ in 0..100_000 {
-        if dir == ancestor {
-            return Ok(true);
-        }
-        if dir == ROOT {
-            return Ok(false);
-        }
-        let up: Option<i64> = conn
-            .prepare_cached("SELECT parent FROM dentries WHERE ino = ?1 LIMIT 1")
-            .db()?
-            .query_row([dir], |r| r.get(0))
-            .optional()
-            .db()?;
-        match up {
-            Some(p) => dir = p,
-            None => return Ok(false),
-        }
-    }
-    Err(Error::from_errno(libc::ELOOP))
+/// True when the directory at path `dir` is the one at `ancestor` or lies
+/// below it, both paths as walks in the same transaction found them. A
+/// directory has one name, so the walk to it passes exactly the
+/// directories its path names: one walk passes the other's directory when
+/// its names start with the other's. (This spares the database an index of
+/// entries by inode, a page written at every create, link and rename.)
+fn is_below(dir: &Path, ancestor: &Path) -> Result<bool> {
+    Ok(names(dir)?.starts_with(&names(ancestor)?))
 }
 
 /// The value of xattr `name` of `ino`.

@@ -641,6 +641,24 @@ impl Server {
     }
 }
 
+/// The one tool a mount runs at a time, claimed for as long as this value
+/// lives: dropping it (the tool answered, its thread could not start, or
+/// the tool panicked and its thread unwound) lets the next one run.
+struct ToolClaim(Arc<AtomicBool>);
+
+impl ToolClaim {
+    /// The claim, unless a tool is running.
+    fn take(running: &Arc<AtomicBool>) -> Option<ToolClaim> {
+        (!running.swap(true, Ordering::SeqCst)).then(|| ToolClaim(Arc::clone(running)))
+    }
+}
+
+impl Drop for ToolClaim {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 /// Hands `conn`'s tool request to a thread that runs it and
 /// answers; the server itself is done with the connection. One tool
 /// runs at a time: a second is refused (`EBUSY`) rather than queued,
@@ -652,24 +670,18 @@ fn start_tool(
     (name, input): (String, Vec<u8>),
 ) -> io::Result<()> {
     let peer = conn.peer;
-    if tool_running.swap(true, Ordering::SeqCst) {
+    let Some(claim) = ToolClaim::take(tool_running) else {
         let busy = refused(libc::EBUSY, "another tool is running on this mount");
         return control::send(conn.sock.as_fd(), &busy, &[]);
-    }
+    };
     // The thread's own descriptor of the connection: the server closes
     // its one as for any finished connection.
-    let sock = match rustix::io::fcntl_dupfd_cloexec(&conn.sock, 0) {
-        Ok(s) => s,
-        Err(e) => {
-            tool_running.store(false, Ordering::SeqCst);
-            return Err(e.into());
-        }
-    };
+    let sock = rustix::io::fcntl_dupfd_cloexec(&conn.sock, 0)?;
     let registry = Arc::clone(registry);
-    let running = Arc::clone(tool_running);
     let started = std::thread::Builder::new()
         .name("mapfs-tool".into())
         .spawn(move || {
+            let _claim = claim;
             let ctx = mapfs::Ctx {
                 uid: peer.uid,
                 gid: peer.gid,
@@ -688,10 +700,8 @@ fn start_tool(
                 Some(Duration::from_secs(10)),
             );
             let _ = control::send(sock.as_fd(), &answer, &[]);
-            running.store(false, Ordering::SeqCst);
         });
     if started.is_err() {
-        tool_running.store(false, Ordering::SeqCst);
         let failed = refused(libc::EAGAIN, "no thread for the tool");
         return control::send(conn.sock.as_fd(), &failed, &[]);
     }

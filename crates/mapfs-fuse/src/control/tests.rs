@@ -102,6 +102,14 @@ impl OpenRegistry for Fake {
             g.bump(open.ino);
         }
     }
+    /// `echo` answers its input; `panic` panics, as a buggy tool would.
+    fn tool(&self, _ctx: &mapfs::Ctx, name: &str, input: &[u8]) -> mapfs::Result<Vec<u8>> {
+        match name {
+            "echo" => Ok(input.to_vec()),
+            "panic" => panic!("a tool that panics (test)"),
+            _ => Err(mapfs::Error::not_implemented()),
+        }
+    }
 }
 
 fn open_info(ino: u64, fh: u64, flags: i32, map: DataMap, file: File) -> OpenInfo {
@@ -1045,4 +1053,36 @@ fn guarded_maps_are_remapped_for_their_client_and_forged_ones_refused() {
         let mut b = [0u8; 1];
         assert!((&f).read(&mut b).is_err(), "a write-only client could read");
     }
+}
+
+/// A tool that panics ends its connection without an answer, and the next
+/// tool runs (the mount's one-tool claim is given back as the tool's thread
+/// unwinds, not left taken for the rest of the mount's life).
+#[test]
+fn a_tool_that_panics_does_not_block_the_next() {
+    let s = setup();
+    let sock = s._dir.path().join("run/ctl.sock");
+    assert!(control::tool(&sock, "panic", Vec::new()).is_err());
+    let mut answered = None;
+    for _ in 0..200 {
+        match control::tool(&sock, "echo", b"again".to_vec()) {
+            Ok(out) => {
+                answered = Some(out);
+                break;
+            }
+            // The panicking thread may still be unwinding.
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    || e.kind() == std::io::ErrorKind::ResourceBusy =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Err(e) => panic!("echo after a panicking tool: {e}"),
+        }
+    }
+    assert_eq!(
+        answered.as_deref(),
+        Some(&b"again"[..]),
+        "the claim stayed taken"
+    );
 }

@@ -240,7 +240,7 @@ impl Pack {
         // follows (`fstat` of the new descriptor) need not read it again.
         let made = self.write_then(
             |tx| {
-                names::make_node_in(
+                names::make_node(
                     tx,
                     &self.dirs,
                     ctx,

@@ -432,13 +432,14 @@ impl FileSystem for Pack {
         } else {
             mode
         };
-        let i = self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, rdev, None))?;
+        let (i, _) =
+            self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, rdev, None))?;
         Ok(i.attr())
     }
 
     fn mkdir(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<Attr> {
         let mode = libc::S_IFDIR | (mode & 0o7777);
-        let i = self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, 0, None))?;
+        let (i, _) = self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, 0, None))?;
         Ok(i.attr())
     }
 
@@ -455,7 +456,7 @@ impl FileSystem for Pack {
             return Err(Error::from_errno(libc::ENAMETOOLONG));
         }
         let mode = libc::S_IFLNK | 0o777;
-        let i = self.write(|tx| {
+        let (i, _) = self.write(|tx| {
             names::make_node(tx, &self.dirs, ctx, path, mode, 0, Some(target.as_bytes()))
         })?;
         Ok(i.attr())

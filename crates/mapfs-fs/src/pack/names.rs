@@ -165,22 +165,9 @@ fn new_owner(ctx: &Ctx, parent: &Inode, mode: u32) -> (u32, u32, u32) {
     }
 }
 
-/// Creates a node (`mode` with type bits) at `path`; returns its inode.
+/// Creates a node (`mode` with type bits) at `path`; returns its inode and
+/// the inode number of the directory it is in.
 pub fn make_node(
-    conn: &Connection,
-    dirs: &DirCache,
-    ctx: &Ctx,
-    path: &Path,
-    mode: u32,
-    rdev: u64,
-    target: Option<&[u8]>,
-) -> Result<Inode> {
-    make_node_in(conn, dirs, ctx, path, mode, rdev, target).map(|(i, _)| i)
-}
-
-/// [`make_node`], also returning the inode number of the directory the new
-/// entry is in.
-pub fn make_node_in(
     conn: &Connection,
     dirs: &DirCache,
     ctx: &Ctx,

@@ -3,7 +3,6 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -236,29 +235,19 @@ impl Pack {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
-        // The new file is what the commit left: the `GETATTR` that usually
-        // follows (`fstat` of the new descriptor) need not read it again.
-        let made = self.write_then(
-            |tx| {
-                names::make_node(
-                    tx,
-                    &self.dirs,
-                    ctx,
-                    path,
-                    libc::S_IFREG | (mode & 0o7777),
-                    0,
-                    None,
-                )
-            },
-            |(i, parent), writes| {
-                if let Some(name) = path.file_name() {
-                    self.reads.put_name(writes, *parent, name.as_bytes(), i);
-                    self.reads.put_extents(writes, i.ino, &[]);
-                }
-            },
-        );
+        let made = self.write(|tx| {
+            names::make_node(
+                tx,
+                &self.dirs,
+                ctx,
+                path,
+                libc::S_IFREG | (mode & 0o7777),
+                0,
+                None,
+            )
+        });
         let i = match made {
-            Ok((i, _)) => i,
+            Ok(i) => i,
             Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
                 let o = self.do_open(ctx, path, flags)?;
                 let attr = self.getattr_ino(self.handles.lock()[&o.handle].ino)?;

@@ -332,22 +332,10 @@ impl Pack {
 
     /// Runs `f` in a write transaction, committed when it returns `Ok`.
     fn write<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        self.write_then(f, |_, _| {})
-    }
-
-    /// [`Pack::write`], then `seen` with what it returned and the
-    /// [`db::writes`] count its commit made, before any other transaction
-    /// (to remember in the read cache what the transaction left).
-    fn write_then<T>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T>,
-        seen: impl FnOnce(&T, u64),
-    ) -> Result<T> {
         let mut conn = self.conn.lock();
         let tx = db::write_tx(&mut conn)?;
         let v = f(&tx)?;
         tx.commit().db()?;
-        seen(&v, db::writes());
         Ok(v)
     }
 
@@ -432,14 +420,13 @@ impl FileSystem for Pack {
         } else {
             mode
         };
-        let (i, _) =
-            self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, rdev, None))?;
+        let i = self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, rdev, None))?;
         Ok(i.attr())
     }
 
     fn mkdir(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<Attr> {
         let mode = libc::S_IFDIR | (mode & 0o7777);
-        let (i, _) = self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, 0, None))?;
+        let i = self.write(|tx| names::make_node(tx, &self.dirs, ctx, path, mode, 0, None))?;
         Ok(i.attr())
     }
 
@@ -456,7 +443,7 @@ impl FileSystem for Pack {
             return Err(Error::from_errno(libc::ENAMETOOLONG));
         }
         let mode = libc::S_IFLNK | 0o777;
-        let (i, _) = self.write(|tx| {
+        let i = self.write(|tx| {
             names::make_node(tx, &self.dirs, ctx, path, mode, 0, Some(target.as_bytes()))
         })?;
         Ok(i.attr())

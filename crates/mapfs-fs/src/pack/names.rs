@@ -165,8 +165,7 @@ fn new_owner(ctx: &Ctx, parent: &Inode, mode: u32) -> (u32, u32, u32) {
     }
 }
 
-/// Creates a node (`mode` with type bits) at `path`; returns its inode and
-/// the inode number of the directory it is in.
+/// Creates a node (`mode` with type bits) at `path`; returns its inode.
 pub fn make_node(
     conn: &Connection,
     dirs: &DirCache,
@@ -175,7 +174,7 @@ pub fn make_node(
     mode: u32,
     rdev: u64,
     target: Option<&[u8]>,
-) -> Result<(Inode, i64)> {
+) -> Result<Inode> {
     let (parent, name) = parent_for_new(conn, dirs, ctx, path)?;
     let (uid, gid, mode) = new_owner(ctx, &parent, mode);
     let dir = mode & libc::S_IFMT == libc::S_IFDIR;
@@ -187,7 +186,7 @@ pub fn make_node(
         db::add_nlink(conn, parent.ino, 1)?;
     }
     db::touch_dir(conn, parent.ino)?;
-    Ok((db::get_inode(conn, ino)?, parent.ino))
+    db::get_inode(conn, ino)
 }
 
 impl Pack {

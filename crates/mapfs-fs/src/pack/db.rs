@@ -183,6 +183,19 @@ pub fn write_tx(conn: &mut Connection) -> Result<WriteTx<'_>> {
     Ok(WriteTx { conn, done: false })
 }
 
+/// Runs `f` in a write transaction on `conn`, holding its lock
+/// throughout; committed when `f` returns `Ok`, rolled back otherwise.
+pub fn write<T>(
+    conn: &parking_lot::Mutex<Connection>,
+    f: impl FnOnce(&Connection) -> Result<T>,
+) -> Result<T> {
+    let mut c = conn.lock();
+    let tx = write_tx(&mut c)?;
+    let v = f(&tx)?;
+    tx.commit().db()?;
+    Ok(v)
+}
+
 /// Now, in nanoseconds since the epoch.
 pub fn now_ns() -> i64 {
     to_ns(SystemTime::now())

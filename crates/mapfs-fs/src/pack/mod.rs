@@ -332,11 +332,7 @@ impl Pack {
 
     /// Runs `f` in a write transaction, committed when it returns `Ok`.
     fn write<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let mut conn = self.conn.lock();
-        let tx = db::write_tx(&mut conn)?;
-        let v = f(&tx)?;
-        tx.commit().db()?;
-        Ok(v)
+        db::write(&self.conn, f)
     }
 
     /// A new slot of capacity `cap` for an open (marked as used

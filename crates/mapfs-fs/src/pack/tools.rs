@@ -385,12 +385,9 @@ pub fn compact_on(conn: &Mutex<Connection>, backing: &Path) -> Result<CompactRep
     live.reverse();
     for (s, ino) in live {
         // Choose the target and mark it as the file's opens' own.
-        let chosen = {
-            let mut c = conn.lock();
-            let tx = db::write_tx(&mut c)?;
-            let cur = db::inode(&tx, ino)?.and_then(|i| i.slot);
-            if cur != Some(s) {
-                continue;
+        let chosen = db::write(conn, |tx| {
+            if db::inode(tx, ino)?.and_then(|i| i.slot) != Some(s) {
+                return Ok(None);
             }
             let target: Option<(i64, i64)> = tx
                 .query_row(
@@ -400,29 +397,24 @@ pub fn compact_on(conn: &Mutex<Connection>, backing: &Path) -> Result<CompactRep
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .ok();
-            let Some((tp, to)) = target else { continue };
+            let Some((tp, to)) = target else {
+                return Ok(None);
+            };
             let t = Slot {
                 pack: tp,
                 off: to as u64,
                 cap: s.cap,
             };
-            db::set_slot_owner(&tx, t, Some(-ino))?;
-            let ext = db::extents(&tx, ino)?;
-            tx.commit().db()?;
-            (t, ext)
-        };
-        let (t, ext) = chosen;
-        let unmark = |conn: &Mutex<Connection>| -> Result<()> {
-            let mut c = conn.lock();
-            let tx = db::write_tx(&mut c)?;
-            db::set_slot_owner(&tx, t, None)?;
-            tx.commit().db()
-        };
+            db::set_slot_owner(tx, t, Some(-ino))?;
+            Ok(Some((t, db::extents(tx, ino)?)))
+        })?;
+        let Some((t, ext)) = chosen else { continue };
+        let unmark = || db::write(conn, |tx| db::set_slot_owner(tx, t, None));
         pack(s.pack, &mut files)?;
         pack(t.pack, &mut files)?;
         let src = &files[&s.pack];
         if slots::range_lock(src, s, LockKind::TryWrite).is_err() {
-            unmark(conn)?;
+            unmark()?;
             rep.busy += 1;
             continue;
         }
@@ -434,31 +426,29 @@ pub fn compact_on(conn: &Mutex<Connection>, backing: &Path) -> Result<CompactRep
                 files[&t.pack].write_all_at(&buf, t.off + l)?;
             }
             files[&t.pack].sync_data()?;
-            let mut c = conn.lock();
-            let tx = db::write_tx(&mut c)?;
-            // Removed, truncated or moved meanwhile (without an open: a
-            // `truncate` by name, an `unlink`): left where it is.
-            let same = db::inode(&tx, ino)?.and_then(|i| i.slot) == Some(s)
-                && db::extents(&tx, ino)? == ext;
-            if !same {
-                db::set_slot_owner(&tx, t, None)?;
-                tx.commit().db()?;
-                return Ok(false);
-            }
-            let moved: Vec<_> = ext.iter().map(|&(l, _, n)| (l, t.off + l, n)).collect();
-            db::set_extents(&tx, ino, &moved)?;
-            db::set_slot_owner(&tx, t, Some(ino))?;
-            db::set_slot_owner(&tx, s, None)?;
-            db::set_inode_slot(&tx, ino, Some(t))?;
-            tx.commit().db()?;
-            Ok(true)
+            db::write(conn, |tx| {
+                // Removed, truncated or moved meanwhile (without an open: a
+                // `truncate` by name, an `unlink`): left where it is.
+                let same = db::inode(tx, ino)?.and_then(|i| i.slot) == Some(s)
+                    && db::extents(tx, ino)? == ext;
+                if !same {
+                    db::set_slot_owner(tx, t, None)?;
+                    return Ok(false);
+                }
+                let moved: Vec<_> = ext.iter().map(|&(l, _, n)| (l, t.off + l, n)).collect();
+                db::set_extents(tx, ino, &moved)?;
+                db::set_slot_owner(tx, t, Some(ino))?;
+                db::set_slot_owner(tx, s, None)?;
+                db::set_inode_slot(tx, ino, Some(t))?;
+                Ok(true)
+            })
         })();
         let _ = slots::range_lock(src, s, LockKind::Unlock);
         match res {
             Ok(true) => rep.moved += 1,
             Ok(false) => {}
             Err(e) => {
-                let _ = unmark(conn);
+                let _ = unmark();
                 return Err(e);
             }
         }

@@ -561,9 +561,13 @@ impl Server {
                             }
                             Answer::Last(resp) => (control::send(sock, &resp, &[]), Next::Close),
                             Answer::Tool { name, input } => {
-                                let tool = (name, input);
-                                let sent =
-                                    start_tool(&self.registry, &self.tool_running, conn, tool);
+                                let sent = start_tool(
+                                    &self.registry,
+                                    &self.tool_running,
+                                    conn,
+                                    name,
+                                    input,
+                                );
                                 (sent, Next::Close)
                             }
                         };
@@ -667,7 +671,8 @@ fn start_tool(
     registry: &Arc<dyn OpenRegistry>,
     tool_running: &Arc<AtomicBool>,
     conn: &Conn,
-    (name, input): (String, Vec<u8>),
+    name: String,
+    input: Vec<u8>,
 ) -> io::Result<()> {
     let peer = conn.peer;
     let Some(claim) = ToolClaim::take(tool_running) else {

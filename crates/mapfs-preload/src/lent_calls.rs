@@ -18,18 +18,34 @@ fn with_lent<T>(fd: RawFd, f: impl FnOnce(&Lent) -> LentResult<T>) -> Option<Res
         return None;
     }
     let _g = Guard::enter()?;
-    let lent = fresh_lent(fd)?;
-    report::count_native();
-    match f(&lent) {
-        Ok(v) => Some(Ok(v)),
-        Err(Refusal::Errno(e)) => Some(Err(e)),
-        Err(Refusal::NeedsMount) => {
-            drop(lent);
+    // The lent open is borrowed from its slot, not cloned: no count of
+    // references to move on every call.
+    let ran = {
+        let slot = table::lent_slot(fd)?;
+        let lent = slot.as_ref()?;
+        if lent.copy_stale() {
+            None
+        } else {
+            report::count_native();
+            Some(f(lent))
+        }
+    };
+    match ran {
+        None => {
+            sys::keep_errno(|| table::serve_final(fd, STALE));
+            None
+        }
+        Some(Ok(v)) => Some(Ok(v)),
+        Some(Err(Refusal::Errno(e))) => Some(Err(e)),
+        Some(Err(Refusal::NeedsMount)) => {
             sys::keep_errno(|| table::serve_final(fd, "a write the map cannot place"));
             None
         }
     }
 }
+
+/// Why a copy is handed back to the mount.
+const STALE: &str = "the file changed since it was copied";
 
 /// The lent open of `fd`, unless it is a copy of a file that changed
 /// since ([`Lent::copy_stale`]): that one is handed back to the mount, and
@@ -40,7 +56,7 @@ fn fresh_lent(fd: RawFd) -> Option<std::sync::Arc<Lent>> {
         return Some(lent);
     }
     drop(lent);
-    sys::keep_errno(|| table::serve_final(fd, "the file changed since it was copied"));
+    sys::keep_errno(|| table::serve_final(fd, STALE));
     None
 }
 

@@ -564,6 +564,29 @@ impl DataMap {
         }
     }
 
+    /// Where `offset..offset+len`, clipped to the size, lies when one
+    /// extent holds all of it (a packed file's slot, a read inside one
+    /// piece): what [`Self::locate`] would answer as its only segment,
+    /// without building a list. `None` when the range is empty or touches
+    /// a hole or several extents.
+    pub fn single(&self, offset: u64, len: u64) -> Option<Segment> {
+        let end = offset.saturating_add(len).min(self.size);
+        if self.whole_file || offset >= end {
+            return None;
+        }
+        let e = self
+            .extents
+            .get(first_ending_after(&self.extents, offset))?;
+        if e.logical > offset || e.logical_end() < end {
+            return None;
+        }
+        Some(Segment::Data {
+            file: e.file,
+            offset: e.offset + (offset - e.logical),
+            len: end - offset,
+        })
+    }
+
     /// The backing segments and holes of `offset..offset+len`, clipped to the
     /// logical size (so the sum of lengths may be less than `len`).
     pub fn locate(&self, offset: u64, len: u64) -> Vec<Segment> {

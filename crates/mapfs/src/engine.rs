@@ -277,6 +277,12 @@ impl DataFile {
         if let Some(f) = st.whole()? {
             return Ok(read_full_at(f, buf, offset)?);
         }
+        if let Some(Segment::Data { file, offset, len }) = st.map.single(offset, buf.len() as u64) {
+            let out = &mut buf[..len as usize];
+            let got = read_full_at(st.file(file)?, out, offset)?;
+            out[got..].fill(0);
+            return Ok(out.len());
+        }
         let mut done = 0usize;
         for seg in st.map.locate(offset, buf.len() as u64) {
             let n = seg.len() as usize;

@@ -378,6 +378,27 @@ proptest! {
         prop_assert_eq!(&part[..], &whole[s..e]);
     }
 
+    /// `single` answers exactly when `locate` finds one data segment, and
+    /// the same one.
+    #[test]
+    fn single_is_locate_of_one_extent(l in layout(), ops in prop::collection::vec(op(), 0..20),
+                                      off in 0u64..300, len in 0u64..300) {
+        let mut sim = Sim::build(&l);
+        for op in &ops {
+            match *op {
+                Op::Write { off, len, seed } => sim.write(off, len, seed),
+                Op::Truncate(size) => sim.truncate(size),
+                Op::Punch { off, len } => sim.punch(off, len),
+            }
+        }
+        let located = sim.map.locate(off, len);
+        let expect = match located.as_slice() {
+            [s @ Segment::Data { .. }] if !sim.map.is_whole_file() => Some(*s),
+            _ => None,
+        };
+        prop_assert_eq!(sim.map.single(off, len), expect);
+    }
+
     /// In-place maps keep one mapping for sequential writes: the map does
     /// not fragment.
     #[test]

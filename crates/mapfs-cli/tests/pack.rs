@@ -355,6 +355,74 @@ fn lent_reads_of_slotted_files() {
     assert_consistent(s.backing(), test);
 }
 
+/// A lent read-only slot's `pread`s run on a record kept by descriptor
+/// number (`direct_pread` in the shim): that record must follow the number
+/// through close and reuse for another file, `dup`, `dup2` over it, and a
+/// hand-back to the mount (`mmap`).
+const DIRECT_NUMBERS: &str = r#"
+import os, sys, mmap, ctypes
+lib = ctypes.CDLL(None)
+mnt = sys.argv[1]
+def want(name):
+    return open(os.path.join(sys.argv[2], name), 'rb').read()
+def check(fd, name, what):
+    w = want(name)
+    for off in (0, 1, len(w) // 2, len(w) - 1, len(w), len(w) + 10):
+        got = os.pread(fd, 300, off)
+        assert got == w[off:off + 300], (what, name, off, len(got))
+a = os.open(os.path.join(mnt, 'a'), os.O_RDONLY)
+check(a, 'a', 'first open')
+assert lib.mapfs_preload_fd_status(a) == 6, 'a read-only slot was not lent'
+num = a
+os.close(a)
+b = os.open(os.path.join(mnt, 'b'), os.O_RDONLY)
+assert b == num, ('the number was not reused', b, num)
+check(b, 'b', 'same number, another file')
+d = os.dup(b)
+check(d, 'b', 'dup')
+os.close(b)
+check(d, 'b', 'dup after the original closed')
+c = os.open(os.path.join(mnt, 'c'), os.O_RDONLY)
+check(c, 'c', 'third file')
+os.dup2(c, d)
+check(d, 'c', 'dup2 over a lent number')
+m = mmap.mmap(c, 0, prot=mmap.PROT_READ)
+assert m[:] == want('c'), 'mmap'
+assert lib.mapfs_preload_fd_status(c) != 6, 'mmap did not hand the open back'
+check(c, 'c', 'handed back to the mount')
+check(d, 'c', 'a dup handed back with it')
+m.close()
+for f in (c, d):
+    os.close(f)
+print("ok")
+"#;
+
+#[test]
+fn direct_reads_follow_the_descriptor_number() {
+    use preload_support::*;
+    let test = "pack direct reads of lent slots by descriptor number";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = pack_on(DataMode::Auto, None, &[SMALL_THRESHOLD]);
+    let model = s.scratch().unwrap().join("model");
+    fs::create_dir(&model).unwrap();
+    let m = s.mountpoint();
+    // Different sizes, all in slots (threshold 4096).
+    for (name, len) in [("a", 3000), ("b", 1234), ("c", 4000)] {
+        let data = stream(name, len);
+        fs::write(m.join(name), &data).unwrap();
+        fs::write(model.join(name), &data).unwrap();
+    }
+    let report = report_path(&s, "direct-numbers");
+    let out = ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(DIRECT_NUMBERS)
+        .arg(m)
+        .arg(&model));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok", "{test}");
+}
+
 /// A writer under `mapfs run` that a test drives line by line: opens its
 /// file read-write, then for each line `HEX OFFSET` on stdin writes those
 /// bytes there in place (in its lent slot) and answers `ok STATUS` (the

@@ -206,6 +206,27 @@ impl Lent {
         !m.daemon_alive() || m.copy_token(c.ino) != Some(c.token)
     }
 
+    /// For a read-only lending of one extent from byte 0 (a packed file's
+    /// slot): the backing descriptor, the offset of the file's byte 0 in
+    /// it, and the size. Its reads need nothing else, and nothing here
+    /// changes them (a read-only lending is never lent again). The
+    /// descriptor stays open as long as this lending.
+    pub fn direct(&self) -> Option<(std::os::fd::RawFd, u64, u64)> {
+        use std::os::fd::AsRawFd;
+        if self.writable || !self.readable || self.copy.is_some() {
+            return None;
+        }
+        let (map, files) = self.lending.read().data.snapshot();
+        match map.extents() {
+            [e] if !map.is_whole_file() && e.logical == 0 && e.len >= map.size() => Some((
+                files.get(e.file as usize)?.as_raw_fd(),
+                e.offset,
+                map.size(),
+            )),
+            _ => None,
+        }
+    }
+
     /// A copy of the file's bytes, not a lending of its map.
     pub fn is_copy(&self) -> bool {
         self.copy.is_some()

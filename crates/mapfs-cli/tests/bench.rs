@@ -71,7 +71,7 @@ fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
     }
     let b = BenchRun::new(&[
         "--workloads",
-        "small-files,n1-strided-Nth",
+        "small-files,n1-strided-Nth,rnd-rd-small-files",
         "--configs",
         "native,pack,embedded-plfs",
         "--files",
@@ -81,6 +81,8 @@ fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
         "--bs",
         "4k",
         "--runs",
+        "1",
+        "--runtime",
         "1",
     ]);
     let (json, stderr) = (&b.json, &b.stderr);
@@ -114,6 +116,20 @@ fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
         assert!(
             r["error"].is_null() && r["value"].as_f64().is_some_and(|v| v > 0.0),
             "n1-strided {c}: {r}\n{stderr}"
+        );
+    }
+    // The small files, all open at once, read at random for a second
+    // after a warm-up of one.
+    for c in ["native", "pack", "embedded-plfs"] {
+        let r = cell("rnd-rd-small-files", c, "4k");
+        assert!(
+            r["error"].is_null() && r["value"].as_f64().is_some_and(|v| v > 0.0),
+            "rnd-rd-small-files {c}: {r}\n{stderr}"
+        );
+        let secs = r["secs"].as_f64().unwrap_or(0.0);
+        assert!(
+            (0.5..30.0).contains(&secs),
+            "rnd-rd-small-files {c}: timed {secs} s, not the second after the warm-up: {r}"
         );
     }
     // Nothing left mounted or in the backing directory.

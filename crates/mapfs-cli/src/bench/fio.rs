@@ -21,6 +21,11 @@ pub enum Files {
     /// checkpoint pattern): of N threads, thread `i` writes blocks `i`,
     /// `i + N`, `i + 2N`... until the file has its size.
     Strided(String),
+    /// One thread works on [`FioJob::nrfiles`] files `<prefix>.0.<i>`, all
+    /// open at once, each I/O on one picked at random; a time-based job
+    /// first runs as long again unrecorded (a warm-up: caches filled, and
+    /// under `mapfs run` each file adopted by the shim).
+    Small(String),
 }
 
 /// One fio invocation: every parameter that differs between runs.
@@ -44,6 +49,8 @@ pub struct FioJob {
     pub runtime_cap: u64,
     /// Remove the files when the job ends (sequential writes create them).
     pub unlink: bool,
+    /// Number of files of a [`Files::Small`] set (1 otherwise).
+    pub nrfiles: u64,
 }
 
 impl FioJob {
@@ -64,7 +71,8 @@ impl FioJob {
             },
             "--ioengine=psync".into(),
             format!("--bs={}", self.bs).into(),
-            format!("--size={}", self.size).into(),
+            // `size` is each file's; fio's `--size` is the job's total.
+            format!("--size={}", self.size * self.nrfiles.max(1)).into(),
             format!("--numjobs={}", self.threads).into(),
             // One summary over all threads, so that the latency percentiles
             // are those of the whole run rather than of one thread.
@@ -86,6 +94,15 @@ impl FioJob {
         match &self.files {
             Files::Shared(f) => a.push(format!("--filename={f}").into()),
             Files::PerThread(p) => a.push(format!("--filename_format={p}.$jobnum").into()),
+            Files::Small(p) => {
+                a.push(format!("--filename_format={p}.$jobnum.$filenum").into());
+                a.push(format!("--nrfiles={}", self.nrfiles).into());
+                a.push(format!("--openfiles={}", self.nrfiles).into());
+                a.push("--file_service_type=random".into());
+                if let Some(secs) = self.time_based {
+                    a.push(format!("--ramp_time={secs}").into());
+                }
+            }
             Files::Strided(f) => {
                 let n = self.threads.max(1) as u64;
                 a.push(format!("--filename={f}").into());
@@ -240,6 +257,7 @@ mod tests {
             time_based: None,
             runtime_cap: 60,
             unlink: false,
+            nrfiles: 1,
         };
         let out = std::process::Command::new("fio")
             .args(job.args("strided", dir.path()))
@@ -306,6 +324,38 @@ mod tests {
     }
 
     #[test]
+    fn args_for_a_set_of_small_files() {
+        let job = FioJob {
+            rw: "randread",
+            bs: 4096,
+            size: 4096,
+            threads: 1,
+            files: Files::Small("sm".into()),
+            time_based: Some(5),
+            runtime_cap: 60,
+            unlink: true,
+            nrfiles: 2000,
+        };
+        let a: Vec<String> = job
+            .args("w", Path::new("/d"))
+            .into_iter()
+            .map(|x| x.into_string().unwrap())
+            .collect();
+        for want in [
+            "--filename_format=sm.$jobnum.$filenum",
+            "--nrfiles=2000",
+            "--openfiles=2000",
+            "--file_service_type=random",
+            "--size=8192000",
+            "--ramp_time=5",
+            "--runtime=5",
+            "--unlink=1",
+        ] {
+            assert!(a.iter().any(|x| x == want), "{want} missing from {a:?}");
+        }
+    }
+
+    #[test]
     fn args_for_shared_and_per_thread_files() {
         let mut job = FioJob {
             rw: "randread",
@@ -316,6 +366,7 @@ mod tests {
             time_based: Some(5),
             runtime_cap: 60,
             unlink: false,
+            nrfiles: 1,
         };
         let s = |a: Vec<OsString>| {
             a.into_iter()

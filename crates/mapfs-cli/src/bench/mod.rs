@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use config::{ConfigDef, Prepared, CONFIGS};
 use report::{Record, Table};
-use workloads::{Kind, Workload, OVERWRITE_FILES, OVERWRITE_ROUNDS, QUICK, WORKLOADS};
+use workloads::{FileSet, Kind, Workload, OVERWRITE_FILES, OVERWRITE_ROUNDS, QUICK, WORKLOADS};
 
 /// Run the benchmark workloads on native, mapfs (daemon and passthrough data
 /// modes) and bindfs, and report throughput, latency and ratios to native.
@@ -452,6 +452,64 @@ fn run_fio(p: &Prepared, dir: &Path, w: &Workload, job: &fio::FioJob) -> Result<
     }
 }
 
+/// The I/O sizes a data workload runs: `--bs`, or the one size of its
+/// small files.
+fn data_sizes(w: &Workload, bs: &[u64]) -> Vec<u64> {
+    if w.is_small() {
+        vec![workloads::SMALL_FILE]
+    } else {
+        bs.to_vec()
+    }
+}
+
+/// The number of small files to open at once for `--files files`: within
+/// a quarter of the descriptor limit (raised to its hard limit here, and
+/// inherited by fio), since under `mapfs run` each adopted file may hold a
+/// second descriptor, and the daemon needs its own.
+fn small_count(files: usize) -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut lim = getrlimit(Resource::Nofile);
+    if let Some(hard) = lim.maximum {
+        lim.current = Some(hard);
+        let _ = setrlimit(Resource::Nofile, lim);
+    }
+    let soft = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    let cap = (soft / 4).max(1);
+    let n = (files as u64).min(cap);
+    if n < files as u64 {
+        eprintln!(
+            "mapfs bench: rnd-rd-small-files: {n} files, not {files}: the descriptor limit is {soft}"
+        );
+    }
+    n
+}
+
+/// A [`Files::Small`](fio::Files::Small) job: writes its files through the
+/// configuration (untimed), then runs the timed job, which removes them.
+fn run_small_fio(
+    p: &Prepared,
+    dir: &Path,
+    w: &Workload,
+    job: &fio::FioJob,
+) -> Result<fio::FioResult> {
+    let write = fio::FioJob {
+        rw: "write",
+        time_based: None,
+        unlink: false,
+        ..job.clone()
+    };
+    run_fio(p, dir, w, &write).context("writing the small files")?;
+    run_fio(
+        p,
+        dir,
+        w,
+        &fio::FioJob {
+            unlink: true,
+            ..job.clone()
+        },
+    )
+}
+
 /// Inodes and bytes allocated under `dir` (itself included; nothing if
 /// it does not exist), as `du` counts them: hard links once.
 fn used_space(dir: &Path) -> (u64, u64) {
@@ -722,11 +780,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // the same backing files.
     let mut prealloc: Vec<String> = vec![];
     for w in &wls {
-        let Kind::Data { rw, own_files, .. } = w.kind else {
+        let Kind::Data { rw, files, .. } = w.kind else {
             continue;
         };
-        let files: Vec<String> = if w.is_read() {
-            let n = if own_files {
+        let files: Vec<String> = if files == FileSet::Small {
+            // Written by each configuration itself (run_small_fio).
+            vec![]
+        } else if w.is_read() {
+            let n = if files == FileSet::PerThread {
                 w.thread_count(params.threads)
             } else {
                 1
@@ -778,7 +839,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let columns_of = |w: &Workload| -> Vec<String> {
         match w.kind {
-            Kind::Data { .. } => params.bs.iter().map(|b| fmt_size(*b)).collect(),
+            Kind::Data { .. } => data_sizes(w, &params.bs)
+                .iter()
+                .map(|b| fmt_size(*b))
+                .collect(),
             Kind::CreateStatUnlink | Kind::SmallFiles | Kind::Overwrite => w
                 .kind
                 .phases()
@@ -791,7 +855,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let units: u64 = wls
         .iter()
-        .map(|w| if w.is_data() { params.bs.len() } else { 1 })
+        .map(|w| {
+            if w.is_data() {
+                data_sizes(w, &params.bs).len()
+            } else {
+                1
+            }
+        })
         .sum::<usize>() as u64
         * (params.runs * ready.len()) as u64;
     let pb = ProgressBar::with_draw_target(Some(units), ProgressDrawTarget::stderr());
@@ -804,9 +874,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     'workloads: for w in &wls {
         match w.kind {
             Kind::Data { .. } => {
-                for &bs in &params.bs {
+                for bs in data_sizes(w, &params.bs) {
                     let col = fmt_size(bs);
-                    let job = w
+                    let mut job = w
                         .fio_job(
                             bs,
                             params.size,
@@ -815,6 +885,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                             params.seq_runtime_cap,
                         )
                         .expect("data workload has a fio job");
+                    if w.is_small() {
+                        job.nrfiles = small_count(params.files);
+                    }
                     for run in 0..params.runs {
                         for (c, p) in round_order(&ready, run) {
                             if interrupted() {
@@ -831,7 +904,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                             let dir = p.root.join(&data_name);
                             let mut rec = empty_record(w.name, c.name, &col, run);
                             let before = daemon_requests(p);
-                            let res = run_fio(p, &dir, w, &job);
+                            let res = if w.is_small() {
+                                run_small_fio(p, &dir, w, &job)
+                            } else {
+                                run_fio(p, &dir, w, &job)
+                            };
                             let after = daemon_requests(p);
                             match res {
                                 // fio stops early on the same SIGINT: not a result.

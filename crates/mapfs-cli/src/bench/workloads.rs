@@ -12,6 +12,23 @@ pub const RANDWRITE_FILE: &str = "rw.0";
 pub const WRITE_PREFIX: &str = "wr";
 /// The shared file written (and removed) by the N-1 strided workload.
 pub const STRIDED_FILE: &str = "n1.0";
+/// The files of the small-file read workload (`sm.0.0` .. `sm.0.<N-1>`).
+pub const SMALL_PREFIX: &str = "sm";
+/// Size of each file of the small-file read workload, and of its reads.
+pub const SMALL_FILE: u64 = 4096;
+
+/// Which files a data workload's threads work on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileSet {
+    /// All threads share one file.
+    Shared,
+    /// Each thread has its own file.
+    PerThread,
+    /// `--files` files of [`SMALL_FILE`] bytes, written first, all open at
+    /// once, each I/O on one picked at random (issue 12's "4 KiB random over
+    /// many files": what a packed file system's reads cost per call).
+    Small,
+}
 
 /// How many threads a data workload runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,8 +48,8 @@ pub enum Kind {
         rw: &'static str,
         /// Thread count.
         threads: Threads,
-        /// Whether each thread has its own file (else all share one).
-        own_files: bool,
+        /// The files its threads work on.
+        files: FileSet,
     },
     /// The in-process create/stat/unlink loop; one column per phase.
     CreateStatUnlink,
@@ -83,16 +100,12 @@ const fn data(
     about: &'static str,
     rw: &'static str,
     threads: Threads,
-    own_files: bool,
+    files: FileSet,
 ) -> Workload {
     Workload {
         name,
         about,
-        kind: Kind::Data {
-            rw,
-            threads,
-            own_files,
-        },
+        kind: Kind::Data { rw, threads, files },
     }
 }
 
@@ -103,63 +116,70 @@ pub const WORKLOADS: &[Workload] = &[
         "1 thread reads 1 preallocated file sequentially",
         "read",
         Threads::One,
-        true,
+        FileSet::PerThread,
     ),
     data(
         "seq-rd-Nth-Nf",
         "N threads each read their own preallocated file sequentially",
         "read",
         Threads::N,
-        true,
+        FileSet::PerThread,
     ),
     data(
         "seq-wr-1th-1f",
         "1 thread creates and writes 1 new file sequentially",
         "write",
         Threads::One,
-        true,
+        FileSet::PerThread,
     ),
     data(
         "seq-wr-Nth-Nf",
         "N threads each create and write their own new file",
         "write",
         Threads::N,
-        true,
+        FileSet::PerThread,
     ),
     data(
         "rnd-rd-1th-1f",
         "1 thread reads random offsets of 1 preallocated file",
         "randread",
         Threads::One,
-        false,
+        FileSet::Shared,
     ),
     data(
         "rnd-rd-Nth-1f",
         "N threads read random offsets of 1 preallocated file",
         "randread",
         Threads::N,
-        false,
+        FileSet::Shared,
     ),
     data(
         "rnd-wr-1th-1f",
         "1 thread writes random offsets of 1 preallocated file",
         "randwrite",
         Threads::One,
-        false,
+        FileSet::Shared,
     ),
     data(
         "rnd-wr-Nth-1f",
         "N threads write random offsets of 1 preallocated file",
         "randwrite",
         Threads::N,
-        false,
+        FileSet::Shared,
     ),
     data(
         "n1-strided-Nth",
         "N threads write 1 new shared file N-1 strided (thread i: blocks i, i+N, i+2N...; the PLFS checkpoint pattern)",
         "write",
         Threads::N,
-        false,
+        FileSet::Shared,
+    ),
+    data(
+        "rnd-rd-small-files",
+        "1 thread reads 4 KiB at random from --files files of 4 KiB, all open at once (written first, then read for --runtime seconds after a warm-up as long)",
+        "randread",
+        Threads::One,
+        FileSet::Small,
     ),
     Workload {
         name: "create-stat-unlink",
@@ -279,29 +299,50 @@ impl Workload {
     }
 
     /// The fio job for this workload, or `None` for a metadata workload.
+    ///
+    /// A [`FileSet::Small`] workload's I/O and file size are [`SMALL_FILE`]
+    /// whatever `bs` and `size`; its file count is the caller's to set
+    /// ([`FioJob::nrfiles`]).
     pub fn fio_job(&self, bs: u64, size: u64, n: usize, runtime: u64, cap: u64) -> Option<FioJob> {
-        let Kind::Data { rw, own_files, .. } = self.kind else {
+        let Kind::Data { rw, files, .. } = self.kind else {
             return None;
         };
         let random = rw.starts_with("rand");
         let write = rw.contains("write");
-        let files = match (own_files, write) {
-            (true, true) => Files::PerThread(WRITE_PREFIX.into()),
-            (true, false) => Files::PerThread(READ_PREFIX.into()),
-            (false, true) if rw == "write" => Files::Strided(STRIDED_FILE.into()),
-            (false, true) => Files::Shared(RANDWRITE_FILE.into()),
-            (false, false) => Files::Shared(format!("{READ_PREFIX}.0")),
+        let (bs, size) = match files {
+            FileSet::Small => (SMALL_FILE, SMALL_FILE),
+            _ => (bs, size),
+        };
+        let fio_files = match (files, write) {
+            (FileSet::Small, _) => Files::Small(SMALL_PREFIX.into()),
+            (FileSet::PerThread, true) => Files::PerThread(WRITE_PREFIX.into()),
+            (FileSet::PerThread, false) => Files::PerThread(READ_PREFIX.into()),
+            (FileSet::Shared, true) if rw == "write" => Files::Strided(STRIDED_FILE.into()),
+            (FileSet::Shared, true) => Files::Shared(RANDWRITE_FILE.into()),
+            (FileSet::Shared, false) => Files::Shared(format!("{READ_PREFIX}.0")),
         };
         Some(FioJob {
             rw,
             bs,
             size,
             threads: self.thread_count(n),
-            files,
+            files: fio_files,
             time_based: random.then_some(runtime),
             runtime_cap: cap,
-            unlink: own_files && write,
+            unlink: files == FileSet::PerThread && write,
+            nrfiles: 1,
         })
+    }
+
+    /// Whether the workload works on [`FileSet::Small`].
+    pub fn is_small(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::Data {
+                files: FileSet::Small,
+                ..
+            }
+        )
     }
 }
 
@@ -354,7 +395,12 @@ mod tests {
         let names: Vec<_> = w.iter().map(|w| w.name).collect();
         assert_eq!(
             names,
-            ["rnd-rd-1th-1f", "rnd-rd-Nth-1f", "create-stat-unlink"]
+            [
+                "rnd-rd-1th-1f",
+                "rnd-rd-Nth-1f",
+                "rnd-rd-small-files",
+                "create-stat-unlink"
+            ]
         );
         assert!(select(&["nope".into()]).is_err());
         assert_eq!(select(&["*".into()]).unwrap().len(), WORKLOADS.len());
@@ -381,6 +427,15 @@ mod tests {
             .unwrap();
         assert_eq!(j.files, Files::Shared(RANDWRITE_FILE.into()));
         assert_eq!(j.threads, 3);
+        let j = get("rnd-rd-small-files")
+            .fio_job(1 << 20, 1 << 28, 4, 5, 60)
+            .unwrap();
+        assert_eq!(j.files, Files::Small(SMALL_PREFIX.into()));
+        assert_eq!(
+            (j.bs, j.size, j.threads, j.time_based, j.unlink),
+            (SMALL_FILE, SMALL_FILE, 1, Some(5), false),
+            "small files are 4 KiB, read 4 KiB at a time by one thread"
+        );
         assert!(get("create-stat-unlink")
             .fio_job(4096, 1, 1, 1, 1)
             .is_none());

@@ -306,16 +306,26 @@ for name in names:
 print(f"files={len(names)} lent={lent} checked={checked} writers={wlent > 0}")
 "#;
 
-#[test]
-fn lent_reads_of_slotted_files() {
-    use preload_support::*;
-    let test = "pack reads of slots lent to the program";
+/// A pack mount (small threshold) for a Python program under `mapfs run`,
+/// and an empty model directory beside it; `None` (skipped, said why) where
+/// FUSE or python3 is missing.
+fn lent_session(test: &str) -> Option<(MountSession, PathBuf)> {
     if !fuse_or_skip(test) || !have("python3") {
-        return;
+        return None;
     }
     let s = pack_on(DataMode::Auto, None, &[SMALL_THRESHOLD]);
     let model = s.scratch().unwrap().join("model");
     fs::create_dir(&model).unwrap();
+    Some((s, model))
+}
+
+#[test]
+fn lent_reads_of_slotted_files() {
+    use preload_support::*;
+    let test = "pack reads of slots lent to the program";
+    let Some((s, model)) = lent_session(test) else {
+        return;
+    };
     let m = s.mountpoint();
     let files = 200usize;
     for i in 0..files {
@@ -401,12 +411,9 @@ print("ok")
 fn direct_reads_follow_the_descriptor_number() {
     use preload_support::*;
     let test = "pack direct reads of lent slots by descriptor number";
-    if !fuse_or_skip(test) || !have("python3") {
+    let Some((s, model)) = lent_session(test) else {
         return;
-    }
-    let s = pack_on(DataMode::Auto, None, &[SMALL_THRESHOLD]);
-    let model = s.scratch().unwrap().join("model");
-    fs::create_dir(&model).unwrap();
+    };
     let m = s.mountpoint();
     // Different sizes, all in slots (threshold 4096).
     for (name, len) in [("a", 3000), ("b", 1234), ("c", 4000)] {

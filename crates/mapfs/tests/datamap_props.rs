@@ -74,6 +74,14 @@ struct Sim {
 }
 
 impl Sim {
+    fn apply(&mut self, op: &Op) {
+        match *op {
+            Op::Write { off, len, seed } => self.write(off, len, seed),
+            Op::Truncate(size) => self.truncate(size),
+            Op::Punch { off, len } => self.punch(off, len),
+        }
+    }
+
     fn build(l: &Layout) -> Sim {
         if l.policy == 0 {
             return Sim {
@@ -347,11 +355,7 @@ proptest! {
         let mut sim = Sim::build(&l);
         sim.check();
         for op in &ops {
-            match *op {
-                Op::Write { off, len, seed } => sim.write(off, len, seed),
-                Op::Truncate(size) => sim.truncate(size),
-                Op::Punch { off, len } => sim.punch(off, len),
-            }
+            sim.apply(op);
             sim.check();
         }
         if matches!(sim.map.growth(), Growth::AppendLog { .. }) {
@@ -365,11 +369,7 @@ proptest! {
                               off in 0u64..300, len in 0u64..300) {
         let mut sim = Sim::build(&l);
         for op in &ops {
-            match *op {
-                Op::Write { off, len, seed } => sim.write(off, len, seed),
-                Op::Truncate(size) => sim.truncate(size),
-                Op::Punch { off, len } => sim.punch(off, len),
-            }
+            sim.apply(op);
         }
         let whole = sim.read(0, u64::MAX / 2);
         let part = sim.read(off, len);
@@ -385,11 +385,7 @@ proptest! {
                                       off in 0u64..300, len in 0u64..300) {
         let mut sim = Sim::build(&l);
         for op in &ops {
-            match *op {
-                Op::Write { off, len, seed } => sim.write(off, len, seed),
-                Op::Truncate(size) => sim.truncate(size),
-                Op::Punch { off, len } => sim.punch(off, len),
-            }
+            sim.apply(op);
         }
         let located = sim.map.locate(off, len);
         let expect = match located.as_slice() {

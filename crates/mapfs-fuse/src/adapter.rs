@@ -932,7 +932,13 @@ impl Shared {
         Ok(())
     }
 
-    fn release_file(&self, fh: u64) -> Result<()> {
+    /// Ends open `fh` in the daemon and the file system. Returns its inode
+    /// and its backing id (kernel passthrough), which the caller drops only
+    /// after the journal says the open is released (the `release` request
+    /// below): the last drop closes the id
+    /// with the kernel, and a successor must never restore an open whose
+    /// id the kernel no longer has.
+    fn release_file(&self, fh: u64) -> Result<(u64, Option<Arc<fuser::BackingId>>)> {
         let Some(file) = self.handles.remove_file(fh) else {
             return Err(Error::from_errno(libc::EBADF));
         };
@@ -955,8 +961,8 @@ impl Shared {
         // (the kernel sends release after close(2) returned) would only
         // invalidate entries cached after it, for nothing.
         self.tokens.released(ino, &file.data, false);
+        let backing = file.backing.clone();
         drop(file);
-        self.handles.prune_backing(ino);
         if let Err(e) = &res {
             RELEASE_FAILED.log(|held_back| {
                 warn!(
@@ -966,7 +972,7 @@ impl Shared {
                 )
             });
         }
-        Ok(())
+        Ok((ino, backing))
     }
 }
 
@@ -1706,14 +1712,26 @@ impl Filesystem for Adapter {
     ) {
         let _t = self.0.stats.timer(Op::Release, _req.pid(), _ino.0);
         let s = &self.0;
-        if s.handles.remove_placeholder(fh.0) || s.handles.release_orphan(fh.0) {
+        // The journal says an open is released before its backing id can
+        // be closed: a daemon killed between the two would otherwise leave
+        // its successor restoring the open with an id the kernel no longer
+        // has, and answering the next open of the inode with it (`EIO`).
+        if s.handles.remove_placeholder(fh.0) {
             s.journal_released(fh.0);
+            reply.ok();
+            return;
+        }
+        if let Some(orphan) = s.handles.take_orphan(fh.0) {
+            s.journal_released(fh.0);
+            drop(orphan);
             reply.ok();
             return;
         }
         let res = s.release_file(fh.0);
         s.journal_released(fh.0);
-        tri!(reply, res);
+        let (ino, backing) = tri!(reply, res);
+        drop(backing);
+        s.handles.prune_backing(ino);
         reply.ok();
     }
 

@@ -282,9 +282,10 @@ impl Handles {
         self.orphans.lock().insert(fh, id);
     }
 
-    /// Releases an unrestored handle; false if `fh` is not one.
-    pub fn release_orphan(&self, fh: u64) -> bool {
-        self.orphans.lock().remove(&fh).is_some()
+    /// Takes an unrestored handle's backing id out (`None` if `fh` is not
+    /// one); dropping the last reference closes the id with the kernel.
+    pub fn take_orphan(&self, fh: u64) -> Option<Arc<BackingId>> {
+        self.orphans.lock().remove(&fh)
     }
 
     /// Registers a placeholder open; returns its handle.

@@ -935,9 +935,8 @@ impl Shared {
     /// Ends open `fh` in the daemon and the file system. Returns its inode
     /// and its backing id (kernel passthrough), which the caller drops only
     /// after the journal says the open is released (the `release` request
-    /// below): the last drop closes the id
-    /// with the kernel, and a successor must never restore an open whose
-    /// id the kernel no longer has.
+    /// below): the last drop closes the id with the kernel, and a successor
+    /// must never restore an open whose id the kernel no longer has.
     fn release_file(&self, fh: u64) -> Result<(u64, Option<Arc<fuser::BackingId>>)> {
         let Some(file) = self.handles.remove_file(fh) else {
             return Err(Error::from_errno(libc::EBADF));

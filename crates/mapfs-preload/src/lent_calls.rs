@@ -91,20 +91,10 @@ fn offset(off: i64) -> LentResult<u64> {
 /// # Safety
 /// `buf` is valid for `n` bytes of writing.
 pub unsafe fn read(fd: RawFd, buf: *mut c_void, n: size_t, off: Option<i64>) -> Option<ssize_t> {
-    if let Some(o) = off {
-        // SAFETY: per the contract.
-        match unsafe { table::direct_pread(fd, buf.cast(), n, o) } {
-            Some(r) if r >= 0 => {
-                report::count_native();
-                return Some(r as ssize_t);
-            }
-            Some(e) => {
-                report::count_native();
-                sys::set_errno(-e as i32);
-                return Some(-1);
-            }
-            None => {}
-        }
+    // SAFETY: per the contract.
+    if let Some(r) = off.and_then(|o| unsafe { table::direct_pread(fd, buf.cast(), n, o) }) {
+        report::count_native();
+        return count(Some(r));
     }
     count(with_lent(fd, |l| {
         // SAFETY: per the contract.

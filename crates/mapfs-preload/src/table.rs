@@ -91,13 +91,16 @@ static STATE: [AtomicU8; MAX_FD] = [const { AtomicU8::new(UNKNOWN) }; MAX_FD];
 /// around the numbers that are lent.
 static LENT: [ArcSwapOption<Lent>; MAX_FD] = [const { ArcSwapOption::const_empty() }; MAX_FD];
 
+/// `fd` as an index of the per-number tables, if it is tracked at all.
+#[inline]
+fn index(fd: RawFd) -> Option<usize> {
+    usize::try_from(fd).ok().filter(|&i| i < MAX_FD)
+}
+
 /// The fast-path state of `fd`.
 #[inline]
 pub fn state(fd: RawFd) -> u8 {
-    match usize::try_from(fd) {
-        Ok(i) if i < MAX_FD => STATE[i].load(Ordering::Relaxed),
-        _ => OTHER,
-    }
+    index(fd).map_or(OTHER, |i| STATE[i].load(Ordering::Relaxed))
 }
 
 fn set_state(fd: RawFd, s: u8) {
@@ -105,8 +108,8 @@ fn set_state(fd: RawFd, s: u8) {
         // The parent's table, in the parent's memory.
         return;
     }
-    if let Ok(i) = usize::try_from(fd) {
-        if i < MAX_FD && STATE[i].swap(s, Ordering::AcqRel) == ENGINE && s != ENGINE {
+    if let Some(i) = index(fd) {
+        if STATE[i].swap(s, Ordering::AcqRel) == ENGINE && s != ENGINE {
             // Before the lent open can be dropped (and its backing
             // descriptor closed).
             if let Some(d) = DIRECT.get(i) {
@@ -175,12 +178,18 @@ impl Direct {
 }
 
 /// `pread` of `n` bytes at `off` of lent descriptor `fd` by its [`Direct`]
-/// record, or `None` if it has none (or it changed during the call: the
-/// caller then takes the ordinary path, whose answer replaces this one).
+/// record (the count, or the errno), or `None` if it has none (or it
+/// changed during the call: the caller then takes the ordinary path, whose
+/// answer replaces this one).
 ///
 /// # Safety
 /// `buf` is valid for `n` bytes of writing.
-pub unsafe fn direct_pread(fd: RawFd, buf: *mut u8, n: usize, off: i64) -> Option<isize> {
+pub unsafe fn direct_pread(
+    fd: RawFd,
+    buf: *mut u8,
+    n: usize,
+    off: i64,
+) -> Option<Result<usize, i32>> {
     let i = usize::try_from(fd).ok()?;
     let d = DIRECT.get(i)?;
     let s = d.seq.load(Ordering::Acquire);
@@ -198,7 +207,7 @@ pub unsafe fn direct_pread(fd: RawFd, buf: *mut u8, n: usize, off: i64) -> Optio
         return None;
     }
     let Ok(off) = u64::try_from(off) else {
-        return Some(-(libc::EINVAL as isize));
+        return Some(Err(libc::EINVAL));
     };
     let want = n.min(usize::try_from(size.saturating_sub(off)).unwrap_or(usize::MAX));
     // SAFETY: per the contract, and `want <= n`.
@@ -214,7 +223,7 @@ pub unsafe fn direct_pread(fd: RawFd, buf: *mut u8, n: usize, off: i64) -> Optio
                 if d.seq.load(Ordering::Relaxed) != s {
                     return None;
                 }
-                return Some(-(e.raw_os_error() as isize));
+                return Some(Err(e.raw_os_error()));
             }
         }
     }
@@ -222,7 +231,7 @@ pub unsafe fn direct_pread(fd: RawFd, buf: *mut u8, n: usize, off: i64) -> Optio
     // engine's reads do.
     out[done..].fill(0);
     std::sync::atomic::fence(Ordering::Acquire);
-    (d.seq.load(Ordering::Relaxed) == s).then_some(want as isize)
+    (d.seq.load(Ordering::Relaxed) == s).then_some(Ok(want))
 }
 
 /// Makes `fd` a lent descriptor of `lent`.
@@ -230,15 +239,13 @@ fn set_engine(fd: RawFd, lent: &Arc<Lent>) {
     if crate::in_vfork_child() {
         return;
     }
-    if let Ok(i) = usize::try_from(fd) {
-        if i < MAX_FD {
-            // Before the state: a data call that sees ENGINE finds it.
-            LENT[i].store(Some(lent.clone()));
-            if let Some(d) = DIRECT.get(i) {
-                d.set(lent.direct());
-            }
-            STATE[i].store(ENGINE, Ordering::Release);
+    if let Some(i) = index(fd) {
+        // Before the state: a data call that sees ENGINE finds it.
+        LENT[i].store(Some(lent.clone()));
+        if let Some(d) = DIRECT.get(i) {
+            d.set(lent.direct());
         }
+        STATE[i].store(ENGINE, Ordering::Release);
     }
 }
 
@@ -388,7 +395,7 @@ pub fn opened(fd: RawFd) {
 /// Classifies `fd`: a regular file of an attached mount becomes
 /// [`PENDING`], anything else [`OTHER`]. Returns the new state.
 fn classify(fd: RawFd) -> u8 {
-    if usize::try_from(fd).map_or(true, |i| i >= MAX_FD) {
+    if index(fd).is_none() {
         return OTHER;
     }
     if mounts::all().is_empty() {
@@ -525,18 +532,14 @@ pub fn serve_final(fd: RawFd, why: &str) {
 
 /// The lent state of `fd`, if it is lent.
 pub fn lent(fd: RawFd) -> Option<Arc<Lent>> {
-    let i = usize::try_from(fd).ok().filter(|&i| i < MAX_FD)?;
-    if STATE[i].load(Ordering::Acquire) != ENGINE {
-        return None;
-    }
-    LENT[i].load_full()
+    lent_slot(fd)?.clone()
 }
 
 /// The slot holding the lent open of `fd`, borrowed for one call (`None`
 /// if `fd` is not lent; the slot itself may be empty if it was just
 /// handed back).
 pub fn lent_slot(fd: RawFd) -> Option<arc_swap::Guard<Option<Arc<Lent>>>> {
-    let i = usize::try_from(fd).ok().filter(|&i| i < MAX_FD)?;
+    let i = index(fd)?;
     if STATE[i].load(Ordering::Acquire) != ENGINE {
         return None;
     }

@@ -277,14 +277,20 @@ impl DataFile {
         if let Some(f) = st.whole()? {
             return Ok(read_full_at(f, buf, offset)?);
         }
-        if let Some(Segment::Data { file, offset, len }) = st.map.single(offset, buf.len() as u64) {
-            let out = &mut buf[..len as usize];
-            let got = read_full_at(st.file(file)?, out, offset)?;
-            out[got..].fill(0);
-            return Ok(out.len());
-        }
+        // A range inside one extent (a packed file's slot) needs no list.
+        let (one, many);
+        let segs: &[Segment] = match st.map.single(offset, buf.len() as u64) {
+            Some(seg) => {
+                one = [seg];
+                &one
+            }
+            None => {
+                many = st.map.locate(offset, buf.len() as u64);
+                &many
+            }
+        };
         let mut done = 0usize;
-        for seg in st.map.locate(offset, buf.len() as u64) {
+        for &seg in segs {
             let n = seg.len() as usize;
             let out = &mut buf[done..done + n];
             match seg {

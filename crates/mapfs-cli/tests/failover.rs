@@ -304,6 +304,16 @@ fn storm_with(fs: &str, mode: DataMode, extra: &[&str], load: Load) {
         "{test}: umount after the storm: {}",
         out.stderr
     );
+    if fs == "versions" {
+        // Every killed daemon's recorded versions got their rows, and
+        // every object a dropped version left was removed, by the
+        // daemons after it.
+        let root = std::fs::File::open(s.backing()).unwrap();
+        let store =
+            mapfs_fs::versions::store::Store::open(std::os::fd::AsFd::as_fd(&root), false).unwrap();
+        let problems = store.check().unwrap();
+        assert!(problems.is_empty(), "{test}: version store: {problems:?}");
+    }
 }
 
 #[test]

@@ -269,6 +269,9 @@ impl FileSystem for Versions {
     }
 
     fn flush(&self, _ctx: &Ctx, _path: &Path, handle: u64, map: &DataMap) -> Result<()> {
+        // A version is in the index when the program's close returns
+        // (`pending.rs`): `mapfs versions` elsewhere finds it.
+        self.store.sync_pending()?;
         self.settle(handle, map)
     }
 

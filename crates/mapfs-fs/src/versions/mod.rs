@@ -57,8 +57,11 @@
 //! versions.
 
 mod clone;
+mod committer;
 pub mod delta;
 mod filesystem;
+mod pending;
+mod reaper;
 mod replace;
 mod restore;
 pub mod retention;
@@ -212,7 +215,7 @@ pub struct Versions {
     /// This instance is the only one over the backing directory.
     _sole: crate::sole::Sole,
     inner: Passthrough,
-    store: Store,
+    store: Arc<Store>,
     config: Config,
     sessions: Mutex<HashMap<Key, Session>>,
     writers: Mutex<HashMap<u64, Writer>>,
@@ -251,7 +254,7 @@ impl Versions {
             let s = rustix::fs::fstatvfs(inner.root().fd())?;
             config.policy.keep_bytes = Some(s.f_blocks.saturating_mul(s.f_frsize) / 10);
         }
-        let store = Store::open(inner.root().fd(), true)?;
+        let store = Arc::new(Store::open(inner.root().fd(), true)?);
         let take = if config.shared {
             crate::sole::take_shared
         } else {
@@ -268,6 +271,17 @@ impl Versions {
             // This instance holds the store now: replacements left are a
             // dead one's (`replace.rs`); shared instances make none.
             store.remove_replacements()?;
+            // Versions a dead one recorded but had not committed
+            // (`pending.rs`), then objects it dropped but had not removed.
+            let adopted = store.adopt_pending()?;
+            let orphans = store.remove_orphans()?;
+            if adopted + orphans > 0 {
+                tracing::info!(
+                    "versions: {adopted} recorded versions committed, {orphans} objects of dropped versions removed"
+                );
+            }
+            store.reap_in_background()?;
+            store.defer_versions(config.policy)?;
         }
         Ok(Versions {
             _sole: sole,
@@ -399,7 +413,7 @@ impl Versions {
                 // gets the new, empty one.
                 opened.files[0] = Arc::new(writer);
                 opened.handle = handle;
-                self.retain(path);
+                // Retention comes with the version's row (`pending.rs`).
                 return Ok(opened);
             }
         }

@@ -78,16 +78,17 @@ impl Versions {
             }
         };
         let meta = FileMeta::from_stat(st);
-        let id = match self
-            .store
-            .add_linked(bytes(path), dir.as_fd(), &name, &meta, "write", false)
-        {
-            Ok(id) => id,
-            Err(e) => {
-                self.store.drop_replacement(&tmp);
-                return Err(e);
-            }
-        };
+        let id =
+            match self
+                .store
+                .record_linked(bytes(path), dir.as_fd(), &name, &meta, "write", false)
+            {
+                Ok(id) => id,
+                Err(e) => {
+                    self.store.drop_replacement(&tmp);
+                    return Err(e);
+                }
+            };
         // `old` is the version's object now: marked through a descriptor
         // of it, not by opening its new name.
         let mark = old

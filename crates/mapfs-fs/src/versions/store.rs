@@ -29,6 +29,9 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
 use super::clone;
+use super::committer::{Committer, ID_BLOCK};
+use super::pending::{self, Record};
+use super::reaper::Reaper;
 use super::retention::{self, Policy};
 use super::stamp;
 
@@ -169,6 +172,23 @@ pub struct Store {
     /// Bytes kept by all versions, as this process last knew (summing is
     /// a scan); `None` until first needed, refreshed by every full prune.
     stored_total: Mutex<Option<i64>>,
+    /// Removes dropped versions' objects in the background, once started
+    /// ([`Store::reap_in_background`]).
+    reaper: std::sync::OnceLock<Reaper>,
+    /// Commits recorded versions, once started ([`Store::defer_versions`]).
+    committer: std::sync::OnceLock<std::sync::Arc<Committer>>,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some(c) = self.committer.get() {
+            c.stop();
+            // What the thread left (it cannot take the store any more).
+            if let Err(e) = self.db() {
+                tracing::warn!("versions: recorded versions not committed at unmount (the next mount commits them): {e}");
+            }
+        }
+    }
 }
 
 fn sql(e: rusqlite::Error) -> Error {
@@ -216,6 +236,109 @@ fn row_version(r: &rusqlite::Row<'_>) -> rusqlite::Result<Version> {
             .and_then(|b| postcard::from_bytes(&b).ok())
             .unwrap_or_default(),
     })
+}
+
+/// [`Store::list`] through `db` (a transaction's, say).
+fn list_in(db: &Connection, path: Option<&[u8]>, under: bool) -> Result<Vec<Version>> {
+    let run = |query: &str, args: &[&dyn rusqlite::ToSql]| -> Result<Vec<Version>> {
+        let mut st = db
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM versions {query} ORDER BY ts, id"
+            ))
+            .map_err(sql)?;
+        let rows = st.query_map(args, row_version).map_err(sql)?;
+        rows.collect::<rusqlite::Result<_>>().map_err(sql)
+    };
+    match path {
+        None => run("", &[]),
+        // By the (path, ts) index: retention lists a path's versions at
+        // every version made once the count limit is reached.
+        Some(p) if !under => run("WHERE path = ?1", &[&p]),
+        Some(p) => {
+            // The paths beneath `p` are the range [p/, p0) ('0' follows
+            // '/'): an index range, not a scan of every version.
+            let mut prefix = p.to_vec();
+            if !prefix.ends_with(b"/") {
+                prefix.push(b'/');
+            }
+            let mut upper = prefix.clone();
+            *upper.last_mut().expect("ends with '/'") = b'/' + 1;
+            run(
+                "WHERE path = ?1 OR (path >= ?2 AND path < ?3)",
+                &[&p, &prefix, &upper],
+            )
+        }
+    }
+}
+
+/// The lineage and stamp of a new version of `path` taken at `ts`: the
+/// lineage continues the path's last one unless that ended, and the
+/// stamp follows the path's latest (stamps are unique per path).
+fn lineage_and_ts(tx: &Connection, path: &[u8], ts: i64) -> rusqlite::Result<(i64, i64)> {
+    let last: Option<(i64, i64, i64)> = tx
+        .prepare_cached(
+            "SELECT lineage, terminal, ts FROM versions WHERE path = ?1 ORDER BY ts DESC LIMIT 1",
+        )?
+        .query_row(params![path], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let lineage = match last {
+        Some((l, 0, _)) => l,
+        _ => tx
+            .prepare_cached("SELECT coalesce(max(lineage), 0) + 1 FROM versions")?
+            .query_row([], |r| r.get(0))?,
+    };
+    Ok((lineage, ts.max(last.map_or(0, |l| l.2 + 1))))
+}
+
+/// Inserts the row of recorded version `r` inside `tx`; false (nothing
+/// done) if it has one already or its object is gone (the caller dropped
+/// it after a failure, or it was never linked).
+fn insert_recorded(tx: &Connection, objects: BorrowedFd<'_>, r: &Record) -> Result<bool> {
+    let present: bool = tx
+        .prepare_cached("SELECT EXISTS(SELECT 1 FROM versions WHERE id = ?1)")
+        .and_then(|mut st| st.query_row(params![r.id], |row| row.get(0)))
+        .map_err(sql)?;
+    if present || rustix::fs::statat(objects, object_name(r.id), AtFlags::SYMLINK_NOFOLLOW).is_err()
+    {
+        return Ok(false);
+    }
+    let (lineage, ts) = lineage_and_ts(tx, &r.path, r.ts).map_err(sql)?;
+    tx.prepare_cached(
+        "INSERT INTO versions(id, path, lineage, ts, kind, size, stored, uid, gid, mode, reason, terminal)
+         VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            r.id,
+            r.path,
+            lineage,
+            ts,
+            r.size as i64,
+            r.uid,
+            r.gid,
+            r.mode,
+            r.reason,
+            r.terminal as i64
+        ])
+    })
+    .map_err(sql)?;
+    Ok(true)
+}
+
+/// Deletes the rows of `ids` inside `tx`; answers the bytes they kept.
+fn delete_rows_in(tx: &rusqlite::Transaction<'_>, ids: &[i64]) -> Result<i64> {
+    let mut freed = 0i64;
+    for id in ids {
+        freed += tx
+            .prepare_cached("SELECT stored FROM versions WHERE id = ?1")
+            .and_then(|mut st| st.query_row(params![id], |r| r.get::<_, i64>(0)).optional())
+            .map_err(sql)?
+            .unwrap_or(0);
+        tx.prepare_cached("DELETE FROM versions WHERE id = ?1")
+            .and_then(|mut st| st.execute(params![id]))
+            .map_err(sql)?;
+    }
+    Ok(freed)
 }
 
 /// `path` relative to the root, for `*at` calls.
@@ -272,6 +395,10 @@ impl Store {
             std::mem::forget(std::mem::replace(&mut db.conn, fresh));
             db.pid = me;
         }
+        if let Some(c) = self.committer().filter(|c| c.waiting()) {
+            // Recorded versions first: no use of the index misses them.
+            self.commit_waiting(c, &mut db.conn)?;
+        }
         Ok(parking_lot::MutexGuard::map(db, |d| &mut d.conn))
     }
 
@@ -323,7 +450,356 @@ impl Store {
                 flags: flags & !rusqlite::OpenFlags::SQLITE_OPEN_CREATE,
             }),
             stored_total: Mutex::new(None),
+            reaper: std::sync::OnceLock::new(),
+            committer: std::sync::OnceLock::new(),
         })
+    }
+
+    /// From now on, [`Store::record_linked`] records versions in the log
+    /// and a thread commits their rows (see `pending.rs`), applying
+    /// `policy` to them. For the instance that holds the store, after
+    /// [`Store::adopt_pending`]; a process that forks must not.
+    pub fn defer_versions(self: &std::sync::Arc<Self>, policy: Policy) -> Result<()> {
+        if self.committer.get().is_some() {
+            return Ok(());
+        }
+        let fd = rustix::fs::openat(
+            &self.dir,
+            pending::LOG,
+            OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        let log = File::from(fd);
+        // Adopted already: every record in it has its row.
+        log.set_len(0)?;
+        let c = std::sync::Arc::new(Committer::new(log, policy));
+        Committer::start(&c, self)?;
+        let _ = self.committer.set(c);
+        Ok(())
+    }
+
+    /// Inserts the rows of versions a dead instance recorded but did not
+    /// commit (`pending.rs`), then empties the log. Only for the instance
+    /// that holds the store. Answers how many it inserted.
+    pub fn adopt_pending(&self) -> Result<usize> {
+        let fd = match rustix::fs::openat(
+            &self.dir,
+            pending::LOG,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        let mut log = File::from(fd);
+        let records = pending::read_all(&mut log)?;
+        let mut added = 0;
+        if !records.is_empty() {
+            let mut db = self.db()?;
+            let tx = db
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(sql)?;
+            for r in &records {
+                added += insert_recorded(&tx, self.objects.as_fd(), r)? as usize;
+            }
+            tx.commit().map_err(sql)?;
+            drop(db);
+            *self.stored_total.lock() = None;
+        }
+        log.set_len(0)?;
+        Ok(added)
+    }
+
+    /// What is wrong with the store, in words (empty: nothing): the
+    /// index's own check, rows without their object, objects without a
+    /// row, and a log of recorded versions not committed. For tests and
+    /// tools, on a store no instance is using (a live one may be between
+    /// an object and its row).
+    pub fn check(&self) -> Result<Vec<String>> {
+        let mut problems = Vec::new();
+        let db = self.db()?;
+        let integrity: String = db
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .map_err(sql)?;
+        if integrity != "ok" {
+            problems.push(format!("index: {integrity}"));
+        }
+        let ids: std::collections::HashSet<i64> = db
+            .prepare("SELECT id FROM versions")
+            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+            .map_err(sql)?;
+        drop(db);
+        let mut objects = std::collections::HashSet::new();
+        for e in rustix::fs::Dir::read_from(&self.objects)?.flatten() {
+            if let Some(id) = std::str::from_utf8(e.file_name().to_bytes())
+                .ok()
+                .and_then(|n| n.parse::<i64>().ok())
+            {
+                objects.insert(id);
+            }
+        }
+        let mut missing: Vec<_> = ids.difference(&objects).collect();
+        missing.sort();
+        if !missing.is_empty() {
+            problems.push(format!("versions without their object: {missing:?}"));
+        }
+        let mut orphans: Vec<_> = objects.difference(&ids).collect();
+        orphans.sort();
+        if !orphans.is_empty() {
+            problems.push(format!("objects without a version: {orphans:?}"));
+        }
+        match rustix::fs::statat(&self.dir, pending::LOG, AtFlags::empty()) {
+            Ok(st) if st.st_size > 0 => problems.push(format!(
+                "{} holds {} bytes of versions not committed",
+                pending::LOG,
+                st.st_size
+            )),
+            _ => {}
+        }
+        Ok(problems)
+    }
+
+    /// The recorded-version committer, once started.
+    pub(super) fn committer(&self) -> Option<&Committer> {
+        self.committer.get().map(|c| &**c)
+    }
+
+    /// An id for a recorded version: from a block reserved in the index
+    /// ([`LAST_ID`]), so the index's own ids never meet it.
+    fn next_id(&self, c: &Committer) -> Result<i64> {
+        let mut ids = c.ids.lock();
+        if ids.0 >= ids.1 {
+            let mut db = self.db()?;
+            let tx = db
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(sql)?;
+            let base: i64 = tx
+                .prepare_cached(
+                    "SELECT max((SELECT coalesce(max(id), 0) FROM versions),
+                                coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key = ?1), 0)) + 1",
+                )
+                .and_then(|mut st| st.query_row(params![LAST_ID], |r| r.get(0)))
+                .map_err(sql)?;
+            tx.prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")
+                .and_then(|mut st| st.execute(params![LAST_ID, (base + ID_BLOCK - 1).to_string()]))
+                .map_err(sql)?;
+            tx.commit().map_err(sql)?;
+            *ids = (base, base + ID_BLOCK);
+        }
+        let id = ids.0;
+        ids.0 += 1;
+        Ok(id)
+    }
+
+    /// [`Store::add_linked`], with the row recorded in the log and
+    /// committed by the committer's thread when there is one (see
+    /// `pending.rs`): the caller must not apply retention itself (the
+    /// committer applies the count limit with the row), and changes the
+    /// file's name only after this returns.
+    pub fn record_linked(
+        &self,
+        path: &[u8],
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        meta: &FileMeta,
+        reason: &str,
+        ends_life: bool,
+    ) -> Result<i64> {
+        let Some(c) = self.committer() else {
+            return self.add_linked(path, dir, name, meta, reason, ends_life);
+        };
+        let id = self.next_id(c)?;
+        let link =
+            || rustix::fs::linkat(dir, name, &self.objects, object_name(id), AtFlags::empty());
+        match link() {
+            // An orphan by this name (see `make_version`).
+            Err(rustix::io::Errno::EXIST) => {
+                let _ = rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty());
+                link()?
+            }
+            other => other?,
+        }
+        let r = Record {
+            id,
+            path: path.to_vec(),
+            ts: stamp::now_us(),
+            size: meta.size,
+            uid: meta.uid,
+            gid: meta.gid,
+            mode: meta.mode,
+            reason: reason.to_string(),
+            terminal: ends_life,
+        };
+        if let Err(e) = c.push(r) {
+            let _ = rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty());
+            return Err(Error::from(e).context("cannot record a version"));
+        }
+        Ok(id)
+    }
+
+    /// Commits the rows of recorded versions, if any wait: after this
+    /// returns, other processes find them in the index.
+    pub fn sync_pending(&self) -> Result<()> {
+        if self.committer().is_some_and(Committer::waiting) {
+            drop(self.db()?);
+        }
+        Ok(())
+    }
+
+    /// The committer thread's work: see [`Store::sync_pending`].
+    pub(super) fn commit_pending(&self) -> Result<()> {
+        drop(self.db()?);
+        Ok(())
+    }
+
+    /// Commits the waiting records into `conn` (the index, held), each
+    /// batch's paths brought back to the count limit in the same
+    /// transaction.
+    fn commit_waiting(&self, c: &Committer, conn: &mut Connection) -> Result<()> {
+        let records = c.take();
+        if records.is_empty() {
+            return Ok(());
+        }
+        let done = (|| -> Result<(i64, i64, Vec<i64>, bool)> {
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(sql)?;
+            let mut added = 0i64;
+            for r in &records {
+                if insert_recorded(&tx, self.objects.as_fd(), r)? {
+                    added += r.size as i64;
+                }
+            }
+            let batch: Vec<i64> = records.iter().map(|r| r.id).collect();
+            let mut paths: Vec<&[u8]> = records.iter().map(|r| &r.path[..]).collect();
+            paths.sort_unstable();
+            paths.dedup();
+            let mut dropped = Vec::new();
+            let mut freed = 0;
+            if let Some(keep) = c.policy.keep {
+                let count_only = Policy {
+                    keep: Some(keep),
+                    keep_days: None,
+                    keep_bytes: None,
+                };
+                for path in paths {
+                    let count: i64 = tx
+                        .prepare_cached("SELECT count(*) FROM versions WHERE path = ?1")
+                        .and_then(|mut st| st.query_row(params![path], |r| r.get(0)))
+                        .map_err(sql)?;
+                    if count as u64 > keep {
+                        let all = list_in(&tx, Some(path), false)?;
+                        let ids = self.choose_sparing(&all, &count_only, &batch);
+                        freed += delete_rows_in(&tx, &ids)?;
+                        dropped.extend(ids);
+                    }
+                }
+            }
+            let over = self.over_limits(&tx, &c.policy, added - freed)?;
+            if over {
+                // As `prune_after`: the whole store, down to nine tenths of
+                // the byte limit.
+                let low = Policy {
+                    keep_bytes: c.policy.keep_bytes.map(|b| b / 10 * LOW_WATER_TENTHS),
+                    ..c.policy
+                };
+                let all = list_in(&tx, None, false)?;
+                let ids = self.choose_sparing(&all, &low, &batch);
+                freed += delete_rows_in(&tx, &ids)?;
+                dropped.extend(ids);
+            }
+            tx.commit().map_err(sql)?;
+            Ok((added, freed, dropped, over))
+        })();
+        match done {
+            Ok((added, freed, dropped, over)) => {
+                c.truncate_if_idle();
+                if over {
+                    // Summed again when next needed, as after `prune`.
+                    *self.stored_total.lock() = None;
+                } else {
+                    self.count_stored(added - freed);
+                }
+                self.delete_objects(&dropped)?;
+                Ok(())
+            }
+            Err(e) => {
+                c.put_back(records);
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the store exceeds `policy`'s age or byte limit, with
+    /// `delta` bytes not counted yet in the cached total.
+    fn over_limits(&self, tx: &Connection, policy: &Policy, delta: i64) -> Result<bool> {
+        if let Some(d) = policy.keep_days {
+            let old: bool = tx
+                .prepare_cached("SELECT EXISTS(SELECT 1 FROM versions WHERE ts < ?1)")
+                .and_then(|mut st| {
+                    st.query_row(params![stamp::now_us() - (d * 86_400e6) as i64], |r| {
+                        r.get(0)
+                    })
+                })
+                .map_err(sql)?;
+            if old {
+                return Ok(true);
+            }
+        }
+        let Some(max) = policy.keep_bytes else {
+            return Ok(false);
+        };
+        let total = match *self.stored_total.lock() {
+            Some(t) => t + delta,
+            None => tx
+                .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
+                .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+                .map_err(sql)?,
+        };
+        Ok(total as u64 > max)
+    }
+
+    /// From now on, objects of dropped versions are removed by a thread
+    /// of this process, not by the call that dropped them (see
+    /// `reaper.rs`). For a daemon: a process that forks must not.
+    pub fn reap_in_background(&self) -> Result<()> {
+        if self.reaper.get().is_none() {
+            let r = Reaper::start(self.objects.as_fd())?;
+            let _ = self.reaper.set(r);
+        }
+        Ok(())
+    }
+
+    /// Removes objects that have no row: left by a process killed between
+    /// dropping a version's row and removing its object. Only for the
+    /// instance that holds the store (another may be making a version;
+    /// and it makes its object under the index's write lock, held here).
+    pub fn remove_orphans(&self) -> Result<usize> {
+        let mut db = self.db()?;
+        let tx = db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        let ids: std::collections::HashSet<i64> = tx
+            .prepare("SELECT id FROM versions")
+            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+            .map_err(sql)?;
+        let mut removed = 0;
+        for e in rustix::fs::Dir::read_from(&self.objects)?.flatten() {
+            let Some(id) = std::str::from_utf8(e.file_name().to_bytes())
+                .ok()
+                .and_then(|n| n.parse::<i64>().ok())
+            else {
+                continue;
+            };
+            if !ids.contains(&id)
+                && rustix::fs::unlinkat(&self.objects, e.file_name(), AtFlags::empty()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        tx.commit().map_err(sql)?;
+        Ok(removed)
     }
 
     /// The backing root.
@@ -387,19 +863,7 @@ impl Store {
         meta: &FileMeta,
         reason: &str,
     ) -> rusqlite::Result<i64> {
-        let last: Option<(i64, i64, i64)> = tx
-            .prepare_cached(
-                "SELECT lineage, terminal, ts FROM versions WHERE path = ?1 ORDER BY ts DESC LIMIT 1",
-            )?
-            .query_row(params![path], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .optional()?;
-        let lineage = match last {
-            Some((l, 0, _)) => l,
-            _ => tx
-                .prepare_cached("SELECT coalesce(max(lineage), 0) + 1 FROM versions")?
-                .query_row([], |r| r.get(0))?,
-        };
-        let ts = stamp::now_us().max(last.map_or(0, |l| l.2 + 1));
+        let (lineage, ts) = lineage_and_ts(tx, path, stamp::now_us())?;
         let id: i64 = tx
             .prepare_cached(
                 "SELECT max((SELECT coalesce(max(id), 0) FROM versions),
@@ -642,36 +1106,7 @@ impl Store {
     /// Every version, oldest first; only those of `path` (and, with
     /// `under`, of the paths beneath it) when given.
     pub fn list(&self, path: Option<&[u8]>, under: bool) -> Result<Vec<Version>> {
-        let db = self.db()?;
-        let run = |query: &str, args: &[&dyn rusqlite::ToSql]| -> Result<Vec<Version>> {
-            let mut st = db
-                .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM versions {query} ORDER BY ts, id"
-                ))
-                .map_err(sql)?;
-            let rows = st.query_map(args, row_version).map_err(sql)?;
-            rows.collect::<rusqlite::Result<_>>().map_err(sql)
-        };
-        match path {
-            None => run("", &[]),
-            // By the (path, ts) index: retention lists a path's versions at
-            // every version made once the count limit is reached.
-            Some(p) if !under => run("WHERE path = ?1", &[&p]),
-            Some(p) => {
-                // The paths beneath `p` are the range [p/, p0) ('0' follows
-                // '/'): an index range, not a scan of every version.
-                let mut prefix = p.to_vec();
-                if !prefix.ends_with(b"/") {
-                    prefix.push(b'/');
-                }
-                let mut upper = prefix.clone();
-                *upper.last_mut().expect("ends with '/'") = b'/' + 1;
-                run(
-                    "WHERE path = ?1 OR (path >= ?2 AND path < ?3)",
-                    &[&p, &prefix, &upper],
-                )
-            }
-        }
+        list_in(&*self.db()?, path, under)
     }
 
     /// The version of `path` taken at `ts`.
@@ -710,17 +1145,7 @@ impl Store {
     fn delete_rows(&self, ids: &[i64]) -> Result<()> {
         let mut db = self.db()?;
         let tx = db.transaction().map_err(sql)?;
-        let mut freed = 0i64;
-        for id in ids {
-            freed += tx
-                .prepare_cached("SELECT stored FROM versions WHERE id = ?1")
-                .and_then(|mut st| st.query_row(params![id], |r| r.get::<_, i64>(0)).optional())
-                .map_err(sql)?
-                .unwrap_or(0);
-            tx.prepare_cached("DELETE FROM versions WHERE id = ?1")
-                .and_then(|mut st| st.execute(params![id]))
-                .map_err(sql)?;
-        }
+        let freed = delete_rows_in(&tx, ids)?;
         tx.commit().map_err(sql)?;
         drop(db);
         self.count_stored(-freed);
@@ -728,10 +1153,14 @@ impl Store {
     }
 
     /// The second half of [`Store::delete_ids`]: the objects of deleted
-    /// rows. Their ids are never given again ([`LAST_ID`]), so a version
-    /// made since cannot lose its object here.
+    /// rows, by the reaper when there is one. Their ids are never given
+    /// again ([`LAST_ID`]), so a version made since cannot lose its object
+    /// here.
     fn delete_objects(&self, ids: &[i64]) -> Result<()> {
         for id in ids {
+            if self.reaper.get().is_some_and(|r| r.offer(object_name(*id))) {
+                continue;
+            }
             match rustix::fs::unlinkat(&self.objects, object_name(*id), AtFlags::empty()) {
                 Ok(()) | Err(rustix::io::Errno::NOENT) => {}
                 Err(e) => return Err(e.into()),
@@ -776,38 +1205,48 @@ impl Store {
 
     /// Retention after a version of `path` was made: the count limit on
     /// `path` alone, and the whole store only when the age or byte limit is
-    /// exceeded (so making a version costs no scan of every version).
+    /// exceeded (so making a version costs no scan of every version). The
+    /// count limit is checked and applied in one transaction, and the
+    /// dropped objects go to the reaper if there is one: a mount at its
+    /// count limit drops a version at every rewrite (it took four
+    /// transactions and the object's removal before).
     pub fn prune_after(&self, path: &[u8], policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
-        let (old, bytes): (i64, i64) = {
-            let db = self.db()?;
-            let old = match policy.keep_days {
-                Some(d) => db
-                    .prepare_cached("SELECT EXISTS(SELECT 1 FROM versions WHERE ts < ?1)")
-                    .and_then(|mut st| {
-                        st.query_row(params![stamp::now_us() - (d * 86_400e6) as i64], |r| {
-                            r.get(0)
-                        })
-                    })
-                    .map_err(sql)?,
-                None => 0,
-            };
-            let mut total = self.stored_total.lock();
-            let bytes = match (policy.keep_bytes, *total) {
-                (None, _) => 0,
-                (Some(_), Some(t)) => t,
-                // Summing is a scan: once, then kept up to date.
-                (Some(_), None) => {
-                    let t = db
-                        .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
-                        .and_then(|mut st| st.query_row([], |r| r.get(0)))
-                        .map_err(sql)?;
-                    *total = Some(t);
-                    t
+        let mut db = self.db()?;
+        let tx = db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        // No age limit: no version is older than the first instant.
+        let cutoff = policy
+            .keep_days
+            .map_or(i64::MIN, |d| stamp::now_us() - (d * 86_400e6) as i64);
+        let (count, old): (i64, bool) = tx
+            .prepare_cached(
+                "SELECT (SELECT count(*) FROM versions WHERE path = ?1),
+                        EXISTS(SELECT 1 FROM versions WHERE ts < ?2)",
+            )
+            .and_then(|mut st| st.query_row(params![path, cutoff], |r| Ok((r.get(0)?, r.get(1)?))))
+            .map_err(sql)?;
+        let bytes = match policy.keep_bytes {
+            None => 0,
+            Some(_) => {
+                let mut total = self.stored_total.lock();
+                match *total {
+                    Some(t) => t,
+                    // Summing is a scan: once, then kept up to date.
+                    None => {
+                        let t = tx
+                            .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
+                            .and_then(|mut st| st.query_row([], |r| r.get(0)))
+                            .map_err(sql)?;
+                        *total = Some(t);
+                        t
+                    }
                 }
-            };
-            (old, bytes)
+            }
         };
-        if old > 0 || policy.keep_bytes.is_some_and(|b| bytes as u64 > b) {
+        if old || policy.keep_bytes.is_some_and(|b| bytes as u64 > b) {
+            drop(tx);
+            drop(db);
             // Over the byte limit, the oldest go until the store holds
             // nine tenths of it ([`LOW_WATER_TENTHS`]): a store at its limit then scans every
             // version once per tenth of the limit made, not at every
@@ -819,23 +1258,22 @@ impl Store {
             };
             return self.prune(&low, protect);
         }
-        let Some(keep) = policy.keep else {
+        let Some(keep) = policy.keep.filter(|k| count as u64 > *k) else {
             return Ok(Vec::new());
         };
-        let count: i64 = self
-            .db()?
-            .prepare_cached("SELECT count(*) FROM versions WHERE path = ?1")
-            .and_then(|mut st| st.query_row(params![path], |r| r.get(0)))
-            .map_err(sql)?;
-        if count as u64 <= keep {
-            return Ok(Vec::new());
-        }
         let count_only = Policy {
             keep: Some(keep),
             keep_days: None,
             keep_bytes: None,
         };
-        self.prune_among(self.list(Some(path), false)?, &count_only, protect)
+        let all = list_in(&tx, Some(path), false)?;
+        let drop_ids = self.choose_sparing(&all, &count_only, protect);
+        let freed = delete_rows_in(&tx, &drop_ids)?;
+        tx.commit().map_err(sql)?;
+        drop(db);
+        self.count_stored(-freed);
+        self.delete_objects(&drop_ids)?;
+        Ok(drop_ids)
     }
 
     /// Applies retention; returns the ids dropped.
@@ -855,6 +1293,16 @@ impl Store {
     }
 
     fn prune_among(&self, all: Vec<Version>, policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
+        let drop = self.choose_sparing(&all, policy, protect);
+        if !drop.is_empty() {
+            self.delete_ids(&drop)?;
+        }
+        Ok(drop)
+    }
+
+    /// The ids of `all` that `policy` drops, never one in `protect` nor
+    /// one another process is making ([`Store::in_use`]).
+    fn choose_sparing(&self, all: &[Version], policy: &Policy, protect: &[i64]) -> Vec<i64> {
         let entries: Vec<retention::Entry<'_>> = all
             .iter()
             .map(|v| retention::Entry {
@@ -874,15 +1322,11 @@ impl Store {
         loop {
             let busy: Vec<i64> = drop.iter().copied().filter(|id| self.in_use(*id)).collect();
             if busy.is_empty() {
-                break;
+                return drop;
             }
             protect.extend(busy);
             drop = retention::choose(&entries, policy, now, &protect);
         }
-        if !drop.is_empty() {
-            self.delete_ids(&drop)?;
-        }
-        Ok(drop)
     }
 
     /// Totals of the store.
@@ -1024,6 +1468,134 @@ mod tests {
         assert_eq!(second, first + 1);
         let kept = std::fs::read(objects.join(object_name(second))).unwrap();
         assert_eq!(kept, b"old bytes");
+    }
+
+    /// A daemon killed with versions recorded but not committed
+    /// (`pending.rs`), and with dropped versions whose objects the reaper
+    /// had not removed: the next instance commits the first and removes
+    /// the second, and nothing else changes.
+    #[test]
+    fn a_dead_instance_s_recorded_versions_are_adopted_and_its_orphans_removed() {
+        let (dir, root, store, src, meta) = store_and_source();
+        let kept = store
+            .add_whole(b"/f", &src, &meta, "write", true)
+            .unwrap()
+            .expect("a version");
+        let objects = dir.path().join(STORE_DIR).join("objects");
+        // Two versions recorded, objects linked, rows not committed; a
+        // third recorded whose object its daemon removed after a failure;
+        // one dropped version's object left behind.
+        let rec = |id: i64, path: &[u8], terminal: bool| Record {
+            id,
+            path: path.to_vec(),
+            ts: stamp::now_us(),
+            size: 9,
+            uid: 1234,
+            gid: 56,
+            mode: 0o640,
+            reason: "write".into(),
+            terminal,
+        };
+        let (a, b, gone, orphan) = (kept + 10, kept + 11, kept + 12, kept + 13);
+        std::fs::write(objects.join(object_name(a)), b"version a").unwrap();
+        std::fs::write(objects.join(object_name(b)), b"version b").unwrap();
+        std::fs::write(objects.join(object_name(orphan)), b"dropped").unwrap();
+        // And one committed before its daemon died (its row exists).
+        let log: Vec<u8> = [
+            rec(kept, b"/f", false),
+            rec(a, b"/f", false),
+            rec(b, b"/g", true),
+            rec(gone, b"/f", false),
+        ]
+        .iter()
+        .flat_map(pending::frame)
+        .collect();
+        std::fs::write(dir.path().join(STORE_DIR).join(pending::LOG), log).unwrap();
+        drop(store);
+        let next = Store::open(root.as_fd(), false).unwrap();
+        assert_eq!(
+            next.adopt_pending().unwrap(),
+            2,
+            "two records had their objects"
+        );
+        assert_eq!(next.remove_orphans().unwrap(), 1, "one object had no row");
+        assert!(
+            next.check().unwrap().is_empty(),
+            "{:?}",
+            next.check().unwrap()
+        );
+        let f = next.list(Some(b"/f"), false).unwrap();
+        assert_eq!(f.iter().map(|v| v.id).collect::<Vec<_>>(), [kept, a]);
+        assert_eq!(f[1].lineage, f[0].lineage, "the file's life goes on");
+        assert!(f[1].ts > f[0].ts);
+        let g = &next.list(Some(b"/g"), false).unwrap()[0];
+        assert_eq!(
+            (g.id, g.uid, g.gid, g.mode, g.size, g.stored, g.terminal, g.kind),
+            (b, 1234, 56, 0o640, 9, 9, true, Kind::Whole)
+        );
+        assert_eq!(next.read_all(g).unwrap(), b"version b");
+        assert!(!objects.join(object_name(orphan)).exists());
+        // Adopting again changes nothing: the log was emptied.
+        assert_eq!(next.adopt_pending().unwrap(), 0);
+        // Ids given from now on come after every adopted one.
+        let later = next
+            .add_whole(b"/f", &src, &meta, "write", true)
+            .unwrap()
+            .expect("a version");
+        assert!(later > b, "{later} after {b}");
+    }
+
+    /// Versions recorded through the committer are in the index for
+    /// another process (another connection) once `sync_pending` returns,
+    /// and the count limit holds with them.
+    #[test]
+    fn recorded_versions_are_committed_with_the_count_limit() {
+        let (dir, root, store, _src, _meta) = store_and_source();
+        let store = std::sync::Arc::new(store);
+        store.adopt_pending().unwrap();
+        let policy = Policy {
+            keep: Some(3),
+            keep_days: None,
+            keep_bytes: None,
+        };
+        store.defer_versions(policy).unwrap();
+        let d = File::open(dir.path()).unwrap();
+        let mut ids = Vec::new();
+        for i in 0..6u8 {
+            std::fs::write(dir.path().join("f"), [b'0' + i; 5]).unwrap();
+            let meta = FileMeta::of(&File::open(dir.path().join("f")).unwrap()).unwrap();
+            ids.push(
+                store
+                    .record_linked(b"/f", d.as_fd(), OsStr::new("f"), &meta, "write", false)
+                    .unwrap(),
+            );
+            // The caller then gives the name a new file, as a rewrite does.
+            std::fs::remove_file(dir.path().join("f")).unwrap();
+            store.sync_pending().unwrap();
+            let other = Store::open(root.as_fd(), false).unwrap();
+            let seen: Vec<i64> = other
+                .list(Some(b"/f"), false)
+                .unwrap()
+                .iter()
+                .map(|v| v.id)
+                .collect();
+            let from = (i as usize + 1).saturating_sub(3);
+            assert_eq!(seen, ids[from..], "after version {i}");
+        }
+        drop(store);
+        let after = Store::open(root.as_fd(), false).unwrap();
+        assert!(
+            after.check().unwrap().is_empty(),
+            "{:?}",
+            after.check().unwrap()
+        );
+        let bodies: Vec<Vec<u8>> = after
+            .list(Some(b"/f"), false)
+            .unwrap()
+            .iter()
+            .map(|v| after.read_all(v).unwrap())
+            .collect();
+        assert_eq!(bodies, [[b'3'; 5], [b'4'; 5], [b'5'; 5]]);
     }
 
     /// The release of a writer that changed nothing drops its version

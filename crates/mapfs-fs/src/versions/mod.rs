@@ -61,13 +61,13 @@ mod committer;
 pub mod delta;
 mod filesystem;
 mod pending;
-mod reaper;
 mod replace;
 mod restore;
 pub mod retention;
 mod session;
 pub mod stamp;
 pub mod store;
+mod upkeep;
 pub mod virtual_dir;
 
 use std::collections::HashMap;
@@ -280,7 +280,7 @@ impl Versions {
                     "versions: {adopted} recorded versions committed, {orphans} objects of dropped versions removed"
                 );
             }
-            store.reap_in_background()?;
+            store.upkeep_in_background()?;
             store.defer_versions(config.policy)?;
         }
         Ok(Versions {

@@ -160,9 +160,11 @@ fn like(old: &File, new: &File, st: &rustix::fs::Stat) -> Result<()> {
         )?;
         rustix::fs::fsetxattr(new, name, &value, XattrFlags::CREATE)?;
     }
-    let omit = rustix::fs::Timespec {
+    // Modified now, as a truncation marks it: the new file may have been
+    // made a while ago (`upkeep.rs` keeps a few ready).
+    let now = rustix::fs::Timespec {
         tv_sec: 0,
-        tv_nsec: rustix::fs::UTIME_OMIT,
+        tv_nsec: rustix::fs::UTIME_NOW,
     };
     rustix::fs::futimens(
         new,
@@ -171,7 +173,7 @@ fn like(old: &File, new: &File, st: &rustix::fs::Stat) -> Result<()> {
                 tv_sec: st.st_atime as _,
                 tv_nsec: st.st_atime_nsec as _,
             },
-            last_modification: omit,
+            last_modification: now,
         },
     )?;
     Ok(())

@@ -31,9 +31,9 @@ use serde::{Deserialize, Serialize};
 use super::clone;
 use super::committer::{Committer, ID_BLOCK};
 use super::pending::{self, Record};
-use super::reaper::Reaper;
 use super::retention::{self, Policy};
 use super::stamp;
+use super::upkeep::Upkeep;
 
 /// Name of the store directory in the backing root (hidden from the mount).
 pub const STORE_DIR: &str = ".mapfs-versions";
@@ -172,9 +172,9 @@ pub struct Store {
     /// Bytes kept by all versions, as this process last knew (summing is
     /// a scan); `None` until first needed, refreshed by every full prune.
     stored_total: Mutex<Option<i64>>,
-    /// Removes dropped versions' objects in the background, once started
-    /// ([`Store::reap_in_background`]).
-    reaper: std::sync::OnceLock<Reaper>,
+    /// Removes dropped versions' objects and makes replacements in the
+    /// background, once started ([`Store::upkeep_in_background`]).
+    upkeep: std::sync::OnceLock<Upkeep>,
     /// Commits recorded versions, once started ([`Store::defer_versions`]).
     committer: std::sync::OnceLock<std::sync::Arc<Committer>>,
 }
@@ -188,6 +188,9 @@ impl Drop for Store {
                 tracing::warn!("versions: recorded versions not committed at unmount (the next mount commits them): {e}");
             }
         }
+        // After the last commit, which may drop versions: their objects
+        // are removed before the store closes.
+        drop(self.upkeep.take());
     }
 }
 
@@ -361,6 +364,9 @@ const LAST_ID: &str = "last_id";
 /// names are numbers.
 const REPLACEMENT_PREFIX: &str = ".replacement-";
 
+/// Names of replacements made ahead (`upkeep.rs`), not in use yet.
+pub const SPARE_PREFIX: &str = ".spare-";
+
 fn object_name(id: i64) -> String {
     id.to_string()
 }
@@ -450,7 +456,7 @@ impl Store {
                 flags: flags & !rusqlite::OpenFlags::SQLITE_OPEN_CREATE,
             }),
             stored_total: Mutex::new(None),
-            reaper: std::sync::OnceLock::new(),
+            upkeep: std::sync::OnceLock::new(),
             committer: std::sync::OnceLock::new(),
         })
     }
@@ -726,6 +732,8 @@ impl Store {
             }
             Err(e) => {
                 c.put_back(records);
+                // It may count this batch already.
+                *self.stored_total.lock() = None;
                 Err(e)
             }
         }
@@ -750,23 +758,33 @@ impl Store {
         let Some(max) = policy.keep_bytes else {
             return Ok(false);
         };
-        let total = match *self.stored_total.lock() {
+        let mut cached = self.stored_total.lock();
+        let total = match *cached {
             Some(t) => t + delta,
-            None => tx
-                .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
-                .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
-                .map_err(sql)?,
+            // Summing is a scan: once, then kept up to date (the sum
+            // counts `delta` already, which the caller adds after the
+            // commit).
+            None => {
+                let t = tx
+                    .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
+                    .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+                    .map_err(sql)?;
+                *cached = Some(t - delta);
+                t
+            }
         };
         Ok(total as u64 > max)
     }
 
-    /// From now on, objects of dropped versions are removed by a thread
-    /// of this process, not by the call that dropped them (see
-    /// `reaper.rs`). For a daemon: a process that forks must not.
-    pub fn reap_in_background(&self) -> Result<()> {
-        if self.reaper.get().is_none() {
-            let r = Reaper::start(self.objects.as_fd())?;
-            let _ = self.reaper.set(r);
+    /// From now on, objects of dropped versions are removed, and the empty
+    /// files that replace rewritten ones made, by a thread of this
+    /// process (see `upkeep.rs`). For a daemon: a process that forks must
+    /// not.
+    pub fn upkeep_in_background(&self) -> Result<()> {
+        if self.upkeep.get().is_none() {
+            let prefix = format!("{SPARE_PREFIX}{}-", std::process::id());
+            let u = Upkeep::start(self.objects.as_fd(), prefix)?;
+            let _ = self.upkeep.set(u);
         }
         Ok(())
     }
@@ -1038,6 +1056,9 @@ impl Store {
     /// (see [`Store::place_replacement`]): the file that replaces one whose
     /// inode became its version.
     pub fn new_replacement(&self) -> Result<(File, String)> {
+        if let Some(spare) = self.upkeep.get().and_then(Upkeep::take_spare) {
+            return Ok(spare);
+        }
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("{REPLACEMENT_PREFIX}{}-{n}", std::process::id());
@@ -1072,12 +1093,15 @@ impl Store {
         let _ = rustix::fs::unlinkat(&self.objects, tmp, AtFlags::empty());
     }
 
-    /// Removes replacements a daemon that died left (only the instance that
-    /// holds the store's lock may: another's would be in use).
+    /// Removes replacements (and spare ones) a daemon that died left (only
+    /// the instance that holds the store's lock may: another's would be in
+    /// use).
     pub fn remove_replacements(&self) -> Result<()> {
         for e in rustix::fs::Dir::read_from(&self.objects)?.flatten() {
             let name = e.file_name().to_bytes();
-            if name.starts_with(REPLACEMENT_PREFIX.as_bytes()) {
+            if name.starts_with(REPLACEMENT_PREFIX.as_bytes())
+                || name.starts_with(SPARE_PREFIX.as_bytes())
+            {
                 let _ = rustix::fs::unlinkat(&self.objects, e.file_name(), AtFlags::empty());
             }
         }
@@ -1153,12 +1177,16 @@ impl Store {
     }
 
     /// The second half of [`Store::delete_ids`]: the objects of deleted
-    /// rows, by the reaper when there is one. Their ids are never given
+    /// rows, by the upkeep thread when there is one. Their ids are never given
     /// again ([`LAST_ID`]), so a version made since cannot lose its object
     /// here.
     fn delete_objects(&self, ids: &[i64]) -> Result<()> {
         for id in ids {
-            if self.reaper.get().is_some_and(|r| r.offer(object_name(*id))) {
+            if self
+                .upkeep
+                .get()
+                .is_some_and(|u| u.offer_removal(object_name(*id)))
+            {
                 continue;
             }
             match rustix::fs::unlinkat(&self.objects, object_name(*id), AtFlags::empty()) {
@@ -1207,7 +1235,7 @@ impl Store {
     /// `path` alone, and the whole store only when the age or byte limit is
     /// exceeded (so making a version costs no scan of every version). The
     /// count limit is checked and applied in one transaction, and the
-    /// dropped objects go to the reaper if there is one: a mount at its
+    /// dropped objects go to the upkeep thread if there is one: a mount at its
     /// count limit drops a version at every rewrite (it took four
     /// transactions and the object's removal before).
     pub fn prune_after(&self, path: &[u8], policy: &Policy, protect: &[i64]) -> Result<Vec<i64>> {
@@ -1471,7 +1499,7 @@ mod tests {
     }
 
     /// A daemon killed with versions recorded but not committed
-    /// (`pending.rs`), and with dropped versions whose objects the reaper
+    /// (`pending.rs`), and with dropped versions whose objects the upkeep thread
     /// had not removed: the next instance commits the first and removes
     /// the second, and nothing else changes.
     #[test]

@@ -260,6 +260,45 @@ fn reused_backing_number_gets_its_own_inode() {
     }
 }
 
+/// A name whose file was replaced without a lookup through the mount
+/// still names the old file's inode in the daemon's table; when another
+/// name then turns out to have the old file's number, it is not taken for
+/// a hard link of the first name (whose path the inode's reads would
+/// follow). Found by `mapfs bench --workloads overwrite` on xfs through
+/// `versions`: an `O_TRUNC` rewrite within the entry time gives the name a
+/// new file without a lookup, and xfs soon gave the old file's number,
+/// once its version was dropped, to the file of another name, which then
+/// read the first name's bytes. Here the replacement and the other name
+/// are made in the backing directory (a hard link keeps the old number
+/// alive), which is the same state, deterministically.
+#[test]
+fn a_replaced_name_is_not_taken_for_a_hard_link_of_its_old_number() {
+    if !fuse_or_skip("a_replaced_name_is_not_taken_for_a_hard_link_of_its_old_number") {
+        return;
+    }
+    for mode in MODES {
+        let s = mount(mode, &[]);
+        let (m, b) = (s.mountpoint(), s.backing());
+        fs::write(m.join("b"), version(1)).unwrap();
+        let old = fs::metadata(m.join("b")).unwrap().ino();
+        // Behind the mount: the old file gets a second name, "a", and "b"
+        // a new file. The daemon's table still has "b" for the old inode.
+        fs::hard_link(b.join("b"), b.join("a")).unwrap();
+        fs::write(b.join("b.new"), version(2)).unwrap();
+        fs::rename(b.join("b.new"), b.join("b")).unwrap();
+        assert_eq!(fs::metadata(b.join("a")).unwrap().ino(), old);
+        assert_eq!(
+            fs::read(m.join("a")).unwrap(),
+            version(1),
+            "--data {mode}: \"a\" read another file's bytes"
+        );
+        assert_eq!(
+            fs::metadata(m.join("a")).unwrap().len(),
+            version(1).len() as u64
+        );
+    }
+}
+
 /// `st_ino` through the mount is the backing number for ordinary files,
 /// directories and symlinks, and hard links share one inode.
 #[test]

@@ -529,6 +529,19 @@ impl Shared {
     /// Records the kernel's reference to `attr`'s file as `name` in
     /// `parent` and gives its attributes under the nodeid it gets.
     fn enter(&self, parent: INodeNo, name: &OsStr, attr: &Attr) -> FileAttr {
+        // Names the table holds as this file's hard links are checked
+        // first: one may name another file now (`Inodes::other_names`).
+        // Asked as the daemon; a name it cannot check is dropped, which
+        // costs a real hard link a second kernel inode at worst.
+        for (p, n, path) in self.inodes.other_names(parent.0, name, attr.ino) {
+            let same = self
+                .fs
+                .getattr(&Ctx::current(), &path)
+                .is_ok_and(|a| a.ino == attr.ino);
+            if !same {
+                self.inodes.unname(p, &n, attr.ino);
+            }
+        }
         let ino = self.inodes.enter(parent.0, name, attr.ino);
         if self.pages.enabled() && !self.inodes.sole_node(ino) {
             // Writes through one kernel inode of the file do not reach the

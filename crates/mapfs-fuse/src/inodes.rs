@@ -439,6 +439,58 @@ impl Inodes {
         table.children.get(&(parent, name.to_os_string())).copied()
     }
 
+    /// The other names (and their paths) of the node file system number
+    /// `fs_ino` would be entered under as `name` in `parent`: names the
+    /// table believes are hard links of that file. The caller checks them
+    /// ([`Inodes::unname`] for those that are not): a name whose file was
+    /// replaced without a lookup (an open within the entry time that the
+    /// file system answered with a new file, as `versions` does for
+    /// `O_TRUNC`) still names the old file's node, and once the backing
+    /// file system gives the old file's number to a new file, that node
+    /// would be handed to the new file, and the new name would read the
+    /// old name's file.
+    pub fn other_names(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        fs_ino: u64,
+    ) -> Vec<(u64, OsString, PathBuf)> {
+        let names = {
+            let t = self.table.read();
+            let Some(n) = self
+                .known_nodeid(&t, fs_ino)
+                .and_then(|id| t.nodes.get(&id))
+            else {
+                return Vec::new();
+            };
+            n.names.clone()
+        };
+        names
+            .into_iter()
+            .filter(|(p, n)| !(*p == parent && n == name))
+            .filter_map(|(p, n)| {
+                let path = self.child_path(p, &n)?;
+                Some((p, n, path))
+            })
+            .collect()
+    }
+
+    /// `name` in `parent` no longer names the file of number `fs_ino`
+    /// (see [`Inodes::other_names`]): the table forgets that name of its
+    /// node, as for an unlink.
+    pub fn unname(&self, parent: u64, name: &OsStr, fs_ino: u64) {
+        let holds = {
+            let t = self.table.read();
+            t.children
+                .get(&(parent, name.to_os_string()))
+                .and_then(|id| t.nodes.get(id))
+                .is_some_and(|n| n.fs_ino == fs_ino)
+        };
+        if holds {
+            self.unlinked(parent, name);
+        }
+    }
+
     /// `name` in `parent` was removed (unlink, rmdir).
     pub fn unlinked(&self, parent: u64, name: &OsStr) {
         let mut table = self.table.write();

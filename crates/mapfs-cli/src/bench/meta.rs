@@ -204,8 +204,26 @@ pub fn overwrite(dir: &Path, files: usize, rounds: usize) -> Result<Vec<PhaseRes
         rustix::fs::syncfs(fs::File::open(&d)?)?;
         let secs = start.elapsed().as_secs_f64();
         for i in 0..files {
-            if fs::read(name(i))? != overwrite_body(i, rounds) {
-                anyhow::bail!("file {i} reads back other bytes than its last rewrite");
+            let got = fs::read(name(i))?;
+            if got != overwrite_body(i, rounds) {
+                // Which content it holds says where it went wrong.
+                let was = (0..rounds)
+                    .rev()
+                    .find(|r| got == overwrite_body(i, *r))
+                    .map_or_else(
+                        || "none of its rewrites".to_string(),
+                        |r| format!("round {r}'s"),
+                    );
+                anyhow::bail!(
+                    "file {i} reads back other bytes than its last rewrite: {} bytes of {} \
+                     ({was} content; the first differs at byte {})",
+                    got.len(),
+                    overwrite_size(i),
+                    got.iter()
+                        .zip(overwrite_body(i, rounds))
+                        .position(|(a, b)| *a != b)
+                        .unwrap_or(got.len().min(overwrite_size(i)))
+                );
             }
         }
         lat.sort_unstable();

@@ -36,7 +36,11 @@
 //! and is read through the read-only `/.versions/DIR/NAME@STAMP` entries
 //! (`virtual_dir.rs`) or `mapfs versions`. It follows renames. Retention
 //! (`retention.rs`) by count per path, age and total bytes runs when a
-//! version is made and at `mapfs versions prune`.
+//! version is made and at `mapfs versions prune`. A mount records an
+//! `O_TRUNC` rewrite's version in a log and commits its row (and its
+//! retention) in a thread (`pending.rs`, `committer.rs`); another thread
+//! removes dropped versions' objects and makes the empty files rewrites
+//! take (`upkeep.rs`).
 //!
 //! # Who decides
 //!

@@ -20,7 +20,10 @@
 //! inode, so an entry for its number is taken to be another file; the one
 //! case where it is the same file (a hard link the kernel had not looked up
 //! yet, after the name it knew was removed) then gets two kernel inodes, as
-//! on NFS, rather than risking the reverse.
+//! on NFS, rather than risking the reverse. A name the table holds may also
+//! name another file now, replaced without a lookup: before a file's node
+//! is given to a new name as a hard link, the adapter checks the node's
+//! other names ([`Inodes::other_names`], [`Inodes::unname`]).
 //!
 //! Each inode remembers the names the kernel knows it by, as `(parent inode,
 //! name)`; its path is found by walking the first name up to the root. A

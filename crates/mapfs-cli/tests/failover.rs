@@ -496,6 +496,92 @@ fn versions_survives_kills() {
     storm("versions", DataMode::Auto, &[], false);
 }
 
+/// An `O_TRUNC` rewrite's version is recorded in the store's log before
+/// the name gets its new file, and its row committed later by a thread
+/// (`versions::pending`): a daemon killed in between leaves the record to
+/// its successor, which commits it. Files are rewritten whole, again and
+/// again, with contents that name the round, while the daemon is killed
+/// 20 times; afterwards every content a rewrite replaced is a version of
+/// its file, and the store is consistent.
+#[test]
+fn versions_rewrites_lose_no_version_across_kills() {
+    let test = "failover versions: every rewrite keeps what it replaced";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = MountSession::builder(mapfs_bin())
+        .fs("versions")
+        .data(DataMode::Auto)
+        .arg("-o")
+        .arg("keep=none,keep-days=none,keep-bytes=none")
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mp: PathBuf = s.mountpoint().to_path_buf();
+    const FILES: usize = 16;
+    let body = |i: usize, r: usize| -> Vec<u8> {
+        let unit = format!("file {i} round {r}\n");
+        unit.repeat((4096 + i * 700) / unit.len() + 1).into_bytes()
+    };
+    std::fs::create_dir(mp.join("d")).unwrap();
+    let done = AtomicBool::new(false);
+    let mut took = Vec::new();
+    let rounds = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut r = 0;
+            loop {
+                for i in 0..FILES {
+                    std::fs::write(mp.join(format!("d/f{i}")), body(i, r))
+                        .unwrap_or_else(|e| panic!("{test}: round {r}, file {i}: {e}"));
+                }
+                r += 1;
+                if done.load(Ordering::Acquire) && r >= 2 {
+                    return r;
+                }
+            }
+        });
+        let storm =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| took = kill_storm(&mp, 13)));
+        done.store(true, Ordering::Release);
+        if let Err(panic) = storm {
+            abort_connection(&mp);
+            let _ = writer.join();
+            std::panic::resume_unwind(panic);
+        }
+        writer.join().expect("writer")
+    });
+    report(test, took);
+    let out = s.umount().unwrap();
+    assert!(out.success(), "{test}: umount: {}", out.stderr);
+    let root = std::fs::File::open(s.backing()).unwrap();
+    let store =
+        mapfs_fs::versions::store::Store::open(std::os::fd::AsFd::as_fd(&root), false).unwrap();
+    let problems = store.check().unwrap();
+    assert!(problems.is_empty(), "{test}: version store: {problems:?}");
+    for i in 0..FILES {
+        let path = format!("/d/f{i}");
+        let kept: std::collections::HashSet<Vec<u8>> = store
+            .list(Some(path.as_bytes()), false)
+            .unwrap()
+            .iter()
+            .map(|v| store.read_all(v).unwrap())
+            .collect();
+        let lost: Vec<usize> = (0..rounds - 1)
+            .filter(|r| !kept.contains(&body(i, *r)))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{test}: {path}: no version of rounds {lost:?} (of {rounds})"
+        );
+        assert_eq!(
+            std::fs::read(s.backing().join(format!("d/f{i}"))).unwrap(),
+            body(i, rounds - 1),
+            "{test}: {path} now"
+        );
+    }
+    eprintln!("{test}: {rounds} rounds of {FILES} rewrites, every version kept");
+}
+
 /// versions' undo writers under `mapfs run` (files above `max-size=0`:
 /// guarded maps, written in place in the exercisers, remapped by the daemon
 /// over the control socket) across daemon kills: a successor lends the

@@ -328,6 +328,13 @@ fn insert_recorded(tx: &Connection, objects: BorrowedFd<'_>, r: &Record) -> Resu
     Ok(true)
 }
 
+/// The id of every version in the index.
+fn row_ids(db: &Connection) -> Result<std::collections::HashSet<i64>> {
+    db.prepare("SELECT id FROM versions")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .map_err(sql)
+}
+
 /// Deletes the rows of `ids` inside `tx`; answers the bytes they kept.
 fn delete_rows_in(tx: &rusqlite::Transaction<'_>, ids: &[i64]) -> Result<i64> {
     let mut freed = 0i64;
@@ -531,20 +538,9 @@ impl Store {
         if integrity != "ok" {
             problems.push(format!("index: {integrity}"));
         }
-        let ids: std::collections::HashSet<i64> = db
-            .prepare("SELECT id FROM versions")
-            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
-            .map_err(sql)?;
+        let ids = row_ids(&db)?;
         drop(db);
-        let mut objects = std::collections::HashSet::new();
-        for e in rustix::fs::Dir::read_from(&self.objects)?.flatten() {
-            if let Some(id) = std::str::from_utf8(e.file_name().to_bytes())
-                .ok()
-                .and_then(|n| n.parse::<i64>().ok())
-            {
-                objects.insert(id);
-            }
-        }
+        let objects = self.object_ids()?;
         let mut missing: Vec<_> = ids.difference(&objects).collect();
         missing.sort();
         if !missing.is_empty() {
@@ -798,26 +794,29 @@ impl Store {
         let tx = db
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql)?;
-        let ids: std::collections::HashSet<i64> = tx
-            .prepare("SELECT id FROM versions")
-            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
-            .map_err(sql)?;
+        let ids = row_ids(&tx)?;
         let mut removed = 0;
-        for e in rustix::fs::Dir::read_from(&self.objects)?.flatten() {
-            let Some(id) = std::str::from_utf8(e.file_name().to_bytes())
-                .ok()
-                .and_then(|n| n.parse::<i64>().ok())
-            else {
-                continue;
-            };
+        for id in self.object_ids()? {
             if !ids.contains(&id)
-                && rustix::fs::unlinkat(&self.objects, e.file_name(), AtFlags::empty()).is_ok()
+                && rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty()).is_ok()
             {
                 removed += 1;
             }
         }
         tx.commit().map_err(sql)?;
         Ok(removed)
+    }
+
+    /// The ids of the objects in `objects/` (names that are numbers).
+    fn object_ids(&self) -> Result<std::collections::HashSet<i64>> {
+        Ok(rustix::fs::Dir::read_from(&self.objects)?
+            .flatten()
+            .filter_map(|e| {
+                std::str::from_utf8(e.file_name().to_bytes())
+                    .ok()
+                    .and_then(|n| n.parse::<i64>().ok())
+            })
+            .collect())
     }
 
     /// The backing root.

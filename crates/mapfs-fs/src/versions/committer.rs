@@ -100,8 +100,8 @@ impl Committer {
         }
     }
 
-    /// Stops the thread; it commits what waits first. Not from the thread
-    /// itself (it stops on its own when the store is gone).
+    /// Stops the thread (joined, unless this is it); what still waits is
+    /// the caller's to commit (the store's drop does).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         {

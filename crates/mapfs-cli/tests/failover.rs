@@ -308,12 +308,19 @@ fn storm_with(fs: &str, mode: DataMode, extra: &[&str], load: Load) {
         // Every killed daemon's recorded versions got their rows, and
         // every object a dropped version left was removed, by the
         // daemons after it.
-        let root = std::fs::File::open(s.backing()).unwrap();
-        let store =
-            mapfs_fs::versions::store::Store::open(std::os::fd::AsFd::as_fd(&root), false).unwrap();
-        let problems = store.check().unwrap();
-        assert!(problems.is_empty(), "{test}: version store: {problems:?}");
+        checked_version_store(&test, s.backing());
     }
+}
+
+/// The version store of `backing` (not in use), which must pass its own
+/// check ([`mapfs_fs::versions::store::Store::check`]).
+fn checked_version_store(test: &str, backing: &Path) -> mapfs_fs::versions::store::Store {
+    let root = std::fs::File::open(backing).unwrap();
+    let store =
+        mapfs_fs::versions::store::Store::open(std::os::fd::AsFd::as_fd(&root), false).unwrap();
+    let problems = store.check().unwrap();
+    assert!(problems.is_empty(), "{test}: version store: {problems:?}");
+    store
 }
 
 #[test]
@@ -553,11 +560,7 @@ fn versions_rewrites_lose_no_version_across_kills() {
     report(test, took);
     let out = s.umount().unwrap();
     assert!(out.success(), "{test}: umount: {}", out.stderr);
-    let root = std::fs::File::open(s.backing()).unwrap();
-    let store =
-        mapfs_fs::versions::store::Store::open(std::os::fd::AsFd::as_fd(&root), false).unwrap();
-    let problems = store.check().unwrap();
-    assert!(problems.is_empty(), "{test}: version store: {problems:?}");
+    let store = checked_version_store(test, s.backing());
     for i in 0..FILES {
         let path = format!("/d/f{i}");
         let kept: std::collections::HashSet<Vec<u8>> = store

@@ -458,7 +458,9 @@ impl Inodes {
         name: &OsStr,
         fs_ino: u64,
     ) -> Vec<(u64, OsString, PathBuf)> {
-        let names = {
+        // Filtered under the lock: a lookup of a file's only name (the
+        // common case) copies nothing.
+        let others: Vec<(u64, OsString)> = {
             let t = self.table.read();
             let Some(n) = self
                 .known_nodeid(&t, fs_ino)
@@ -466,11 +468,14 @@ impl Inodes {
             else {
                 return Vec::new();
             };
-            n.names.clone()
+            n.names
+                .iter()
+                .filter(|(p, n)| !(*p == parent && n == name))
+                .cloned()
+                .collect()
         };
-        names
+        others
             .into_iter()
-            .filter(|(p, n)| !(*p == parent && n == name))
             .filter_map(|(p, n)| {
                 let path = self.child_path(p, &n)?;
                 Some((p, n, path))

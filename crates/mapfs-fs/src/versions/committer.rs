@@ -132,7 +132,7 @@ fn run(c: Arc<Committer>, weak: Weak<Store>) {
     let mut failed = false;
     while c.wait() {
         let Some(store) = weak.upgrade() else { return };
-        match store.commit_pending() {
+        match store.sync_pending() {
             Ok(()) => failed = false,
             Err(e) => {
                 // One line per run of failures, not one per attempt.

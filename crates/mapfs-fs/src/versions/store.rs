@@ -649,12 +649,6 @@ impl Store {
         Ok(())
     }
 
-    /// The committer thread's work: see [`Store::sync_pending`].
-    pub(super) fn commit_pending(&self) -> Result<()> {
-        drop(self.db()?);
-        Ok(())
-    }
-
     /// Commits the waiting records into `conn` (the index, held), each
     /// batch's paths brought back to the count limit in the same
     /// transaction.
@@ -677,54 +671,14 @@ impl Store {
             let mut paths: Vec<&[u8]> = records.iter().map(|r| &r.path[..]).collect();
             paths.sort_unstable();
             paths.dedup();
-            let mut dropped = Vec::new();
-            let mut freed = 0;
-            if let Some(keep) = c.policy.keep {
-                let count_only = Policy {
-                    keep: Some(keep),
-                    keep_days: None,
-                    keep_bytes: None,
-                };
-                for path in paths {
-                    let count: i64 = tx
-                        .prepare_cached("SELECT count(*) FROM versions WHERE path = ?1")
-                        .and_then(|mut st| st.query_row(params![path], |r| r.get(0)))
-                        .map_err(sql)?;
-                    if count as u64 > keep {
-                        let all = list_in(&tx, Some(path), false)?;
-                        let ids = self.choose_sparing(&all, &count_only, &batch);
-                        freed += delete_rows_in(&tx, &ids)?;
-                        dropped.extend(ids);
-                    }
-                }
-            }
-            let over = self.over_limits(&tx, &c.policy, added - freed)?;
-            if over {
-                // As `prune_after`: the whole store, down to nine tenths of
-                // the byte limit.
-                let low = Policy {
-                    keep_bytes: c.policy.keep_bytes.map(|b| b / 10 * LOW_WATER_TENTHS),
-                    ..c.policy
-                };
-                let all = list_in(&tx, None, false)?;
-                let ids = self.choose_sparing(&all, &low, &batch);
-                freed += delete_rows_in(&tx, &ids)?;
-                dropped.extend(ids);
-            }
+            let (dropped, freed, over) = self.retain_in(&tx, &paths, &c.policy, &batch, added)?;
             tx.commit().map_err(sql)?;
             Ok((added, freed, dropped, over))
         })();
         match done {
             Ok((added, freed, dropped, over)) => {
                 c.truncate_if_idle();
-                if over {
-                    // Summed again when next needed, as after `prune`.
-                    *self.stored_total.lock() = None;
-                } else {
-                    self.count_stored(added - freed);
-                }
-                self.delete_objects(&dropped)?;
-                Ok(())
+                self.retained(added, freed, &dropped, over)
             }
             Err(e) => {
                 c.put_back(records);
@@ -1242,65 +1196,76 @@ impl Store {
         let tx = db
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(sql)?;
-        // No age limit: no version is older than the first instant.
-        let cutoff = policy
-            .keep_days
-            .map_or(i64::MIN, |d| stamp::now_us() - (d * 86_400e6) as i64);
-        let (count, old): (i64, bool) = tx
-            .prepare_cached(
-                "SELECT (SELECT count(*) FROM versions WHERE path = ?1),
-                        EXISTS(SELECT 1 FROM versions WHERE ts < ?2)",
-            )
-            .and_then(|mut st| st.query_row(params![path, cutoff], |r| Ok((r.get(0)?, r.get(1)?))))
-            .map_err(sql)?;
-        let bytes = match policy.keep_bytes {
-            None => 0,
-            Some(_) => {
-                let mut total = self.stored_total.lock();
-                match *total {
-                    Some(t) => t,
-                    // Summing is a scan: once, then kept up to date.
-                    None => {
-                        let t = tx
-                            .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
-                            .and_then(|mut st| st.query_row([], |r| r.get(0)))
-                            .map_err(sql)?;
-                        *total = Some(t);
-                        t
-                    }
-                }
-            }
-        };
-        if old || policy.keep_bytes.is_some_and(|b| bytes as u64 > b) {
-            drop(tx);
-            drop(db);
-            // Over the byte limit, the oldest go until the store holds
-            // nine tenths of it ([`LOW_WATER_TENTHS`]): a store at its limit then scans every
-            // version once per tenth of the limit made, not at every
-            // version (measured: rewrites through the mount fell from 380 to
-            // 34-57 MB/s once a store reached its limit, on tmpfs).
+        let (dropped, freed, over) = self.retain_in(&tx, &[path], policy, protect, 0)?;
+        tx.commit().map_err(sql)?;
+        drop(db);
+        self.retained(0, freed, &dropped, over)?;
+        Ok(dropped)
+    }
+
+    /// Retention inside `tx` after versions of `paths` were made: when the
+    /// store exceeds the age or byte limit, the whole store, down to nine
+    /// tenths of the byte limit ([`LOW_WATER_TENTHS`]: a store at its limit
+    /// then scans every version once per tenth of the limit made, not at
+    /// every version; measured: rewrites through the mount fell from 380 to
+    /// 34-57 MB/s once a store reached its limit, on tmpfs); else the count
+    /// limit on `paths` alone. Never drops one in `protect`. `delta`: bytes
+    /// added in `tx` that the cached total does not count yet. Answers the
+    /// ids whose rows it deleted (their objects are the caller's, after the
+    /// commit: [`Store::retained`]), the bytes they kept, and whether it
+    /// pruned the whole store.
+    fn retain_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        paths: &[&[u8]],
+        policy: &Policy,
+        protect: &[i64],
+        delta: i64,
+    ) -> Result<(Vec<i64>, i64, bool)> {
+        if self.over_limits(tx, policy, delta)? {
             let low = Policy {
                 keep_bytes: policy.keep_bytes.map(|b| b / 10 * LOW_WATER_TENTHS),
                 ..*policy
             };
-            return self.prune(&low, protect);
+            let all = list_in(tx, None, false)?;
+            let ids = self.choose_sparing(&all, &low, protect);
+            let freed = delete_rows_in(tx, &ids)?;
+            return Ok((ids, freed, true));
         }
-        let Some(keep) = policy.keep.filter(|k| count as u64 > *k) else {
-            return Ok(Vec::new());
+        let Some(keep) = policy.keep else {
+            return Ok((Vec::new(), 0, false));
         };
         let count_only = Policy {
             keep: Some(keep),
             keep_days: None,
             keep_bytes: None,
         };
-        let all = list_in(&tx, Some(path), false)?;
-        let drop_ids = self.choose_sparing(&all, &count_only, protect);
-        let freed = delete_rows_in(&tx, &drop_ids)?;
-        tx.commit().map_err(sql)?;
-        drop(db);
-        self.count_stored(-freed);
-        self.delete_objects(&drop_ids)?;
-        Ok(drop_ids)
+        let (mut dropped, mut freed) = (Vec::new(), 0);
+        for path in paths {
+            let count: i64 = tx
+                .prepare_cached("SELECT count(*) FROM versions WHERE path = ?1")
+                .and_then(|mut st| st.query_row(params![path], |r| r.get(0)))
+                .map_err(sql)?;
+            if count as u64 > keep {
+                let all = list_in(tx, Some(path), false)?;
+                let ids = self.choose_sparing(&all, &count_only, protect);
+                freed += delete_rows_in(tx, &ids)?;
+                dropped.extend(ids);
+            }
+        }
+        Ok((dropped, freed, false))
+    }
+
+    /// After a committed [`Store::retain_in`] (and `added` bytes of new
+    /// versions): the cached total, and the dropped versions' objects.
+    fn retained(&self, added: i64, freed: i64, dropped: &[i64], whole: bool) -> Result<()> {
+        if whole {
+            // Summed again when next needed, as after `prune`.
+            *self.stored_total.lock() = None;
+        } else {
+            self.count_stored(added - freed);
+        }
+        self.delete_objects(dropped)
     }
 
     /// Applies retention; returns the ids dropped.

@@ -420,12 +420,31 @@ impl DataFile {
             return Ok(sync(f)?);
         }
         // Sync without holding the lock: writers need not wait for the disk.
-        let files = self.inner.read().files.clone();
-        for (i, f) in files.iter().enumerate() {
-            if files[..i].iter().any(|g| Arc::ptr_eq(f, g)) {
+        let (files, own) = {
+            let st = self.inner.read();
+            let own = match st.map.growth() {
+                Growth::AppendLog { file, .. } | Growth::Guarded { file } => Some(file as usize),
+                _ => None,
+            };
+            (st.files.clone(), own)
+        };
+        // The file this open writes first: the other files of a log map are
+        // other writers' logs, which their own writers sync at the same
+        // moment in a checkpoint. Synced first, they made each writer wait
+        // for another's bytes before its own (on a network store each sync
+        // ships everything the file has dirty).
+        let order = own
+            .filter(|&o| o < files.len())
+            .into_iter()
+            .chain((0..files.len()).filter(|&i| Some(i) != own));
+        let mut done: Vec<&Arc<File>> = Vec::with_capacity(files.len());
+        for i in order {
+            let f = &files[i];
+            if done.iter().any(|g| Arc::ptr_eq(f, g)) {
                 continue;
             }
             sync(f)?;
+            done.push(f);
         }
         Ok(())
     }

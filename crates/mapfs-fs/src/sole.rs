@@ -55,6 +55,43 @@ pub fn take_shared(dir: BorrowedFd<'_>, name: &str, what: &str, shown: &str) -> 
     )
 }
 
+/// The lock file `name` in `dir` taken exclusively if no instance holds it
+/// now (no wait): for a shared instance that finds work a dead sole
+/// instance left (see [`Sole::share`]).
+pub fn try_take(dir: BorrowedFd<'_>, name: &str) -> Result<Option<Sole>> {
+    let file = lock_file(dir, name)?;
+    match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(Sole { _file: file })),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Sole {
+    /// Turns a lock taken alone ([`try_take`]) into one of the shared
+    /// instances' ([`take_shared`]). The kernel may drop the exclusive lock
+    /// before it grants the shared one: a sole instance starting in that
+    /// moment wins, and this fails as [`take_shared`] would have.
+    pub fn share(self, what: &str, shown: &str) -> Result<Sole> {
+        wait_for(
+            self._file,
+            what,
+            shown,
+            FlockOperation::NonBlockingLockShared,
+        )
+    }
+}
+
+fn lock_file(dir: BorrowedFd<'_>, name: &str) -> Result<File> {
+    let fd = openat2_beneath(
+        dir,
+        OsStr::new(name),
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )?;
+    Ok(File::from(fd))
+}
+
 fn lock(
     dir: BorrowedFd<'_>,
     name: &str,
@@ -62,13 +99,10 @@ fn lock(
     shown: &str,
     op: FlockOperation,
 ) -> Result<Sole> {
-    let fd = openat2_beneath(
-        dir,
-        OsStr::new(name),
-        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    )?;
-    let file = File::from(fd);
+    wait_for(lock_file(dir, name)?, what, shown, op)
+}
+
+fn wait_for(file: File, what: &str, shown: &str, op: FlockOperation) -> Result<Sole> {
     let start = Instant::now();
     loop {
         match rustix::fs::flock(&file, op) {

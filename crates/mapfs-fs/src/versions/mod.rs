@@ -214,6 +214,22 @@ struct Writer {
 /// (`crate::sole`).
 pub const LOCK_NAME: &str = "instance.lock";
 
+/// What an instance that holds the store alone does first: replacements
+/// left are a dead instance's (`replace.rs`; shared instances make none),
+/// versions it recorded but had not committed (`pending.rs`) get their
+/// rows, then objects it dropped but had not removed go.
+fn take_over(store: &Store) -> Result<()> {
+    store.remove_replacements()?;
+    let adopted = store.adopt_pending()?;
+    let orphans = store.remove_orphans()?;
+    if adopted + orphans > 0 {
+        tracing::info!(
+            "versions: {adopted} recorded versions committed, {orphans} objects of dropped versions removed"
+        );
+    }
+    Ok(())
+}
+
 /// The `versions` file system over one backing directory.
 pub struct Versions {
     /// This instance is the only one over the backing directory.
@@ -259,31 +275,28 @@ impl Versions {
             config.policy.keep_bytes = Some(s.f_blocks.saturating_mul(s.f_frsize) / 10);
         }
         let store = Arc::new(Store::open(inner.root().fd(), true)?);
-        let take = if config.shared {
-            crate::sole::take_shared
+        let shown = backing.display().to_string();
+        let sole = if !config.shared {
+            let sole = crate::sole::take(store.dir(), LOCK_NAME, "versions", &shown)?;
+            take_over(&store)?;
+            sole
+        } else if store.has_pending()? {
+            // A dead daemon's log (shared instances write none): the
+            // first process of an embedded job that finds the store free
+            // commits it before it shares the store, so its versions are
+            // not left unlisted until the next mount.
+            match crate::sole::try_take(store.dir(), LOCK_NAME)? {
+                Some(alone) => {
+                    take_over(&store)?;
+                    alone.share("versions", &shown)?
+                }
+                None => crate::sole::take_shared(store.dir(), LOCK_NAME, "versions", &shown)?,
+            }
         } else {
-            crate::sole::take
+            crate::sole::take_shared(store.dir(), LOCK_NAME, "versions", &shown)?
         };
-        let sole = take(
-            store.dir(),
-            LOCK_NAME,
-            "versions",
-            &backing.display().to_string(),
-        )?;
         store.save_policy(&config.policy)?;
         if !config.shared {
-            // This instance holds the store now: replacements left are a
-            // dead one's (`replace.rs`); shared instances make none.
-            store.remove_replacements()?;
-            // Versions a dead one recorded but had not committed
-            // (`pending.rs`), then objects it dropped but had not removed.
-            let adopted = store.adopt_pending()?;
-            let orphans = store.remove_orphans()?;
-            if adopted + orphans > 0 {
-                tracing::info!(
-                    "versions: {adopted} recorded versions committed, {orphans} objects of dropped versions removed"
-                );
-            }
             store.upkeep_in_background()?;
             store.defer_versions(config.policy)?;
         }

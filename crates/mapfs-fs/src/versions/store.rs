@@ -491,6 +491,16 @@ impl Store {
         Ok(())
     }
 
+    /// True when the log of recorded versions holds records (a shared
+    /// instance, which records none, finds only a dead daemon's there).
+    pub fn has_pending(&self) -> Result<bool> {
+        match rustix::fs::statat(&self.dir, pending::LOG, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(st.st_size > 0),
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Inserts the rows of versions a dead instance recorded but did not
     /// commit (`pending.rs`), then empties the log. Only for the instance
     /// that holds the store. Answers how many it inserted.
@@ -1535,6 +1545,80 @@ mod tests {
             .unwrap()
             .expect("a version");
         assert!(later > b, "{later} after {b}");
+    }
+
+    /// A daemon killed with versions recorded but not committed, then only
+    /// an embedded job (shared instances) over its store: a process that
+    /// finds the store free commits the log before it shares the store; one
+    /// that finds other processes of the job leaves it.
+    #[test]
+    fn an_embedded_process_alone_commits_a_dead_daemon_s_log() {
+        use super::super::{Config, Versions, LOCK_NAME};
+        let (dir, _root, store, src, meta) = store_and_source();
+        let kept = store
+            .add_whole(b"/f", &src, &meta, "write", true)
+            .unwrap()
+            .expect("a version");
+        let id = kept + 10;
+        let store_dir = dir.path().join(STORE_DIR);
+        std::fs::write(
+            store_dir.join("objects").join(object_name(id)),
+            b"version a",
+        )
+        .unwrap();
+        let rec = Record {
+            id,
+            path: b"/f".to_vec(),
+            ts: stamp::now_us(),
+            size: 9,
+            uid: 0,
+            gid: 0,
+            mode: 0o644,
+            reason: "write".into(),
+            terminal: false,
+        };
+        std::fs::write(store_dir.join(pending::LOG), pending::frame(&rec)).unwrap();
+        drop(store);
+        let ids = |v: &Versions| -> Vec<i64> {
+            v.store
+                .list(Some(b"/f"), false)
+                .unwrap()
+                .iter()
+                .map(|v| v.id)
+                .collect()
+        };
+        let shared = Config {
+            shared: true,
+            ..Config::default()
+        };
+        let lock_dir = File::open(&store_dir).unwrap();
+        let other = crate::sole::take_shared(lock_dir.as_fd(), LOCK_NAME, "versions", "t").unwrap();
+        let v = Versions::new(dir.path(), shared).unwrap();
+        assert!(
+            v.store.has_pending().unwrap(),
+            "another process holds the store"
+        );
+        assert_eq!(ids(&v), [kept]);
+        drop((v, other));
+        let v = Versions::new(dir.path(), shared).unwrap();
+        assert!(
+            !v.store.has_pending().unwrap(),
+            "alone, it committed the log"
+        );
+        assert_eq!(ids(&v), [kept, id]);
+        assert_eq!(
+            v.store
+                .read_all(&v.store.list(Some(b"/f"), false).unwrap()[1])
+                .unwrap(),
+            b"version a"
+        );
+        // It shares the store now: the job's next process joins, a mount
+        // cannot.
+        let next = crate::sole::take_shared(lock_dir.as_fd(), LOCK_NAME, "versions", "t").unwrap();
+        assert!(crate::sole::try_take(lock_dir.as_fd(), LOCK_NAME)
+            .unwrap()
+            .is_none());
+        drop(next);
     }
 
     /// Versions recorded through the committer are in the index for

@@ -20,6 +20,10 @@ pub const ID_BLOCK: i64 = 256;
 #[derive(Debug)]
 pub struct Committer {
     log: File,
+    /// Logged, and waiting for their rewrite to give the name its new file
+    /// ([`Committer::publish`]): never committed before that, so a row
+    /// never names a file that is still live.
+    unplaced: Mutex<Vec<Record>>,
     queue: Mutex<Vec<Record>>,
     /// `queue.len()`, read without the lock by every use of the index.
     waiting: AtomicUsize,
@@ -37,6 +41,7 @@ impl Committer {
     pub fn new(log: File, policy: Policy) -> Committer {
         Committer {
             log,
+            unplaced: Mutex::new(Vec::new()),
             queue: Mutex::new(Vec::new()),
             waiting: AtomicUsize::new(0),
             wake: Condvar::new(),
@@ -59,14 +64,33 @@ impl Committer {
         Ok(())
     }
 
-    /// Logs `r` and queues it. Its object must exist already.
-    pub fn push(&self, r: Record) -> std::io::Result<()> {
-        let mut q = self.queue.lock();
+    /// Logs `r`, to be committed once [`Committer::publish`]ed. Its object
+    /// must exist already.
+    pub fn log(&self, r: Record) -> std::io::Result<()> {
+        let _q = self.queue.lock();
         pending::append(&self.log, &r)?;
-        q.push(r);
-        self.waiting.store(q.len(), Ordering::Release);
-        self.wake.notify_one();
+        self.unplaced.lock().push(r);
         Ok(())
+    }
+
+    /// The rewrite of logged record `id` gave the name its new file: the
+    /// record may be committed.
+    pub fn publish(&self, id: i64) {
+        let mut q = self.queue.lock();
+        let mut u = self.unplaced.lock();
+        if let Some(i) = u.iter().position(|r| r.id == id) {
+            q.push(u.swap_remove(i));
+            self.waiting.store(q.len(), Ordering::Release);
+            self.wake.notify_one();
+        }
+    }
+
+    /// The rewrite of logged record `id` failed before it gave the name a
+    /// new file: the record is never committed (its object, which the
+    /// caller removes, is missing for a successor reading the log too).
+    pub fn forget(&self, id: i64) {
+        let _q = self.queue.lock();
+        self.unplaced.lock().retain(|r| r.id != id);
     }
 
     /// Whether records wait for their rows.
@@ -89,11 +113,12 @@ impl Committer {
         self.waiting.store(q.len(), Ordering::Release);
     }
 
-    /// Empties the log if every record in it has its row (none queued):
-    /// called after a commit, with the index held.
+    /// Empties the log if every record in it has its row (none queued,
+    /// none waiting for its rewrite): called after a commit, with the
+    /// index held.
     pub fn truncate_if_idle(&self) {
         let q = self.queue.lock();
-        if q.is_empty() {
+        if q.is_empty() && self.unplaced.lock().is_empty() {
             if let Err(e) = self.log.set_len(0) {
                 tracing::debug!("versions: cannot empty {}: {e}", pending::LOG);
             }

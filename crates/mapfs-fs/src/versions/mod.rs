@@ -218,9 +218,18 @@ pub const LOCK_NAME: &str = "instance.lock";
 /// left are a dead instance's (`replace.rs`; shared instances make none),
 /// versions it recorded but had not committed (`pending.rs`) get their
 /// rows, then objects it dropped but had not removed go.
-fn take_over(store: &Store) -> Result<()> {
+fn take_over(store: &Store, inner: &Passthrough) -> Result<()> {
     store.remove_replacements()?;
-    let adopted = store.adopt_pending()?;
+    let named = |path: &[u8]| {
+        let (dir, name) = inner
+            .root()
+            .parent(Path::new(std::ffi::OsStr::from_bytes(path)))
+            .ok()?;
+        let st = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        #[allow(clippy::unnecessary_cast)]
+        Some((st.st_dev as u64, st.st_ino as u64))
+    };
+    let adopted = store.adopt_pending(&named)?;
     let orphans = store.remove_orphans()?;
     if adopted + orphans > 0 {
         tracing::info!(
@@ -278,7 +287,7 @@ impl Versions {
         let shown = backing.display().to_string();
         let sole = if !config.shared {
             let sole = crate::sole::take(store.dir(), LOCK_NAME, "versions", &shown)?;
-            take_over(&store)?;
+            take_over(&store, &inner)?;
             sole
         } else if store.has_pending()? {
             // A dead daemon's log (shared instances write none): the
@@ -287,7 +296,7 @@ impl Versions {
             // not left unlisted until the next mount.
             match crate::sole::try_take(store.dir(), LOCK_NAME)? {
                 Some(alone) => {
-                    take_over(&store)?;
+                    take_over(&store, &inner)?;
                     alone.share("versions", &shown)?
                 }
                 None => crate::sole::take_shared(store.dir(), LOCK_NAME, "versions", &shown)?,

@@ -107,10 +107,13 @@ impl Versions {
                     path.display()
                 );
                 self.store.drop_replacement(&tmp);
-                self.store.delete_ids(&[id])?;
+                self.store.unrecord(id)?;
                 return Ok(None);
             }
         };
+        // Only now may the row be committed: until the rename, the version's
+        // object is the file its name shows (`Store::adopt_pending`).
+        self.store.publish(id);
         let new_st = rustix::fs::fstat(&new)?;
         let mut s = Session::new(Arc::new(new))?;
         s.writers = 1;

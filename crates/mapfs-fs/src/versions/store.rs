@@ -296,11 +296,18 @@ fn lineage_and_ts(tx: &Connection, path: &[u8], ts: i64) -> rusqlite::Result<(i6
 /// Inserts the row of recorded version `r` inside `tx`; false (nothing
 /// done) if it has one already or its object is gone (the caller dropped
 /// it after a failure, or it was never linked).
+/// What a path of the mount names now: the (device, inode) of the backing
+/// file, if any ([`Store::adopt_pending`]).
+pub type Named<'a> = dyn Fn(&[u8]) -> Option<(u64, u64)> + 'a;
+
+fn has_row(tx: &Connection, id: i64) -> Result<bool> {
+    tx.prepare_cached("SELECT EXISTS(SELECT 1 FROM versions WHERE id = ?1)")
+        .and_then(|mut st| st.query_row(params![id], |row| row.get(0)))
+        .map_err(sql)
+}
+
 fn insert_recorded(tx: &Connection, objects: BorrowedFd<'_>, r: &Record) -> Result<bool> {
-    let present: bool = tx
-        .prepare_cached("SELECT EXISTS(SELECT 1 FROM versions WHERE id = ?1)")
-        .and_then(|mut st| st.query_row(params![r.id], |row| row.get(0)))
-        .map_err(sql)?;
+    let present = has_row(tx, r.id)?;
     if present || rustix::fs::statat(objects, object_name(r.id), AtFlags::SYMLINK_NOFOLLOW).is_err()
     {
         return Ok(false);
@@ -504,7 +511,16 @@ impl Store {
     /// Inserts the rows of versions a dead instance recorded but did not
     /// commit (`pending.rs`), then empties the log. Only for the instance
     /// that holds the store. Answers how many it inserted.
-    pub fn adopt_pending(&self) -> Result<usize> {
+    ///
+    /// `named` answers the (device, inode) a path of the mount names now,
+    /// if any. A record whose object is still the file its path names was
+    /// appended by a rewrite that died before its new file took the name:
+    /// that rewrite never happened (its open never returned), so the
+    /// record is dropped and the object's link removed. Kept, the version
+    /// would be the live file itself, and the next change of the file (the
+    /// same open sent again after a failover finds a file of two links and
+    /// truncates it in place) would change the version too.
+    pub fn adopt_pending(&self, named: &Named<'_>) -> Result<usize> {
         let fd = match rustix::fs::openat(
             &self.dir,
             pending::LOG,
@@ -524,6 +540,11 @@ impl Store {
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                 .map_err(sql)?;
             for r in &records {
+                if !has_row(&tx, r.id)? && self.still_named(r, named) {
+                    let _ =
+                        rustix::fs::unlinkat(&self.objects, object_name(r.id), AtFlags::empty());
+                    continue;
+                }
                 added += insert_recorded(&tx, self.objects.as_fd(), r)? as usize;
             }
             tx.commit().map_err(sql)?;
@@ -532,6 +553,19 @@ impl Store {
         }
         log.set_len(0)?;
         Ok(added)
+    }
+
+    /// True when `r`'s object is the file its path names (see
+    /// [`Store::adopt_pending`]).
+    fn still_named(&self, r: &Record, named: &Named<'_>) -> bool {
+        let Ok(obj) =
+            rustix::fs::statat(&self.objects, object_name(r.id), AtFlags::SYMLINK_NOFOLLOW)
+        else {
+            return false;
+        };
+        #[allow(clippy::unnecessary_cast)]
+        let key = (obj.st_dev as u64, obj.st_ino as u64);
+        named(&r.path) == Some(key)
     }
 
     /// What is wrong with the store, in words (empty: nothing): the
@@ -607,8 +641,9 @@ impl Store {
     /// [`Store::add_linked`], with the row recorded in the log and
     /// committed by the committer's thread when there is one (see
     /// `pending.rs`): the caller must not apply retention itself (the
-    /// committer applies the count limit with the row), and changes the
-    /// file's name only after this returns.
+    /// committer applies the count limit with the row), changes the file's
+    /// name only after this returns, then calls [`Store::publish`] (or
+    /// [`Store::unrecord`] if it could not).
     pub fn record_linked(
         &self,
         path: &[u8],
@@ -643,11 +678,34 @@ impl Store {
             reason: reason.to_string(),
             terminal: ends_life,
         };
-        if let Err(e) = c.push(r) {
+        if let Err(e) = c.log(r) {
             let _ = rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty());
             return Err(Error::from(e).context("cannot record a version"));
         }
         Ok(id)
+    }
+
+    /// The file whose version [`Store::record_linked`] recorded as `id`
+    /// has left its name: the row may be committed.
+    pub fn publish(&self, id: i64) {
+        if let Some(c) = self.committer() {
+            c.publish(id);
+        }
+    }
+
+    /// The change that [`Store::record_linked`] recorded version `id` for
+    /// did not happen: the version goes.
+    pub fn unrecord(&self, id: i64) -> Result<()> {
+        match self.committer() {
+            Some(c) => {
+                c.forget(id);
+                match rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty()) {
+                    Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            None => self.delete_ids(&[id]),
+        }
     }
 
     /// Commits the rows of recorded versions, if any wait: after this
@@ -1516,7 +1574,7 @@ mod tests {
         drop(store);
         let next = Store::open(root.as_fd(), false).unwrap();
         assert_eq!(
-            next.adopt_pending().unwrap(),
+            next.adopt_pending(&|_| None).unwrap(),
             2,
             "two records had their objects"
         );
@@ -1538,13 +1596,140 @@ mod tests {
         assert_eq!(next.read_all(g).unwrap(), b"version b");
         assert!(!objects.join(object_name(orphan)).exists());
         // Adopting again changes nothing: the log was emptied.
-        assert_eq!(next.adopt_pending().unwrap(), 0);
+        assert_eq!(next.adopt_pending(&|_| None).unwrap(), 0);
         // Ids given from now on come after every adopted one.
         let later = next
             .add_whole(b"/f", &src, &meta, "write", true)
             .unwrap()
             .expect("a version");
         assert!(later > b, "{later} after {b}");
+    }
+
+    /// A rewrite killed after its version was recorded (the old inode
+    /// linked into the store) but before the new file took the name: the
+    /// record names the live file. The successor drops it and the link, so
+    /// the file is a file of one name again, whose next rewrite (the same
+    /// open sent again) makes a version of its own; kept, the version would
+    /// change with the file.
+    #[test]
+    fn a_record_whose_rewrite_never_took_the_name_is_dropped() {
+        use std::os::unix::fs::MetadataExt;
+        let (dir, _root, store, src, meta) = store_and_source();
+        let kept = store
+            .add_whole(b"/f", &src, &meta, "write", true)
+            .unwrap()
+            .expect("a version");
+        std::fs::write(dir.path().join("f"), b"the live file").unwrap();
+        let store_dir = dir.path().join(STORE_DIR);
+        let (unplaced, placed) = (kept + 10, kept + 11);
+        std::fs::hard_link(
+            dir.path().join("f"),
+            store_dir.join("objects").join(object_name(unplaced)),
+        )
+        .unwrap();
+        // And one whose rewrite completed: its object is no file's now.
+        std::fs::write(
+            store_dir.join("objects").join(object_name(placed)),
+            b"old g",
+        )
+        .unwrap();
+        let rec = |id: i64, path: &[u8]| Record {
+            id,
+            path: path.to_vec(),
+            ts: stamp::now_us(),
+            size: 13,
+            uid: 0,
+            gid: 0,
+            mode: 0o644,
+            reason: "write".into(),
+            terminal: false,
+        };
+        let log: Vec<u8> = [rec(unplaced, b"/f"), rec(placed, b"/g")]
+            .iter()
+            .flat_map(pending::frame)
+            .collect();
+        std::fs::write(store_dir.join(pending::LOG), log).unwrap();
+        std::fs::write(dir.path().join("g"), b"new g").unwrap();
+        drop(store);
+        let next = Store::open(File::open(dir.path()).unwrap().as_fd(), false).unwrap();
+        let named = |path: &[u8]| {
+            let p = dir.path().join(std::str::from_utf8(&path[1..]).unwrap());
+            std::fs::symlink_metadata(p)
+                .ok()
+                .map(|m| (m.dev(), m.ino()))
+        };
+        assert_eq!(next.adopt_pending(&named).unwrap(), 1, "only /g's version");
+        let f = std::fs::metadata(dir.path().join("f")).unwrap();
+        assert_eq!(f.nlink(), 1, "the store's link to the live file is gone");
+        assert_eq!(
+            std::fs::read(dir.path().join("f")).unwrap(),
+            b"the live file"
+        );
+        assert_eq!(
+            next.list(Some(b"/f"), false)
+                .unwrap()
+                .iter()
+                .map(|v| v.id)
+                .collect::<Vec<_>>(),
+            [kept]
+        );
+        let g = next.list(Some(b"/g"), false).unwrap();
+        assert_eq!(g.iter().map(|v| v.id).collect::<Vec<_>>(), [placed]);
+        assert!(
+            next.check().unwrap().is_empty(),
+            "{:?}",
+            next.check().unwrap()
+        );
+    }
+
+    /// A recorded version is committed only once its rewrite published it
+    /// (the name has its new file), and the log keeps it until then.
+    #[test]
+    fn a_recorded_version_waits_for_its_rewrite() {
+        let (dir, root, store, _src, _meta) = store_and_source();
+        let store = std::sync::Arc::new(store);
+        store.adopt_pending(&|_| None).unwrap();
+        store.defer_versions(Policy::default()).unwrap();
+        std::fs::write(dir.path().join("f"), b"old").unwrap();
+        let meta = FileMeta::of(&File::open(dir.path().join("f")).unwrap()).unwrap();
+        let d = File::open(dir.path()).unwrap();
+        let id = store
+            .record_linked(b"/f", d.as_fd(), OsStr::new("f"), &meta, "write", false)
+            .unwrap();
+        let rows = || {
+            Store::open(root.as_fd(), false)
+                .unwrap()
+                .list(Some(b"/f"), false)
+                .unwrap()
+                .len()
+        };
+        store.sync_pending().unwrap();
+        assert_eq!(rows(), 0, "committed before its rewrite took the name");
+        let log = dir.path().join(STORE_DIR).join(pending::LOG);
+        assert!(
+            std::fs::metadata(&log).unwrap().len() > 0,
+            "the log lost it"
+        );
+        std::fs::remove_file(dir.path().join("f")).unwrap();
+        store.publish(id);
+        store.sync_pending().unwrap();
+        assert_eq!(rows(), 1);
+        // A rewrite that failed: never committed, its object gone.
+        std::fs::write(dir.path().join("f"), b"new").unwrap();
+        let meta = FileMeta::of(&File::open(dir.path().join("f")).unwrap()).unwrap();
+        let failed = store
+            .record_linked(b"/f", d.as_fd(), OsStr::new("f"), &meta, "write", false)
+            .unwrap();
+        store.unrecord(failed).unwrap();
+        store.sync_pending().unwrap();
+        assert_eq!(rows(), 1);
+        assert_eq!(std::fs::read(dir.path().join("f")).unwrap(), b"new");
+        let object = dir
+            .path()
+            .join(STORE_DIR)
+            .join("objects")
+            .join(object_name(failed));
+        assert!(!object.exists(), "the failed rewrite's object is left");
     }
 
     /// A daemon killed with versions recorded but not committed, then only
@@ -1628,7 +1813,7 @@ mod tests {
     fn recorded_versions_are_committed_with_the_count_limit() {
         let (dir, root, store, _src, _meta) = store_and_source();
         let store = std::sync::Arc::new(store);
-        store.adopt_pending().unwrap();
+        store.adopt_pending(&|_| None).unwrap();
         let policy = Policy {
             keep: Some(3),
             keep_days: None,
@@ -1647,6 +1832,7 @@ mod tests {
             );
             // The caller then gives the name a new file, as a rewrite does.
             std::fs::remove_file(dir.path().join("f")).unwrap();
+            store.publish(*ids.last().unwrap());
             store.sync_pending().unwrap();
             let other = Store::open(root.as_fd(), false).unwrap();
             let seen: Vec<i64> = other

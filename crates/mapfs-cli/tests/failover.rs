@@ -262,6 +262,16 @@ fn abort_connection(mp: &Path) {
 /// 2-core machine.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// A supervised mount of `fs` for `test` (which holds [`ONE_AT_A_TIME`]),
+/// with the mount arguments `args`.
+fn supervised(test: &str, fs: &str, mode: DataMode, args: &[&str]) -> MountSession {
+    let mut b = MountSession::builder(mapfs_bin()).fs(fs).data(mode);
+    for a in args {
+        b = b.arg(a);
+    }
+    b.mount().unwrap_or_else(|e| panic!("{test}: mount: {e:#}"))
+}
+
 fn storm(fs: &str, mode: DataMode, extra: &[&str], shim: bool) {
     storm_with(fs, mode, extra, Load::plain(shim));
 }
@@ -276,11 +286,7 @@ fn storm_with(fs: &str, mode: DataMode, extra: &[&str], load: Load) {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut b = MountSession::builder(mapfs_bin()).fs(fs).data(mode);
-    for a in extra {
-        b = b.arg(a);
-    }
-    let mut s = b.mount().unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mut s = supervised(&test, fs, mode, extra);
     let mp: PathBuf = s.mountpoint().to_path_buf();
     let mut took = Vec::new();
     under_load(&test, &s, load, || took = kill_storm(&mp, 7));
@@ -517,13 +523,12 @@ fn versions_rewrites_lose_no_version_across_kills() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut s = MountSession::builder(mapfs_bin())
-        .fs("versions")
-        .data(DataMode::Auto)
-        .arg("-o")
-        .arg("keep=none,keep-days=none,keep-bytes=none")
-        .mount()
-        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mut s = supervised(
+        test,
+        "versions",
+        DataMode::Auto,
+        &["-o", "keep=none,keep-days=none,keep-bytes=none"],
+    );
     let mp: PathBuf = s.mountpoint().to_path_buf();
     const FILES: usize = 16;
     let body = |i: usize, r: usize| -> Vec<u8> {
@@ -626,11 +631,7 @@ fn versions_passthrough_open_stays_whole_file_across_a_kill() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut s = MountSession::builder(mapfs_bin())
-        .fs("versions")
-        .data(DataMode::Auto)
-        .mount()
-        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mut s = supervised(test, "versions", DataMode::Auto, &[]);
     let mp = s.mountpoint().to_path_buf();
     let path = mp.join("small");
     std::fs::write(&path, b"x").unwrap();
@@ -678,13 +679,7 @@ fn pack_changes_kept_before_a_move_to_an_own_file_are_not_written_again() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut s = MountSession::builder(mapfs_bin())
-        .fs("pack")
-        .data(DataMode::Auto)
-        .arg("-o")
-        .arg("threshold=4096")
-        .mount()
-        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mut s = supervised(test, "pack", DataMode::Auto, &["-o", "threshold=4096"]);
     let mp = s.mountpoint().to_path_buf();
     let mut f = std::fs::OpenOptions::new()
         .read(true)
@@ -779,11 +774,7 @@ fn plfs_holes_kept_for_a_successor_are_made_again() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut s = MountSession::builder(mapfs_bin())
-        .fs("plfs")
-        .data(DataMode::Auto)
-        .mount()
-        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let mut s = supervised(test, "plfs", DataMode::Auto, &[]);
     let mp = s.mountpoint().to_path_buf();
     let f = std::fs::OpenOptions::new()
         .read(true)

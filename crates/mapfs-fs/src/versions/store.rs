@@ -541,8 +541,7 @@ impl Store {
                 .map_err(sql)?;
             for r in &records {
                 if !has_row(&tx, r.id)? && self.still_named(r, named) {
-                    let _ =
-                        rustix::fs::unlinkat(&self.objects, object_name(r.id), AtFlags::empty());
+                    let _ = self.remove_object(r.id);
                     continue;
                 }
                 added += insert_recorded(&tx, self.objects.as_fd(), r)? as usize;
@@ -657,16 +656,15 @@ impl Store {
             return self.add_linked(path, dir, name, meta, reason, ends_life);
         };
         let id = self.next_id(c)?;
-        let link =
-            || rustix::fs::linkat(dir, name, &self.objects, object_name(id), AtFlags::empty());
-        match link() {
-            // An orphan by this name (see `make_version`).
-            Err(rustix::io::Errno::EXIST) => {
-                let _ = rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty());
-                link()?
-            }
-            other => other?,
-        }
+        self.past_orphan(id, || {
+            Ok(rustix::fs::linkat(
+                dir,
+                name,
+                &self.objects,
+                object_name(id),
+                AtFlags::empty(),
+            )?)
+        })?;
         let r = Record {
             id,
             path: path.to_vec(),
@@ -679,7 +677,7 @@ impl Store {
             terminal: ends_life,
         };
         if let Err(e) = c.log(r) {
-            let _ = rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty());
+            let _ = self.remove_object(id);
             return Err(Error::from(e).context("cannot record a version"));
         }
         Ok(id)
@@ -699,10 +697,7 @@ impl Store {
         match self.committer() {
             Some(c) => {
                 c.forget(id);
-                match rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty()) {
-                    Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
-                    Err(e) => Err(e.into()),
-                }
+                self.remove_object(id)
             }
             None => self.delete_ids(&[id]),
         }
@@ -930,6 +925,30 @@ impl Store {
         Ok(id)
     }
 
+    /// Removes the object of version `id`; one already gone is fine.
+    fn remove_object(&self, id: i64) -> Result<()> {
+        match rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Runs `place`, which makes the object of a new version `id`. A
+    /// process that died between making an object and committing its row
+    /// left one by that name (its id was not recorded as given either): an
+    /// orphan in the way, removed and `place` tried again. Rare, so it is
+    /// removed only when found (an unlink before every version cost a
+    /// system call each).
+    fn past_orphan<T>(&self, id: i64, mut place: impl FnMut() -> Result<T>) -> Result<T> {
+        match place() {
+            Err(e) if e.errno() == libc::EEXIST => {
+                let _ = self.remove_object(id);
+                place()
+            }
+            other => other,
+        }
+    }
+
     /// Makes a version in one transaction: its row, then its object by
     /// `fill(id)`, which answers the bytes it adds to the store and whether
     /// the file's life ended, or `None` to make no version after all.
@@ -947,21 +966,11 @@ impl Store {
             .map_err(sql)?;
         let id = Self::insert(&tx, path, kind, meta, reason).map_err(sql)?;
         let remove = || {
-            let _ = rustix::fs::unlinkat(&self.objects, object_name(id), AtFlags::empty());
+            let _ = self.remove_object(id);
         };
         // No row ever had this id (it was just given out under the write
-        // lock), but a process that died between making an object and
-        // committing its row left one by this name (its id was not
-        // recorded as given either): an orphan, in the way of the new
-        // object. Rare, so it is removed only when found (an unlink before
-        // every version cost a system call each).
-        let filled = match fill(id) {
-            Err(e) if e.errno() == libc::EEXIST => {
-                remove();
-                fill(id)
-            }
-            other => other,
-        };
+        // lock).
+        let filled = self.past_orphan(id, || fill(id));
         match filled {
             Ok(Some((stored, terminal, t))) => {
                 let done = tx
@@ -1210,10 +1219,7 @@ impl Store {
             {
                 continue;
             }
-            match rustix::fs::unlinkat(&self.objects, object_name(*id), AtFlags::empty()) {
-                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-                Err(e) => return Err(e.into()),
-            }
+            self.remove_object(*id)?;
         }
         Ok(())
     }

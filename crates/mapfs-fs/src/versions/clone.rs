@@ -37,6 +37,42 @@ pub fn copy_range(src: &File, from: u64, dst: &File, to: u64, len: u64) -> std::
     Ok(())
 }
 
+/// While it lives, reads through `file` fill the page cache with exactly
+/// the pages they ask for (`POSIX_FADV_RANDOM`), in single pages, with no
+/// readahead. The advice belongs to the open file description, which a
+/// program under `mapfs run` may share (a lent descriptor): its reads in
+/// the meantime only lose readahead. Dropped, the file's advice is back to
+/// normal, the only advice mapfs ever gives a backing file.
+pub struct NoReadahead<'a>(&'a File);
+
+impl<'a> NoReadahead<'a> {
+    /// Gives the advice (a hint: where the kernel ignores it, as on tmpfs,
+    /// nothing changes).
+    pub fn on(file: &'a File) -> NoReadahead<'a> {
+        let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::Random);
+        NoReadahead(file)
+    }
+
+    /// Starts reading `len` bytes at `offset` in one request to the device
+    /// (`POSIX_FADV_WILLNEED`, single pages too): without readahead, a copy
+    /// would read them one pipe's worth (64 KiB) at a time, waiting for
+    /// each.
+    pub fn fetch(&self, offset: u64, len: u64) {
+        let _ = rustix::fs::fadvise(
+            self.0,
+            offset,
+            std::num::NonZeroU64::new(len),
+            rustix::fs::Advice::WillNeed,
+        );
+    }
+}
+
+impl Drop for NoReadahead<'_> {
+    fn drop(&mut self) {
+        let _ = rustix::fs::fadvise(self.0, 0, None, rustix::fs::Advice::Normal);
+    }
+}
+
 /// The read/write loop for pairs `copy_file_range` refuses.
 fn copy_by_hand(src: &File, from: u64, dst: &File, to: u64, len: u64) -> std::io::Result<()> {
     let mut buf = vec![0u8; (len.min(1 << 20)) as usize];

@@ -226,7 +226,17 @@ impl Undo {
                 let there = y.min(now);
                 if x < there {
                     let at = st.end;
+                    // Read as it is, the range comes in through readahead
+                    // (up to `read_ahead_kb` past it, 8 MiB on the VMs here)
+                    // as large folios, and the 4 KiB writes that follow
+                    // (the reason for the copy) each walked a whole folio's
+                    // blocks in ext4: random writes under `mapfs run` ran
+                    // 10-25% slower than into pages of their own
+                    // (docs/versions.md).
+                    let quiet = super::clone::NoReadahead::on(backing);
+                    quiet.fetch(x, there - x);
                     super::clone::copy_range(backing, x, &self.obj, at, there - x)?;
+                    drop(quiet);
                     let n = there - x;
                     match st.pieces.last_mut() {
                         // A writer going forwards saves one range after the
@@ -381,6 +391,69 @@ mod tests {
                 100
             ),
             vec![]
+        );
+    }
+
+    /// Saving a range reads only that range into the page cache (no
+    /// readahead past it, whose large folios slowed the writes that come
+    /// next), saves it byte for byte, and leaves the file's advice normal.
+    #[test]
+    fn a_saved_range_is_read_without_readahead() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::FileExt;
+        // Resident bytes of a file (util-linux's fincore): what the page
+        // cache holds is not observable otherwise without unsafe code.
+        fn resident(path: &std::path::Path) -> Option<u64> {
+            let out = std::process::Command::new("fincore")
+                .args(["--bytes", "--noheadings", "--output", "RES"])
+                .arg(path)
+                .output()
+                .ok()?;
+            String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+        }
+        // /tmp may be tmpfs, whose pages are the file itself.
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let store = Store::open(File::open(dir.path()).unwrap().as_fd(), true).unwrap();
+        let size = 64 * GRANULE;
+        let bytes: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+        let path = dir.path().join("live");
+        let backing = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        backing.write_all_at(&bytes, 0).unwrap();
+        backing.sync_all().unwrap();
+        let _ = rustix::fs::fadvise(&backing, 0, None, rustix::fs::Advice::DontNeed);
+        match resident(&path) {
+            Some(0) => {}
+            other => {
+                eprintln!(
+                    "SKIPPED a_saved_range_is_read_without_readahead: the page cache of {} \
+                     cannot be emptied or read (fincore says {other:?}; tmpfs, or no \
+                     util-linux-extra?)",
+                    path.display()
+                );
+                return;
+            }
+        }
+        let obj = tempfile::tempfile_in(dir.path()).unwrap();
+        let undo = Undo::new(1, size, obj.try_clone().unwrap());
+        undo.save(&store, &backing, &[(4 * GRANULE, 5 * GRANULE)])
+            .unwrap();
+        assert_eq!(resident(&path), Some(GRANULE), "read more than the range");
+        let mut saved = vec![0u8; GRANULE as usize];
+        obj.read_exact_at(&mut saved, 0).unwrap();
+        let g = GRANULE as usize;
+        assert_eq!(saved, &bytes[4 * g..5 * g]);
+        // Normal again: a read at the start brings readahead with it.
+        let mut one = [0u8; 4096];
+        backing.read_exact_at(&mut one, 0).unwrap();
+        assert!(
+            resident(&path).unwrap() > GRANULE + 4096,
+            "readahead stayed off after the save"
         );
     }
 }

@@ -264,7 +264,8 @@ impl Handles {
             return id;
         }
         let id = Arc::new(wrap());
-        // Which file it stands for is not known here.
+        // Which file it stands for is known once its open is opened again
+        // ([`Handles::identify_backing`]).
         map.insert(
             ino,
             LiveBacking {
@@ -273,6 +274,23 @@ impl Handles {
             },
         );
         id
+    }
+
+    /// Names the file that `ino`'s restored backing id stands for: `file`,
+    /// the one its open was opened again on. Until then a restored id
+    /// matched any file, and an open of a name that had got another file
+    /// since (a `versions` rewrite gives the name a new inode) was handed
+    /// the old one's id: the kernel wrote the new file's bytes into the old
+    /// file, which was by then a version.
+    pub fn identify_backing(&self, ino: u64, file: &std::fs::File) {
+        let identity = mapfs::backing::identity(file)
+            .ok()
+            .map(|id| (id.dev, id.ino));
+        if let Some(live) = self.backing.lock().get_mut(&ino) {
+            if live.file.is_none() {
+                live.file = identity;
+            }
+        }
     }
 
     /// Keeps `id` until handle `fh`, which could not be restored, is

@@ -607,6 +607,9 @@ impl Shared {
                             }
                             let fs_handle = opened.handle;
                             let data = Arc::new(DataFile::new(opened));
+                            if let (true, Some(file)) = (native, data.whole_file_backing()) {
+                                self.handles.identify_backing(rec.ino, file);
+                            }
                             let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY;
                             self.tokens.opened(rec.ino, &data, may_change);
                             self.handles.restore_file(

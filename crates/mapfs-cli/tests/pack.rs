@@ -6,7 +6,7 @@
 //! the same commands run on a native directory. Real programs must be
 //! installed (scripts/deps.sh): a missing one fails the test with its name.
 //! `MAPFS_FSX_OPS` sets the fsx length (default 10,000 operations),
-//! `MAPFS_PACK_FILES` the small-file count (default 20,000),
+//! `MAPFS_PACK_FILES` the small-file count (default 100,000),
 //! `MAPFS_PACK_KILLS` the number of crash rounds (default 20).
 
 mod common;
@@ -810,7 +810,7 @@ fuse_test!(sqlite_and_git_auto => sqlite_and_git(DataMode::Auto));
 /// Many small files written and read back byte-exact, and the backing
 /// store holds a handful of files for them.
 fn many_small_files() {
-    let n = env_num("MAPFS_PACK_FILES", 20_000) as usize;
+    let n = env_num("MAPFS_PACK_FILES", 100_000) as usize;
     let test = format!("pack {n} small files");
     let s = pack_on(DataMode::Auto, None, &[]);
     let m = s.mountpoint();

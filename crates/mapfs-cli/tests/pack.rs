@@ -884,6 +884,69 @@ fuse_test!(tools_run_offline_and_refuse_a_store_in_use => {
     assert_eq!(pack_stats(backing).files, 30, "{test}");
 });
 
+/// Requests per opcode through mount `m` since the last call.
+fn requests_since(m: &Path) -> std::collections::HashMap<String, u64> {
+    let out = run_captured(
+        Command::new(mapfs_bin())
+            .args(["stats", "--json", "--reset"])
+            .arg(m),
+    )
+    .unwrap();
+    assert!(out.success(), "mapfs stats: {}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    common::op_counts(&v)
+        .into_iter()
+        .map(|(op, (count, _))| (op, count))
+        .collect()
+}
+
+// A file made longer than its slot by a truncate (fio lays out its files
+// with `fallocate`), the rest holes, moves to a file of its own when it is
+// next opened for writing with no other open: that open runs by kernel
+// passthrough. It used to keep its slot until its first write, and the
+// open, answered before, ran through the daemon for its whole life.
+fuse_test!(a_file_past_the_threshold_gets_its_own_file_at_open => {
+    let test = "pack: own file at open";
+    let s = pack_on(DataMode::Auto, None, &[]);
+    let m = s.mountpoint();
+    let head = stream("head", 1000);
+    {
+        let f = fs::File::create(m.join("f")).unwrap();
+        f.write_all_at(&head, 0).unwrap();
+        f.set_len(1 << 20).unwrap();
+    }
+    let st = pack_stats(s.backing());
+    assert_eq!(st.own_files, 0, "{test}: moved before the reopen: {st:?}");
+    requests_since(m);
+    let mid = stream("mid", 4096);
+    {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.join("f"))
+            .unwrap();
+        for i in 0..16u64 {
+            f.write_all_at(&mid, (512 << 10) + i * 4096).unwrap();
+        }
+    }
+    let ops = requests_since(m);
+    assert_eq!(
+        ops.get("WRITE").copied().unwrap_or(0),
+        0,
+        "{test}: the reopened file's writes went through the daemon: {ops:?}"
+    );
+    let st = pack_stats(s.backing());
+    assert_eq!(st.own_files, 1, "{test}: {st:?}");
+    let mut want = vec![0u8; 1 << 20];
+    want[..1000].copy_from_slice(&head);
+    for i in 0..16usize {
+        let at = (512 << 10) + i * 4096;
+        want[at..at + 4096].copy_from_slice(&mid);
+    }
+    assert!(fs::read(m.join("f")).unwrap() == want, "{test}: bytes differ");
+    assert_consistent(s.backing(), test);
+});
+
 fuse_test!(freed_slots_are_reused => {
     let s = pack_on(DataMode::Auto, None, &[]);
     let m = s.mountpoint();

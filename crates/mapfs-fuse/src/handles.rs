@@ -258,39 +258,35 @@ impl Handles {
 
     /// The backing id an earlier daemon registered for `ino`, shared by
     /// every restored open of it: the one already restored, or `wrap()`.
-    pub fn restore_backing(&self, ino: u64, wrap: impl FnOnce() -> BackingId) -> Arc<BackingId> {
+    /// `file`: the file a restored open of it was opened again on, which the
+    /// id stands for from then on (`None`: its open could not be opened
+    /// again). Without it a restored id matched any file, and an open of a
+    /// name that had got another file since (a `versions` rewrite gives the
+    /// name a new inode) was handed the old file's id: the kernel wrote the
+    /// new file's bytes into the old one, by then a version.
+    pub fn restore_backing(
+        &self,
+        ino: u64,
+        file: Option<&std::fs::File>,
+        wrap: impl FnOnce() -> BackingId,
+    ) -> Arc<BackingId> {
+        let identity = file.and_then(file_identity);
         let mut map = self.backing.lock();
-        if let Some(id) = map.get(&ino).and_then(|b| b.id.upgrade()) {
-            return id;
+        if let Some(live) = map.get_mut(&ino) {
+            if let Some(id) = live.id.upgrade() {
+                live.file = live.file.or(identity);
+                return id;
+            }
         }
         let id = Arc::new(wrap());
-        // Which file it stands for is known once its open is opened again
-        // ([`Handles::identify_backing`]).
         map.insert(
             ino,
             LiveBacking {
                 id: Arc::downgrade(&id),
-                file: None,
+                file: identity,
             },
         );
         id
-    }
-
-    /// Names the file that `ino`'s restored backing id stands for: `file`,
-    /// the one its open was opened again on. Until then a restored id
-    /// matched any file, and an open of a name that had got another file
-    /// since (a `versions` rewrite gives the name a new inode) was handed
-    /// the old one's id: the kernel wrote the new file's bytes into the old
-    /// file, which was by then a version.
-    pub fn identify_backing(&self, ino: u64, file: &std::fs::File) {
-        let identity = mapfs::backing::identity(file)
-            .ok()
-            .map(|id| (id.dev, id.ino));
-        if let Some(live) = self.backing.lock().get_mut(&ino) {
-            if live.file.is_none() {
-                live.file = identity;
-            }
-        }
     }
 
     /// Keeps `id` until handle `fh`, which could not be restored, is
@@ -458,16 +454,15 @@ impl Handles {
     /// `Ok(None)`: the live one stands for another file (a new file took
     /// the name while the kernel still runs opens of the old one), and the
     /// kernel takes one backing file per inode. A live id whose file is not
-    /// known (restored after a failover) is shared, as before the failover.
+    /// known (restored after a failover for an open that could not be
+    /// opened again) is shared, as before the failover.
     pub fn backing_for(
         &self,
         ino: u64,
         file: &std::fs::File,
         create: impl FnOnce() -> std::io::Result<BackingId>,
     ) -> std::io::Result<Option<Arc<BackingId>>> {
-        let identity = mapfs::backing::identity(file)
-            .ok()
-            .map(|id| (id.dev, id.ino));
+        let identity = file_identity(file);
         let mut map = self.backing.lock();
         if let Some(live) = map.get(&ino) {
             if let Some(id) = live.id.upgrade() {
@@ -502,6 +497,13 @@ impl Handles {
             map.remove(&ino);
         }
     }
+}
+
+/// A file's (device, inode), as backing ids are told apart.
+fn file_identity(file: &std::fs::File) -> Option<(u64, u64)> {
+    mapfs::backing::identity(file)
+        .ok()
+        .map(|id| (id.dev, id.ino))
 }
 
 #[cfg(test)]

@@ -195,8 +195,8 @@ impl Pack {
     }
 
     /// Opens of inode `ino` (this one included).
-    fn opens_of(&self, ino: i64) -> u64 {
-        self.opens.lock().get(&ino).copied().unwrap_or(0) as u64
+    fn opens_of(&self, ino: i64) -> u32 {
+        self.opens.lock().get(&ino).copied().unwrap_or(0)
     }
 
     /// A writable open of a file past the threshold that has no file of

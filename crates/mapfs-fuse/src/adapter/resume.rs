@@ -578,8 +578,9 @@ impl Shared {
                     uid,
                     gid,
                 } => {
-                    let backing =
-                        backing.map(|raw| self.handles.restore_backing(rec.ino, || wrap(raw)));
+                    let restore = |file: Option<&std::fs::File>| {
+                        backing.map(|raw| self.handles.restore_backing(rec.ino, file, || wrap(raw)))
+                    };
                     let open_path = PathBuf::from(OsString::from_vec(path));
                     let ctx = Ctx { uid, gid, pid: 0 };
                     let native = backing.is_some();
@@ -607,9 +608,7 @@ impl Shared {
                             }
                             let fs_handle = opened.handle;
                             let data = Arc::new(DataFile::new(opened));
-                            if let (true, Some(file)) = (native, data.whole_file_backing()) {
-                                self.handles.identify_backing(rec.ino, file);
-                            }
+                            let backing = restore(data.whole_file_backing().map(|f| &**f));
                             let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY;
                             self.tokens.opened(rec.ino, &data, may_change);
                             self.handles.restore_file(
@@ -627,7 +626,7 @@ impl Shared {
                                 "cannot open again a file the kernel holds open: {e}"
                             );
                             lost += 1;
-                            if let Some(b) = backing {
+                            if let Some(b) = restore(None) {
                                 self.handles.keep_orphan(rec.fh, b);
                             }
                         }

@@ -559,7 +559,8 @@ fn bench_hosts_measures_every_configuration_on_gluster() {
         for c in &cells[1..] {
             assert!(
                 c.parse::<f64>().is_ok_and(|v| v > 0.0),
-                "{test}: {cfg} has no figure: {row}"
+                "{test}: {cfg} has no figure: {row}\n{}",
+                String::from_utf8_lossy(&out.stderr)
             );
         }
     }

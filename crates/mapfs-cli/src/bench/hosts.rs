@@ -103,6 +103,11 @@ fn one(
             &format!("--bs={bs}"),
             "--end_fsync=1",
             "--output=/dev/null",
+            // Without it fio's setup unlinks a file it is to write and
+            // creates it again: a host starting a moment later removed the
+            // shared file the other had begun, and the two wrote two files
+            // (the size check saw it only when rank 0's file survived).
+            "--create_on_open=1",
         ]);
         for rank in (0..p.writers).filter(|r| (*r % 2) as usize == h) {
             cmd.args(job(
@@ -148,7 +153,7 @@ fn one(
                 "the shared file has {got} bytes through host B, want {want}"
             ))
         } else {
-            Ok(())
+            every_rank_wrote(p, &roots[1].join(&name), bs)
         }
     } else {
         Ok(())
@@ -158,6 +163,30 @@ fn one(
     }
     let _ = std::fs::remove_file(roots[0].join(&name));
     res.map(|()| (p.writers * p.size) as f64 / 1e6 / secs)
+}
+
+/// Checks that each writer's first and last blocks of the shared file hold
+/// bytes (fio writes random ones): the size alone misses a writer whose
+/// bytes went to another file.
+fn every_rank_wrote(p: &Params, file: &Path, bs: u64) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    let per_rank = (p.size / bs).max(1);
+    let mut buf = vec![0u8; bs as usize];
+    for rank in 0..p.writers {
+        for i in [0, per_rank - 1] {
+            let off = (i * p.writers + rank) * bs;
+            f.read_exact_at(&mut buf, off)
+                .with_context(|| format!("reading {} at {off}", file.display()))?;
+            if buf.iter().all(|&b| b == 0) {
+                bail!(
+                    "writer {rank}'s block at offset {off} of the shared file is zeros through \
+                     host B: its bytes are not in the file"
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Mounts plfs over `dir` inside each host's store (host ids `a`, `b`).
@@ -325,4 +354,44 @@ pub fn run(p: &Params) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(p.hosts[0].join(&work));
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    fn params(writers: u64, size: u64) -> Params {
+        Params {
+            hosts: [PathBuf::new(), PathBuf::new()],
+            writers,
+            size,
+            bs: vec![],
+            runs: 1,
+            mapfs: PathBuf::new(),
+        }
+    }
+
+    /// A shared file of the full size in which one writer's blocks are
+    /// holes (its bytes went to a file another host unlinked) fails the
+    /// check; the same file with every writer's blocks passes.
+    #[test]
+    fn a_writer_missing_from_the_shared_file_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ckpt");
+        let (bs, writers, size) = (4096u64, 2u64, 4 * 4096u64);
+        let f = std::fs::File::create(&file).unwrap();
+        f.set_len(writers * size).unwrap();
+        let p = params(writers, size);
+        for i in 0..size / bs {
+            f.write_all_at(&[7u8; 4096], (i * writers + 1) * bs)
+                .unwrap();
+        }
+        let e = every_rank_wrote(&p, &file, bs).unwrap_err().to_string();
+        assert!(e.contains("writer 0"), "{e}");
+        for i in 0..size / bs {
+            f.write_all_at(&[9u8; 4096], (i * writers) * bs).unwrap();
+        }
+        every_rank_wrote(&p, &file, bs).unwrap();
+    }
 }

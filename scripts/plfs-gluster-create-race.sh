@@ -10,6 +10,10 @@
 #
 #   scripts/plfs-gluster-create-race.sh [ROUNDS] [BS]   # default 40, 65536
 #   PLFS_RACE_LAYOUT=1 scripts/plfs-gluster-create-race.sh ...
+#   PLFS_RACE_RUN=1 scripts/plfs-gluster-create-race.sh ...
+#
+# PLFS_RACE_RUN=1 runs each host's fio under `mapfs run --mount` (the
+# preload shim writes the logs) instead of through the plfs mount.
 #
 # PLFS_RACE_LAYOUT=1 lets fio lay the file out as it does by default: each
 # job whose file is shorter than its region removes the file and creates
@@ -28,7 +32,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 rounds=${1:-40}
 bs=${2:-65536}
-io_mib=8
+io_mib=${PLFS_RACE_MIB:-8}
 cargo build -q --release -p mapfs-cli
 mapfs=$CARGO_TARGET_DIR/release/mapfs
 gl=$(bash scripts/gluster.sh start) || { echo "plfs-gluster-create-race: GlusterFS cannot run here" >&2; exit 2; }
@@ -59,8 +63,12 @@ common="--ioengine=psync --bs=$bs --end_fsync=1 --output=/dev/null"
 want=$((4 * io))
 check() {
     python3 - "$1" "$bs" "$want" <<'PY'
-import sys
+import os, sys
 path, bs, want = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# The size a stat sees first (a getattr merges on its own), then the bytes.
+st = os.stat(path).st_size
+if st != want:
+    print(f"stat size {st}, want {want}")
 with open(path, "rb") as f:
     data = f.read()
 if len(data) != want:
@@ -70,15 +78,21 @@ bad = [k for k in range(want // bs) if data[k * bs:(k + 1) * bs] != bytes([0x41 
 if bad:
     print(f"{len(bad)} blocks without their writer's bytes, first at {bad[0] * bs}")
     sys.exit(1)
+if st != want:
+    sys.exit(1)
 PY
+}
+runner() {
+    [ "${PLFS_RACE_RUN:-0}" = 1 ] && echo "$mapfs run --mount $1 --"
+    true
 }
 bad=0
 for i in $(seq "$rounds"); do
     # shellcheck disable=SC2046
-    fio $common $(job 0 "$ma/ckpt") $(job 2 "$ma/ckpt") &
+    $(runner "$ma") fio $common $(job 0 "$ma/ckpt") $(job 2 "$ma/ckpt") &
     pa=$!
     # shellcheck disable=SC2046
-    fio $common $(job 1 "$mb/ckpt") $(job 3 "$mb/ckpt") &
+    $(runner "$mb") fio $common $(job 1 "$mb/ckpt") $(job 3 "$mb/ckpt") &
     pb=$!
     ok=1
     wait "$pa" || ok=0
@@ -90,5 +104,5 @@ for i in $(seq "$rounds"); do
     fi
     rm -rf "${ma:?}"/ckpt*
 done
-echo "plfs-gluster-create-race: $bad of $rounds rounds went wrong (bs $bs, layout by fio $layout, backing GlusterFS)"
+echo "plfs-gluster-create-race: $bad of $rounds rounds went wrong (bs $bs, layout by fio $layout, under mapfs run ${PLFS_RACE_RUN:-0}, backing GlusterFS)"
 [ $bad = 0 ]

@@ -717,3 +717,47 @@ fn shrink_through_lent_open_undoes_other_growth() {
         "{test}: after remount"
     );
 }
+
+/// A lent writer whose map is larger than one control packet (40,000
+/// strided writes: 40,000 extents, about 400 KB encoded, where a packet
+/// holds 256 KiB) pushes it in parts: after its `fsync` and `close` every
+/// block is in the file, through the mount and under the shim. Before, the
+/// push failed (`EMSGSIZE`) with one log line, `fsync` succeeded, and the
+/// file kept only what the daemon last had: a 4-writer N-1 checkpoint of
+/// 1 GiB per writer read back as 786,432 bytes.
+#[test]
+fn a_lent_map_larger_than_a_packet_reaches_the_file() {
+    let test = "preload plfs large lent map";
+    let Some(s) = plfs(test) else { return };
+    let report = report_path(&s, "largemap");
+    let path = s.mountpoint().join("strided");
+    let (n, stride, len) = (40_000u64, 4096u64, 16usize);
+    let out = ok(attached(&s, &report, "python3")
+        .arg("-c")
+        .arg(format!(
+            "import os,sys,ctypes\n\
+             fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT|os.O_TRUNC,0o644)\n\
+             for i in range({n}):\n\
+             \x20   b=(i%251+1).to_bytes(1,'little')*{len}\n\
+             \x20   assert os.pwrite(fd,b,i*{stride})=={len}\n\
+             assert ctypes.CDLL(None).mapfs_preload_fd_status(fd)=={LENT}, 'not lent'\n\
+             os.fsync(fd)\n\
+             os.close(fd)\n\
+             print('written')\n"
+        ))
+        .arg(&path));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("written"),
+        "{test}: {out:?}"
+    );
+    let mut want = vec![0u8; ((n - 1) * stride) as usize + len];
+    for i in 0..n {
+        let at = (i * stride) as usize;
+        want[at..at + len].fill((i % 251 + 1) as u8);
+    }
+    let got = std::fs::read(&path).unwrap();
+    assert_eq!(got.len(), want.len(), "{test}: size through the mount");
+    assert!(got == want, "{test}: bytes through the mount differ");
+    let t = totals(&report, "python3");
+    assert!(t.adopted > 0, "{test}: not adopted: {t:?}");
+}

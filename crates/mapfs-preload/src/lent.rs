@@ -342,6 +342,11 @@ impl Lent {
         } else {
             offset
         };
+        // Past this the map is too large to push: the mount's daemon keeps
+        // it instead.
+        if lending.data.extent_count() >= mapfs::control::MAX_LENT_EXTENTS {
+            return Err(Refusal::NeedsMount);
+        }
         let mut needs_mount = false;
         let mut remap = |map: &mapfs::DataMap, offset: u64, len: u64| {
             // The file system's remap runs in the daemon.
@@ -378,13 +383,13 @@ impl Lent {
             return None;
         }
         let m = crate::mounts::all().get(self.mount)?;
-        let req = Request::Remap {
+        let req = |map| Request::Remap {
             handle,
-            map: map.clone(),
+            map,
             offset,
             len,
         };
-        match m.call(&req) {
+        match m.call_with_map(handle, map, req) {
             Ok((Response::Remapped { map, files }, fds)) if fds.len() >= files as usize => {
                 let files = fds
                     .into_iter()

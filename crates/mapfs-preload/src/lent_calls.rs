@@ -251,12 +251,17 @@ pub fn posix_fallocate(fd: RawFd, off: i64, len: i64) -> Option<c_int> {
 
 /// Before the real `fsync`/`fdatasync` of a lent descriptor: syncs the
 /// backing files and pushes the map to the daemon, whose `fsync` (the real
-/// call on the mount's open, made next) persists it. `Some(-1)` on failure.
+/// call on the mount's open, made next) persists it. `Some(-1)` on failure,
+/// `EIO` when the daemon did not take the map (the writes would not be in
+/// the file).
 pub fn fsync(fd: RawFd, datasync: bool) -> Option<c_int> {
     let r = status(with_lent(fd, |l| l.fsync(datasync)));
     if r == Some(0) {
         if let Some(_g) = Guard::enter() {
-            sys::keep_errno(|| table::sync_lent(fd));
+            if !sys::keep_errno(|| table::sync_lent(fd)) {
+                sys::set_errno(libc::EIO);
+                return Some(-1);
+            }
         }
         return None;
     }

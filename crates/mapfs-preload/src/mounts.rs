@@ -294,9 +294,16 @@ fn lost(e: &io::Error) -> bool {
 fn names_handle(req: &Request) -> bool {
     matches!(
         req,
-        Request::Closed { .. } | Request::Release { .. } | Request::Remap { .. }
+        Request::Closed { .. }
+            | Request::Release { .. }
+            | Request::Remap { .. }
+            | Request::MapPart { .. }
     )
 }
+
+/// Held while a large map goes in parts: the daemon keeps one map's parts
+/// per connection, so two threads must not interleave theirs.
+static SENDING_PARTS: Mutex<()> = Mutex::new(());
 
 /// The answer for a handle of a connection that is gone.
 fn stale_handle() -> io::Error {
@@ -406,6 +413,34 @@ impl Mount {
 
     /// [`Mount::call`] of a request naming a handle: on the current
     /// connection only, never a new one.
+    /// A `Release` or `Remap` (`make`) of lent open `handle` carrying
+    /// `map`: in the request itself, or, when its encoding is larger than
+    /// [`control::MAP_INLINE`], first in [`Request::MapPart`]s on the same
+    /// connection. A refused part is the answer.
+    pub fn call_with_map(
+        &self,
+        handle: u64,
+        map: &mapfs::DataMap,
+        make: impl Fn(Option<mapfs::DataMap>) -> Request,
+    ) -> io::Result<(Response, Vec<OwnedFd>)> {
+        let bytes = control::encode_map(map)?;
+        if bytes.len() <= control::MAP_INLINE {
+            return self.call(&make(Some(map.clone())));
+        }
+        let _one_at_a_time = SENDING_PARTS.lock();
+        for part in bytes.chunks(control::MAP_INLINE) {
+            let req = Request::MapPart {
+                handle,
+                bytes: part.to_vec(),
+            };
+            match self.call(&req)? {
+                (Response::Done, _) => {}
+                refused => return Ok(refused),
+            }
+        }
+        self.call(&make(None))
+    }
+
     fn call_on_current(&self, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
         let mut conn = self.conn.lock();
         let pid = sys::getpid();

@@ -613,15 +613,15 @@ fn end_lending(lent: &Lent) {
 /// `close(2)` or `fsync` of its mount descriptor, so the file system
 /// persists it). If the daemon that lent it was replaced since (its handle
 /// is unknown now), the open is first lent again through `kept`, the open
-/// itself (see [`relend`]).
-fn push_map(m: &mounts::Mount, lent: &Lent, kept: Option<RawFd>) {
+/// itself (see [`relend`]). False when the daemon did not take it.
+fn push_map(m: &mounts::Mount, lent: &Lent, kept: Option<RawFd>) -> bool {
     if !lent.wrote() {
-        return;
+        return true;
     }
     let push = || {
-        m.call(&Request::Release {
+        m.call_with_map(lent.handle(), &lent.map(), |map| Request::Release {
             handle: lent.handle(),
-            map: lent.map(),
+            map,
         })
     };
     let mut res = push();
@@ -645,22 +645,27 @@ fn push_map(m: &mounts::Mount, lent: &Lent, kept: Option<RawFd>) {
         }
     }
     match res {
-        Ok((Response::Done, _)) => {}
-        other => sys::log(format_args!(
-            "the daemon did not take a lent open's map ({other:?}); writes since the last \
-             close or fsync are not in the file"
-        )),
+        Ok((Response::Done, _)) => true,
+        other => {
+            sys::log(format_args!(
+                "the daemon did not take a lent open's map ({other:?}); writes since the last \
+                 close or fsync are not in the file"
+            ));
+            false
+        }
     }
 }
 
 /// Pushes the map of the lent open of `fd` to the daemon (its `fsync`).
-pub fn sync_lent(fd: RawFd) {
+/// False when the daemon did not take it.
+pub fn sync_lent(fd: RawFd) -> bool {
     let Some(e) = get(fd) else {
-        return;
+        return true;
     };
     let inner = e.inner.lock();
-    if let (Some(lent), Some(m)) = (&inner.lent, mounts::all().get(e.mount)) {
-        push_map(m, lent, inner.kept.and_then(|k| k.live(e.dev, e.ino)));
+    match (&inner.lent, mounts::all().get(e.mount)) {
+        (Some(lent), Some(m)) => push_map(m, lent, inner.kept.and_then(|k| k.live(e.dev, e.ino))),
+        _ => true,
     }
 }
 

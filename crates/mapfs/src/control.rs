@@ -97,7 +97,9 @@ use crate::stats::{MountStats, TraceEvent};
 /// Version 5: `Stats` (request counters, [`crate::stats`]) and `Trace`.
 /// Version 6: `Remap`/`Remapped`, and maps with [`crate::Growth::Guarded`].
 /// Version 7: `Copied`; [`crate::stats::MountStats::copies`].
-pub const VERSION: u8 = 7;
+/// Version 8: `MapPart`; the map of `Release` and `Remap` is optional
+/// (`None`: the parts sent before).
+pub const VERSION: u8 = 8;
 
 /// Largest file whose adoption a daemon may answer with a copy of its bytes
 /// ([`Response::Copied`]).
@@ -117,6 +119,23 @@ pub const COPY_NOTICE: std::time::Duration = std::time::Duration::from_millis(25
 
 /// Largest packet either side sends or accepts.
 pub const MAX_PACKET: usize = 256 * 1024;
+
+/// Largest encoded map a [`Request::Release`] or [`Request::Remap`] carries
+/// itself; a larger one goes first in [`Request::MapPart`]s of at most this
+/// size. Well below [`MAX_PACKET`]: a packet must also fit the socket's send
+/// buffer (`net.core.wmem_default`, 208 KiB by default), or `sendmsg` fails
+/// with `EMSGSIZE`.
+pub const MAP_INLINE: usize = 128 * 1024;
+
+/// Most extents a lent writable open's map may reach in a client: a write
+/// that would pass it hands the open back to the mount (whose daemon keeps
+/// the map), so every map a client pushes fits in [`MAX_MAP_BYTES`].
+pub const MAX_LENT_EXTENTS: usize = 1 << 20;
+
+/// Most bytes of [`Request::MapPart`]s a daemon holds for one connection
+/// (an extent encodes in at most 35 bytes: [`MAX_LENT_EXTENTS`] of them, with
+/// room to spare); more is refused with `EFBIG`.
+pub const MAX_MAP_BYTES: usize = 40 * MAX_LENT_EXTENTS;
 
 /// Most backing descriptors one [`Response::Adopted`] carries (DeFUSE's limit
 /// of 16 parts per map); opens with more backing files are not adopted.
@@ -226,8 +245,10 @@ pub enum Request {
     Release {
         /// The handle from [`Response::Adopted`].
         handle: u64,
-        /// The open's current map.
-        map: DataMap,
+        /// The open's current map; `None`: the map whose encoding the
+        /// [`Request::MapPart`]s for `handle` sent since the previous
+        /// `Release` or `Remap` (a map larger than [`MAP_INLINE`]).
+        map: Option<DataMap>,
     },
     /// A lent writable open met a write at `offset..offset+len` its map
     /// cannot place: the daemon installs `map` (checked as for
@@ -237,12 +258,26 @@ pub enum Request {
     Remap {
         /// The handle from [`Response::Adopted`].
         handle: u64,
-        /// The open's current map.
-        map: DataMap,
+        /// The open's current map (`None`: as for [`Request::Release`]).
+        map: Option<DataMap>,
         /// Where the write starts.
         offset: u64,
         /// Its length.
         len: u64,
+    },
+    /// A part of the encoding ([`encode_map`]) of a map too large for one
+    /// packet, for the next [`Request::Release`] or [`Request::Remap`] of
+    /// `handle` that carries no map itself. Parts are joined in the order
+    /// sent; a part for another handle drops the parts held (a client sends
+    /// one large map at a time on a connection). Answered with
+    /// [`Response::Done`]; refused with `EFBIG` past [`MAX_MAP_BYTES`] (the
+    /// parts held are dropped).
+    MapPart {
+        /// The handle from [`Response::Adopted`].
+        handle: u64,
+        /// The next bytes of the encoding, at most [`MAP_INLINE`].
+        #[serde(with = "serde_bytes")]
+        bytes: Vec<u8>,
     },
     /// Run the file system's online tool `name` on `input` (see
     /// `FileSystem::tool`); answered with [`Response::Tool`]. Only the
@@ -379,6 +414,17 @@ pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
         return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
     }
     Ok(out)
+}
+
+/// The encoding of a map that [`Request::MapPart`]s carry.
+pub fn encode_map(map: &DataMap) -> io::Result<Vec<u8>> {
+    postcard::to_stdvec(map).map_err(io::Error::other)
+}
+
+/// The map whose encoding `bytes` are (joined [`Request::MapPart`]s); fails
+/// with `EPROTO` on garbage.
+pub fn decode_map(bytes: &[u8]) -> io::Result<DataMap> {
+    postcard::from_bytes(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EPROTO))
 }
 
 /// Decodes one packet; fails with `EPROTO` on a version mismatch or garbage.

@@ -132,6 +132,12 @@ impl DataFile {
         self.inner.read().map.clone()
     }
 
+    /// Number of extents of the current map (what sending it costs).
+    pub fn extent_count(&self) -> usize {
+        let st = self.inner.read();
+        st.map.extents().len() + st.map.reserved().len()
+    }
+
     /// The current map and backing files, read together (what a preload
     /// shim client needs to run its own engine on this open).
     pub fn snapshot(&self) -> (DataMap, Vec<Arc<File>>) {

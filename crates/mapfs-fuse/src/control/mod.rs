@@ -70,6 +70,7 @@ use rustix::net::SocketAddrUnix;
 use crate::ratelimit::RateLimited;
 use crate::registry::{OpenInfo, OpenRegistry};
 
+mod parts;
 pub mod proofs;
 mod pushed;
 pub mod tokens;
@@ -359,6 +360,8 @@ struct Conn {
     adopted: HashMap<u64, Adoption>,
     /// Subscribed to the request trace (see [`Request::Trace`]).
     tracing: bool,
+    /// A large map being sent in parts ([`Request::MapPart`]).
+    parts: parts::MapParts,
 }
 
 /// What the server does with a connection after a request.
@@ -515,6 +518,7 @@ impl Server {
                     table_sent: false,
                     adopted: HashMap::new(),
                     tracing: false,
+                    parts: parts::MapParts::default(),
                 },
             );
             self.clients
@@ -828,17 +832,60 @@ fn serve(
             Ok(_) => refused(libc::EBADF, "the open is read-only").into(),
             Err(r) => r.into(),
         },
-        Ok(Request::Release { handle, map }) => conn.release(registry, handle, map).into(),
+        Ok(Request::MapPart { handle, bytes }) => match conn.adopted.get(&handle) {
+            Some(a) if a.lent && a.writable => match conn.parts.add(handle, &bytes) {
+                Ok(()) => Response::Done.into(),
+                Err(errno) => refused(errno, "map parts past the daemon's bound").into(),
+            },
+            _ => refused(libc::EBADF, "no lent writable open with this handle").into(),
+        },
+        Ok(Request::Release { handle, map }) => match conn.whole_map(handle, map) {
+            Ok(map) => conn.release(registry, handle, map).into(),
+            Err(r) => r.into(),
+        },
         Ok(Request::Remap {
             handle,
             map,
             offset,
             len,
-        }) => conn.remap(registry, handle, map, offset, len),
+        }) => match conn.whole_map(handle, map) {
+            Ok(map) => conn.remap(registry, handle, map, offset, len),
+            Err(r) => r.into(),
+        },
     }
 }
 
+/// True when `map` fits in a response packet (the daemon sends maps whole;
+/// only clients send them in parts).
+fn fits_one_packet(map: &mapfs::DataMap) -> bool {
+    // Below this many extents a map is far from the bound (35 bytes each at
+    // most): skip encoding it twice.
+    const SURELY_FITS: usize = 4096;
+    map.extents().len() + map.reserved().len() <= SURELY_FITS
+        || control::encode_map(map).is_ok_and(|b| b.len() <= control::MAP_INLINE)
+}
+
 impl Conn {
+    /// The map a `Release` or `Remap` of `handle` carries: its own, or the
+    /// one its [`Request::MapPart`]s sent.
+    fn whole_map(
+        &mut self,
+        handle: u64,
+        map: Option<mapfs::DataMap>,
+    ) -> Result<mapfs::DataMap, Response> {
+        if let Some(m) = map {
+            // Parts held stay: another thread of the client may be sending
+            // a large map of another handle meanwhile.
+            return Ok(m);
+        }
+        let bytes = self
+            .parts
+            .take(handle)
+            .ok_or_else(|| refused(libc::EINVAL, "no map and no map parts for this handle"))?;
+        control::decode_map(&bytes)
+            .map_err(|_| refused(libc::EPROTO, "the map parts are not a map"))
+    }
+
     /// Installs the map a client pushed for its lent open `handle`, if its
     /// own writes could have made it.
     fn release(&self, registry: &dyn OpenRegistry, handle: u64, map: mapfs::DataMap) -> Response {
@@ -915,6 +962,9 @@ impl Conn {
         };
         if new.map.is_whole_file() {
             return refused(libc::EOPNOTSUPP, "the open became whole-file").into();
+        }
+        if !fits_one_packet(&new.map) {
+            return refused(libc::EFBIG, "the remapped map is too large to send").into();
         }
         let same = new.files.len() == open.files.len()
             && new
@@ -1017,6 +1067,15 @@ impl Conn {
         };
         if !writable && engine && shared_backing(&open) && !owner_or_root(self.peer) {
             return self.copy(registry, &open);
+        }
+        if !open.map.is_whole_file() && !fits_one_packet(&open.map) {
+            return Err(refused(
+                libc::EFBIG,
+                &format!(
+                    "the map ({} extents) is too large to lend: served through the mount",
+                    open.map.extents().len()
+                ),
+            ));
         }
         let (map, mut fds, lent) = if open.map.is_whole_file() {
             let backing = open

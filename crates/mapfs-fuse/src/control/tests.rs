@@ -438,7 +438,7 @@ fn non_whole_file_maps_are_refused_and_release_needs_a_handle() {
         &conn,
         &Request::Release {
             handle: 99,
-            map: map.clone(),
+            map: Some(map.clone()),
         },
     );
     assert_eq!(errno_of(&resp), Some(libc::EBADF), "{resp:?}");
@@ -452,7 +452,7 @@ fn non_whole_file_maps_are_refused_and_release_needs_a_handle() {
         &conn,
         &Request::Release {
             handle,
-            map: forged,
+            map: Some(forged),
         },
     );
     assert_eq!(errno_of(&resp), Some(libc::EBADF), "{resp:?}");
@@ -565,7 +565,7 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
         &conn,
         &Request::Release {
             handle,
-            map: mine.clone(),
+            map: Some(mine.clone()),
         },
     );
     assert_eq!(resp, Response::Done);
@@ -580,7 +580,13 @@ fn append_log_maps_are_lent_and_write_only_clients_get_no_other_file() {
         Growth::AppendLog { file: 1, end: 4096 },
     )
     .unwrap();
-    let (resp, _) = ask(&conn, &Request::Release { handle, map: past });
+    let (resp, _) = ask(
+        &conn,
+        &Request::Release {
+            handle,
+            map: Some(past),
+        },
+    );
     assert_eq!(errno_of(&resp), Some(libc::EINVAL), "{resp:?}");
     assert_eq!(*s.fake.released.lock(), vec![(5, mine)]);
     // Read-write: both real files.
@@ -944,7 +950,7 @@ fn guarded_maps_are_remapped_for_their_client_and_forged_ones_refused() {
         &conn,
         &Request::Remap {
             handle,
-            map: forged,
+            map: Some(forged),
             offset: 6,
             len: 2,
         },
@@ -957,7 +963,7 @@ fn guarded_maps_are_remapped_for_their_client_and_forged_ones_refused() {
         &other,
         &Request::Remap {
             handle,
-            map: map.clone(),
+            map: Some(map.clone()),
             offset: 6,
             len: 2,
         },
@@ -972,7 +978,7 @@ fn guarded_maps_are_remapped_for_their_client_and_forged_ones_refused() {
         &conn,
         &Request::Remap {
             handle,
-            map: map.clone(),
+            map: Some(map.clone()),
             offset: 6,
             len: 2,
         },
@@ -1008,7 +1014,7 @@ fn guarded_maps_are_remapped_for_their_client_and_forged_ones_refused() {
         &conn,
         &Request::Remap {
             handle: h2,
-            map: pushed,
+            map: Some(pushed),
             offset: 0,
             len: 1,
         },

@@ -488,7 +488,7 @@ fn forge_closed(path: &Path, rounds: u64, file: Option<&Path>) -> Result<()> {
                         sock,
                         &Request::Release {
                             handle: h,
-                            map: map.clone(),
+                            map: Some(map.clone()),
                         },
                     ),
                 );
@@ -530,7 +530,7 @@ fn forge_closed(path: &Path, rounds: u64, file: Option<&Path>) -> Result<()> {
                 sock,
                 &Request::Release {
                     handle: small,
-                    map: maps[(round % 2) as usize].clone(),
+                    map: Some(maps[(round % 2) as usize].clone()),
                 },
             ),
         );

@@ -840,8 +840,13 @@ hooks! {
             return 0;
         }
         let note = closing(fd);
+        let lost = note.as_ref().is_some_and(|n| n.lost());
         let r = real(fd);
         closed(note);
+        if lost && r == 0 {
+            sys::set_errno(libc::EIO);
+            return -1;
+        }
         r
     }
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int = |real| {

@@ -1046,6 +1046,9 @@ pub struct Closed {
     ino: u64,
     kept: Option<Kept>,
     notice: Option<Notice>,
+    /// The daemon did not take the lent open's map before the close: its
+    /// writes since the last push are not in the file.
+    lost: bool,
 }
 
 /// What the daemon is told after a close.
@@ -1058,6 +1061,12 @@ enum Notice {
 }
 
 impl Closed {
+    /// The close lost writes (the daemon did not take the map): `close`
+    /// reports `EIO`, as a file system whose flush failed does.
+    pub fn lost(&self) -> bool {
+        self.lost
+    }
+
     /// Tells the daemon, then closes the kept open (errors are ignored: a
     /// dead daemon has no cache).
     pub fn send(self) {
@@ -1123,12 +1132,13 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
         }
         return None;
     }
+    let mut lost = false;
     let notice = match inner.lent.take() {
         Some(l) => {
             // Before the real close: its FLUSH is where the file system
             // persists the map.
             if let Some(m) = mounts::all().get(entry.mount) {
-                push_map(m, &l, inner.kept.and_then(|k| k.live(entry.dev, entry.ino)));
+                lost = !push_map(m, &l, inner.kept.and_then(|k| k.live(entry.dev, entry.ino)));
             }
             end_lending(&l);
             (!l.is_copy()).then(|| {
@@ -1153,6 +1163,7 @@ pub fn closing(fd: RawFd) -> Option<Closed> {
         ino: entry.ino,
         kept,
         notice,
+        lost,
     })
 }
 
@@ -1320,6 +1331,7 @@ pub fn all_open_writable() -> Vec<Closed> {
                 ino: e.ino,
                 kept,
                 notice: Some(notice),
+                lost: false,
             });
         }
     }

@@ -60,7 +60,9 @@ one() {
     plfs-run-n1) da=$ma; db=$mb; pre=(run) ;;
     esac
     mkdir -p "$da"
-    local common="--ioengine=psync --bs=$bs --end_fsync=1 --output=/dev/null"
+    # create_on_open: fio's own layout removes and creates the file, and a
+    # host starting a moment later removed the N-1 file the other had begun.
+    local common="--ioengine=psync --bs=$bs --end_fsync=1 --output=/dev/null --create_on_open=1"
     local t0 t1
     t0=$(date +%s%N)
     local pa pb ok=1

@@ -423,6 +423,9 @@ impl Mount {
         map: &mapfs::DataMap,
         make: impl Fn(Option<mapfs::DataMap>) -> Request,
     ) -> io::Result<(Response, Vec<OwnedFd>)> {
+        if map.extents().len() + map.reserved().len() <= control::SURELY_INLINE_EXTENTS {
+            return self.call(&make(Some(map.clone())));
+        }
         let bytes = control::encode_map(map)?;
         if bytes.len() <= control::MAP_INLINE {
             return self.call(&make(Some(map.clone())));

@@ -127,6 +127,17 @@ pub const MAX_PACKET: usize = 256 * 1024;
 /// with `EMSGSIZE`.
 pub const MAP_INLINE: usize = 128 * 1024;
 
+/// Maps of at most this many extents (and reserved pieces) fit in
+/// [`MAP_INLINE`] whatever their numbers (an extent encodes in at most 35
+/// bytes), so senders need not encode them first to know.
+pub const SURELY_INLINE_EXTENTS: usize = MAP_INLINE / 40;
+
+/// True when `map`'s encoding fits in [`MAP_INLINE`].
+pub fn map_fits_inline(map: &DataMap) -> bool {
+    map.extents().len() + map.reserved().len() <= SURELY_INLINE_EXTENTS
+        || encode_map(map).is_ok_and(|b| b.len() <= MAP_INLINE)
+}
+
 /// Most extents a lent writable open's map may reach in a client: a write
 /// that would pass it hands the open back to the mount (whose daemon keeps
 /// the map), so every map a client pushes fits in [`MAX_MAP_BYTES`].

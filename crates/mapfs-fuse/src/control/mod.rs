@@ -858,11 +858,7 @@ fn serve(
 /// True when `map` fits in a response packet (the daemon sends maps whole;
 /// only clients send them in parts).
 fn fits_one_packet(map: &mapfs::DataMap) -> bool {
-    // Below this many extents a map is far from the bound (35 bytes each at
-    // most): skip encoding it twice.
-    const SURELY_FITS: usize = 4096;
-    map.extents().len() + map.reserved().len() <= SURELY_FITS
-        || control::encode_map(map).is_ok_and(|b| b.len() <= control::MAP_INLINE)
+    control::map_fits_inline(map)
 }
 
 impl Conn {

@@ -127,15 +127,22 @@ pub const MAX_PACKET: usize = 256 * 1024;
 /// with `EMSGSIZE`.
 pub const MAP_INLINE: usize = 128 * 1024;
 
+/// Largest encoded map a daemon's answer ([`Response::Adopted`],
+/// [`Response::Remapped`]) carries: the rest of the answer must fit too,
+/// below the default socket send buffer (208 KiB). A daemon lends no open
+/// whose map is larger (the mount serves it).
+pub const ANSWER_MAP_MAX: usize = 192 * 1024;
+
 /// Maps of at most this many extents (and reserved pieces) fit in
 /// [`MAP_INLINE`] whatever their numbers (an extent encodes in at most 35
 /// bytes), so senders need not encode them first to know.
 pub const SURELY_INLINE_EXTENTS: usize = MAP_INLINE / 40;
 
-/// True when `map`'s encoding fits in [`MAP_INLINE`].
-pub fn map_fits_inline(map: &DataMap) -> bool {
+/// True when `map`'s encoding is at most `bound` bytes ([`MAP_INLINE`] for
+/// a client's request, [`ANSWER_MAP_MAX`] for a daemon's answer).
+pub fn map_fits(map: &DataMap, bound: usize) -> bool {
     map.extents().len() + map.reserved().len() <= SURELY_INLINE_EXTENTS
-        || encode_map(map).is_ok_and(|b| b.len() <= MAP_INLINE)
+        || encode_map(map).is_ok_and(|b| b.len() <= bound)
 }
 
 /// Most extents a lent writable open's map may reach in a client: a write

@@ -858,7 +858,7 @@ fn serve(
 /// True when `map` fits in a response packet (the daemon sends maps whole;
 /// only clients send them in parts).
 fn fits_one_packet(map: &mapfs::DataMap) -> bool {
-    control::map_fits_inline(map)
+    control::map_fits(map, control::ANSWER_MAP_MAX)
 }
 
 impl Conn {

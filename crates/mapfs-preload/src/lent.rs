@@ -344,7 +344,7 @@ impl Lent {
         };
         // Past this the map is too large to push: the mount's daemon keeps
         // it instead.
-        if lending.data.extent_count() >= mapfs::control::MAX_LENT_EXTENTS {
+        if lending.data.piece_count() >= mapfs::control::MAX_LENT_EXTENTS {
             return Err(Refusal::NeedsMount);
         }
         let mut needs_mount = false;
@@ -389,7 +389,7 @@ impl Lent {
             offset,
             len,
         };
-        match m.call_with_map(handle, map, req) {
+        match m.call_with_map(handle, map.clone(), req) {
             Ok((Response::Remapped { map, files }, fds)) if fds.len() >= files as usize => {
                 let files = fds
                     .into_iter()

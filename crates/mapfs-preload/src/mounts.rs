@@ -411,8 +411,6 @@ impl Mount {
         control::call(sock, &req(proof))
     }
 
-    /// [`Mount::call`] of a request naming a handle: on the current
-    /// connection only, never a new one.
     /// A `Release` or `Remap` (`make`) of lent open `handle` carrying
     /// `map`: in the request itself, or, when its encoding is larger than
     /// [`control::MAP_INLINE`], first in [`Request::MapPart`]s on the same
@@ -420,16 +418,17 @@ impl Mount {
     pub fn call_with_map(
         &self,
         handle: u64,
-        map: &mapfs::DataMap,
-        make: impl Fn(Option<mapfs::DataMap>) -> Request,
+        map: mapfs::DataMap,
+        make: impl FnOnce(Option<mapfs::DataMap>) -> Request,
     ) -> io::Result<(Response, Vec<OwnedFd>)> {
-        if map.extents().len() + map.reserved().len() <= control::SURELY_INLINE_EXTENTS {
-            return self.call(&make(Some(map.clone())));
-        }
-        let bytes = control::encode_map(map)?;
-        if bytes.len() <= control::MAP_INLINE {
-            return self.call(&make(Some(map.clone())));
-        }
+        let parts = if map.piece_count() <= control::SURELY_INLINE_PIECES {
+            None
+        } else {
+            Some(control::encode_map(&map)?).filter(|b| b.len() > control::MAP_INLINE)
+        };
+        let Some(bytes) = parts else {
+            return self.call(&make(Some(map)));
+        };
         let _one_at_a_time = SENDING_PARTS.lock();
         for part in bytes.chunks(control::MAP_INLINE) {
             let req = Request::MapPart {
@@ -444,6 +443,8 @@ impl Mount {
         self.call(&make(None))
     }
 
+    /// [`Mount::call`] of a request naming a handle: on the current
+    /// connection only, never a new one.
     fn call_on_current(&self, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
         let mut conn = self.conn.lock();
         let pid = sys::getpid();

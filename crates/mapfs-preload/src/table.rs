@@ -619,7 +619,7 @@ fn push_map(m: &mounts::Mount, lent: &Lent, kept: Option<RawFd>) -> bool {
         return true;
     }
     let push = || {
-        m.call_with_map(lent.handle(), &lent.map(), |map| Request::Release {
+        m.call_with_map(lent.handle(), lent.map(), |map| Request::Release {
             handle: lent.handle(),
             map,
         })

@@ -133,16 +133,15 @@ pub const MAP_INLINE: usize = 128 * 1024;
 /// whose map is larger (the mount serves it).
 pub const ANSWER_MAP_MAX: usize = 192 * 1024;
 
-/// Maps of at most this many extents (and reserved pieces) fit in
+/// Maps of at most this many pieces ([`DataMap::piece_count`]) fit in
 /// [`MAP_INLINE`] whatever their numbers (an extent encodes in at most 35
 /// bytes), so senders need not encode them first to know.
-pub const SURELY_INLINE_EXTENTS: usize = MAP_INLINE / 40;
+pub const SURELY_INLINE_PIECES: usize = MAP_INLINE / 40;
 
 /// True when `map`'s encoding is at most `bound` bytes ([`MAP_INLINE`] for
 /// a client's request, [`ANSWER_MAP_MAX`] for a daemon's answer).
 pub fn map_fits(map: &DataMap, bound: usize) -> bool {
-    map.extents().len() + map.reserved().len() <= SURELY_INLINE_EXTENTS
-        || encode_map(map).is_ok_and(|b| b.len() <= bound)
+    map.piece_count() <= SURELY_INLINE_PIECES || encode_map(map).is_ok_and(|b| b.len() <= bound)
 }
 
 /// Most extents a lent writable open's map may reach in a client: a write

@@ -515,6 +515,12 @@ impl DataMap {
         &self.reserved
     }
 
+    /// Extents plus reserved pieces: what sending the map costs (each
+    /// encodes in a bounded number of bytes).
+    pub fn piece_count(&self) -> usize {
+        self.extents.len() + self.reserved.len()
+    }
+
     /// Logical size (for whole-file maps: meaningless, the backing file's size
     /// rules; executors ask the engine).
     pub fn size(&self) -> u64 {

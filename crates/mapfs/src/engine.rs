@@ -132,10 +132,9 @@ impl DataFile {
         self.inner.read().map.clone()
     }
 
-    /// Number of extents of the current map (what sending it costs).
-    pub fn extent_count(&self) -> usize {
-        let st = self.inner.read();
-        st.map.extents().len() + st.map.reserved().len()
+    /// [`DataMap::piece_count`] of the current map.
+    pub fn piece_count(&self) -> usize {
+        self.inner.read().map.piece_count()
     }
 
     /// The current map and backing files, read together (what a preload

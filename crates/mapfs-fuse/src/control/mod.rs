@@ -1068,8 +1068,8 @@ impl Conn {
             return Err(refused(
                 libc::EFBIG,
                 &format!(
-                    "the map ({} extents) is too large to lend: served through the mount",
-                    open.map.extents().len()
+                    "the map ({} pieces) is too large to lend: served through the mount",
+                    open.map.piece_count()
                 ),
             ));
         }

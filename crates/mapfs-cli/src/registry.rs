@@ -61,6 +61,7 @@ pub struct FsSpec {
     pub(crate) embed_library: Option<&'static str>,
     pub(crate) keeps_writers: bool,
     pub(crate) backing_dirs: bool,
+    pub(crate) own_inos: bool,
     pub(crate) options: &'static [&'static str],
 }
 
@@ -79,6 +80,7 @@ impl FsSpec {
             embed_library: None,
             keeps_writers: false,
             backing_dirs: false,
+            own_inos: false,
             options: &[],
         }
     }
@@ -143,6 +145,21 @@ impl FsSpec {
     pub fn keeps_writers(mut self) -> Self {
         self.keeps_writers = true;
         self
+    }
+
+    /// The file system numbers its inodes itself, and a file's backing file
+    /// (a whole-file map) has another number (`pack`: the database's inode
+    /// number, against `files/<ino>`'s). Embedded mode then serves even
+    /// whole-file opens by the data engine, so that `fstat` of an open
+    /// file agrees with `stat` of its path (`cp` and `tar` compare them).
+    pub fn own_inode_numbers(mut self) -> Self {
+        self.own_inos = true;
+        self
+    }
+
+    /// Whether [`FsSpec::own_inode_numbers`] was said.
+    pub fn has_own_inode_numbers(&self) -> bool {
+        self.own_inos
     }
 
     /// Whether [`FsSpec::keeps_writers`] was said.
@@ -285,33 +302,40 @@ fn versions() -> FsSpec {
     .embeddable_by(crate::run::EMBED_FULL_LIB)
 }
 
+/// `pack`, embeddable by [`crate::run::EMBED_FULL_LIB`] (it links SQLite);
+/// embedded, every process of the job runs a shared instance
+/// (`PackOptions::shared`).
+fn pack() -> FsSpec {
+    use mapfs_fs::pack::{Pack, PackOptions};
+    FsSpec::new(
+        "pack",
+        "many small files in slots of a few pack files (SQLite namespace)",
+        |b, o| {
+            let mut opts = PackOptions::parse(o.get("threshold"), o.get("sync"))?;
+            opts.resumed = o.resumed;
+            opts.shared = o.embedded;
+            Ok(Arc::new(Pack::new(b, opts)?))
+        },
+    )
+    .options(&["threshold", "sync"])
+    .cacheable()
+    .own_inode_numbers()
+    .embeddable_by(crate::run::EMBED_FULL_LIB)
+}
+
 /// The registry of `libmapfs_embed_full.so` ([`crate::run::EMBED_FULL_LIB`]):
-/// [`embeddable`] and `versions`.
+/// [`embeddable`], `pack` and `versions`.
 pub fn embeddable_full() -> Registry {
     embeddable()
         .embed_library(crate::run::EMBED_FULL_LIB)
+        .register(pack())
         .register(versions())
 }
 
 /// The `mapfs` binary's registry: the built-in file systems of `mapfs-fs`,
 /// registered exactly as an outside file system registers itself.
 pub fn builtins() -> Registry {
-    use mapfs_fs::pack::{Pack, PackOptions};
-    embeddable()
-        .register(
-            FsSpec::new(
-                "pack",
-                "many small files in slots of a few pack files (SQLite namespace)",
-                |b, o| {
-                    let mut opts = PackOptions::parse(o.get("threshold"), o.get("sync"))?;
-                    opts.resumed = o.resumed;
-                    Ok(Arc::new(Pack::new(b, opts)?))
-                },
-            )
-            .options(&["threshold", "sync"])
-            .cacheable(),
-        )
-        .register(versions())
+    embeddable().register(pack()).register(versions())
 }
 
 /// The built-in file systems embedded mode runs with its lean library
@@ -391,7 +415,11 @@ mod tests {
         );
         assert_eq!(
             embeddable_full().names(),
-            ["passthrough", "plfs", "versions"]
+            ["passthrough", "plfs", "pack", "versions"]
+        );
+        assert_eq!(
+            r.embed_library_for("pack"),
+            Some(crate::run::EMBED_FULL_LIB)
         );
         assert!(r.get("versions").unwrap().has_kept_writers());
         assert!(r.get("passthrough").unwrap().whole_file_maps);

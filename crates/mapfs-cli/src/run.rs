@@ -50,7 +50,7 @@ pub struct RunArgs {
     pub mounts: Vec<PathBuf>,
     /// Serve file system FS over BACKING under PREFIX inside every process
     /// of the command: no mount, no daemon, no privilege (repeatable; see
-    /// docs/embedded.md). FS: passthrough, plfs or versions. PREFIX need
+    /// docs/embedded.md). FS: passthrough, plfs, pack or versions. PREFIX need
     /// not exist.
     #[arg(long = "embed", value_name = "FS:BACKING:PREFIX")]
     pub embed: Vec<String>,

@@ -430,10 +430,7 @@ fn embedded_bad_specs_are_refused_clearly() {
             format!("passthrough:{}", a.backing.display()),
             "FS:BACKING:PREFIX",
         ),
-        (
-            format!("pack:{}:/x", a.backing.display()),
-            "cannot run embedded",
-        ),
+        (format!("pack:{}:/x", a.backing.display()), "no pack store"),
     ];
     let marker = a.native.join("ran");
     for (spec, want) in cases {

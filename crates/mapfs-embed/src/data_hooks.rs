@@ -595,6 +595,131 @@ hooks! {
             None => fstat_dir(fd, buf, statbuf::stat64).unwrap_or_else(|| unsafe { real(ver, fd, buf) }),
         }
     }
+    // Metadata calls on the open file: the file system's, by the path the
+    // file was opened at (the placeholder's own would go nowhere).
+    fn fchmod(fd: c_int, mode: libc::mode_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => {
+                let set = mapfs::SetAttr { mode: Some(mode & 0o7777), ..Default::default() };
+                status(o.meta(|fs, c, p| fs.setattr(c, p, &set).map(|_| ())))
+            }
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, mode) },
+        }
+    }
+    fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => {
+                let set = crate::hooks::owner(uid, gid);
+                status(o.meta(|fs, c, p| fs.setattr(c, p, &set).map(|_| ())))
+            }
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, uid, gid) },
+        }
+    }
+    fn futimens(fd: c_int, times: *const libc::timespec) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => {
+                let (atime, mtime) = if times.is_null() {
+                    (Some(mapfs::TimeSet::Now), Some(mapfs::TimeSet::Now))
+                } else {
+                    // SAFETY: the caller's two timespecs.
+                    let t = unsafe { std::slice::from_raw_parts(times, 2) };
+                    (crate::hooks::time_of(&t[0]), crate::hooks::time_of(&t[1]))
+                };
+                let set = mapfs::SetAttr { atime, mtime, ..Default::default() };
+                status(o.meta(|fs, c, p| fs.setattr(c, p, &set).map(|_| ())))
+            }
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, times) },
+        }
+    }
+    fn fgetxattr(fd: c_int, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => {
+                // SAFETY: the caller's string.
+                let n = unsafe { crate::hooks::bytes(name) }.unwrap_or_default();
+                let n = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n);
+                match o.meta(|fs, c, p| fs.getxattr(c, p, n)) {
+                    // SAFETY: the caller's buffer of `size` bytes.
+                    Ok(v) => unsafe { crate::hooks::xattr_out(&v, value, size) },
+                    Err(e) => count(Err(e)),
+                }
+            }
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, name, value, size) },
+        }
+    }
+    fn fsetxattr(fd: c_int, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => {
+                // SAFETY: the caller's string.
+                let n = unsafe { crate::hooks::bytes(name) }.unwrap_or_default();
+                let n = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n);
+                let v: &[u8] = if value.is_null() || size == 0 {
+                    &[]
+                } else {
+                    // SAFETY: the caller's buffer of `size` bytes.
+                    unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }
+                };
+                status(o.meta(|fs, c, p| fs.setxattr(c, p, n, v, flags)))
+            }
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, name, value, size, flags) },
+        }
+    }
+    fn flistxattr(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => match o.meta(|fs, c, p| fs.listxattr(c, p)) {
+                Ok(names) => {
+                    let mut v = Vec::new();
+                    for n in names {
+                        v.extend_from_slice(n.as_encoded_bytes());
+                        v.push(0);
+                    }
+                    // SAFETY: the caller's buffer of `size` bytes.
+                    unsafe { crate::hooks::xattr_out(&v, list.cast(), size) }
+                }
+                Err(e) => count(Err(e)),
+            },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, list, size) },
+        }
+    }
+    fn fremovexattr(fd: c_int, name: *const c_char) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => {
+                // SAFETY: the caller's string.
+                let n = unsafe { crate::hooks::bytes(name) }.unwrap_or_default();
+                let n = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n);
+                status(o.meta(|fs, c, p| fs.removexattr(c, p, n)))
+            }
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, name) },
+        }
+    }
+    fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => match o.meta(|fs, c, p| fs.statfs(c, p)) {
+                // SAFETY: the caller's buffer.
+                Ok(s) => { unsafe { *buf = statbuf::statfs(&s) }; 0 }
+                Err(e) => status(Err(e)),
+            },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf) },
+        }
+    }
+    fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int = |real| {
+        match open_of(fd) {
+            Some((o, _g)) => match o.meta(|fs, c, p| fs.statfs(c, p)) {
+                // SAFETY: the caller's buffer.
+                Ok(s) => { unsafe { *buf = statbuf::statvfs(&s) }; 0 }
+                Err(e) => status(Err(e)),
+            },
+            // SAFETY: libc's call with the caller's arguments.
+            None => unsafe { real(fd, buf) },
+        }
+    }
     fn dup(fd: c_int) -> c_int = |real| {
         // SAFETY: libc's call with the caller's arguments.
         let new = unsafe { real(fd) };

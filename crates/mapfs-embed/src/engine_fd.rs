@@ -527,6 +527,15 @@ impl EngineOpen {
         self.desc.set_append(flags & libc::O_APPEND != 0);
     }
 
+    /// A metadata call of the file system on this open's file (`fchmod`,
+    /// `fsetxattr`...), by the path it was opened at.
+    pub fn meta<T>(
+        &self,
+        f: impl FnOnce(&dyn mapfs::FileSystem, &mapfs::Ctx, &std::path::Path) -> mapfs::Result<T>,
+    ) -> Result<T, i32> {
+        f(self.fs(), &state::ctx(), &self.path).map_err(|e| e.errno())
+    }
+
     /// The file's attributes, with the size this open sees.
     pub fn attr(&self) -> Result<(mapfs::Attr, u64), i32> {
         let e = &embs()[self.idx];

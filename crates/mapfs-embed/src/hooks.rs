@@ -110,7 +110,7 @@ fn set_errno(e: c_int) {
 ///
 /// # Safety
 /// `p` is NULL or a NUL-terminated string valid for the call.
-unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
+pub(crate) unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
     if p.is_null() {
         None
     } else {
@@ -235,7 +235,7 @@ fn setattr(e: &Emb, p: &Place, a: Option<&Attr>, follow: Follow, set: SetAttr) -
 }
 
 /// A `timespec` of `utimensat` as a [`SetAttr`] time.
-fn time_of(t: &libc::timespec) -> Option<TimeSet> {
+pub(crate) fn time_of(t: &libc::timespec) -> Option<TimeSet> {
     match t.tv_nsec {
         libc::UTIME_OMIT => None,
         libc::UTIME_NOW => Some(TimeSet::Now),
@@ -334,7 +334,7 @@ unsafe fn copy_out(src: &[u8], buf: *mut c_char, size: size_t) -> ssize_t {
 ///
 /// # Safety
 /// `buf` is valid for `size` bytes (or `size` is 0).
-unsafe fn xattr_out(v: &[u8], buf: *mut c_void, size: size_t) -> ssize_t {
+pub(crate) unsafe fn xattr_out(v: &[u8], buf: *mut c_void, size: size_t) -> ssize_t {
     if size == 0 {
         return v.len() as ssize_t;
     }
@@ -923,6 +923,28 @@ hooks! {
                 e.fs.mknod(&state::ctx(), &p.path, m, dev).map(|_| ()).or_else(err)
             });
             finish(path, out, |p| real(dirfd, p, mode, dev), |()| 0, -1)
+        }
+    }
+    // glibc's `mkfifo` makes its node with an internal `mknodat`, which no
+    // hook sees.
+    fn mkfifo(path: *const c_char, mode: mode_t) -> c_int = |real| {
+        // SAFETY: the application's path.
+        unsafe {
+            let out = on_path(libc::AT_FDCWD, path, Follow::No, |e, p, _| {
+                let m = libc::S_IFIFO | (mode & 0o7777 & !state::umask());
+                e.fs.mknod(&state::ctx(), &p.path, m, 0).map(|_| ()).or_else(err)
+            });
+            finish(path, out, |p| real(p, mode), |()| 0, -1)
+        }
+    }
+    fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int = |real| {
+        // SAFETY: the application's path.
+        unsafe {
+            let out = on_path(dirfd, path, Follow::No, |e, p, _| {
+                let m = libc::S_IFIFO | (mode & 0o7777 & !state::umask());
+                e.fs.mknod(&state::ctx(), &p.path, m, 0).map(|_| ()).or_else(err)
+            });
+            finish(path, out, |p| real(dirfd, p, mode), |()| 0, -1)
         }
     }
     fn rmdir(path: *const c_char) -> c_int = |real| {
@@ -1590,7 +1612,7 @@ fn host_cwd_changed() {
     }
 }
 
-fn owner(uid: libc::uid_t, gid: libc::gid_t) -> SetAttr {
+pub(crate) fn owner(uid: libc::uid_t, gid: libc::gid_t) -> SetAttr {
     SetAttr {
         uid: (uid != libc::uid_t::MAX).then_some(uid),
         gid: (gid != libc::gid_t::MAX).then_some(gid),

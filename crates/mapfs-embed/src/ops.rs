@@ -167,12 +167,25 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
             Err(err) => return Err(err.errno()),
         }
     } else {
-        e.fs.open(&ctx, &place.path, OpenFlags(fsflags))
-            .map_err(|e| e.errno())?
+        match e.fs.open(&ctx, &place.path, OpenFlags(fsflags)) {
+            Ok(o) => o,
+            // A file system whose directories are not backing directories
+            // (pack's live in its database) refuses to open them as files:
+            // a read-only open without `O_DIRECTORY` (tar's, fts's) is the
+            // directory's, as through a mount.
+            Err(err)
+                if err.errno() == libc::EISDIR
+                    && !e.native_dirs
+                    && fsflags & libc::O_ACCMODE == libc::O_RDONLY =>
+            {
+                return crate::dirs::open(e, place, flags);
+            }
+            Err(err) => return Err(err.errno()),
+        }
     };
     let whole = opened.map.is_whole_file() && opened.files.len() == 1;
     let kept_writer = e.keeps_writers && flags & (libc::O_ACCMODE | libc::O_TRUNC) != 0;
-    if (!whole || kept_writer) && engine_served(e) {
+    if (!whole || kept_writer || e.own_inos) && engine_served(e) {
         let fd =
             crate::engine_fd::adopt(place.idx, place.path.clone(), flags, fsflags, opened, None)?;
         if flags & libc::O_DIRECTORY != 0 {

@@ -45,6 +45,10 @@ pub struct Emb {
     /// never by a process that forked while holding them: the child may
     /// write through them still).
     pub keeps_writers: bool,
+    /// Its inode numbers are not its backing files'
+    /// (`FsSpec::own_inode_numbers`): whole-file opens are served by the
+    /// data engine too, whose `fstat` gives the file system's attributes.
+    pub own_inos: bool,
 }
 
 static EMBS: OnceLock<Vec<Emb>> = OnceLock::new();
@@ -149,6 +153,7 @@ pub fn init(registry: &mapfs_cli::Registry) {
                     whole_file_maps: spec.has_whole_file_maps(),
                     native_dirs: spec.lists_backing_dirs_natively(),
                     keeps_writers: spec.has_kept_writers(),
+                    own_inos: spec.has_own_inode_numbers(),
                 });
             }
             (Err(err), _) => crate::warn(format_args!(

@@ -214,6 +214,15 @@ pub const CONFIGS: &[ConfigDef] = &[
         wrap: Wrap::None,
     },
     ConfigDef {
+        name: "embedded-pack",
+        about: "no mount: mapfs pack run inside the workload's processes (mapfs run --embed), over a store of its own",
+        setup: Setup::Embedded {
+            fs: "pack",
+            own_store: true,
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
         name: "auto-excl",
         about: "mapfs passthrough fs mounted with --data auto --exclusive (long kernel caching)",
         setup: Setup::Exclusive {
@@ -408,7 +417,7 @@ pub fn prepare(
         Setup::Embedded { fs, own_store } => {
             let store = if own_store {
                 let s = backing.join(work).join(format!(".{}-store", def.name));
-                std::fs::create_dir_all(s.join(work))?;
+                std::fs::create_dir_all(&s)?;
                 own = Some(s.clone());
                 s
             } else {
@@ -429,6 +438,20 @@ pub fn prepare(
                 spec,
                 "--".into(),
             ];
+            if own_store {
+                // Made through the file system: a store in a format of its
+                // own (pack's) has no directories of the backing's.
+                let st = Command::new(&prefix[0])
+                    .args(&prefix[1..])
+                    .arg("mkdir")
+                    .arg("-p")
+                    .arg(dir.join(work))
+                    .stdin(Stdio::null())
+                    .status()?;
+                if !st.success() {
+                    bail!("{}: cannot make the work directory in its store", def.name);
+                }
+            }
             (dir, None)
         }
         Setup::Mapfs { .. }

@@ -17,6 +17,7 @@ use super::db::{self, Inode, Slot};
 use super::names;
 use super::perm::{self, R, W};
 use super::readcache;
+use super::shared::Reap;
 use super::slots;
 use super::{Handle, Pack};
 
@@ -89,7 +90,6 @@ impl Pack {
     /// acquired).
     fn new_handle(&self, i: &Inode, slot: Option<Slot>) -> u64 {
         let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        *self.opens.lock().entry(i.ino).or_insert(0) += 1;
         self.handles.lock().insert(
             id,
             Handle {
@@ -112,13 +112,50 @@ impl Pack {
         trunc: bool,
     ) -> Result<Opened> {
         let ino = found.ino;
+        self.enter(ino)?;
+        let res = self.open_entered(found, found_at, flags, trunc);
+        if res.is_err() {
+            self.left(ino);
+        }
+        res
+    }
+
+    /// The open of `ino` that failed or ended was its last in this process:
+    /// a file whose last name went meanwhile is deleted now (if no other
+    /// process has it open).
+    fn left(&self, ino: i64) {
+        if !self.leave(ino) {
+            return;
+        }
+        if self.shared {
+            self.reap(vec![Reap::Ino(ino)]);
+        } else if self.orphans.lock().remove(&ino) {
+            match self.write(|tx| match db::inode(tx, ino)? {
+                Some(i) if i.nlink == 0 => self.destroy(tx, ino),
+                _ => Ok(None),
+            }) {
+                Ok(gone) => self.remove_own(gone),
+                Err(e) => tracing::warn!(ino, "pack: a file removed while open stays: {e}"),
+            }
+        }
+    }
+
+    /// [`Pack::open_ino`] once the open is counted.
+    fn open_entered(
+        &self,
+        found: Inode,
+        found_at: u64,
+        flags: OpenFlags,
+        trunc: bool,
+    ) -> Result<Opened> {
+        let ino = found.ino;
         // The inode as the path walk found it serves as the first look;
         // a retry (a compaction moved its slot meanwhile) reads it again.
         let mut seen = Some(found.clone());
         loop {
             let first = match seen.take() {
                 Some(i) => i,
-                None => db::get_inode(&self.conn.lock(), ino)?,
+                None => db::get_inode(&*self.db()?, ino)?,
             };
             if let Some(s) = first.slot {
                 self.packs.acquire(s)?;
@@ -149,8 +186,8 @@ impl Pack {
             let res = if trunc {
                 self.write(|tx| check(tx))
             } else {
-                let conn = self.conn.lock();
-                let writes = db::writes();
+                let conn = self.db()?;
+                let writes = db::version(&conn)?;
                 if writes == found_at && first.slot == found.slot {
                     readcache::extents(&conn, &self.reads, writes, ino)
                         .map(|ext| Some((found.clone(), ext)))
@@ -188,7 +225,16 @@ impl Pack {
             }
             let opened = self.slot_open(&i, &ext)?;
             if flags.writable() && i.size > self.threshold && self.opens_of(ino) == 1 {
-                return Ok(self.own_at_open(opened));
+                // A shared instance moves it only if no other process has
+                // it open either (holding its open lock for writing meanwhile).
+                if !self.shared {
+                    return Ok(self.own_at_open(opened));
+                }
+                if self.open_locks.take_alone(ino).unwrap_or(false) {
+                    let o = self.own_at_open(opened);
+                    self.open_locks.hold(ino)?;
+                    return Ok(o);
+                }
             }
             return Ok(opened);
         }
@@ -241,8 +287,7 @@ impl Pack {
     }
 
     pub(super) fn do_open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
-        let (i, found_at) =
-            names::resolve_read(&self.conn.lock(), &self.dirs, &self.reads, ctx, path)?;
+        let (i, found_at) = names::resolve_read(&*self.db()?, &self.dirs, &self.reads, ctx, path)?;
         match i.kind() {
             FileKind::File => {}
             FileKind::Dir => return Err(Error::from_errno(libc::EISDIR)),
@@ -282,20 +327,22 @@ impl Pack {
             Ok(i) => i,
             Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
                 let o = self.do_open(ctx, path, flags)?;
-                let attr = self.getattr_ino(self.handles.lock()[&o.handle].ino)?;
+                let ino = self.handles.lock()[&o.handle].ino;
+                let attr = self.getattr_ino(ino)?;
                 return Ok((attr, o));
             }
             Err(e) => return Err(e),
         };
         // Made in the transaction that returned `i`: no slot, no bytes,
         // nothing a compaction could have moved; nothing to read again.
-        let o = self.slot_open(&i, &[])?;
+        self.enter(i.ino)?;
+        let o = self.slot_open(&i, &[]).inspect_err(|_| self.left(i.ino))?;
         Ok((i.attr(), o))
     }
 
     /// Attributes of inode `ino`.
     pub(super) fn getattr_ino(&self, ino: i64) -> Result<Attr> {
-        let i = db::get_inode(&self.conn.lock(), ino)?;
+        let i = db::get_inode(&*self.db()?, ino)?;
         self.attr_of(&i)
     }
 
@@ -396,16 +443,14 @@ impl Pack {
         let Some(h) = self.handles.lock().remove(&handle) else {
             return res;
         };
-        let last = {
-            let mut opens = self.opens.lock();
-            let n = opens.entry(h.ino).or_insert(1);
-            *n -= 1;
-            let last = *n == 0;
-            if last {
-                opens.remove(&h.ino);
+        if self.shared {
+            if let Some(s) = h.slot.filter(|s| self.packs.release(*s)) {
+                self.reap(vec![Reap::Slot(s)]);
             }
-            last
-        };
+            self.left(h.ino);
+            return res;
+        }
+        let last = self.leave(h.ino);
         let freed = h
             .slot
             .filter(|s| self.packs.release(*s) && self.zombies.lock().remove(s));
@@ -493,6 +538,12 @@ impl Pack {
         let Some(old) = h.slot else {
             return Ok(());
         };
+        if self.shared {
+            if self.packs.release(old) {
+                self.reap(vec![Reap::Slot(old)]);
+            }
+            return Ok(());
+        }
         if self.packs.release(old) && self.zombies.lock().remove(&old) {
             self.write(|tx| {
                 if db::slot_owner(tx, old)?.flatten().is_some_and(|o| o < 0) {

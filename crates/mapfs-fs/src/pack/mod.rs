@@ -68,6 +68,7 @@ mod dircache;
 mod names;
 mod perm;
 mod readcache;
+mod shared;
 mod slots;
 mod tools;
 
@@ -115,6 +116,10 @@ pub struct PackOptions {
     /// kept as they are (programs under `mapfs run` may still write in
     /// slots they were lent); the next fresh mount reclaims them.
     pub resumed: bool,
+    /// One of several instances over the store (the processes of an
+    /// embedded job, `shared.rs`): the database is not held locked, and
+    /// what a daemon keeps in memory about opens is told by locks.
+    pub shared: bool,
 }
 
 impl Default for PackOptions {
@@ -123,6 +128,7 @@ impl Default for PackOptions {
             threshold: DEFAULT_THRESHOLD,
             full_sync: false,
             resumed: false,
+            shared: false,
         }
     }
 }
@@ -205,8 +211,23 @@ pub struct Pack {
     /// almost always "none".
     security_xattrs: std::sync::atomic::AtomicBool,
     next_handle: AtomicU64,
-    /// This instance is the only one over the backing directory.
+    /// Held for the instance's life: alone (a daemon), or shared with the
+    /// other processes of an embedded job.
     _sole: crate::sole::Sole,
+    /// One of several instances ([`PackOptions::shared`]).
+    shared: bool,
+    /// Files this process has open, for the other instances (`shared.rs`).
+    open_locks: shared::OpenLocks,
+    /// What transactions of a shared instance left to free after their
+    /// commit.
+    reaps: Mutex<Vec<shared::Reap>>,
+    /// The process the instance's memory is about: a forked child starts
+    /// afresh (its parent's opens, reserved slots and locks are not its).
+    pid: std::sync::atomic::AtomicI32,
+    /// SQLite's count of other connections' commits, as last seen: the
+    /// directories remembered are dropped when it moves.
+    data_version: std::sync::atomic::AtomicI64,
+    full_sync: bool,
 }
 
 /// One open.
@@ -241,9 +262,33 @@ impl Pack {
             }
         }
         // Before anything is reclaimed: another instance's reserved slots
-        // look unowned to this one.
-        let sole = take_instance_lock(backing)?;
-        let mut conn = db::open(backing, opts.full_sync, true)?;
+        // look unowned to this one. A shared instance that finds no other
+        // starts as a fresh mount does, then lets others share.
+        let (sole, reclaim) = if opts.shared {
+            let root = rustix::fs::open(
+                backing,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            match crate::sole::try_take(root.as_fd(), LOCK_NAME)? {
+                Some(alone) => (alone, true),
+                None => (
+                    crate::sole::take_shared(
+                        root.as_fd(),
+                        LOCK_NAME,
+                        "pack",
+                        &backing.display().to_string(),
+                    )?,
+                    false,
+                ),
+            }
+        } else {
+            (take_instance_lock(backing)?, !opts.resumed)
+        };
+        if opts.shared {
+            db::note_shared();
+        }
+        let mut conn = db::open(backing, opts.full_sync, !opts.shared)?;
         let own = backing.join(OWN_DIR);
         match std::fs::DirBuilder::new().mode(0o700).create(&own) {
             Ok(()) => {}
@@ -272,7 +317,7 @@ impl Pack {
             )
             .db()?;
         }
-        if !opts.resumed {
+        if reclaim {
             tx.execute("UPDATE slots SET ino = NULL WHERE ino < 0", [])
                 .db()?;
         }
@@ -293,10 +338,18 @@ impl Pack {
             security_xattrs: std::sync::atomic::AtomicBool::new(true),
             next_handle: AtomicU64::new(1),
             _sole: sole,
+            shared: opts.shared,
+            open_locks: shared::OpenLocks::new(backing),
+            reaps: Mutex::new(Vec::new()),
+            pid: std::sync::atomic::AtomicI32::new(
+                rustix::process::getpid().as_raw_nonzero().get(),
+            ),
+            data_version: std::sync::atomic::AtomicI64::new(0),
+            full_sync: opts.full_sync,
         };
         // A successor leaves the files removed while open to the next
         // fresh mount: a program may still write in their slots.
-        let orphans: Vec<i64> = if opts.resumed {
+        let orphans: Vec<i64> = if !reclaim {
             Vec::new()
         } else {
             let conn = fs.conn.lock();
@@ -321,37 +374,192 @@ impl Pack {
             )
             .optional()
             .db()?;
-        fs.security_xattrs
-            .store(any.is_some(), std::sync::atomic::Ordering::Relaxed);
+        // Another instance may set one at any time.
+        fs.security_xattrs.store(
+            any.is_some() || opts.shared,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         for ino in orphans {
             let gone = fs.write(|tx| fs.destroy(tx, ino))?;
             fs.remove_own(gone);
         }
+        // Others may share the store from now on.
+        let fs = if opts.shared && reclaim {
+            let sole = fs._sole;
+            Pack {
+                _sole: sole.share("pack", &backing.display().to_string())?,
+                ..fs
+            }
+        } else {
+            fs
+        };
         Ok(fs)
     }
 
-    /// Runs `f` in a write transaction, committed when it returns `Ok`.
+    /// The connection, this process's own: in a child forked from the
+    /// process that built the instance, a new one, and none of the
+    /// parent's opens, reserved slots or locks. A shared instance also
+    /// forgets the directories it remembered when another instance changed
+    /// the database since it last looked.
+    fn db(&self) -> Result<parking_lot::MutexGuard<'_, Connection>> {
+        use std::sync::atomic::Ordering::{Acquire, Release};
+        let mut conn = self.conn.lock();
+        let me = rustix::process::getpid().as_raw_nonzero().get();
+        if self.pid.load(Acquire) != me {
+            let fresh = db::open(&self.backing, self.full_sync, !self.shared)?;
+            // Closing the parent's connection could act on its locks.
+            std::mem::forget(std::mem::replace(&mut *conn, fresh));
+            self.handles.lock().clear();
+            self.opens.lock().clear();
+            self.orphans.lock().clear();
+            self.zombies.lock().clear();
+            self.reserve.lock().clear();
+            self.reaps.lock().clear();
+            self.packs.reset();
+            self.open_locks.reset();
+            self.dirs.clear();
+            self.pid.store(me, Release);
+        }
+        if self.shared {
+            let v: i64 = conn
+                .prepare_cached("PRAGMA data_version")
+                .and_then(|mut st| st.query_row([], |r| r.get(0)))
+                .db()?;
+            if self.data_version.swap(v, Release) != v {
+                self.dirs.clear();
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Runs `f` in a write transaction, committed when it returns `Ok`;
+    /// then frees what it left for a shared instance to free.
     fn write<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        db::write(&self.conn, f)
+        let (res, left) = {
+            let mut c = self.db()?;
+            let res = db::write_tx(&mut c).and_then(|tx| {
+                let v = f(&tx)?;
+                tx.commit().db()?;
+                Ok(v)
+            });
+            // Pushed by this transaction only: the connection's lock is held.
+            let left = std::mem::take(&mut *self.reaps.lock());
+            (res, left)
+        };
+        if res.is_ok() {
+            self.reap(left);
+        }
+        res
+    }
+
+    /// Frees the slots and deletes the files a committed transaction (or a
+    /// release) left unused, where no process uses them now (`shared.rs`).
+    fn reap(&self, left: Vec<shared::Reap>) {
+        for r in left {
+            if let Err(e) = self.reap_one(r) {
+                tracing::debug!("pack: {r:?} left for the next fresh instance: {e}");
+            }
+        }
+    }
+
+    fn reap_one(&self, r: shared::Reap) -> Result<()> {
+        match r {
+            shared::Reap::Slot(s) => {
+                // Most slots a release lets go of are still their file's.
+                let owner = db::slot_owner(&*self.db()?, s)?.flatten();
+                if owner.is_none_or(|o| o >= 0) || self.packs.in_use(s) {
+                    return Ok(());
+                }
+                let Some(file) = self.packs.take_unused(s)? else {
+                    return Ok(());
+                };
+                let res = self.write(|tx| {
+                    if db::slot_owner(tx, s)?.flatten().is_some_and(|o| o < 0) {
+                        db::set_slot_owner(tx, s, None)?;
+                    }
+                    Ok(())
+                });
+                let _ = slots::range_lock(&file, s, slots::LockKind::Unlock);
+                res
+            }
+            shared::Reap::Ino(ino) => {
+                let named = db::inode(&*self.db()?, ino)?.is_none_or(|i| i.nlink > 0);
+                if named || ino == db::ROOT || self.opens.lock().contains_key(&ino) {
+                    return Ok(());
+                }
+                if !self.open_locks.take_alone(ino)? {
+                    return Ok(());
+                }
+                let res = self.write(|tx| match db::inode(tx, ino)? {
+                    Some(i) if i.nlink == 0 => self.destroy(tx, ino),
+                    _ => Ok(None),
+                });
+                self.open_locks.unhold(ino);
+                self.remove_own(res?);
+                Ok(())
+            }
+        }
+    }
+
+    /// An open of `ino` starts in this process: others see it (shared).
+    fn enter(&self, ino: i64) -> Result<()> {
+        let first = {
+            let mut opens = self.opens.lock();
+            let n = opens.entry(ino).or_insert(0);
+            *n += 1;
+            *n == 1
+        };
+        if self.shared && first {
+            if let Err(e) = self.open_locks.hold(ino) {
+                self.leave(ino);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// An open of `ino` ends in this process; true when it was the last.
+    fn leave(&self, ino: i64) -> bool {
+        let last = {
+            let mut opens = self.opens.lock();
+            let n = opens.entry(ino).or_insert(1);
+            *n = n.saturating_sub(1);
+            let last = *n == 0;
+            if last {
+                opens.remove(&ino);
+            }
+            last
+        };
+        if self.shared && last {
+            self.open_locks.unhold(ino);
+        }
+        last
     }
 
     /// A new slot of capacity `cap` for an open (marked as used
     /// by opens only until a flush gives it to the file), from this
     /// daemon's reserve, refilled a batch at a time.
     fn take_slot(&self, cap: u64) -> Result<db::Slot> {
-        let mut reserve = self.reserve.lock();
-        let list = reserve.entry(cap).or_default();
-        if list.is_empty() {
-            let mut batch = self.write(|tx| {
-                (0..slots::RESERVE_BATCH)
-                    .map(|_| slots::alloc(tx, cap, slots::RESERVED))
-                    .collect::<Result<Vec<_>>>()
-            })?;
-            batch.reverse();
-            *list = batch;
-        }
-        let s = list.pop().expect("refilled");
-        drop(reserve);
+        let reserved = self.reserve.lock().get_mut(&cap).and_then(|l| l.pop());
+        let s = match reserved {
+            Some(s) => s,
+            None => {
+                // A shared instance takes one at a time: a process that
+                // ends leaves its reserve to the next fresh instance.
+                let n = if self.shared { 1 } else { slots::RESERVE_BATCH };
+                let mut batch = self.write(|tx| {
+                    (0..n)
+                        .map(|_| slots::alloc(tx, cap, slots::RESERVED))
+                        .collect::<Result<Vec<_>>>()
+                })?;
+                batch.reverse();
+                let s = batch.pop().expect("a batch of one or more");
+                if !batch.is_empty() {
+                    self.reserve.lock().entry(cap).or_default().extend(batch);
+                }
+                s
+            }
+        };
         // The owner in the database stays negative: `-1` reads as "only
         // opens use it" exactly like `-ino`.
         self.zombies.lock().insert(s);
@@ -365,12 +573,12 @@ impl Pack {
 
     /// [`stats`] of this instance's store, through the database it holds.
     pub fn stats(&self) -> Result<PackStats> {
-        tools::stats_on(&self.conn.lock(), &self.backing)
+        tools::stats_on(&*self.db()?, &self.backing)
     }
 
     /// [`check`] of this instance's store, through the database it holds.
     pub fn check(&self) -> Result<CheckReport> {
-        tools::check_on(&self.conn.lock(), &self.backing)
+        tools::check_on(&*self.db()?, &self.backing)
     }
 }
 
@@ -378,11 +586,11 @@ impl FileSystem for Pack {
     /// One daemon per backing directory (`pack.lock`), and `mapfs pack
     /// compact` moves slots without changing a byte.
     fn only_this_mount_writes(&self) -> bool {
-        true
+        !self.shared
     }
 
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
-        let (i, _) = names::resolve_read(&self.conn.lock(), &self.dirs, &self.reads, ctx, path)?;
+        let (i, _) = names::resolve_read(&*self.db()?, &self.dirs, &self.reads, ctx, path)?;
         self.attr_of(&i)
     }
 
@@ -395,7 +603,7 @@ impl FileSystem for Pack {
     }
 
     fn readlink(&self, ctx: &Ctx, path: &Path) -> Result<OsString> {
-        let conn = self.conn.lock();
+        let conn = self.db()?;
         let i = names::resolve(&conn, &self.dirs, ctx, path)?;
         let t: Option<Vec<u8>> = conn
             .query_row("SELECT target FROM inodes WHERE ino = ?1", [i.ino], |r| {
@@ -499,7 +707,7 @@ impl FileSystem for Pack {
     }
 
     fn access(&self, ctx: &Ctx, path: &Path, mask: i32) -> Result<()> {
-        let (i, _) = names::resolve_read(&self.conn.lock(), &self.dirs, &self.reads, ctx, path)?;
+        let (i, _) = names::resolve_read(&*self.db()?, &self.dirs, &self.reads, ctx, path)?;
         perm::check(ctx, &i, (mask & 7) as u32)
     }
 
@@ -557,7 +765,7 @@ impl FileSystem for Pack {
     fn fsyncdir(&self, _ctx: &Ctx, _path: &Path, _datasync: bool) -> Result<()> {
         // Every namespace change is committed when its call returns; a
         // checkpoint-free WAL sync makes them durable.
-        let conn = self.conn.lock();
+        let conn = self.db()?;
         conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)").db()?;
         Ok(())
     }

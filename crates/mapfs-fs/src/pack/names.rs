@@ -73,7 +73,7 @@ pub fn resolve_read(
     ctx: &Ctx,
     path: &Path,
 ) -> Result<(Inode, u64)> {
-    let writes = db::writes();
+    let writes = db::version(conn)?;
     let i = walk(conn, dirs, Some((reads, writes)), ctx, &names(path)?)?;
     Ok((i, writes))
 }
@@ -226,6 +226,11 @@ impl Pack {
             .db()?
             .execute(params![i.ino, db::now_ns()])
             .db()?;
+        if self.shared {
+            // Deleted after the commit, if no process has it open.
+            self.reaps.lock().push(super::shared::Reap::Ino(i.ino));
+            return Ok(None);
+        }
         if self.opens.lock().get(&i.ino).copied().unwrap_or(0) > 0 {
             self.orphans.lock().insert(i.ino);
             return Ok(None);
@@ -265,6 +270,12 @@ impl Pack {
         let owner = if own {
             self.zombies.lock().remove(&s);
             Some(ino)
+        } else if self.shared {
+            // Freed after the commit, if no process uses it.
+            if !self.packs.in_use(s) {
+                self.reaps.lock().push(super::shared::Reap::Slot(s));
+            }
+            Some(-ino)
         } else if self.packs.in_use(s) {
             self.zombies.lock().insert(s);
             Some(-ino)
@@ -425,7 +436,7 @@ impl Pack {
     }
 
     pub(super) fn do_readdir(&self, ctx: &Ctx, path: &Path) -> Result<Vec<DirEntry>> {
-        let conn = self.conn.lock();
+        let conn = self.db()?;
         let d = resolve(&conn, &self.dirs, ctx, path)?;
         if !d.is_dir() {
             return Err(Error::from_errno(libc::ENOTDIR));
@@ -628,13 +639,13 @@ impl Pack {
             return Err(Error::from_errno(libc::ENODATA));
         }
         check_xattr_name(ctx, name)?;
-        let conn = self.conn.lock();
+        let conn = self.db()?;
         let i = resolve(&conn, &self.dirs, ctx, path)?;
         xattr(&conn, i.ino, name)?.ok_or_else(|| Error::from_errno(libc::ENODATA))
     }
 
     pub(super) fn do_listxattr(&self, ctx: &Ctx, path: &Path) -> Result<Vec<OsString>> {
-        let conn = self.conn.lock();
+        let conn = self.db()?;
         let i = resolve(&conn, &self.dirs, ctx, path)?;
         let mut st = conn
             .prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")

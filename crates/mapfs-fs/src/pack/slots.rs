@@ -16,13 +16,12 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::Arc;
 
 use mapfs::{Error, Result};
-use nix::fcntl::{fcntl, FcntlArg};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 use rustix::fs::{Mode, OFlags};
@@ -118,24 +117,7 @@ pub fn range_lock(file: &File, s: Slot, kind: LockKind) -> Result<()> {
         LockKind::TryWrite => (libc::F_WRLCK, false),
         LockKind::Unlock => (libc::F_UNLCK, false),
     };
-    // SAFETY: `flock` is plain data; all-zero is a valid value.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = ty as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = s.off as libc::off_t;
-    fl.l_len = s.cap as libc::off_t;
-    loop {
-        let arg = if wait {
-            FcntlArg::F_OFD_SETLKW(&fl)
-        } else {
-            FcntlArg::F_OFD_SETLK(&fl)
-        };
-        match fcntl(file.as_fd(), arg) {
-            Ok(_) => return Ok(()),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(Error::from_errno(e as i32)),
-        }
-    }
+    super::shared::lock(file, s.off, s.cap, ty, wait)
 }
 
 /// What [`range_lock`] does.
@@ -237,5 +219,24 @@ impl Packs {
     /// True when an open of this process uses `s`.
     pub fn in_use(&self, s: Slot) -> bool {
         self.refs.lock().contains_key(&s)
+    }
+
+    /// Takes `s` for writing if no process uses it (see `shared.rs`):
+    /// `Some(file)` holding the lock, to [`range_lock`] `Unlock` when done.
+    /// Only for a slot no open of this process uses.
+    pub fn take_unused(&self, s: Slot) -> Result<Option<Arc<File>>> {
+        let f = self.file(s.pack)?;
+        let _refs = self.refs.lock();
+        Ok(super::shared::try_write(&f, s.off, s.cap)?.then_some(f))
+    }
+
+    /// Forgets the pack files and slots of the process that forked this
+    /// one: their descriptions hold the parent's locks, which a lock or
+    /// unlock here would change. The descriptors are left open.
+    pub fn reset(&self) {
+        for (_, f) in self.files.lock().drain() {
+            std::mem::forget(f);
+        }
+        self.refs.lock().clear();
     }
 }

@@ -1,0 +1,411 @@
+//! `pack` in embedded mode (`mapfs run --embed pack:BACKING:PREFIX`,
+//! served by `libmapfs_embed_full.so`): every process of the job runs its
+//! own instance over the one store. A tree built with cp, tar, renames,
+//! links and removals matches the same commands on a native directory; the
+//! fsx exerciser's byte model holds with files moving between slots and
+//! files of their own; processes that share the store see each other's
+//! files, a file removed while another process reads it keeps its bytes
+//! for that reader (its slot is not reused until then), a forked child
+//! works on its own connection; the store is consistent afterwards
+//! (`mapfs pack check`), holds no slot only opens used, and a mount reads
+//! what the job wrote; a mount and an embedded job exclude each other.
+
+mod common;
+mod preload_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{fuse_or_skip, have, mapfs_bin, native_dir, DataMode, MountSession};
+use preload_support::{fsx_bin, ok};
+
+/// The library that serves `pack`; panics with how to build it when
+/// missing or older than its sources.
+fn full_lib() -> PathBuf {
+    preload_support::fresh_library(
+        "libmapfs_embed_full.so",
+        &[
+            "mapfs-embed/src",
+            "mapfs-embed-full/src",
+            "mapfs-cli/src",
+            "mapfs-fs/src/pack",
+            "mapfs/src",
+        ],
+    )
+}
+
+/// An empty store, a prefix that does not exist on the host, and a native
+/// directory for comparisons.
+struct Area {
+    _tmp: tempfile::TempDir,
+    backing: PathBuf,
+    prefix: PathBuf,
+    native: PathBuf,
+}
+
+impl Area {
+    fn new() -> Area {
+        full_lib();
+        let tmp = native_dir();
+        let backing = tmp.path().join("store");
+        let native = tmp.path().join("native");
+        for d in [&backing, &native] {
+            std::fs::create_dir(d).unwrap();
+        }
+        Area {
+            prefix: tmp.path().join("embedded"),
+            backing,
+            native,
+            _tmp: tmp,
+        }
+    }
+
+    /// `prog` under `mapfs run --embed pack:BACKING:PREFIX -o opts`.
+    fn run(&self, opts: &str, prog: &str) -> Command {
+        let mut c = Command::new(mapfs_bin());
+        c.arg("run").arg("--embed").arg(format!(
+            "pack:{}:{}",
+            self.backing.display(),
+            self.prefix.display()
+        ));
+        if !opts.is_empty() {
+            c.arg("-o").arg(opts);
+        }
+        c.arg("--")
+            .arg(prog)
+            .env_remove("LD_PRELOAD")
+            .env_remove("MAPFS_EMBED");
+        c
+    }
+
+    fn at(&self, name: &str) -> String {
+        self.prefix.join(name).display().to_string()
+    }
+
+    /// `mapfs pack check BACKING` passes, and no slot is left that only
+    /// opens used, nor a file without a name (the job's processes have
+    /// all ended: whatever they held is free again).
+    fn assert_consistent(&self, test: &str) {
+        let out = Command::new(mapfs_bin())
+            .args(["pack", "check"])
+            .arg(&self.backing)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{test}: mapfs pack check: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let db = rusqlite::Connection::open(self.backing.join("pack.db")).unwrap();
+        let held: i64 = db
+            .query_row("SELECT count(*) FROM slots WHERE ino < 0", [], |r| r.get(0))
+            .unwrap();
+        let unnamed: i64 = db
+            .query_row(
+                "SELECT count(*) FROM inodes WHERE nlink = 0 AND ino != 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(
+            (held, unnamed),
+            (0, 0),
+            "{test}: slots held by opens only, files without a name, after the job"
+        );
+    }
+}
+
+/// Runs shell `script` with `$D` set to the prefix (embedded) and to the
+/// native directory; returns both outputs with the directory's name
+/// replaced by `$D`.
+fn both(a: &Area, script: &str) -> (String, String) {
+    let emb = ok(a
+        .run("threshold=4k", "sh")
+        .arg("-c")
+        .arg(script)
+        .env("D", &a.prefix)
+        .env("LC_ALL", "C")
+        .env("TZ", "UTC"));
+    let nat = ok(Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .env("D", &a.native)
+        .env("LC_ALL", "C")
+        .env("TZ", "UTC"));
+    let clean = |o: &Output, d: &Path| {
+        String::from_utf8_lossy(&o.stdout).replace(&*d.to_string_lossy(), "$D")
+    };
+    (clean(&emb, &a.prefix), clean(&nat, &a.native))
+}
+
+/// Names, kinds, modes, link counts, symlink targets, file sizes and bytes
+/// of everything under `$D` (directory sizes are the file system's own).
+const LIST: &str = r#"
+find "$D" -printf '%P %y %m %n %l\n' | sort
+find "$D" -type f -printf '%P %s %TY-%Tm-%Td %TH:%TM\n' | sort
+find "$D" -type f -exec sha256sum {} + | sort -k2
+"#;
+
+#[test]
+fn embedded_pack_tree_matches_native() {
+    let a = Area::new();
+    let script = format!(
+        r#"set -e
+mkdir -p "$D/src/sub/deeper" "$D/src/empty"
+printf 'hello\n' > "$D/src/f"
+seq 1 30000 | head -c 100000 > "$D/src/sub/big"
+seq 7 2000 | head -c 3000 > "$D/src/sub/small"
+printf 'inner\n' > "$D/src/sub/deeper/g"
+ln -s ../f "$D/src/sub/link"
+ln "$D/src/f" "$D/src/hard"
+mkfifo "$D/src/fifo"
+chmod 0640 "$D/src/sub/big"
+chmod 0750 "$D/src/sub/deeper"
+touch -h -d '2020-01-02 03:04:05' "$D/src/f" "$D/src/sub/big" "$D/src/sub/small" \
+  "$D/src/sub/deeper/g" "$D/src/sub/link"
+cp -a "$D/src" "$D/copy"
+mkdir "$D/untar"
+tar cf - -C "$D" --sort=name src | tar xf - -C "$D/untar"
+tar cf - -C "$D" --sort=name --mtime=2020-01-01 --owner=0 --group=0 --numeric-owner src | sha256sum
+mv "$D/copy/sub" "$D/moved"
+mkdir "$D/over" && printf 'old\n' > "$D/over/x"
+mv -T "$D/moved" "$D/over" 2>/dev/null || echo 'not empty'
+rm -r "$D/over" && mv "$D/moved" "$D/over"
+mv "$D/untar/src/sub/small" "$D/untar/src/sub/big"
+ln "$D/over/small" "$D/small-link"
+rm "$D/over/small"
+printf 'a longer line\n' > "$D/t" && printf 'short\n' > "$D/t"
+cat "$D/t" "$D/small-link" | wc -c
+for i in $(seq 1 50); do printf "file $i\n" > "$D/src/empty/n$i"; done
+rm "$D/src/empty/n1"* "$D/copy/hard"
+head -c 5000 "$D/src/sub/big" >> "$D/src/f"
+truncate -s 100 "$D/src/sub/deeper/g"
+{LIST}"#
+    );
+    let (emb, nat) = both(&a, &script);
+    if emb != nat {
+        let (e, n): (Vec<&str>, Vec<&str>) = (emb.lines().collect(), nat.lines().collect());
+        let i = (0..e.len().max(n.len()))
+            .find(|&i| e.get(i) != n.get(i))
+            .unwrap_or(0);
+        panic!(
+            "embedded pack and native differ at line {}:\n embedded: {:?}\n native:   {:?}\n\n{emb}",
+            i + 1,
+            e.get(i),
+            n.get(i)
+        );
+    }
+    assert!(emb.contains("over/big"), "{emb}");
+    assert!(!a.prefix.exists(), "the prefix was created on the host");
+    // A pack store, not a mirror: the names are in its database.
+    assert!(!a.backing.join("src").exists());
+    a.assert_consistent("tree");
+}
+
+/// The exerciser's byte model with a 4 KiB threshold, so files move
+/// between slot classes and to files of their own all the time (mmap and
+/// copy_file_range cannot be served on slotted files embedded; see
+/// docs/embedded.md).
+#[test]
+fn embedded_pack_fsx_byte_model() {
+    let a = Area::new();
+    let fsx = fsx_bin();
+    let out = ok(a
+        .run("threshold=4k", fsx.to_str().unwrap())
+        .arg("--dir")
+        .arg(&a.prefix)
+        .arg("--ops")
+        .arg("10000")
+        .arg("--seed")
+        .arg("20261128")
+        .arg("--no-mmap")
+        .arg("--no-copy-range")
+        .arg("--keep"));
+    let summary = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", summary.trim());
+    assert!(summary.contains("reopen="), "{summary}");
+    a.assert_consistent("fsx");
+}
+
+/// Processes of one job (fork and exec, fork alone) share the store: each
+/// writes its own files and reads everyone's; a file one process removes
+/// while another reads it keeps its bytes for the reader, and its slot
+/// goes to no new file meanwhile; a mount afterwards reads every file.
+#[test]
+fn embedded_pack_processes_share_the_store() {
+    let test = "embedded pack, processes sharing the store";
+    if !have("python3") {
+        return;
+    }
+    let a = Area::new();
+    let script = r#"
+import os, subprocess, sys
+d = sys.argv[1]
+def blob(tag, n):
+    return bytes((tag * 31 + i * 7) % 251 for i in range(n))
+# A file another process removes while this one reads it; then the other
+# writes a file of the same size class, which must not get its slot.
+x = os.path.join(d, "x")
+with open(x, "wb") as f:
+    f.write(blob(1, 3000))
+fd = os.open(x, os.O_RDONLY)
+assert os.read(fd, 10) == blob(1, 3000)[:10]
+subprocess.run([sys.executable, "-c",
+    "import os, sys\nos.unlink(sys.argv[1] + '/x')\n"
+    "open(sys.argv[1] + '/y', 'wb').write(bytes((2 * 31 + i * 7) % 251 for i in range(3000)))\n",
+    d], check=True)
+assert not os.path.exists(x)
+rest = os.read(fd, 5000)
+assert rest == blob(1, 3000)[10:], "the removed file's bytes changed under its reader"
+os.close(fd)
+assert open(os.path.join(d, "y"), "rb").read() == blob(2, 3000)
+# Writers in four processes at once, each then reading all the others'.
+w = r'''
+import os, sys
+d, r, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def blob(tag, n):
+    return bytes((tag * 31 + i * 7) % 251 for i in range(n))
+os.makedirs(os.path.join(d, "w%d" % r))
+for i in range(n):
+    with open(os.path.join(d, "w%d" % r, "f%d" % i), "wb") as f:
+        f.write(blob(r * 1000 + i, 1 + (i * 397) % 6000))
+'''
+procs = [subprocess.Popen([sys.executable, "-c", w, d, str(r), "150"]) for r in range(4)]
+for p in procs:
+    assert p.wait() == 0
+for r in range(4):
+    for i in range(150):
+        got = open(os.path.join(d, "w%d" % r, "f%d" % i), "rb").read()
+        assert got == blob(r * 1000 + i, 1 + (i * 397) % 6000), (r, i)
+# A child forked without exec writes through a connection of its own;
+# the parent keeps writing through its own.
+with open(os.path.join(d, "before-fork"), "wb") as f:
+    f.write(blob(7, 100))
+pid = os.fork()
+if pid == 0:
+    code = 0
+    try:
+        with open(os.path.join(d, "child"), "wb") as f:
+            f.write(blob(8, 2000))
+        os.rename(os.path.join(d, "before-fork"), os.path.join(d, "renamed-by-child"))
+    except BaseException as e:
+        sys.stderr.write("child: %r\n" % e)
+        code = 1
+    os._exit(code)
+_, st = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(st) == 0
+with open(os.path.join(d, "parent"), "wb") as f:
+    f.write(blob(9, 2500))
+assert open(os.path.join(d, "child"), "rb").read() == blob(8, 2000)
+assert open(os.path.join(d, "renamed-by-child"), "rb").read() == blob(7, 100)
+assert not os.path.exists(os.path.join(d, "before-fork"))
+print("shared-ok")
+"#;
+    let out = ok(a
+        .run("", "python3")
+        .arg("-c")
+        .arg(script)
+        .arg(a.prefix.display().to_string()));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("shared-ok"),
+        "{test}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    a.assert_consistent(test);
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = MountSession::builder(mapfs_bin())
+        .fs("pack")
+        .data(DataMode::Auto)
+        .backing(&a.backing)
+        .mount()
+        .unwrap();
+    let blob = |tag: usize, n: usize| -> Vec<u8> {
+        (0..n).map(|i| ((tag * 31 + i * 7) % 251) as u8).collect()
+    };
+    let m = s.mountpoint();
+    assert_eq!(std::fs::read(m.join("y")).unwrap(), blob(2, 3000));
+    assert_eq!(std::fs::read(m.join("child")).unwrap(), blob(8, 2000));
+    assert_eq!(std::fs::read(m.join("parent")).unwrap(), blob(9, 2500));
+    for r in 0..4 {
+        for i in 0..150 {
+            let got = std::fs::read(m.join(format!("w{r}/f{i}"))).unwrap();
+            assert_eq!(
+                got,
+                blob(r * 1000 + i, 1 + (i * 397) % 6000),
+                "{test}: w{r}/f{i} through a mount"
+            );
+        }
+    }
+    assert!(!m.join("x").exists());
+}
+
+/// A mount's instance is the only one over its store; an embedded job's
+/// instances share it with each other only. Either one refuses the other,
+/// saying why, and the first keeps its files.
+#[test]
+fn a_pack_mount_and_an_embedded_pack_job_exclude_each_other() {
+    let test = "pack mount vs embedded job";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let a = Area::new();
+    {
+        let s = MountSession::builder(mapfs_bin())
+            .fs("pack")
+            .data(DataMode::Auto)
+            .backing(&a.backing)
+            .mount()
+            .unwrap();
+        std::fs::write(s.mountpoint().join("kept"), b"mounted").unwrap();
+        let out = a.run("", "true").output().unwrap();
+        assert!(
+            !out.status.success(),
+            "{test}: the job ran beside the mount"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("already served"), "{test}: {err}");
+        assert_eq!(
+            std::fs::read(s.mountpoint().join("kept")).unwrap(),
+            b"mounted"
+        );
+    }
+    // A job holding the store (its process sleeps) refuses a mount.
+    let mut job = a
+        .run("", "python3")
+        .arg("-c")
+        .arg("import os,sys,time\nprint(open(sys.argv[1]).read(), flush=True)\ntime.sleep(30)\n")
+        .arg(a.at("kept"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(job.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(
+        line.trim(),
+        "mounted",
+        "{test}: the job read the mount's file"
+    );
+    let mnt = a._tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = Command::new(mapfs_bin())
+        .args(["mount", "pack"])
+        .arg(&a.backing)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let _ = job.kill();
+    let _ = job.wait();
+    if out.status.success() {
+        let _ = Command::new(mapfs_bin()).arg("umount").arg(&mnt).status();
+        panic!("{test}: a mount started beside the job");
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already served"), "{test}: {err}");
+}

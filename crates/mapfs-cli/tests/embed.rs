@@ -412,6 +412,10 @@ fn embedded_refuses_a_static_binary_before_running_it() {
 fn embedded_bad_specs_are_refused_clearly() {
     let a = Area::new();
     let missing = a.native.join("missing");
+    // A directory of ordinary files is no pack store.
+    let not_store = a.native.join("not-a-store");
+    std::fs::create_dir(&not_store).unwrap();
+    std::fs::write(not_store.join("file"), b"x").unwrap();
     let cases: Vec<(String, &str)> = vec![
         (format!("passthrough:{}:/x", missing.display()), "backing"),
         (
@@ -430,7 +434,7 @@ fn embedded_bad_specs_are_refused_clearly() {
             format!("passthrough:{}", a.backing.display()),
             "FS:BACKING:PREFIX",
         ),
-        (format!("pack:{}:/x", a.backing.display()), "no pack store"),
+        (format!("pack:{}:/x", not_store.display()), "no pack store"),
     ];
     let marker = a.native.join("ran");
     for (spec, want) in cases {

@@ -409,3 +409,65 @@ fn a_pack_mount_and_an_embedded_pack_job_exclude_each_other() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already served"), "{test}: {err}");
 }
+
+/// Programs that need more than reads and writes: `sqlite3` (record
+/// locks, kept on the file's lock file), `git` (private `mmap`s of files
+/// in slots, served from a copy; `fsck` checks every object), a shell's
+/// `cd` into the prefix carried to the programs it starts (pack's
+/// directories are not backing directories the real working directory
+/// could follow), and a shared `mmap` of a file in a slot refused.
+#[test]
+fn embedded_pack_sqlite_git_and_working_directory() {
+    let test = "embedded pack: sqlite3, git, cd";
+    if !have("sqlite3") || !have("git") || !have("python3") {
+        eprintln!("{test}: SKIPPED: sqlite3, git or python3 missing");
+        return;
+    }
+    let a = Area::new();
+    let script = r#"set -e
+cd "$D"
+mkdir work && cd work
+/bin/pwd
+sqlite3 t.db "create table t(a, b); insert into t values (1, 2), (3, 4);"
+sqlite3 t.db "select sum(a + b) from t; pragma integrity_check;"
+git init -q repo && cd repo
+printf 'one\n' > f
+git add f && git -c user.name=t -c user.email=t@t commit -qm one
+printf 'two\n' >> f
+git -c user.name=t -c user.email=t@t commit -qam two
+git log --format=%s
+git fsck --full 2>&1
+git status --short
+sh -c 'pwd; cat f'
+python3 -c '
+import errno, mmap, os
+fd = os.open("f", os.O_RDONLY)
+m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+print(m[:]. decode().split())
+try:
+    mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    print("shared mmap served")
+except OSError as e:
+    print("shared mmap", errno.errorcode[e.errno])
+'
+"#;
+    let out = ok(a
+        .run("", "sh")
+        .arg("-c")
+        .arg(script)
+        .env("D", &a.prefix)
+        .env("LC_ALL", "C"));
+    let stdout = String::from_utf8_lossy(&out.stdout).replace(&*a.prefix.to_string_lossy(), "$D");
+    assert_eq!(
+        stdout,
+        "$D/work\n10\nok\ntwo\none\n$D/work/repo\none\ntwo\n['one', 'two']\nshared mmap ENODEV\n",
+        "{test}: stderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Nothing landed in the host's working directory of the job.
+    assert!(
+        !a.prefix.exists(),
+        "{test}: the prefix was created on the host"
+    );
+    a.assert_consistent(test);
+}

@@ -289,9 +289,38 @@ fn mmap_target(fd: c_int, flags: c_int) -> Option<(c_int, Option<std::os::fd::Ow
     }
     let backing = {
         let _g = Guard::enter()?;
-        engine_fd::whole_backing(fd)?
+        engine_fd::whole_backing(fd).or_else(|| private_copy(fd, flags))?
     };
     Some((std::os::fd::AsRawFd::as_raw_fd(&backing), Some(backing)))
+}
+
+/// A private mapping (`MAP_PRIVATE`: what `git` and most readers ask) of
+/// an engine-served file: a memfd holding a copy of the file's bytes as
+/// the open reads them now. Its pages never reach the file, as a private
+/// mapping's writes never do; later writes to the file do not show in it
+/// (POSIX leaves that unspecified). A shared mapping gets `None`.
+fn private_copy(fd: c_int, flags: c_int) -> Option<std::os::fd::OwnedFd> {
+    use std::os::unix::fs::FileExt;
+    if flags & libc::MAP_TYPE != libc::MAP_PRIVATE {
+        return None;
+    }
+    let o = engine_fd::get(fd)?;
+    let size = o.size().ok()?;
+    let m = rustix::fs::memfd_create("mapfs-embed-mmap", rustix::fs::MemfdFlags::CLOEXEC).ok()?;
+    let f = std::fs::File::from(m);
+    f.set_len(size).ok()?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < size {
+        let want = (size - at).min(buf.len() as u64) as usize;
+        let n = o.pread(&mut buf[..want], at).ok()?;
+        if n == 0 {
+            break;
+        }
+        f.write_all_at(&buf[..n], at).ok()?;
+        at += n as u64;
+    }
+    Some(std::os::fd::OwnedFd::from(f))
 }
 
 fn refused<T>(call: &'static str, errno: c_int, fail: T) -> T {
@@ -335,6 +364,8 @@ unsafe fn exec_at<R>(
 /// one (a spawning parent, a failed `exec`) its placeholders back.
 fn spawn(call: impl FnOnce() -> c_int) -> c_int {
     let saved = before_exec();
+    // Closed here again when this image goes on (a spawning parent).
+    let _cwd = Guard::enter().and_then(|_g| crate::state::cwd_carrier());
     let r = call();
     if !saved.is_empty() {
         if let Some(_g) = Guard::enter() {

@@ -813,7 +813,8 @@ pub fn refuse(call: &'static str, errno: i32) -> i32 {
         drop(w);
         crate::warn(format_args!(
             "{call} on a file of an embedded file system served by the data engine \
-             (plfs) cannot be served in-process; it fails with errno {errno}"
+             (a plfs file, a pack file in a slot) cannot be served in-process; it fails \
+             with errno {errno}"
         ));
     }
     errno

@@ -360,6 +360,9 @@ pub fn set_cwd(p: Option<Place>) {
 /// file system reports the same inode for that path as the kernel for the
 /// real directory.
 fn adopt_inherited_cwd() {
+    if adopt_carried_cwd() {
+        return;
+    }
     let Ok(real) = rustix::process::getcwd(Vec::new()) else {
         return;
     };
@@ -388,6 +391,97 @@ fn adopt_inherited_cwd() {
             return;
         }
     }
+}
+
+/// The name of the memfd that carries an embedded working directory across
+/// `exec` ([`cwd_carrier`]).
+const CWD_CARRIER: &str = "mapfs-embed-cwd";
+
+/// For an `exec` or spawn: a memfd (inherited, not close-on-exec) saying
+/// which embedded directory this process works in, with the kernel's
+/// identity of the real working directory then. A file system whose
+/// directories are not backing directories (pack's) leaves the real one
+/// where it was, so the new image would otherwise work there. `None` when
+/// the working directory is the host's.
+pub fn cwd_carrier() -> Option<std::os::fd::OwnedFd> {
+    use std::io::Write;
+    let p = cwd()?;
+    let st = rustix::fs::stat(".").ok()?;
+    let fd = rustix::fs::memfd_create(CWD_CARRIER, rustix::fs::MemfdFlags::empty()).ok()?;
+    let mut f = std::fs::File::from(fd);
+    let mut v = format!("{} {}\n", st.st_dev, st.st_ino).into_bytes();
+    v.extend_from_slice(&embs()[p.idx].prefix);
+    v.push(0);
+    v.extend_from_slice(p.path.as_os_str().as_bytes());
+    f.write_all(&v).ok()?;
+    let fd = crate::engine_fd::above_program_fd(std::os::fd::OwnedFd::from(f));
+    // Moved with close-on-exec: the new image must inherit it.
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
+    Some(fd)
+}
+
+/// In a new process image: the working directory a [`cwd_carrier`] of the
+/// process that ran it names, if the real one is still the one it saw
+/// (a program that changed directory since works where it went). The
+/// carrier is closed either way.
+fn adopt_carried_cwd() -> bool {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return false;
+    };
+    let mut carried = None;
+    for ent in dir.flatten() {
+        let Some(fd) = ent.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let is_carrier = std::fs::read_link(ent.path()).is_ok_and(|l| {
+            l.as_os_str()
+                .as_bytes()
+                .starts_with(format!("/memfd:{CWD_CARRIER}").as_bytes())
+        });
+        if is_carrier && carried.is_none() {
+            // SAFETY: an inherited descriptor nothing else in this image
+            // owns yet (the constructor runs before the program).
+            carried = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+    let Some(fd) = carried else {
+        return false;
+    };
+    let mut v = Vec::new();
+    // The parent's writes left the shared offset at the end.
+    let mut f = std::fs::File::from(fd);
+    let read =
+        std::io::Seek::rewind(&mut f).and_then(|()| std::io::Read::read_to_end(&mut f, &mut v));
+    if read.is_err() {
+        return false;
+    }
+    let Some(nl) = v.iter().position(|b| *b == b'\n') else {
+        return false;
+    };
+    let Ok(st) = rustix::fs::stat(".") else {
+        return false;
+    };
+    if v[..nl] != *format!("{} {}", st.st_dev, st.st_ino).as_bytes() {
+        return false;
+    }
+    let rest = &v[nl + 1..];
+    let Some(z) = rest.iter().position(|b| *b == 0) else {
+        return false;
+    };
+    let (prefix, path) = (&rest[..z], &rest[z + 1..]);
+    let Some(idx) = embs().iter().position(|e| e.prefix == prefix) else {
+        return false;
+    };
+    let path = PathBuf::from(OsString::from(std::ffi::OsStr::from_bytes(path)));
+    let is_dir = embs()[idx]
+        .fs
+        .getattr(&ctx(), &path)
+        .is_ok_and(|a| a.kind == mapfs::FileKind::Dir);
+    if is_dir {
+        set_cwd(Some(Place { idx, path }));
+    }
+    is_dir
 }
 
 /// A directory descriptor opened under a prefix, and the kernel identity of

@@ -104,6 +104,11 @@ pub const OWN_DIR: &str = "files";
 /// The lock file one instance holds for its life (`crate::sole`).
 pub const LOCK_NAME: &str = "pack.lock";
 
+/// Subdirectory of the backing directory with the files whose kernel locks
+/// stand for a file's record locks and `flock`s in embedded mode
+/// ([`FileSystem::lock_file`]): `locks/<ino>`, made at a file's first lock.
+pub const LOCKS_DIR: &str = "locks";
+
 /// Options of a pack mount.
 #[derive(Debug, Clone, Copy)]
 pub struct PackOptions {
@@ -228,6 +233,8 @@ pub struct Pack {
     /// directories remembered are dropped when it moves.
     data_version: std::sync::atomic::AtomicI64,
     full_sync: bool,
+    /// [`LOCKS_DIR`], once it exists.
+    locks_dir: std::sync::OnceLock<OwnedFd>,
 }
 
 /// One open.
@@ -346,6 +353,7 @@ impl Pack {
             ),
             data_version: std::sync::atomic::AtomicI64::new(0),
             full_sync: opts.full_sync,
+            locks_dir: std::sync::OnceLock::new(),
         };
         // A successor leaves the files removed while open to the next
         // fresh mount: a program may still write in their slots.
@@ -566,6 +574,39 @@ impl Pack {
         Ok(s)
     }
 
+    /// [`LOCKS_DIR`], made if `create` (else `None` while it does not exist).
+    fn locks_dir(&self, create: bool) -> Result<Option<&OwnedFd>> {
+        if let Some(d) = self.locks_dir.get() {
+            return Ok(Some(d));
+        }
+        let path = self.backing.join(LOCKS_DIR);
+        if create {
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let fd = match rustix::fs::open(
+            &path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) if !create => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some(self.locks_dir.get_or_init(|| fd)))
+    }
+
+    /// Removes the lock file of a deleted inode, if it has one (best effort:
+    /// a leftover is an empty file).
+    pub(super) fn remove_lock_file(&self, ino: i64) {
+        if let Ok(Some(d)) = self.locks_dir(false) {
+            let _ = rustix::fs::unlinkat(d, ino.to_string(), rustix::fs::AtFlags::empty());
+        }
+    }
+
     /// The backing directory.
     pub fn backing(&self) -> &Path {
         &self.backing
@@ -760,6 +801,25 @@ impl FileSystem for Pack {
             }
         };
         out.map_err(|e| Error::io().context(format!("encoding the {name} report: {e}")))
+    }
+
+    /// `locks/<ino>`: a file's locks in embedded mode must meet those of
+    /// the job's other processes, and its bytes are a range of a pack file
+    /// shared with other files (or, past the threshold, a file whose
+    /// number is not the file's).
+    fn lock_file(&self, ctx: &Ctx, path: &Path) -> Result<Option<std::fs::File>> {
+        let (i, _) = names::resolve_read(&*self.db()?, &self.dirs, &self.reads, ctx, path)?;
+        if i.kind() != mapfs::FileKind::File {
+            return Ok(None);
+        }
+        let dir = self.locks_dir(true)?.expect("made");
+        let fd = rustix::fs::openat(
+            dir,
+            i.ino.to_string(),
+            OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        Ok(Some(std::fs::File::from(fd)))
     }
 
     fn fsyncdir(&self, _ctx: &Ctx, _path: &Path, _datasync: bool) -> Result<()> {

@@ -248,6 +248,7 @@ impl Pack {
         if let Some(s) = i.slot {
             self.set_owner_or_zombie(conn, s, ino, false)?;
         }
+        self.remove_lock_file(ino);
         for sql in [
             "DELETE FROM extents WHERE ino = ?1",
             "DELETE FROM xattrs WHERE ino = ?1",

@@ -73,7 +73,7 @@ fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
         "--workloads",
         "small-files,n1-strided-Nth,rnd-rd-small-files",
         "--configs",
-        "native,pack,embedded-plfs",
+        "native,pack,embedded-plfs,embedded-pack",
         "--files",
         "1500",
         "--size",
@@ -87,7 +87,7 @@ fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
     ]);
     let (json, stderr) = (&b.json, &b.stderr);
     let cell = |w: &str, c: &str, col: &str| b.cell(w, c, col);
-    for c in ["native", "pack", "embedded-plfs"] {
+    for c in ["native", "pack", "embedded-plfs", "embedded-pack"] {
         for col in ["write", "read"] {
             let r = cell("small-files", c, col);
             assert!(

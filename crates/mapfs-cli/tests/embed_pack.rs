@@ -78,6 +78,16 @@ impl Area {
         c
     }
 
+    /// A pack mount of the store (unmounted when dropped).
+    fn mount(&self) -> MountSession {
+        MountSession::builder(mapfs_bin())
+            .fs("pack")
+            .data(DataMode::Auto)
+            .backing(&self.backing)
+            .mount()
+            .unwrap()
+    }
+
     fn at(&self, name: &str) -> String {
         self.prefix.join(name).display().to_string()
     }
@@ -316,12 +326,7 @@ print("shared-ok")
     if !fuse_or_skip(test) {
         return;
     }
-    let s = MountSession::builder(mapfs_bin())
-        .fs("pack")
-        .data(DataMode::Auto)
-        .backing(&a.backing)
-        .mount()
-        .unwrap();
+    let s = a.mount();
     let blob = |tag: usize, n: usize| -> Vec<u8> {
         (0..n).map(|i| ((tag * 31 + i * 7) % 251) as u8).collect()
     };
@@ -353,12 +358,7 @@ fn a_pack_mount_and_an_embedded_pack_job_exclude_each_other() {
     }
     let a = Area::new();
     {
-        let s = MountSession::builder(mapfs_bin())
-            .fs("pack")
-            .data(DataMode::Auto)
-            .backing(&a.backing)
-            .mount()
-            .unwrap();
+        let s = a.mount();
         std::fs::write(s.mountpoint().join("kept"), b"mounted").unwrap();
         let out = a.run("", "true").output().unwrap();
         assert!(

@@ -583,3 +583,37 @@ fn embedded_pack_survives_killed_processes() {
     // The checking job started alone: it freed what the killed ones held.
     a.assert_consistent(test);
 }
+
+/// Four exercisers at once, each a process of one job with its own file,
+/// files crossing a 16 KiB threshold both ways (slots of every class, files
+/// of their own, moves between them while other processes take and free
+/// slots beside them); mapped reads and writes where the file is its own
+/// (a file in a slot refuses a shared map, which the exerciser skips).
+#[test]
+fn embedded_pack_exercisers_in_four_processes() {
+    let a = Area::new();
+    let fsx = fsx_bin();
+    let script = r#"
+for x in a b c d; do
+  mkdir "$D/$x"
+  "$FSX" --dir "$D/$x" --ops 10000 --maxlen 20000 --maxoplen 6000 \
+    --seed "$(printf '%d' "'$x")" --no-copy-range --keep > "$LOGS/fsx.$x" 2>&1 &
+done
+fails=0
+for j in 1 2 3 4; do wait -n || fails=$((fails + 1)); done
+cat "$LOGS"/fsx.*
+exit $fails
+"#;
+    let logs = tempfile::tempdir().unwrap();
+    let out = ok(a
+        .run("threshold=16k", "bash")
+        .arg("-c")
+        .arg(script)
+        .env("D", &a.prefix)
+        .env("FSX", &fsx)
+        .env("LOGS", logs.path()));
+    let summary = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", summary.trim());
+    assert_eq!(summary.matches("fsx ok").count(), 4, "{summary}");
+    a.assert_consistent("four exercisers");
+}

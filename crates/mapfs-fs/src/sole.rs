@@ -67,6 +67,22 @@ pub fn try_take(dir: BorrowedFd<'_>, name: &str) -> Result<Option<Sole>> {
     }
 }
 
+/// [`take_shared`], but alone if no instance holds the lock now: then
+/// `(lock, true)`, and the caller does what a sole instance does at its
+/// start (what a dead sole instance left) before it [`Sole::share`]s the
+/// lock with the others.
+pub fn take_first_or_shared(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    what: &str,
+    shown: &str,
+) -> Result<(Sole, bool)> {
+    match try_take(dir, name)? {
+        Some(alone) => Ok((alone, true)),
+        None => Ok((take_shared(dir, name, what, shown)?, false)),
+    }
+}
+
 impl Sole {
     /// Turns a lock taken alone ([`try_take`]) into one of the shared
     /// instances' ([`take_shared`]). The kernel may drop the exclusive lock

@@ -187,7 +187,7 @@ impl Pack {
                 self.write(|tx| check(tx))
             } else {
                 let conn = self.db()?;
-                let writes = db::version(&conn)?;
+                let writes = self.version();
                 if writes == found_at && first.slot == found.slot {
                     readcache::extents(&conn, &self.reads, writes, ino)
                         .map(|ext| Some((found.clone(), ext)))
@@ -287,7 +287,7 @@ impl Pack {
     }
 
     pub(super) fn do_open(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<Opened> {
-        let (i, found_at) = names::resolve_read(&*self.db()?, &self.dirs, &self.reads, ctx, path)?;
+        let (i, found_at) = self.resolve_read(ctx, path)?;
         match i.kind() {
             FileKind::File => {}
             FileKind::Dir => return Err(Error::from_errno(libc::EISDIR)),

@@ -117,32 +117,6 @@ pub fn open(dir: &Path, full_sync: bool, exclusive: bool) -> Result<Connection> 
     Ok(conn)
 }
 
-/// Whether an instance in this process shares its store with other
-/// processes ([`note_shared`]).
-static SHARED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// An instance of this process shares its store: [`version`] asks SQLite
-/// what other connections committed.
-pub fn note_shared() {
-    SHARED.store(true, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// What the database's state is, as far as `conn` (whose lock the caller
-/// holds) can tell: [`writes`], and once an instance shares its store,
-/// SQLite's count of other connections' commits. While it stays the same,
-/// what was read through `conn` is current (see `readcache.rs`).
-pub fn version(conn: &Connection) -> Result<u64> {
-    let w = writes();
-    if !SHARED.load(std::sync::atomic::Ordering::Relaxed) {
-        return Ok(w);
-    }
-    let v: i64 = conn
-        .prepare_cached("PRAGMA data_version")
-        .and_then(|mut st| st.query_row([], |r| r.get(0)))
-        .db()?;
-    Ok(w.wrapping_add((v as u64) << 32))
-}
-
 /// Write transactions ended (committed or rolled back) in this process.
 static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 

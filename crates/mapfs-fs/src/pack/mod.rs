@@ -172,6 +172,28 @@ impl PackOptions {
     }
 }
 
+/// A subdirectory of the store (mode 0700, made if `create`), opened
+/// without following a symlink; `None` when it does not exist and may not
+/// be made.
+fn private_dir(path: &Path, create: bool) -> Result<Option<OwnedFd>> {
+    if create {
+        match std::fs::DirBuilder::new().mode(0o700).create(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(rustix::io::Errno::NOENT) if !create => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The lock one instance (a daemon, or a `mapfs pack` tool run offline)
 /// holds on the store in `backing` for its life (`crate::sole`).
 fn take_instance_lock(backing: &Path) -> Result<crate::sole::Sole> {
@@ -226,8 +248,9 @@ pub struct Pack {
     /// What transactions of a shared instance left to free after their
     /// commit.
     reaps: Mutex<Vec<shared::Reap>>,
-    /// The process the instance's memory is about: a forked child starts
-    /// afresh (its parent's opens, reserved slots and locks are not its).
+    /// The process a shared instance's memory is about: a forked child
+    /// starts afresh (its parent's opens, reserved slots and locks are not
+    /// its).
     pid: std::sync::atomic::AtomicI32,
     /// SQLite's count of other connections' commits, as last seen: the
     /// directories remembered are dropped when it moves.
@@ -277,36 +300,17 @@ impl Pack {
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
                 Mode::empty(),
             )?;
-            match crate::sole::try_take(root.as_fd(), LOCK_NAME)? {
-                Some(alone) => (alone, true),
-                None => (
-                    crate::sole::take_shared(
-                        root.as_fd(),
-                        LOCK_NAME,
-                        "pack",
-                        &backing.display().to_string(),
-                    )?,
-                    false,
-                ),
-            }
+            crate::sole::take_first_or_shared(
+                root.as_fd(),
+                LOCK_NAME,
+                "pack",
+                &backing.display().to_string(),
+            )?
         } else {
             (take_instance_lock(backing)?, !opts.resumed)
         };
-        if opts.shared {
-            db::note_shared();
-        }
         let mut conn = db::open(backing, opts.full_sync, !opts.shared)?;
-        let own = backing.join(OWN_DIR);
-        match std::fs::DirBuilder::new().mode(0o700).create(&own) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e.into()),
-        }
-        let own_dir = rustix::fs::open(
-            &own,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
+        let own_dir = private_dir(&backing.join(OWN_DIR), true)?.expect("made");
         let root_md = std::fs::metadata(backing)?;
         let tx = db::write_tx(&mut conn)?;
         if db::inode(&tx, db::ROOT)?.is_none() {
@@ -404,14 +408,18 @@ impl Pack {
         Ok(fs)
     }
 
-    /// The connection, this process's own: in a child forked from the
-    /// process that built the instance, a new one, and none of the
-    /// parent's opens, reserved slots or locks. A shared instance also
+    /// The connection. A shared instance's is this process's own: in a
+    /// child forked from the process that built the instance, a new one,
+    /// and none of the parent's opens, reserved slots or locks; and it
     /// forgets the directories it remembered when another instance changed
     /// the database since it last looked.
     fn db(&self) -> Result<parking_lot::MutexGuard<'_, Connection>> {
         use std::sync::atomic::Ordering::{Acquire, Release};
         let mut conn = self.conn.lock();
+        if !self.shared {
+            // A daemon's instance never crosses a fork.
+            return Ok(conn);
+        }
         let me = rustix::process::getpid().as_raw_nonzero().get();
         if self.pid.load(Acquire) != me {
             let fresh = db::open(&self.backing, self.full_sync, !self.shared)?;
@@ -428,16 +436,31 @@ impl Pack {
             self.dirs.clear();
             self.pid.store(me, Release);
         }
-        if self.shared {
-            let v: i64 = conn
-                .prepare_cached("PRAGMA data_version")
-                .and_then(|mut st| st.query_row([], |r| r.get(0)))
-                .db()?;
-            if self.data_version.swap(v, Release) != v {
-                self.dirs.clear();
-            }
+        let v: i64 = conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)))
+            .db()?;
+        if self.data_version.swap(v, Release) != v {
+            self.dirs.clear();
         }
         Ok(conn)
+    }
+
+    /// What the database's state is, as far as this process can tell:
+    /// [`db::writes`], and SQLite's count of other connections' commits as
+    /// [`Pack::db`] last read it (always 0 for a daemon, the database's
+    /// only user). Read with the connection's lock held, after
+    /// [`Pack::db`]: while it stays the same, what was read is current
+    /// (see `readcache.rs`).
+    fn version(&self) -> u64 {
+        let others = self.data_version.load(std::sync::atomic::Ordering::Acquire) as u64;
+        db::writes().wrapping_add(others << 32)
+    }
+
+    /// [`names::resolve_read`] at the database's [`Pack::version`].
+    fn resolve_read(&self, ctx: &Ctx, path: &Path) -> Result<(db::Inode, u64)> {
+        let conn = self.db()?;
+        names::resolve_read(&conn, &self.dirs, &self.reads, self.version(), ctx, path)
     }
 
     /// Runs `f` in a write transaction, committed when it returns `Ok`;
@@ -579,22 +602,8 @@ impl Pack {
         if let Some(d) = self.locks_dir.get() {
             return Ok(Some(d));
         }
-        let path = self.backing.join(LOCKS_DIR);
-        if create {
-            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let fd = match rustix::fs::open(
-            &path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) if !create => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(fd) = private_dir(&self.backing.join(LOCKS_DIR), create)? else {
+            return Ok(None);
         };
         Ok(Some(self.locks_dir.get_or_init(|| fd)))
     }
@@ -631,7 +640,7 @@ impl FileSystem for Pack {
     }
 
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
-        let (i, _) = names::resolve_read(&*self.db()?, &self.dirs, &self.reads, ctx, path)?;
+        let (i, _) = self.resolve_read(ctx, path)?;
         self.attr_of(&i)
     }
 
@@ -748,7 +757,7 @@ impl FileSystem for Pack {
     }
 
     fn access(&self, ctx: &Ctx, path: &Path, mask: i32) -> Result<()> {
-        let (i, _) = names::resolve_read(&*self.db()?, &self.dirs, &self.reads, ctx, path)?;
+        let (i, _) = self.resolve_read(ctx, path)?;
         perm::check(ctx, &i, (mask & 7) as u32)
     }
 
@@ -808,7 +817,7 @@ impl FileSystem for Pack {
     /// shared with other files (or, past the threshold, a file whose
     /// number is not the file's).
     fn lock_file(&self, ctx: &Ctx, path: &Path) -> Result<Option<std::fs::File>> {
-        let (i, _) = names::resolve_read(&*self.db()?, &self.dirs, &self.reads, ctx, path)?;
+        let (i, _) = self.resolve_read(ctx, path)?;
         if i.kind() != mapfs::FileKind::File {
             return Ok(None);
         }

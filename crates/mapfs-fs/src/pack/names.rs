@@ -64,18 +64,18 @@ fn walk(
 }
 
 /// [`resolve`] outside any write transaction, with the final name read
-/// through `reads` (see `readcache.rs`); also returns the
-/// [`db::writes`] count it was read at.
+/// through `reads` (see `readcache.rs`) at the database's `version`
+/// (`Pack::version`, read under the connection's lock); also returns it.
 pub fn resolve_read(
     conn: &Connection,
     dirs: &DirCache,
     reads: &ReadCache,
+    version: u64,
     ctx: &Ctx,
     path: &Path,
 ) -> Result<(Inode, u64)> {
-    let writes = db::version(conn)?;
-    let i = walk(conn, dirs, Some((reads, writes)), ctx, &names(path)?)?;
-    Ok((i, writes))
+    let i = walk(conn, dirs, Some((reads, version)), ctx, &names(path)?)?;
+    Ok((i, version))
 }
 
 /// The directory at `names` (the root when empty), searchable by `ctx`,

@@ -10,7 +10,9 @@
 //! held, so an entry filled under the lock at count `n` is the database's
 //! state for as long as the count is `n`. Only this daemon changes the
 //! database while it serves it (it holds the database's lock, and runs the
-//! `mapfs pack` tools itself), so nothing changes it behind the count.
+//! `mapfs pack` tools itself), so nothing changes it behind the count. The
+//! instances of an embedded job share the database: theirs adds what
+//! SQLite counts of other connections' commits (`Pack::version`).
 //! Callers must not use it inside a write transaction, whose own changes
 //! are not counted until it ends.
 

@@ -17,7 +17,6 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -144,17 +143,7 @@ pub struct Packs {
 impl Packs {
     /// Opens (creating) [`PACK_DIR`] in `backing`.
     pub fn new(backing: &Path) -> Result<Self> {
-        let path = backing.join(PACK_DIR);
-        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e.into()),
-        }
-        let dir = rustix::fs::open(
-            &path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
+        let dir = super::private_dir(&backing.join(PACK_DIR), true)?.expect("made");
         Ok(Packs {
             dir,
             files: Mutex::new(HashMap::new()),

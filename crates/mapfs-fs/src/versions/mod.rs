@@ -294,12 +294,12 @@ impl Versions {
             // first process of an embedded job that finds the store free
             // commits it before it shares the store, so its versions are
             // not left unlisted until the next mount.
-            match crate::sole::try_take(store.dir(), LOCK_NAME)? {
-                Some(alone) => {
+            match crate::sole::take_first_or_shared(store.dir(), LOCK_NAME, "versions", &shown)? {
+                (alone, true) => {
                     take_over(&store, &inner)?;
                     alone.share("versions", &shown)?
                 }
-                None => crate::sole::take_shared(store.dir(), LOCK_NAME, "versions", &shown)?,
+                (shared, false) => shared,
             }
         } else {
             crate::sole::take_shared(store.dir(), LOCK_NAME, "versions", &shown)?

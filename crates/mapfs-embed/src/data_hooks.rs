@@ -9,13 +9,13 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, OsStr};
 use std::sync::Arc;
 
 use libc::{off64_t, off_t, size_t, ssize_t};
 
 use crate::engine_fd::{self, EngineOpen};
-use crate::hooks::{hooks, Real};
+use crate::hooks::{hooks, FromBytesRef, Real};
 use crate::{statbuf, Guard};
 
 fn set_errno(e: c_int) {
@@ -55,6 +55,12 @@ fn count(r: Result<usize, i32>) -> ssize_t {
             -1
         }
     }
+}
+
+/// `fchmod`, `fchown`, `futimens` of an engine open: the file system's
+/// `setattr` of its file.
+fn set_attr(o: &EngineOpen, set: mapfs::SetAttr) -> c_int {
+    status(o.meta(|fs, c, p| fs.setattr(c, p, &set).map(|_| ())))
 }
 
 fn status(r: Result<(), i32>) -> c_int {
@@ -630,37 +636,22 @@ hooks! {
     // file was opened at (the placeholder's own would go nowhere).
     fn fchmod(fd: c_int, mode: libc::mode_t) -> c_int = |real| {
         match open_of(fd) {
-            Some((o, _g)) => {
-                let set = mapfs::SetAttr { mode: Some(mode & 0o7777), ..Default::default() };
-                status(o.meta(|fs, c, p| fs.setattr(c, p, &set).map(|_| ())))
-            }
+            Some((o, _g)) => set_attr(&o, mapfs::SetAttr { mode: Some(mode & 0o7777), ..Default::default() }),
             // SAFETY: libc's call with the caller's arguments.
             None => unsafe { real(fd, mode) },
         }
     }
     fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int = |real| {
         match open_of(fd) {
-            Some((o, _g)) => {
-                let set = crate::hooks::owner(uid, gid);
-                status(o.meta(|fs, c, p| fs.setattr(c, p, &set).map(|_| ())))
-            }
+            Some((o, _g)) => set_attr(&o, crate::hooks::owner(uid, gid)),
             // SAFETY: libc's call with the caller's arguments.
             None => unsafe { real(fd, uid, gid) },
         }
     }
     fn futimens(fd: c_int, times: *const libc::timespec) -> c_int = |real| {
         match open_of(fd) {
-            Some((o, _g)) => {
-                let (atime, mtime) = if times.is_null() {
-                    (Some(mapfs::TimeSet::Now), Some(mapfs::TimeSet::Now))
-                } else {
-                    // SAFETY: the caller's two timespecs.
-                    let t = unsafe { std::slice::from_raw_parts(times, 2) };
-                    (crate::hooks::time_of(&t[0]), crate::hooks::time_of(&t[1]))
-                };
-                let set = mapfs::SetAttr { atime, mtime, ..Default::default() };
-                status(o.meta(|fs, c, p| fs.setattr(c, p, &set).map(|_| ())))
-            }
+            // SAFETY: the caller's two timespecs (or NULL).
+            Some((o, _g)) => set_attr(&o, unsafe { crate::hooks::utime_set(times) }),
             // SAFETY: libc's call with the caller's arguments.
             None => unsafe { real(fd, times) },
         }
@@ -669,8 +660,7 @@ hooks! {
         match open_of(fd) {
             Some((o, _g)) => {
                 // SAFETY: the caller's string.
-                let n = unsafe { crate::hooks::bytes(name) }.unwrap_or_default();
-                let n = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n);
+                let n = OsStr::from_bytes_ref(unsafe { crate::hooks::bytes(name) }.unwrap_or_default());
                 match o.meta(|fs, c, p| fs.getxattr(c, p, n)) {
                     // SAFETY: the caller's buffer of `size` bytes.
                     Ok(v) => unsafe { crate::hooks::xattr_out(&v, value, size) },
@@ -685,14 +675,9 @@ hooks! {
         match open_of(fd) {
             Some((o, _g)) => {
                 // SAFETY: the caller's string.
-                let n = unsafe { crate::hooks::bytes(name) }.unwrap_or_default();
-                let n = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n);
-                let v: &[u8] = if value.is_null() || size == 0 {
-                    &[]
-                } else {
-                    // SAFETY: the caller's buffer of `size` bytes.
-                    unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }
-                };
+                let n = OsStr::from_bytes_ref(unsafe { crate::hooks::bytes(name) }.unwrap_or_default());
+                // SAFETY: the caller's buffer of `size` bytes.
+                let v = unsafe { crate::hooks::xattr_value(value, size) };
                 status(o.meta(|fs, c, p| fs.setxattr(c, p, n, v, flags)))
             }
             // SAFETY: libc's call with the caller's arguments.
@@ -702,15 +687,8 @@ hooks! {
     fn flistxattr(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t = |real| {
         match open_of(fd) {
             Some((o, _g)) => match o.meta(|fs, c, p| fs.listxattr(c, p)) {
-                Ok(names) => {
-                    let mut v = Vec::new();
-                    for n in names {
-                        v.extend_from_slice(n.as_encoded_bytes());
-                        v.push(0);
-                    }
-                    // SAFETY: the caller's buffer of `size` bytes.
-                    unsafe { crate::hooks::xattr_out(&v, list.cast(), size) }
-                }
+                // SAFETY: the caller's buffer of `size` bytes.
+                Ok(names) => unsafe { crate::hooks::xattr_out(&crate::hooks::xattr_list(names), list.cast(), size) },
                 Err(e) => count(Err(e)),
             },
             // SAFETY: libc's call with the caller's arguments.
@@ -721,8 +699,7 @@ hooks! {
         match open_of(fd) {
             Some((o, _g)) => {
                 // SAFETY: the caller's string.
-                let n = unsafe { crate::hooks::bytes(name) }.unwrap_or_default();
-                let n = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n);
+                let n = OsStr::from_bytes_ref(unsafe { crate::hooks::bytes(name) }.unwrap_or_default());
                 status(o.meta(|fs, c, p| fs.removexattr(c, p, n)))
             }
             // SAFETY: libc's call with the caller's arguments.

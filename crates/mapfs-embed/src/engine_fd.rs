@@ -682,12 +682,13 @@ pub fn after_spawn(saved: Vec<(i32, OwnedFd)>) {
     }
 }
 
-/// In a new process image: reopens the opens carried across `exec` (see
-/// [`before_exec`]) under the same descriptor numbers.
-pub fn adopt_inherited() {
+/// The memfds this image inherited: each one's number and name (what
+/// `memfd_create` was given), from one read of `/proc/self/fd`.
+pub(crate) fn inherited_memfds() -> Vec<(i32, String)> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return;
+        return Vec::new();
     };
+    let mut out = Vec::new();
     for ent in dir.flatten() {
         let Some(fd) = ent.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
             continue;
@@ -695,14 +696,26 @@ pub fn adopt_inherited() {
         let Ok(link) = std::fs::read_link(ent.path()) else {
             continue;
         };
-        let link = link.to_string_lossy().into_owned();
-        let Some(rest) = link
-            .strip_prefix("/memfd:")
-            .and_then(|l| l.strip_prefix(CARRY))
-        else {
+        let link = link.to_string_lossy();
+        if let Some(name) = link.strip_prefix("/memfd:") {
+            out.push((
+                fd,
+                name.strip_suffix(" (deleted)").unwrap_or(name).to_owned(),
+            ));
+        }
+    }
+    out
+}
+
+/// In a new process image: reopens the opens carried across `exec` (see
+/// [`before_exec`]) under the same descriptor numbers, among `memfds`
+/// ([`inherited_memfds`]).
+pub fn adopt_inherited(memfds: &[(i32, String)]) {
+    for (fd, name) in memfds {
+        let fd = *fd;
+        let Some(rest) = name.strip_prefix(CARRY) else {
             continue;
         };
-        let rest = rest.strip_suffix(" (deleted)").unwrap_or(rest);
         let mut it = rest.splitn(4, ':');
         let (Some(idx), Some(fsflags), Some(flags), Some(path)) = (
             it.next().and_then(|v| v.parse::<usize>().ok()),
@@ -727,10 +740,8 @@ pub fn adopt_inherited() {
                 continue;
             }
         };
-        let name = format!("{CARRY}{rest}");
         // SAFETY: the inherited descriptor, borrowed while it is mapped.
-        let desc = match Desc::inherited(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }, &name)
-        {
+        let desc = match Desc::inherited(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }, name) {
             Ok(d) => d,
             Err(n) => {
                 crate::warn(format_args!(

@@ -235,7 +235,7 @@ fn setattr(e: &Emb, p: &Place, a: Option<&Attr>, follow: Follow, set: SetAttr) -
 }
 
 /// A `timespec` of `utimensat` as a [`SetAttr`] time.
-pub(crate) fn time_of(t: &libc::timespec) -> Option<TimeSet> {
+fn time_of(t: &libc::timespec) -> Option<TimeSet> {
     match t.tv_nsec {
         libc::UTIME_OMIT => None,
         libc::UTIME_NOW => Some(TimeSet::Now),
@@ -263,6 +263,19 @@ unsafe fn utimens(
     flags: c_int,
     real: impl FnOnce(*const c_char) -> c_int,
 ) -> c_int {
+    // SAFETY: per the contract.
+    let set = unsafe { utime_set(times) };
+    let follow = follow_if(flags, libc::AT_SYMLINK_NOFOLLOW);
+    // SAFETY: the caller's path.
+    let out = unsafe { on_path(dirfd, path, follow, |e, p, a| setattr(e, p, a, follow, set)) };
+    finish(path, out, real, |()| 0, -1)
+}
+
+/// The times of `utimensat` and `futimens` (`times` NULL: both now).
+///
+/// # Safety
+/// `times` is NULL or points to two timespecs.
+pub(crate) unsafe fn utime_set(times: *const libc::timespec) -> SetAttr {
     let (atime, mtime) = if times.is_null() {
         (Some(TimeSet::Now), Some(TimeSet::Now))
     } else {
@@ -270,15 +283,11 @@ unsafe fn utimens(
         let t = unsafe { std::slice::from_raw_parts(times, 2) };
         (time_of(&t[0]), time_of(&t[1]))
     };
-    let follow = follow_if(flags, libc::AT_SYMLINK_NOFOLLOW);
-    let set = SetAttr {
+    SetAttr {
         atime,
         mtime,
         ..SetAttr::default()
-    };
-    // SAFETY: the caller's path.
-    let out = unsafe { on_path(dirfd, path, follow, |e, p, a| setattr(e, p, a, follow, set)) };
-    finish(path, out, real, |()| 0, -1)
+    }
 }
 
 /// `timespec`s of two `timeval`s (NULL stays NULL).
@@ -1666,12 +1675,8 @@ unsafe fn set_xattr(
 ) -> c_int {
     // SAFETY: per the contract.
     let n = unsafe { bytes(name) }.unwrap_or_default();
-    let v: &[u8] = if value.is_null() || size == 0 {
-        &[]
-    } else {
-        // SAFETY: per the contract.
-        unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }
-    };
+    // SAFETY: per the contract.
+    let v = unsafe { xattr_value(value, size) };
     // SAFETY: per the contract.
     let out = unsafe {
         on_path(libc::AT_FDCWD, path, follow, |e, p, a| {
@@ -1702,12 +1707,7 @@ unsafe fn list_xattr(
                 a.ok_or(libc::ENOENT)?;
             }
             let names = e.fs.listxattr(&state::ctx(), &p.path).or_else(err)?;
-            let mut v = Vec::new();
-            for n in names {
-                v.extend_from_slice(n.as_encoded_bytes());
-                v.push(0);
-            }
-            Ok(v)
+            Ok(xattr_list(names))
         })
     };
     // SAFETY: per the contract.
@@ -1743,8 +1743,30 @@ unsafe fn remove_xattr(
     finish(path, out, real, |()| 0, -1)
 }
 
+/// The value of a `setxattr` call (empty when NULL or of size 0).
+///
+/// # Safety
+/// `value` is NULL or valid for `size` bytes.
+pub(crate) unsafe fn xattr_value<'a>(value: *const c_void, size: size_t) -> &'a [u8] {
+    if value.is_null() || size == 0 {
+        return &[];
+    }
+    // SAFETY: per the contract.
+    unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }
+}
+
+/// A `listxattr` answer: each name followed by a NUL.
+pub(crate) fn xattr_list(names: Vec<std::ffi::OsString>) -> Vec<u8> {
+    let mut v = Vec::new();
+    for n in names {
+        v.extend_from_slice(n.as_encoded_bytes());
+        v.push(0);
+    }
+    v
+}
+
 /// Bytes as an `OsStr` (Unix: any bytes).
-trait FromBytesRef {
+pub(crate) trait FromBytesRef {
     fn from_bytes_ref(b: &[u8]) -> &std::ffi::OsStr;
 }
 

@@ -171,13 +171,24 @@ pub fn init(registry: &mapfs_cli::Registry) {
     }
     drop(fillers);
     let _ = EMBS.set(embs);
+    // What a parent carried across `exec` in memfds: opens of the data
+    // engine, and a working directory the real one could not follow. Only
+    // a job with such file systems looks (one read of /proc/self/fd).
+    let carries = self::embs()
+        .iter()
+        .any(|e| !e.whole_file_maps || !e.native_dirs);
+    let memfds = if carries {
+        crate::engine_fd::inherited_memfds()
+    } else {
+        Vec::new()
+    };
     if self::embs().iter().any(|e| !e.whole_file_maps) {
-        crate::engine_fd::adopt_inherited();
+        crate::engine_fd::adopt_inherited(&memfds);
         crate::streams::replace_std_streams();
     }
     find_ancestors();
     note_host_cwd();
-    adopt_inherited_cwd();
+    adopt_inherited_cwd(&memfds);
 }
 
 /// The lowest free descriptors up to 9, held open (on `/dev/null`) while
@@ -359,8 +370,8 @@ pub fn set_cwd(p: Option<Place>) {
 /// it, then ran it) works in the embedded directory. Accepted only when the
 /// file system reports the same inode for that path as the kernel for the
 /// real directory.
-fn adopt_inherited_cwd() {
-    if adopt_carried_cwd() {
+fn adopt_inherited_cwd(memfds: &[(i32, String)]) {
+    if adopt_carried_cwd(memfds) {
         return;
     }
     let Ok(real) = rustix::process::getcwd(Vec::new()) else {
@@ -402,10 +413,15 @@ const CWD_CARRIER: &str = "mapfs-embed-cwd";
 /// identity of the real working directory then. A file system whose
 /// directories are not backing directories (pack's) leaves the real one
 /// where it was, so the new image would otherwise work there. `None` when
-/// the working directory is the host's.
+/// the working directory is the host's, or a mirror's (`native_dirs`),
+/// whose backing directory the real one is.
 pub fn cwd_carrier() -> Option<std::os::fd::OwnedFd> {
     use std::io::Write;
     let p = cwd()?;
+    if embs()[p.idx].native_dirs {
+        // The real working directory is the backing directory already.
+        return None;
+    }
     let st = rustix::fs::stat(".").ok()?;
     let fd = rustix::fs::memfd_create(CWD_CARRIER, rustix::fs::MemfdFlags::empty()).ok()?;
     let mut f = std::fs::File::from(fd);
@@ -424,27 +440,14 @@ pub fn cwd_carrier() -> Option<std::os::fd::OwnedFd> {
 /// process that ran it names, if the real one is still the one it saw
 /// (a program that changed directory since works where it went). The
 /// carrier is closed either way.
-fn adopt_carried_cwd() -> bool {
+fn adopt_carried_cwd(memfds: &[(i32, String)]) -> bool {
     use std::os::fd::{FromRawFd, OwnedFd};
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return false;
-    };
-    let mut carried = None;
-    for ent in dir.flatten() {
-        let Some(fd) = ent.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let is_carrier = std::fs::read_link(ent.path()).is_ok_and(|l| {
-            l.as_os_str()
-                .as_bytes()
-                .starts_with(format!("/memfd:{CWD_CARRIER}").as_bytes())
-        });
-        if is_carrier && carried.is_none() {
-            // SAFETY: an inherited descriptor nothing else in this image
-            // owns yet (the constructor runs before the program).
-            carried = Some(unsafe { OwnedFd::from_raw_fd(fd) });
-        }
-    }
+    let carried = memfds
+        .iter()
+        .find(|(_, name)| name.starts_with(CWD_CARRIER))
+        // SAFETY: an inherited descriptor nothing else in this image owns
+        // yet (the constructor runs before the program).
+        .map(|(fd, _)| unsafe { OwnedFd::from_raw_fd(*fd) });
     let Some(fd) = carried else {
         return false;
     };

@@ -51,7 +51,7 @@ pub fn helper_args(reg: &Registry, args: &[OsString]) -> Result<MountArgs> {
         foreground: false,
         ttl: None,
         exclusive: false,
-        writeback_cache: "on".into(),
+        writeback_cache: "auto".into(),
         no_supervisor: false,
         daemonized: false,
     };
@@ -68,8 +68,10 @@ pub fn helper_args(reg: &Registry, args: &[OsString]) -> Result<MountArgs> {
             "data" => bail!("invalid data={v:?} (auto, daemon or passthrough)"),
             "exclusive" if v.is_empty() => m.exclusive = true,
             "ttl" => m.ttl = Some(parse_ttl(v).map_err(|e| anyhow!("invalid ttl={v:?}: {e}"))?),
-            "writeback_cache" if ["on", "off"].contains(&v) => m.writeback_cache = v.to_string(),
-            "writeback_cache" => bail!("invalid writeback_cache={v:?} (on or off)"),
+            "writeback_cache" if ["auto", "on", "off"].contains(&v) => {
+                m.writeback_cache = v.to_string()
+            }
+            "writeback_cache" => bail!("invalid writeback_cache={v:?} (auto, on or off)"),
             _ if FSTAB_ONLY.contains(&k) || k.starts_with("x-") || k == "comment" => {}
             _ => kept.push(o.to_string()),
         }

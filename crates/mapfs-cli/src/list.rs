@@ -38,6 +38,9 @@ pub struct ListedMount {
     pub executor: Option<String>,
     /// Whether kernel passthrough is in use for whole-file maps.
     pub passthrough_active: Option<bool>,
+    /// Whether the kernel buffers writes (`--writeback-cache`, `--data
+    /// daemon` only).
+    pub writeback_cache: Option<bool>,
     /// Mount time, seconds since the epoch.
     pub started_unix: Option<u64>,
     /// Seconds since the mount.
@@ -102,6 +105,7 @@ pub fn listed() -> Vec<ListedMount> {
                 program: info.as_ref().map(|i| i.program.clone()),
                 data: info.as_ref().map(|i| i.data.clone()),
                 passthrough_active: info.as_ref().map(|i| i.passthrough_active),
+                writeback_cache: info.as_ref().map(|i| i.writeback_cache),
                 started_unix: info.as_ref().map(|i| i.started_unix),
                 uptime_secs: info.as_ref().map(|i| now.saturating_sub(i.started_unix)),
                 executor,

@@ -63,9 +63,11 @@ pub struct MountArgs {
     pub exclusive: bool,
     /// With `--data daemon`: let the kernel buffer writes (fast small writes;
     /// sizes changed outside this mount show late). `off` for strict
-    /// close-to-open with shim clients and other writers. Always off for
-    /// file systems whose maps are not whole-file (plfs).
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    /// close-to-open with shim clients and other writers. `auto`: on for
+    /// file systems whose maps are whole-file (passthrough, versions), off
+    /// for the others; plfs takes `on` (every open of a file then shares
+    /// one log), pack does not.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     pub writeback_cache: String,
     /// Serve without a supervisor: if the daemon dies, the mount is dead
     /// until `umount` (the default restarts it on the same mount, with no
@@ -304,6 +306,25 @@ fn which(prog: &str) -> Option<PathBuf> {
     })
 }
 
+/// What `--writeback-cache` (`asked`) means for a file system: `on` or
+/// `off`. Opens of one file with maps that are not whole-file (one log per
+/// writer) must not share the kernel's dirty pages unless they share one
+/// map in the daemon: a page written back through one open would carry
+/// another open's bytes.
+fn writeback_choice(spec: &FsSpec, asked: &str) -> Result<&'static str> {
+    Ok(match asked {
+        "off" => "off",
+        "on" if spec.whole_file_maps || spec.shared_opens => "on",
+        "on" => bail!(
+            "--writeback-cache on: {} cannot run under the kernel's writeback cache (its \
+             maps are not whole-file and its opens cannot share one); use auto or off",
+            spec.name
+        ),
+        _ if spec.whole_file_maps => "on",
+        _ => "off",
+    })
+}
+
 /// `mount`: checks everything, then mounts in the background (or serves
 /// in the foreground with `--foreground`).
 pub fn mount(reg: &Registry, mut args: MountArgs) -> Result<()> {
@@ -315,18 +336,11 @@ pub fn mount(reg: &Registry, mut args: MountArgs) -> Result<()> {
         let start = link.start().context("cannot start under the supervisor")?;
         let live = matches!(start, Start::Resume(_));
         let c = check(reg, &args, live)?;
-        if !c.spec.whole_file_maps {
-            args.writeback_cache = "off".to_string();
-        }
+        args.writeback_cache = writeback_choice(&c.spec, &args.writeback_cache)?.into();
         return serve(reg, &args, c, Some((link, start)));
     }
     let c = check(reg, &args, false)?;
-    if !c.spec.whole_file_maps {
-        // Several opens of one file with maps that are not whole-file (one
-        // log per writer) must not share the kernel's dirty pages: a page
-        // written back through one open carries another open's bytes.
-        args.writeback_cache = "off".to_string();
-    }
+    args.writeback_cache = writeback_choice(&c.spec, &args.writeback_cache)?.into();
     if args.daemonized && !args.no_supervisor {
         supervise(reg)
     } else if args.foreground {
@@ -500,6 +514,7 @@ fn serve(
             Duration::from_secs_f64(args.ttl_secs())
         },
         writeback_cache: args.writeback_cache == "on",
+        share_opens: args.writeback_cache == "on" && !c.spec.whole_file_maps,
     };
     let resumed = matches!(supervised, Some((_, Start::Resume(_))));
     let supervisor_pid = supervised

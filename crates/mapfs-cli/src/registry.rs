@@ -55,6 +55,7 @@ pub struct FsSpec {
     pub(crate) about: &'static str,
     pub(crate) build: Build,
     pub(crate) whole_file_maps: bool,
+    pub(crate) shared_opens: bool,
     pub(crate) layered: bool,
     pub(crate) cacheable: bool,
     pub(crate) embeddable: bool,
@@ -74,6 +75,7 @@ impl FsSpec {
             about,
             build,
             whole_file_maps: false,
+            shared_opens: false,
             layered: false,
             cacheable: false,
             embeddable: false,
@@ -92,6 +94,17 @@ impl FsSpec {
     /// open's bytes into its log.
     pub fn whole_file_maps(mut self) -> Self {
         self.whole_file_maps = true;
+        self
+    }
+
+    /// Its maps are not whole-file, but its opens may share one open of
+    /// the file system (the adapter's `share_opens`): then `--data daemon
+    /// --writeback-cache on` is honoured, with every open of an inode
+    /// executing one map. The file system must let one open be flushed
+    /// by several closes and written after a flush (plfs records what an
+    /// open changed since its last flush).
+    pub fn shared_opens(mut self) -> Self {
+        self.shared_opens = true;
         self
     }
 
@@ -375,6 +388,7 @@ pub fn embeddable() -> Registry {
             },
         )
         .options(&["hostid"])
+        .shared_opens()
         .cacheable()
         .embeddable(),
     )

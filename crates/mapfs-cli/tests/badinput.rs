@@ -283,6 +283,42 @@ fn a_second_mount_of_a_pack_or_versions_store_is_refused() {
     }
 }
 
+/// `--writeback-cache on` for a file system whose maps are not whole-file
+/// and whose opens cannot share one (pack): refused, saying why, rather
+/// than quietly mounted without the cache; `auto` mounts it without.
+#[test]
+fn writeback_cache_on_where_it_cannot_run_is_refused() {
+    let case = "pack --data daemon --writeback-cache on";
+    if !fuse_or_skip(case) {
+        return;
+    }
+    let d = Dirs::new();
+    let b = d.dir("store");
+    let m = d.dir("mnt");
+    let out = mapfs(&mount_args(
+        "pack",
+        &b,
+        &m,
+        &["--data", "daemon", "--writeback-cache", "on"],
+    ));
+    assert_refused(
+        case,
+        &out,
+        &["cannot run under the kernel's writeback cache"],
+        d.root(),
+    );
+    let out = mapfs(&mount_args("pack", &b, &m, &["--data", "daemon"]));
+    assert!(out.success(), "{case}: with auto: {}", out.stderr);
+    let listed = mapfs(&["list".as_ref(), "--json".as_ref()]);
+    let umounted = mapfs(&["umount".as_ref(), m.as_os_str()]);
+    assert!(umounted.success(), "{case}: umount: {}", umounted.stderr);
+    let all: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+    let mine = (all.as_array().unwrap().iter())
+        .find(|e| e["mountpoint"] == m.to_str().unwrap())
+        .unwrap_or_else(|| panic!("{case}: not in mapfs list: {}", listed.stdout));
+    assert_eq!(mine["writeback_cache"], false, "{case}: {mine}");
+}
+
 /// Without fusermount3 in PATH: root mounts directly (allowed to succeed) or
 /// the CLI must say what is missing; never a half-done mount.
 #[test]

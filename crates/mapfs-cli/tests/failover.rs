@@ -349,6 +349,14 @@ fn plfs_survives_kills() {
     storm("plfs", DataMode::Auto, &[], false);
 }
 
+/// With the kernel's writeback cache, plfs's opens of a file share one map:
+/// a successor restores the shares (writers first, the others joining) and
+/// writes the journaled changes again into the one map.
+#[test]
+fn plfs_daemon_writeback_survives_kills() {
+    storm("plfs", DataMode::DaemonWriteback, &[], false);
+}
+
 #[test]
 fn passthrough_under_the_shim_survives_kills() {
     storm("passthrough", DataMode::Auto, &[], true);

@@ -76,7 +76,7 @@ mod resume;
 use crate::control::proofs::Proofs;
 use crate::control::tokens::MapTokens;
 use crate::failover::records::OpenKind;
-use crate::handles::{Handles, OpenDir, OpenFile, SizeChange};
+use crate::handles::{Handles, OpenDir, OpenFile, Share, SizeChange};
 use crate::inodes::{Inodes, ROOT};
 use crate::ratelimit::RateLimited;
 use crate::registry::{OpenInfo, OpenRegistry};
@@ -124,6 +124,10 @@ pub struct AdapterOptions {
     /// daemon while the inode is cached, so writes made outside this mount
     /// (shim clients, the backing dir, other nodes) show their new size late.
     pub writeback_cache: bool,
+    /// With the writeback cache, every open of an inode shares one open of
+    /// the file system and one map (see [`crate::handles::Share`]): needed
+    /// when its maps are not whole-file (plfs), else the cache stays off.
+    pub share_opens: bool,
 }
 
 impl Default for AdapterOptions {
@@ -133,6 +137,7 @@ impl Default for AdapterOptions {
             ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
             writeback_cache: true,
+            share_opens: false,
         }
     }
 }
@@ -184,6 +189,12 @@ pub struct Shared {
     /// Files whose pages a read-only open may keep (see
     /// [`crate::pagecache`]).
     pages: crate::pagecache::KeptPages,
+    /// Held by an open from looking for a [`crate::handles::Share`] to join
+    /// to registering its own, when opens share (two first opens of an
+    /// inode at once would otherwise make two), and by a release leaving a
+    /// share (see [`Shared::release_file`]). Opens on such a mount are one
+    /// at a time.
+    joining: Mutex<()>,
 }
 
 /// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
@@ -226,6 +237,7 @@ impl Adapter {
             journaled_total: std::sync::atomic::AtomicU64::new(0),
             resent: Mutex::default(),
             pages,
+            joining: Mutex::new(()),
         })))
     }
 
@@ -773,20 +785,88 @@ impl Shared {
             }
             flags &= !libc::O_APPEND;
         }
+        if self.shares_opens() && flags & libc::O_ACCMODE == libc::O_RDONLY {
+            // A shared open the file system can write lets the writers that
+            // come later join it (the caller's own descriptor stays
+            // read-only in the kernel).
+            flags = (flags & !libc::O_ACCMODE) | libc::O_RDWR;
+        }
         flags
     }
 
+    /// Whether opens of an inode share one open of the file system (see
+    /// [`crate::handles::Share`]).
+    fn shares_opens(&self) -> bool {
+        self.opts.share_opens && self.writeback.load(Ordering::Relaxed)
+    }
+
+    /// Opens with `flags`, widened from `asked`, or with `asked` where the
+    /// widening is refused; returns the flags that opened.
     fn open_with_fallback(
         &self,
         flags: i32,
         f: impl Fn(OpenFlags) -> Result<Opened>,
         asked: i32,
-    ) -> Result<Opened> {
+    ) -> Result<(Opened, i32)> {
         match f(OpenFlags(flags)) {
-            // Widening O_WRONLY to O_RDWR may be refused for a write-only file.
-            Err(e) if e.errno() == libc::EACCES && flags != asked => f(OpenFlags(asked)),
-            r => r,
+            // Widening O_WRONLY to O_RDWR may be refused for a write-only
+            // file, and O_RDONLY to O_RDWR (shared opens) for a read-only
+            // one.
+            Err(e)
+                if matches!(e.errno(), libc::EACCES | libc::EPERM | libc::EROFS)
+                    && flags != asked =>
+            {
+                f(OpenFlags(asked)).map(|o| (o, asked))
+            }
+            r => r.map(|o| (o, flags)),
         }
+    }
+
+    /// Answers an open of `ino` by joining the open `owner` shares (see
+    /// [`crate::handles::Share`]): no open of the file system; `O_TRUNC`
+    /// truncates the shared map.
+    fn join_open(
+        &self,
+        req: &Request,
+        ino: u64,
+        flags: i32,
+        owner: &OpenFile,
+    ) -> Result<(u64, FopenFlags)> {
+        let c = ctx(req);
+        if flags & libc::O_TRUNC != 0 {
+            // The kernel checked write permission for it.
+            self.set_open_size(&c, ino, owner, 0)?;
+        }
+        let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        self.tokens.opened(ino, &owner.data, may_change);
+        let fopen = file_open_flags(&owner.data, flags);
+        let fh = self.handles.add_file(OpenFile::joining(owner, flags, c));
+        if let Some(file) = self.handles.file(fh) {
+            self.journal_file(&file, req.unique().0);
+            self.test_die_before_answer(req, &file.path);
+        }
+        self.stats.add(Event::DaemonOpen, 1);
+        Ok((fh, fopen))
+    }
+
+    /// Sets the size of open file `file` of `ino` through the engine, as
+    /// `c` (`ftruncate`, `truncate` of an open file, `O_TRUNC`).
+    fn set_open_size(&self, c: &Ctx, ino: u64, file: &OpenFile, sz: u64) -> Result<()> {
+        // Changes of other opens kept by the supervisor must not be
+        // written again after this size change (see `crate::failover`).
+        self.persist_journaled_of(ino);
+        // A file system that records what each open changed (plfs) can
+        // tell a shrink from growth only against what it was last
+        // handed: hand it the open's writes before they are cut.
+        if sz < file.data.size().unwrap_or(0) {
+            self.persist_map(file)?;
+        }
+        let truncated = mapfs::creds::as_caller(c, || file.data.truncate(sz));
+        self.tokens.bump(ino);
+        truncated?;
+        self.changed(file, SizeChange::Set(sz));
+        // Other opens of the file see the new size at their next open.
+        self.persist_map(file)
     }
 
     /// Makes the handle of an open that `req` asked for (its caller's
@@ -797,7 +877,7 @@ impl Shared {
         ino: u64,
         path: PathBuf,
         flags: i32,
-        opened: Opened,
+        (opened, fs_flags): (Opened, i32),
         open_backing: impl FnOnce(&std::fs::File) -> std::io::Result<fuser::BackingId>,
     ) -> Result<(u64, Option<Arc<fuser::BackingId>>, FopenFlags)> {
         let c = &ctx(req);
@@ -855,15 +935,11 @@ impl Shared {
                 fopen |= FopenFlags::FOPEN_KEEP_CACHE;
             }
         }
-        let fh = self.handles.add_file(OpenFile::new(
-            ino,
-            path,
-            flags,
-            *c,
-            fs_handle,
-            data,
-            backing.clone(),
-        ));
+        let mut file = OpenFile::new(ino, path, flags, *c, fs_handle, data, backing.clone());
+        if self.shares_opens() && backing.is_none() {
+            file = file.in_share(Share::new(fs_flags & libc::O_ACCMODE != libc::O_RDONLY));
+        }
+        let fh = self.handles.add_file(file);
         if let Some(file) = self.handles.file(fh) {
             self.journal_file(&file, unique);
             self.test_die_before_answer(req, &file.path);
@@ -879,7 +955,13 @@ impl Shared {
     /// Hands the current map of an open that wrote to the file system
     /// ([`mapfs::FileSystem::flush`]); whole-file maps need nothing.
     fn persist_map(&self, file: &OpenFile) -> Result<()> {
-        if file.data.whole_file_backing().is_some() || !file.wrote.load(Ordering::Relaxed) {
+        if file.data.whole_file_backing().is_some() {
+            return Ok(());
+        }
+        if let Some(share) = &file.share {
+            return self.persist_shared(file, share);
+        }
+        if !file.wrote.load(Ordering::Relaxed) {
             return Ok(());
         }
         // One at a time per open, map taken under the lock: a flush from
@@ -891,6 +973,31 @@ impl Shared {
             .flush(&file.ctx, &file.path, file.fs_handle, &file.data.map())?;
         self.handles.flushed(file, changes);
         self.journal_flushed(file, &mut held);
+        Ok(())
+    }
+
+    /// [`Shared::persist_map`] of an open in `share`: the map is the
+    /// share's, so what every open in it changed is handed over (`file`
+    /// itself may be out of the table already, at its release).
+    fn persist_shared(&self, file: &OpenFile, share: &Share) -> Result<()> {
+        let _one = share.persisting.lock();
+        let others = self.handles.sharing_with(file);
+        let members: Vec<&OpenFile> = std::iter::once(file)
+            .chain(others.iter().map(|o| &**o))
+            .collect();
+        if !members.iter().any(|m| m.wrote.load(Ordering::Relaxed)) {
+            return Ok(());
+        }
+        let mut held: Vec<_> = members
+            .iter()
+            .map(|m| (*m, m.persisting.lock(), self.handles.changes(m)))
+            .collect();
+        self.fs
+            .flush(&file.ctx, &file.path, file.fs_handle, &file.data.map())?;
+        for (m, logs, changes) in held.iter_mut() {
+            self.handles.flushed(m, *changes);
+            self.journal_flushed(m, logs);
+        }
         Ok(())
     }
 
@@ -956,10 +1063,23 @@ impl Shared {
         };
         // A client that vanished without ending its lending.
         self.handles.lent_with_size(file.ino, fh, None);
-        let res = {
-            let _one = file.persisting.lock();
-            let map = file.data.map();
-            self.fs.release(&file.ctx, &file.path, file.fs_handle, &map)
+        // An open joining this share meanwhile (it found this open in the
+        // table) is counted before this one leaves, or the file system's
+        // open would be released under it.
+        let last = file.share.as_ref().map(|share| {
+            let _joins = self.joining.lock();
+            share.leave(fh)
+        });
+        let res = match &file.share {
+            // Others still use the file system's open: it keeps it, with
+            // what this one wrote.
+            Some(share) if last == Some(false) => self.persist_shared(&file, share),
+            share => {
+                let _all = share.as_ref().map(|s| s.persisting.lock());
+                let _one = file.persisting.lock();
+                let map = file.data.map();
+                self.fs.release(&file.ctx, &file.path, file.fs_handle, &map)
+            }
         };
         self.handles.forget_changes(&file);
         self.journal_released_file(&file);
@@ -1360,29 +1480,15 @@ impl Filesystem for Adapter {
         // that is not 1-to-1 stays right; as the caller, so the backing
         // kernel clears setuid/setgid as it would.
         let open = handle.clone().or_else(|| match size {
-            Some(_) => s
-                .handles
-                .any_file_of(ino.0)
+            // Where opens share, the one the writers share.
+            Some(_) => (s.handles.share_of(ino.0, true))
+                .or_else(|| s.handles.any_file_of(ino.0))
                 .filter(|f| f.data.whole_file_backing().is_none())
                 .filter(|f| !f.lent.load(Ordering::Acquire)),
             None => None,
         });
         if let (Some(sz), Some(file)) = (size, &open) {
-            // Changes of other opens kept by the supervisor must not be
-            // written again after this size change (see `crate::failover`).
-            s.persist_journaled_of(ino.0);
-            // A file system that records what each open changed (plfs) can
-            // tell a shrink from growth only against what it was last
-            // handed: hand it the open's writes before they are cut.
-            if sz < file.data.size().unwrap_or(0) {
-                tri!(reply, s.persist_map(file));
-            }
-            let truncated = mapfs::creds::as_caller(&c, || file.data.truncate(sz));
-            s.tokens.bump(ino.0);
-            tri!(reply, truncated);
-            s.changed(file, SizeChange::Set(sz));
-            // Other opens of the file see the new size at their next open.
-            tri!(reply, s.persist_map(file));
+            tri!(reply, s.set_open_size(&c, ino.0, file, sz));
             set.size = None;
         }
         // Times that come with a file handle are the kernel's own (with
@@ -1579,6 +1685,16 @@ impl Filesystem for Adapter {
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_NONSEEKABLE);
             return;
         }
+        let _joining = s.shares_opens().then(|| s.joining.lock());
+        if _joining.is_some() {
+            let writes =
+                flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0;
+            if let Some(owner) = s.handles.share_of(ino.0, writes) {
+                let (fh, fopen) = tri!(reply, s.join_open(req, ino.0, flags.0, &owner));
+                answer_opened(reply, fh, fopen, None);
+                return;
+            }
+        }
         let fs_flags = s.open_flags_for_fs(flags.0);
         let opened = match s.open_with_fallback(fs_flags, |f| s.fs.open(&c, &path, f), flags.0) {
             Err(e) if e.errno() == libc::EACCES && is_exec_open(flags.0) => {
@@ -1588,7 +1704,9 @@ impl Filesystem for Adapter {
                 // the caller: execute permission (the kernel checked it
                 // too); then opened read-only by the daemon.
                 tri!(reply, s.fs.access(&c, &path, libc::X_OK));
-                s.fs.open(&ROOT_CTX, &path, OpenFlags(fs_flags))
+                let read_only = flags.0 & !libc::O_DIRECT;
+                s.fs.open(&ROOT_CTX, &path, OpenFlags(read_only))
+                    .map(|o| (o, read_only))
             }
             r => r,
         };
@@ -2006,7 +2124,7 @@ impl Filesystem for Adapter {
         let fa = s.enter(parent, name, &attr);
         let (fh, backing, fopen) = tri!(
             reply,
-            s.register_open(req, fa.ino.0, path, flags, opened, |f| reply
+            s.register_open(req, fa.ino.0, path, flags, (opened, fs_flags), |f| reply
                 .open_backing(f))
         );
         // A new file may reuse the number of one a client still caches.

@@ -56,6 +56,52 @@ pub struct OpenFile {
     /// Bytes of changes handed to the supervisor since the file system was
     /// last handed this open's map (see [`crate::failover`]).
     pub journaled: AtomicU64,
+    /// The open of the file system this open shares with other opens of
+    /// its inode (see [`Share`]); `None` on mounts where each open has its
+    /// own.
+    pub share: Option<Arc<Share>>,
+}
+
+/// One open of the file system shared by every open of an inode that
+/// joined it, with one map executed by the daemon.
+///
+/// Needed with the kernel's writeback cache over maps that are not
+/// whole-file (plfs): the kernel writes a dirty page back, and reads a page
+/// to fill a partial write, through whichever open of the inode it picks,
+/// so with one map per open a page written back through one open carries
+/// another's bytes into its log, and a page read through an open whose map
+/// misses another's unflushed writes comes back with older bytes, which
+/// the next write-back makes permanent. With one map, the daemon holds
+/// what the kernel's page cache holds: one file.
+#[derive(Debug)]
+pub struct Share {
+    /// Whether the file system's open may write (a new open that writes
+    /// joins only such a one).
+    pub writable: bool,
+    /// The handles of the opens sharing it; the last to be released
+    /// releases the file system's open.
+    pub members: Mutex<Vec<u64>>,
+    /// Held while its map is handed to the file system, so hand-overs reach
+    /// it in the order of their maps.
+    pub persisting: Mutex<()>,
+}
+
+impl Share {
+    /// A share of a file system's open, without members yet.
+    pub fn new(writable: bool) -> Arc<Share> {
+        Arc::new(Share {
+            writable,
+            members: Mutex::new(Vec::new()),
+            persisting: Mutex::new(()),
+        })
+    }
+
+    /// Takes `fh` out; true when no open is left.
+    pub fn leave(&self, fh: u64) -> bool {
+        let mut m = self.members.lock();
+        m.retain(|h| *h != fh);
+        m.is_empty()
+    }
 }
 
 impl OpenFile {
@@ -83,7 +129,30 @@ impl OpenFile {
             ctx,
             lent: AtomicBool::new(false),
             journaled: AtomicU64::new(0),
+            share: None,
         }
+    }
+
+    /// This open, sharing the file system's open `share`.
+    pub fn in_share(mut self, share: Arc<Share>) -> Self {
+        self.share = Some(share);
+        self
+    }
+
+    /// A new open of `owner`'s inode that shares its open of the file
+    /// system, its map and its path (`flags` and `ctx`: the new open's).
+    pub fn joining(owner: &OpenFile, flags: i32, ctx: mapfs::Ctx) -> Self {
+        let share = owner.share.clone().expect("a shared open");
+        OpenFile::new(
+            owner.ino,
+            owner.path.clone(),
+            flags,
+            ctx,
+            owner.fs_handle,
+            owner.data.clone(),
+            None,
+        )
+        .in_share(share)
     }
 }
 
@@ -181,6 +250,9 @@ impl Handles {
         let mut files = self.files.write();
         if may_write(file.flags) {
             *self.writers.lock().entry(file.ino).or_default() += 1;
+        }
+        if let Some(share) = &file.share {
+            share.members.lock().push(fh);
         }
         if let Some(old) = files.insert(fh, Arc::new(file)) {
             self.forget_writer(&old);
@@ -335,6 +407,34 @@ impl Handles {
         let file = files.remove(&fh)?;
         self.forget_writer(&file);
         Some(file)
+    }
+
+    /// The open of `ino` a new open joins (see [`Share`]): one whose file
+    /// system open may write, or for a new open that only reads, any.
+    pub fn share_of(&self, ino: u64, writes: bool) -> Option<Arc<OpenFile>> {
+        let files = self.files.read();
+        let mut read_only = None;
+        for f in files.values().filter(|f| f.ino == ino) {
+            match &f.share {
+                Some(share) if share.writable => return Some(f.clone()),
+                Some(_) => read_only = read_only.or(Some(f)),
+                None => {}
+            }
+        }
+        read_only.filter(|_| !writes).cloned()
+    }
+
+    /// The other opens in `file`'s share that are still registered.
+    pub fn sharing_with(&self, file: &OpenFile) -> Vec<Arc<OpenFile>> {
+        let Some(share) = &file.share else {
+            return Vec::new();
+        };
+        let members = share.members.lock().clone();
+        let files = self.files.read();
+        (members.iter())
+            .filter(|fh| **fh != file.fh)
+            .filter_map(|fh| files.get(fh).cloned())
+            .collect()
     }
 
     /// Any open of `ino` executed by the daemon (for `getattr` of an open,

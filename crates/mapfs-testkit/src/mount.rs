@@ -24,6 +24,10 @@ pub enum DataMode {
     /// Every read and write runs in the daemon, writeback cache off: strict
     /// close-to-open and synchronous write errors.
     DaemonNoWriteback,
+    /// Every read and write runs in the daemon, writeback cache asked for
+    /// explicitly (`--writeback-cache on`): the only way plfs gets it, its
+    /// opens of a file then sharing one map.
+    DaemonWriteback,
     /// Kernel FUSE passthrough for whole-file maps.
     Passthrough,
 }
@@ -35,6 +39,7 @@ impl DataMode {
             DataMode::Auto => "auto",
             DataMode::Daemon => "daemon",
             DataMode::DaemonNoWriteback => "daemon-nowb",
+            DataMode::DaemonWriteback => "daemon-wb",
             DataMode::Passthrough => "passthrough",
         }
     }
@@ -45,6 +50,7 @@ impl DataMode {
             DataMode::Auto => &["--data", "auto"],
             DataMode::Daemon => &["--data", "daemon"],
             DataMode::DaemonNoWriteback => &["--data", "daemon", "--writeback-cache", "off"],
+            DataMode::DaemonWriteback => &["--data", "daemon", "--writeback-cache", "on"],
             DataMode::Passthrough => &["--data", "passthrough"],
         }
     }

@@ -41,7 +41,8 @@ pub enum Setup {
     MapfsFs {
         /// The file system.
         fs: &'static str,
-        /// The `--data` mode.
+        /// The `--data` mode; [`DAEMON_WRITEBACK`] for `--data daemon
+        /// --writeback-cache on`.
         data: &'static str,
     },
     /// `mapfs mount <fs> STORE MNT --data <data>` over an empty store of
@@ -67,6 +68,10 @@ pub enum Setup {
         data: &'static str,
     },
 }
+
+/// A [`Setup::MapfsFs`] data mode: `--data daemon --writeback-cache on`
+/// (plfs's opens then share one map per file).
+pub const DAEMON_WRITEBACK: &str = "daemon+writeback";
 
 /// What the workload command runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +143,15 @@ pub const CONFIGS: &[ConfigDef] = &[
         setup: Setup::MapfsFs {
             fs: "plfs",
             data: "auto",
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "plfs-writeback",
+        about: "mapfs plfs fs mounted with --data daemon --writeback-cache on (the kernel buffers writes; the opens of a file share one log)",
+        setup: Setup::MapfsFs {
+            fs: "plfs",
+            data: DAEMON_WRITEBACK,
         },
         wrap: Wrap::None,
     },
@@ -476,11 +490,12 @@ pub fn prepare(
             let mnt = mnt_parent.join(def.name);
             std::fs::create_dir_all(&mnt)?;
             let mut cmd = Command::new(mapfs);
-            cmd.arg("mount")
-                .arg(fs)
-                .arg(&store)
-                .arg(&mnt)
-                .args(["--data", data]);
+            cmd.arg("mount").arg(fs).arg(&store).arg(&mnt);
+            if data == DAEMON_WRITEBACK {
+                cmd.args(["--data", "daemon", "--writeback-cache", "on"]);
+            } else {
+                cmd.args(["--data", data]);
+            }
             if exclusive {
                 cmd.arg("--exclusive");
             }

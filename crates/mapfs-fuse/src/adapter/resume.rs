@@ -18,7 +18,7 @@ use fuser::{FileHandle, FopenFlags, ReplyCreate, ReplyOpen};
 use super::{answer_opened, file_open_flags, Shared, ROOT_CTX};
 use crate::failover::records::{Bytes, InitState, OpenKind, OpenRec, PendingWrite, ToSupervisor};
 use crate::failover::{Link, Resume};
-use crate::handles::{OpenDir, OpenFile, SizeChange};
+use crate::handles::{OpenDir, OpenFile, Share, SizeChange};
 
 /// Bytes of changes an open may have handed to the supervisor before the
 /// daemon hands its map to the file system (which makes them unneeded):
@@ -548,14 +548,14 @@ impl Shared {
         // of map depends on what else is open (versions) then gives the
         // others of the same inode whole-file maps over the same file, as
         // it did before.
-        opens.sort_by_key(|rec| {
-            !matches!(
-                rec.kind,
-                OpenKind::File {
-                    backing: Some(_),
-                    ..
-                }
-            )
+        // Where opens share (see `crate::handles::Share`), writers before
+        // readers: a writer's open is the one the others join.
+        opens.sort_by_key(|rec| match rec.kind {
+            OpenKind::File {
+                backing: Some(_), ..
+            } => 0,
+            OpenKind::File { flags, .. } if flags & libc::O_ACCMODE != libc::O_RDONLY => 1,
+            _ => 2,
         });
         for rec in opens {
             if rec.unique != 0 {
@@ -584,8 +584,20 @@ impl Shared {
                     let open_path = PathBuf::from(OsString::from_vec(path));
                     let ctx = Ctx { uid, gid, pid: 0 };
                     let native = backing.is_some();
+                    let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+                    let owner = (self.shares_opens() && !native)
+                        .then(|| self.handles.share_of(rec.ino, writes))
+                        .flatten();
+                    if let Some(owner) = owner {
+                        let may_change = writes;
+                        self.tokens.opened(rec.ino, &owner.data, may_change);
+                        self.handles
+                            .restore_file(rec.fh, OpenFile::joining(&owner, flags, ctx));
+                        files += 1;
+                        continue;
+                    }
                     match self.reopen(&ctx, rec.ino, &open_path, flags, native) {
-                        Ok(opened) => {
+                        Ok((opened, fs_flags)) => {
                             debug!(
                                 fh = rec.fh,
                                 ino = rec.ino,
@@ -611,12 +623,15 @@ impl Shared {
                             let backing = restore(data.whole_file_backing().map(|f| &**f));
                             let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY;
                             self.tokens.opened(rec.ino, &data, may_change);
-                            self.handles.restore_file(
-                                rec.fh,
-                                OpenFile::new(
-                                    rec.ino, open_path, flags, ctx, fs_handle, data, backing,
-                                ),
+                            let shared = self.shares_opens() && backing.is_none();
+                            let mut file = OpenFile::new(
+                                rec.ino, open_path, flags, ctx, fs_handle, data, backing,
                             );
+                            if shared {
+                                let writable = fs_flags & libc::O_ACCMODE != libc::O_RDONLY;
+                                file = file.in_share(Share::new(writable));
+                            }
+                            self.handles.restore_file(rec.fh, file);
                             files += 1;
                         }
                         Err(e) => {
@@ -651,7 +666,7 @@ impl Shared {
         open_path: &std::path::Path,
         flags: i32,
         native: bool,
-    ) -> mapfs::Result<mapfs::Opened> {
+    ) -> mapfs::Result<(mapfs::Opened, i32)> {
         let path = self
             .inodes
             .path(ino)

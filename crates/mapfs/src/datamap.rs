@@ -532,6 +532,22 @@ impl DataMap {
         self.growth
     }
 
+    /// For a placement of one segment at the end of the append log (as
+    /// [`DataMap::place_write`] gives with [`Growth::AppendLog`]): moves the
+    /// log's end past it, so that the next placement goes after it before
+    /// this one is committed. False, and nothing changed, for any other.
+    pub fn claim_log_end(&mut self, segs: &[Segment]) -> bool {
+        match (&mut self.growth, segs) {
+            (Growth::AppendLog { file: lf, end }, [Segment::Data { file, offset, len }])
+                if *lf == *file && *offset == *end =>
+            {
+                *end += len;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Checks the invariants listed in the module docs (`EINVAL` naming the
     /// broken one). Maps built by [`DataMap::new`] and changed only through
     /// its methods always pass; this is for tests and for maps decoded with

@@ -89,8 +89,9 @@ impl FsSpec {
 
     /// Every map this file system returns is whole-file 1-to-1, so several
     /// opens of a file share one backing file and the kernel's writeback
-    /// cache is safe with `--data daemon`. Without this the writeback cache
-    /// stays off: a page written back through one open would carry another
+    /// cache is safe with `--data daemon` (and on by default there).
+    /// Without this (or [`FsSpec::shared_opens`]) the writeback cache stays
+    /// off: a page written back through one open would carry another
     /// open's bytes into its log.
     pub fn whole_file_maps(mut self) -> Self {
         self.whole_file_maps = true;

@@ -59,7 +59,7 @@
 //!   fails with `EMFILE` gets them back: the shim empties its map cache,
 //!   releases the kept opens that hold no lock, and makes the open again.
 //! - Nothing is adopted on a daemon-mode mount with the kernel writeback
-//!   cache (`--data daemon`, default `--writeback-cache on`; the daemon says
+//!   cache (`--data daemon`, `--writeback-cache` on or auto; the daemon says
 //!   so at Hello, refuses adoptions there, and `mapfs run` warns): the
 //!   kernel would keep its own stale sizes of files written natively. Use
 //!   `--writeback-cache off` or a passthrough mount for the fast path.

@@ -85,12 +85,15 @@
 //! bytes until it is reopened (close-to-open, as NFS; refreshing it would
 //! need the executor to install a new map).
 //!
-//! Executors must give each open its own writes: a kernel writeback cache
-//! shared by several writable opens of one file (FUSE `writeback_cache`)
-//! writes a page back through whichever open it picks and fills partial
-//! pages by reading through one open's map, so writers sharing a page (N-1
-//! with blocks smaller than a page) lose bytes. Mount plfs with
-//! `--writeback-cache off`, or use page-aligned blocks.
+//! Executors must give each open its own writes, or give all opens of a
+//! file one open: a kernel writeback cache shared by several writable
+//! opens of one file (FUSE `writeback_cache`) writes a page back through
+//! whichever open it picks and fills partial pages by reading through one
+//! open's map, so with a map per open, writers sharing a page (N-1 with
+//! blocks smaller than a page) lose bytes. The FUSE adapter does the
+//! latter when plfs is mounted with `--data daemon --writeback-cache on`
+//! (its `Share`): one handle of this file system serves every open of
+//! the inode, flushed at each of their closes and released at the last.
 //!
 //! Compaction: when the release of an open that wrote a dropping finds more
 //! than [`COMPACT_AFTER`] droppings and no open writer of the file remains in

@@ -96,6 +96,26 @@ fn assert_after_remount(
     );
 }
 
+/// [`assert_after_remount`] (in auto mode) for several files: `wants` are
+/// their names and bytes.
+fn assert_all_after_remount<N: AsRef<Path>>(
+    s: MountSession,
+    backing: &Path,
+    wants: &[(N, Vec<u8>)],
+    test: &str,
+) {
+    umount_clean(s, test);
+    let s = plfs_on(DataMode::Auto, Some(backing), &[]);
+    for (name, want) in wants {
+        let name = name.as_ref();
+        assert_bytes(
+            &format!("{test}: {} after remount", name.display()),
+            want,
+            &fs::read(s.mountpoint().join(name)).unwrap(),
+        );
+    }
+}
+
 /// A `#[test]` (with any attributes given first) that runs `$call` on a
 /// system with FUSE and says loudly why it skips on one without.
 macro_rules! fuse_test {
@@ -1003,15 +1023,7 @@ fn n1(mode: DataMode) {
         }
         wants.push((name, want));
     }
-    umount_clean(s, &test);
-    let s = plfs_on(DataMode::Auto, Some(&backing), &[]);
-    for (name, want) in &wants {
-        assert_bytes(
-            &format!("{test}: {name} after remount"),
-            want,
-            &fs::read(s.mountpoint().join(name)).unwrap(),
-        );
-    }
+    assert_all_after_remount(s, &backing, &wants, &test);
 }
 
 /// Hosts `a` and `b` of one store: two plfs mounts of `backing` with those
@@ -1230,15 +1242,7 @@ fn n1_sub_page_blocks() {
         );
         wants.push((name, want));
     }
-    umount_clean(s, test);
-    let s = plfs_on(DataMode::Auto, Some(&backing), &[]);
-    for (name, want) in &wants {
-        assert_bytes(
-            &format!("{test}: {name} after remount"),
-            want,
-            &fs::read(s.mountpoint().join(name)).unwrap(),
-        );
-    }
+    assert_all_after_remount(s, &backing, &wants, test);
 }
 
 fuse_test!(n1_sub_page_blocks_share_pages => n1_sub_page_blocks());

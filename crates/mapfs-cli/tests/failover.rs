@@ -893,6 +893,85 @@ fn plfs_holes_kept_for_a_successor_are_made_again() {
     assert!(out.success(), "{test}: umount: {}", out.stderr);
 }
 
+/// plfs under the writeback cache: three opens of one file share one map
+/// (two writers and a reader). The writers' pages reach the daemon without a
+/// flush, the daemon is killed, and the successor must restore the three
+/// as one share again: after the kernel drops its clean pages, writes of
+/// blocks smaller than a page through both writers make it fill pages by
+/// reading through one of them, which with a map per restored open misses
+/// the other's bytes.
+#[test]
+fn plfs_writeback_shares_are_restored_after_a_kill() {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileExt;
+    let test = "plfs --writeback-cache on: shares across a kill";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = supervised(test, "plfs", DataMode::DaemonWriteback, &[]);
+    let mp = s.mountpoint().to_path_buf();
+    let rw = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .open(mp.join("f"))
+            .unwrap()
+    };
+    let (a, b) = (rw(), rw());
+    let r = std::fs::File::open(mp.join("f")).unwrap();
+    const BS: usize = 1000;
+    const BLOCKS: usize = 2000;
+    let mut model = vec![0u8; BS * BLOCKS];
+    // Block `i` through writer `a` or `b` by its parity.
+    let mut put = |i: usize, value: u8| {
+        let block = vec![value; BS];
+        let f = if i % 2 == 0 { &a } else { &b };
+        f.write_all_at(&block, (i * BS) as u64).unwrap();
+        model[i * BS..(i + 1) * BS].copy_from_slice(&block);
+    };
+    let drop_pages = |f: &std::fs::File| {
+        rustix::fs::fadvise(f.as_fd(), 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    };
+    for i in 0..BLOCKS {
+        put(i, (i % 200) as u8 + 1);
+    }
+    // Written back (no FLUSH, no FSYNC): the bytes are in the daemon's map
+    // and in the supervisor's journal only.
+    for _ in 0..50 {
+        drop_pages(&a);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill_and_wait_for_the_next_daemon(&mp);
+    // Blocks 2 mod 3 keep their first bytes, which shared pages must not
+    // lose.
+    for round in 0..2u8 {
+        drop_pages(&a);
+        for i in (round as usize..BLOCKS).step_by(3) {
+            put(i, (i % 200) as u8 + 10 + round);
+        }
+    }
+    let check = |f: &std::fs::File, when: &str| {
+        let mut back = vec![0u8; model.len()];
+        f.read_exact_at(&mut back, 0).unwrap();
+        let first = back.iter().zip(&model).position(|(x, y)| x != y);
+        assert!(
+            first.is_none(),
+            "{test}: bytes differ {when} from offset {first:?}; mount log:\n{}",
+            log_tail(&mp)
+        );
+    };
+    check(&r, "through the reader");
+    drop((a, b, r));
+    check(
+        &std::fs::File::open(mp.join("f")).unwrap(),
+        "after a new open",
+    );
+    let out = s.umount().unwrap();
+    assert!(out.success(), "{test}: umount: {}", out.stderr);
+}
+
 /// The daemon's descriptors of `file` (a backing file), by `/proc`.
 fn daemon_holds(pid: u32, file: &Path) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

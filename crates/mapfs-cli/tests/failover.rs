@@ -916,6 +916,7 @@ fn plfs_writeback_shares_are_restored_after_a_kill() {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(false)
             .open(mp.join("f"))
             .unwrap()
     };
@@ -927,7 +928,7 @@ fn plfs_writeback_shares_are_restored_after_a_kill() {
     // Block `i` through writer `a` or `b` by its parity.
     let mut put = |i: usize, value: u8| {
         let block = vec![value; BS];
-        let f = if i % 2 == 0 { &a } else { &b };
+        let f = if i.is_multiple_of(2) { &a } else { &b };
         f.write_all_at(&block, (i * BS) as u64).unwrap();
         model[i * BS..(i + 1) * BS].copy_from_slice(&block);
     };

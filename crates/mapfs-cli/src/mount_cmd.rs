@@ -64,9 +64,9 @@ pub struct MountArgs {
     /// With `--data daemon`: let the kernel buffer writes (fast small writes;
     /// sizes changed outside this mount show late). `off` for strict
     /// close-to-open with shim clients and other writers. `auto`: on for
-    /// file systems whose maps are whole-file (passthrough, versions), off
-    /// for the others; plfs takes `on` (every open of a file then shares
-    /// one log), pack does not.
+    /// file systems whose maps are whole-file (passthrough), off for the
+    /// others; plfs takes `on` (every open of a file then shares one log),
+    /// pack and versions do not.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     pub writeback_cache: String,
     /// Serve without a supervisor: if the daemon dies, the mount is dead

@@ -189,13 +189,17 @@ pub struct Shared {
     /// Files whose pages a read-only open may keep (see
     /// [`crate::pagecache`]).
     pages: crate::pagecache::KeptPages,
-    /// Held by an open from looking for a [`crate::handles::Share`] to join
-    /// to registering its own, when opens share (two first opens of an
-    /// inode at once would otherwise make two), and by a release leaving a
-    /// share (see [`Shared::release_file`]). Opens on such a mount are one
-    /// at a time.
-    joining: Mutex<()>,
+    /// Held, the one of an inode's number modulo their count, by an open
+    /// from looking for a [`crate::handles::Share`] to join to registering
+    /// its own, when opens share (two first opens of an inode at once would
+    /// otherwise make two), and by a release leaving a share (see
+    /// [`Shared::release_file`]). Opens of one inode on such a mount are
+    /// one at a time; opens of others rarely wait.
+    joining: [Mutex<()>; JOIN_LOCKS],
 }
+
+/// How many locks [`Shared::joining`] spreads inodes over.
+const JOIN_LOCKS: usize = 64;
 
 /// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
 pub const PLACEHOLDER_ACCESS: i32 = 3;
@@ -237,7 +241,7 @@ impl Adapter {
             journaled_total: std::sync::atomic::AtomicU64::new(0),
             resent: Mutex::default(),
             pages,
-            joining: Mutex::new(()),
+            joining: std::array::from_fn(|_| Mutex::new(())),
         })))
     }
 
@@ -794,6 +798,11 @@ impl Shared {
         flags
     }
 
+    /// The [`Shared::joining`] lock of inode `ino`.
+    fn join_lock(&self, ino: u64) -> &Mutex<()> {
+        &self.joining[(ino % JOIN_LOCKS as u64) as usize]
+    }
+
     /// Whether opens of an inode share one open of the file system (see
     /// [`crate::handles::Share`]).
     fn shares_opens(&self) -> bool {
@@ -1067,7 +1076,7 @@ impl Shared {
         // table) is counted before this one leaves, or the file system's
         // open would be released under it.
         let last = file.share.as_ref().map(|share| {
-            let _joins = self.joining.lock();
+            let _joins = self.join_lock(file.ino).lock();
             share.leave(fh)
         });
         let res = match &file.share {
@@ -1685,7 +1694,7 @@ impl Filesystem for Adapter {
             reply.opened(FileHandle(fh), FopenFlags::FOPEN_NONSEEKABLE);
             return;
         }
-        let _joining = s.shares_opens().then(|| s.joining.lock());
+        let _joining = s.shares_opens().then(|| s.join_lock(ino.0).lock());
         if _joining.is_some() {
             let writes =
                 flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0;

@@ -7,13 +7,14 @@
 //! (except the nobody test, which needs root to switch user).
 
 mod common;
+mod embed_support;
 mod preload_support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{have, mapfs_bin, native_dir};
+use common::{have, mapfs_bin};
 use preload_support::{fsx_bin, ok};
 
 /// The embedded library; panics with how to build it when missing or older
@@ -32,36 +33,20 @@ fn embed_lib() -> PathBuf {
     )
 }
 
-/// A test area: a backing directory and a prefix (inside the temp dir, so
-/// it is unique, but never created on the host), and a native directory
-/// for comparisons.
-struct Area {
-    _tmp: tempfile::TempDir,
-    backing: PathBuf,
-    prefix: PathBuf,
-    native: PathBuf,
+/// [`embed_support::Area`] with the library of the built-ins checked.
+struct Area(embed_support::Area);
+
+impl std::ops::Deref for Area {
+    type Target = embed_support::Area;
+    fn deref(&self) -> &embed_support::Area {
+        &self.0
+    }
 }
 
 impl Area {
     fn new() -> Area {
         embed_lib();
-        let tmp = native_dir();
-        let backing = tmp.path().join("backing");
-        let native = tmp.path().join("native");
-        for d in [&backing, &native] {
-            std::fs::create_dir(d).unwrap();
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        Area {
-            prefix: tmp.path().join("embedded"),
-            _tmp: tmp,
-            backing,
-            native,
-        }
-    }
-
-    fn spec(&self, fs: &str) -> String {
-        format!("{fs}:{}:{}", self.backing.display(), self.prefix.display())
+        Area(embed_support::Area::new("backing"))
     }
 
     /// `prog` under `mapfs run --embed passthrough:BACKING:PREFIX`.
@@ -71,15 +56,7 @@ impl Area {
 
     /// `prog` under `mapfs run --embed FS:BACKING:PREFIX`.
     fn run_fs(&self, fs: &str, prog: &str) -> Command {
-        let mut c = Command::new(mapfs_bin());
-        c.arg("run")
-            .arg("--embed")
-            .arg(self.spec(fs))
-            .arg("--")
-            .arg(prog)
-            .env_remove("LD_PRELOAD")
-            .env_remove("MAPFS_EMBED");
-        c
+        self.run_embedded(fs, "", prog)
     }
 }
 

@@ -11,12 +11,13 @@
 //! what the job wrote; a mount and an embedded job exclude each other.
 
 mod common;
+mod embed_support;
 mod preload_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{fuse_or_skip, have, mapfs_bin, native_dir, DataMode, MountSession};
+use common::{fuse_or_skip, have, mapfs_bin, DataMode, MountSession};
 use preload_support::{fsx_bin, ok};
 
 /// The library that serves `pack`; panics with how to build it when
@@ -34,48 +35,26 @@ fn full_lib() -> PathBuf {
     )
 }
 
-/// An empty store, a prefix that does not exist on the host, and a native
-/// directory for comparisons.
-struct Area {
-    _tmp: tempfile::TempDir,
-    backing: PathBuf,
-    prefix: PathBuf,
-    native: PathBuf,
+/// [`embed_support::Area`] over an empty store, with the full library
+/// checked.
+struct Area(embed_support::Area);
+
+impl std::ops::Deref for Area {
+    type Target = embed_support::Area;
+    fn deref(&self) -> &embed_support::Area {
+        &self.0
+    }
 }
 
 impl Area {
     fn new() -> Area {
         full_lib();
-        let tmp = native_dir();
-        let backing = tmp.path().join("store");
-        let native = tmp.path().join("native");
-        for d in [&backing, &native] {
-            std::fs::create_dir(d).unwrap();
-        }
-        Area {
-            prefix: tmp.path().join("embedded"),
-            backing,
-            native,
-            _tmp: tmp,
-        }
+        Area(embed_support::Area::new("store"))
     }
 
     /// `prog` under `mapfs run --embed pack:BACKING:PREFIX -o opts`.
     fn run(&self, opts: &str, prog: &str) -> Command {
-        let mut c = Command::new(mapfs_bin());
-        c.arg("run").arg("--embed").arg(format!(
-            "pack:{}:{}",
-            self.backing.display(),
-            self.prefix.display()
-        ));
-        if !opts.is_empty() {
-            c.arg("-o").arg(opts);
-        }
-        c.arg("--")
-            .arg(prog)
-            .env_remove("LD_PRELOAD")
-            .env_remove("MAPFS_EMBED");
-        c
+        self.run_embedded("pack", opts, prog)
     }
 
     /// A pack mount of the store (unmounted when dropped).
@@ -86,10 +65,6 @@ impl Area {
             .backing(&self.backing)
             .mount()
             .unwrap()
-    }
-
-    fn at(&self, name: &str) -> String {
-        self.prefix.join(name).display().to_string()
     }
 
     /// `mapfs pack check BACKING` passes (`what` names the moment).
@@ -397,7 +372,7 @@ fn a_pack_mount_and_an_embedded_pack_job_exclude_each_other() {
         "mounted",
         "{test}: the job read the mount's file"
     );
-    let mnt = a._tmp.path().join("mnt");
+    let mnt = a.dir().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let out = Command::new(mapfs_bin())
         .args(["mount", "pack"])

@@ -7,14 +7,14 @@
 //! embedded job of one backing directory exclude each other.
 
 mod common;
+mod embed_support;
 mod preload_support;
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use common::{
-    fuse_or_skip, have, mapfs_bin, native_dir, DataMode, MountSession, VERSIONS_EXPECTED,
-    VERSIONS_SEQUENCE_PY,
+    fuse_or_skip, have, mapfs_bin, DataMode, MountSession, VERSIONS_EXPECTED, VERSIONS_SEQUENCE_PY,
 };
 use preload_support::{fsx_bin, ok};
 
@@ -37,47 +37,25 @@ fn full_lib() -> PathBuf {
     )
 }
 
-/// A backing directory and a prefix that does not exist on the host.
-struct Area {
-    _tmp: tempfile::TempDir,
-    backing: PathBuf,
-    prefix: PathBuf,
+/// [`embed_support::Area`] with the full library checked.
+struct Area(embed_support::Area);
+
+impl std::ops::Deref for Area {
+    type Target = embed_support::Area;
+    fn deref(&self) -> &embed_support::Area {
+        &self.0
+    }
 }
 
 impl Area {
     fn new() -> Area {
         full_lib();
-        let tmp = native_dir();
-        let backing = tmp.path().join("backing");
-        std::fs::create_dir(&backing).unwrap();
-        Area {
-            prefix: tmp.path().join("embedded"),
-            backing,
-            _tmp: tmp,
-        }
+        Area(embed_support::Area::new("backing"))
     }
 
     /// `prog` under `mapfs run --embed versions:BACKING:PREFIX -o opts`.
     fn run(&self, opts: &str, prog: &str) -> Command {
-        let mut c = Command::new(mapfs_bin());
-        c.arg("run")
-            .arg("--embed")
-            .arg(format!(
-                "versions:{}:{}",
-                self.backing.display(),
-                self.prefix.display()
-            ))
-            .arg("-o")
-            .arg(opts)
-            .arg("--")
-            .arg(prog)
-            .env_remove("LD_PRELOAD")
-            .env_remove("MAPFS_EMBED");
-        c
-    }
-
-    fn at(&self, name: &str) -> String {
-        self.prefix.join(name).display().to_string()
+        self.run_embedded("versions", opts, prog)
     }
 
     /// `mapfs versions list BACKING PATH`: (name, kind) per version.

@@ -967,29 +967,10 @@ impl Shared {
         if file.data.whole_file_backing().is_some() {
             return Ok(());
         }
-        if let Some(share) = &file.share {
-            return self.persist_shared(file, share);
-        }
-        if !file.wrote.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        // One at a time per open, map taken under the lock: a flush from
-        // another thread (a forked child closing its inherited descriptor)
-        // holding an older map must not land after a newer one.
-        let mut held = file.persisting.lock();
-        let changes = self.handles.changes(file);
-        self.fs
-            .flush(&file.ctx, &file.path, file.fs_handle, &file.data.map())?;
-        self.handles.flushed(file, changes);
-        self.journal_flushed(file, &mut held);
-        Ok(())
-    }
-
-    /// [`Shared::persist_map`] of an open in `share`: the map is the
-    /// share's, so what every open in it changed is handed over (`file`
-    /// itself may be out of the table already, at its release).
-    fn persist_shared(&self, file: &OpenFile, share: &Share) -> Result<()> {
-        let _one = share.persisting.lock();
+        // An open in a share hands over the share's one map, with what every
+        // open in it changed (`file` itself may be out of the table already,
+        // at its release); hand-overs of one map go one at a time.
+        let _one_map = file.share.as_ref().map(|s| s.persisting.lock());
         let others = self.handles.sharing_with(file);
         let members: Vec<&OpenFile> = std::iter::once(file)
             .chain(others.iter().map(|o| &**o))
@@ -997,6 +978,9 @@ impl Shared {
         if !members.iter().any(|m| m.wrote.load(Ordering::Relaxed)) {
             return Ok(());
         }
+        // One at a time per open, map taken under the lock: a flush from
+        // another thread (a forked child closing its inherited descriptor)
+        // holding an older map must not land after a newer one.
         let mut held: Vec<_> = members
             .iter()
             .map(|m| (*m, m.persisting.lock(), self.handles.changes(m)))
@@ -1079,16 +1063,15 @@ impl Shared {
             let _joins = self.join_lock(file.ino).lock();
             share.leave(fh)
         });
-        let res = match &file.share {
+        let res = if last == Some(false) {
             // Others still use the file system's open: it keeps it, with
             // what this one wrote.
-            Some(share) if last == Some(false) => self.persist_shared(&file, share),
-            share => {
-                let _all = share.as_ref().map(|s| s.persisting.lock());
-                let _one = file.persisting.lock();
-                let map = file.data.map();
-                self.fs.release(&file.ctx, &file.path, file.fs_handle, &map)
-            }
+            self.persist_map(&file)
+        } else {
+            let _all = file.share.as_ref().map(|s| s.persisting.lock());
+            let _one = file.persisting.lock();
+            let map = file.data.map();
+            self.fs.release(&file.ctx, &file.path, file.fs_handle, &map)
         };
         self.handles.forget_changes(&file);
         self.journal_released_file(&file);

@@ -67,7 +67,12 @@ impl State {
     }
 
     fn file(&self, idx: u32) -> Result<&File> {
-        self.files.get(idx as usize).map(|f| &**f).ok_or_else(|| {
+        self.shared_file(idx).map(|f| &**f)
+    }
+
+    /// [`State::file`], to use without the lock.
+    fn shared_file(&self, idx: u32) -> Result<&Arc<File>> {
+        self.files.get(idx as usize).ok_or_else(|| {
             Error::io().context(format!(
                 "map names backing file {idx} but only {} are open",
                 self.files.len()
@@ -377,9 +382,8 @@ impl DataFile {
                 // map (the kernel's writeback) run side by side; the
                 // extent is added once they are there. A failed write
                 // leaves its claim unused.
-                let f = st.files.get(file as usize).cloned();
+                let f = st.shared_file(file)?.clone();
                 drop(st);
-                let f = f.ok_or_else(|| Error::io().context("log not open"))?;
                 f.write_all_at(data, at)?;
                 let placed = Placement::Fits(segs);
                 self.inner.write().map.commit_write(offset, len, &placed);

@@ -217,14 +217,12 @@ impl Lent {
             return None;
         }
         let (map, files) = self.lending.read().data.snapshot();
-        match map.extents() {
-            [e] if !map.is_whole_file() && e.logical == 0 && e.len >= map.size() => Some((
-                files.get(e.file as usize)?.as_raw_fd(),
-                e.offset,
-                map.size(),
-            )),
-            _ => None,
-        }
+        let e = map.extents().first().filter(|_| map.extents().len() == 1)?;
+        (!map.is_whole_file() && e.logical == 0 && e.len >= map.size()).then_some((
+            files.get(e.file as usize)?.as_raw_fd(),
+            e.offset,
+            map.size(),
+        ))
     }
 
     /// A copy of the file's bytes, not a lending of its map.

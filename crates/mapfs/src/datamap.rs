@@ -33,6 +33,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+mod extents;
+
+pub use extents::Extents;
+
 /// One contiguous run of logical bytes stored contiguously in a backing file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Extent {
@@ -166,117 +170,24 @@ pub enum Placement {
 /// The map of one file. See the module docs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataMap {
-    extents: Vec<Extent>,
+    extents: Extents,
     size: u64,
     growth: Growth,
     whole_file: bool,
     /// Backing space owned by the file that holds none of its bytes (module
     /// docs). `default` keeps self-describing encodings of older maps loading.
     #[serde(default)]
-    reserved: Vec<Extent>,
+    reserved: Extents,
 }
 
 fn einval(msg: &str) -> Error {
     Error::invalid().context(format!("invalid DataMap: {msg}"))
 }
 
-/// Index of the first extent of sorted `v` that ends after `off`.
-fn first_ending_after(v: &[Extent], off: u64) -> usize {
-    v.partition_point(|e| e.logical_end() <= off)
-}
-
-/// The pieces of sorted `v` inside logical `start..end`, each cut to it.
-fn pieces_in(v: &[Extent], start: u64, end: u64) -> impl Iterator<Item = Extent> + '_ {
-    v[first_ending_after(v, start)..]
-        .iter()
-        .take_while(move |e| e.logical < end)
-        .map(move |e| e.slice(e.logical.max(start), e.logical_end().min(end)))
-}
-
-/// Cuts logical `start..end` out of sorted `v` (splitting extents that
-/// straddle a bound) and returns the removed pieces, sorted.
-fn remove_range(v: &mut Vec<Extent>, start: u64, end: u64) -> Vec<Extent> {
-    if start >= end {
-        return Vec::new();
-    }
-    let i = first_ending_after(v, start);
-    let j = i + v[i..].partition_point(|e| e.logical < end);
-    if i == j {
-        return Vec::new();
-    }
-    let mut keep = Vec::with_capacity(2);
-    let first = v[i];
-    let last = v[j - 1];
-    if first.logical < start {
-        keep.push(first.slice(first.logical, start));
-    }
-    if last.logical_end() > end {
-        keep.push(last.slice(end, last.logical_end()));
-    }
-    let removed: Vec<Extent> = v[i..j]
-        .iter()
-        .map(|e| e.slice(e.logical.max(start), e.logical_end().min(end)))
-        .collect();
-    v.splice(i..j, keep);
-    removed
-}
-
-/// Merges `v[i]` with its neighbours when they continue one another.
-fn coalesce_at(v: &mut Vec<Extent>, mut i: usize) {
-    if i > 0 && v[i - 1].continues_into(&v[i]) {
-        v[i - 1].len += v[i].len;
-        v.remove(i);
-        i -= 1;
-    }
-    if i + 1 < v.len() && v[i].continues_into(&v[i + 1]) {
-        v[i].len += v[i + 1].len;
-        v.remove(i + 1);
-    }
-}
-
-/// Maps `e` in sorted `v`, shadowing whatever covered its range before.
-fn insert_extent(v: &mut Vec<Extent>, e: Extent) {
-    let i = first_ending_after(v, e.logical);
-    // An in-place overwrite re-records the mapping it already has: keep the
-    // vector untouched instead of splitting and re-merging (O(n) memmoves on
-    // big maps).
-    if let Some(cur) = v.get(i) {
-        if cur.logical <= e.logical
-            && e.logical_end() <= cur.logical_end()
-            && cur.file == e.file
-            && cur.offset + (e.logical - cur.logical) == e.offset
-        {
-            return;
-        }
-    }
-    // One splice replaces everything `e` overlaps with [head, e, tail]: an
-    // extent replaced by one of the same length moves nothing else.
-    let j = i + v[i..].partition_point(|x| x.logical < e.logical_end());
-    let mut repl = [e; 3];
-    let mut n = 0;
-    let mut at = i;
-    if let Some(first) = v.get(i).filter(|f| i < j && f.logical < e.logical) {
-        repl[n] = first.slice(first.logical, e.logical);
-        n += 1;
-        at += 1;
-    }
-    repl[n] = e;
-    n += 1;
-    if let Some(last) = v[..j]
-        .last()
-        .filter(|l| i < j && l.logical_end() > e.logical_end())
-    {
-        repl[n] = last.slice(e.logical_end(), last.logical_end());
-        n += 1;
-    }
-    v.splice(i..j, repl[..n].iter().copied());
-    coalesce_at(v, at);
-}
-
 /// Checks that `v` is sorted, non-overlapping, non-empty and overflow-free.
-fn check_sorted(v: &[Extent], what: &str) -> Result<()> {
+fn check_sorted<'a>(v: impl IntoIterator<Item = &'a Extent>, what: &str) -> Result<()> {
     let mut prev_end = 0u64;
-    for (n, e) in v.iter().enumerate() {
+    for (n, e) in v.into_iter().enumerate() {
         if e.len == 0 {
             return Err(einval(&format!("{what} {n} is empty")));
         }
@@ -305,8 +216,8 @@ fn merge_sorted(a: impl Iterator<Item = Extent>, b: impl Iterator<Item = Extent>
 /// each cut to it, sorted.
 fn taken_in(map: &DataMap, start: u64, end: u64) -> Vec<Extent> {
     merge_sorted(
-        pieces_in(&map.extents, start, end),
-        pieces_in(&map.reserved, start, end),
+        map.extents.pieces_in(start, end),
+        map.reserved.pieces_in(start, end),
     )
 }
 
@@ -331,11 +242,11 @@ impl DataMap {
     /// The whole-file 1-to-1 map onto backing file 0.
     pub fn whole_file() -> Self {
         DataMap {
-            extents: Vec::new(),
+            extents: Extents::new(),
             size: 0,
             growth: Growth::InPlace { limit: None },
             whole_file: true,
-            reserved: Vec::new(),
+            reserved: Extents::new(),
         }
     }
 
@@ -371,18 +282,18 @@ impl DataMap {
             merge
         });
         let mut map = DataMap {
-            extents,
+            extents: Extents::from_sorted(extents),
             size,
             growth,
             whole_file: false,
-            reserved: Vec::new(),
+            reserved: Extents::new(),
         };
-        let past = remove_range(&mut map.extents, size, u64::MAX);
+        let past = map.extents.remove_range(size, u64::MAX);
         if let Growth::Guarded { file } = growth {
-            map.reserved = past.iter().copied().filter(|e| e.file == file).collect();
-        }
-        if let Growth::InPlace { limit } = growth {
-            map.reserved = past;
+            map.reserved =
+                Extents::from_sorted(past.into_iter().filter(|e| e.file == file).collect());
+        } else if let Growth::InPlace { limit } = growth {
+            map.reserved = Extents::from_sorted(past);
             if let Some(t) = map.tail() {
                 let start = t.offset + t.len;
                 let room = match limit {
@@ -437,7 +348,7 @@ impl DataMap {
             return;
         }
         let new = free.into_iter().map(|(a, b)| space.slice(a, b));
-        self.reserved = merge_sorted(self.reserved.iter().copied(), new);
+        self.reserved = Extents::from_sorted(merge_sorted(self.reserved.iter().copied(), new));
     }
 
     /// Under [`Growth::Guarded`], makes logical `start..end` writable in
@@ -458,18 +369,15 @@ impl DataMap {
         // Reserved pieces are all `file`'s (an invariant): only extents of
         // other files move.
         for p in taken.iter().filter(|p| p.file != file) {
-            insert_extent(&mut self.extents, Extent { file, ..*p });
+            self.extents.insert(Extent { file, ..*p });
         }
         for (a, b) in gaps(&taken, start, end) {
-            insert_extent(
-                &mut self.reserved,
-                Extent {
-                    logical: a,
-                    file,
-                    offset: a,
-                    len: b - a,
-                },
-            );
+            self.reserved.insert(Extent {
+                logical: a,
+                file,
+                offset: a,
+                len: b - a,
+            });
         }
     }
 
@@ -503,7 +411,7 @@ impl DataMap {
     }
 
     /// The extents, sorted by logical offset.
-    pub fn extents(&self) -> &[Extent] {
+    pub fn extents(&self) -> &Extents {
         &self.extents
     }
 
@@ -511,7 +419,7 @@ impl DataMap {
     /// as holes), sorted by logical offset. Only [`Growth::InPlace`] and
     /// [`Growth::Guarded`] maps have any. A file system persisting a map may
     /// keep it to avoid a remap on the next open, or drop it.
-    pub fn reserved(&self) -> &[Extent] {
+    pub fn reserved(&self) -> &Extents {
         &self.reserved
     }
 
@@ -566,7 +474,9 @@ impl DataMap {
             if matches!(self.growth, Growth::Guarded { file } if file != r.file) {
                 return Err(einval("reserved space of a read-only backing file"));
             }
-            if pieces_in(&self.extents, r.logical, r.logical_end())
+            if self
+                .extents
+                .pieces_in(r.logical, r.logical_end())
                 .next()
                 .is_some()
             {
@@ -596,9 +506,7 @@ impl DataMap {
         if self.whole_file || offset >= end {
             return None;
         }
-        let e = self
-            .extents
-            .get(first_ending_after(&self.extents, offset))?;
+        let e = self.extents.ending_after(offset).next()?;
         if e.logical > offset || e.logical_end() < end {
             return None;
         }
@@ -629,7 +537,7 @@ impl DataMap {
         let end = offset.saturating_add(len).min(self.size);
         let mut out = Vec::new();
         let mut cursor = offset;
-        for p in pieces_in(&self.extents, offset, end) {
+        for p in self.extents.pieces_in(offset, end) {
             if p.logical > cursor {
                 out.push(Segment::Hole {
                     len: p.logical - cursor,
@@ -680,8 +588,8 @@ impl DataMap {
 
     fn place_guarded(&self, offset: u64, end: u64, file: u32) -> Placement {
         let pieces = merge_sorted(
-            pieces_in(&self.extents, offset, end),
-            pieces_in(&self.reserved, offset, end),
+            self.extents.pieces_in(offset, end),
+            self.reserved.pieces_in(offset, end),
         );
         let mut segs: Vec<Segment> = Vec::with_capacity(pieces.len());
         let mut cursor = offset;
@@ -711,8 +619,8 @@ impl DataMap {
 
     fn place_in_place(&self, offset: u64, end: u64, limit: Option<u64>) -> Placement {
         let pieces = merge_sorted(
-            pieces_in(&self.extents, offset, end),
-            pieces_in(&self.reserved, offset, end),
+            self.extents.pieces_in(offset, end),
+            self.reserved.pieces_in(offset, end),
         );
         let mut segs: Vec<Segment> = Vec::with_capacity(pieces.len() + 1);
         let mut push = |file: u32, off: u64, len: u64| {
@@ -790,7 +698,7 @@ impl DataMap {
                     if *file == t.file && tail_back.checked_add(gap) == Some(*b) {
                         // The gap's backing bytes are ours but unwritten:
                         // keep them for later writes, read them as zeros.
-                        insert_extent(&mut self.reserved, t.slice_after(gap));
+                        self.reserved.insert(t.slice_after(gap));
                     }
                 }
             }
@@ -807,16 +715,13 @@ impl DataMap {
                     len: l,
                 } => {
                     let l = l.min(end - cursor);
-                    remove_range(&mut self.reserved, cursor, cursor + l);
-                    insert_extent(
-                        &mut self.extents,
-                        Extent {
-                            logical: cursor,
-                            file,
-                            offset: b,
-                            len: l,
-                        },
-                    );
+                    self.reserved.remove_range(cursor, cursor + l);
+                    self.extents.insert(Extent {
+                        logical: cursor,
+                        file,
+                        offset: b,
+                        len: l,
+                    });
                     if let Growth::AppendLog { file: lf, end: le } = &mut self.growth {
                         if *lf == file {
                             *le = (*le).max(b + l);
@@ -837,7 +742,7 @@ impl DataMap {
     /// to the file (module docs); backing files are never touched.
     pub fn truncate(&mut self, size: u64) {
         if !self.whole_file && size < self.size {
-            let removed = remove_range(&mut self.extents, size, u64::MAX);
+            let removed = self.extents.remove_range(size, u64::MAX);
             self.keep_reserved(removed);
         }
         self.size = size;
@@ -852,7 +757,9 @@ impl DataMap {
         if self.whole_file {
             return Vec::new();
         }
-        let removed = remove_range(&mut self.extents, offset, offset.saturating_add(len));
+        let removed = self
+            .extents
+            .remove_range(offset, offset.saturating_add(len));
         self.keep_reserved(removed.clone());
         removed
     }
@@ -865,7 +772,7 @@ impl DataMap {
             _ => false,
         };
         for p in pieces.into_iter().filter(keep) {
-            insert_extent(&mut self.reserved, p);
+            self.reserved.insert(p);
         }
     }
 
@@ -888,7 +795,7 @@ impl DataMap {
             return false;
         }
         let mut cursor = offset;
-        for p in pieces_in(&self.extents, offset, end) {
+        for p in self.extents.pieces_in(offset, end) {
             if p.logical > cursor || only.is_some_and(|f| f != p.file) {
                 return false;
             }
@@ -904,9 +811,7 @@ impl DataMap {
         if offset >= self.size {
             return None;
         }
-        let e = self
-            .extents
-            .get(first_ending_after(&self.extents, offset))?;
+        let e = self.extents.ending_after(offset).next()?;
         let at = e.logical.max(offset);
         (at < self.size).then_some(at)
     }
@@ -919,7 +824,7 @@ impl DataMap {
             return None;
         }
         let mut cursor = offset;
-        for e in &self.extents[first_ending_after(&self.extents, offset)..] {
+        for e in self.extents.ending_after(offset) {
             if e.logical > cursor {
                 break;
             }
@@ -1256,7 +1161,7 @@ mod tests {
         assert_eq!(m.own_space(), vec![ext(0, 1, 0, 30), ext(30, 0, 30, 30)]);
         // Reserved space of a read-only file is refused.
         let mut bad = m.clone();
-        bad.reserved = vec![ext(70, 1, 70, 10)];
+        bad.reserved = Extents::from_sorted(vec![ext(70, 1, 70, 10)]);
         assert!(bad.validate().is_err());
         // Space past the size handed in stays reserved only where writable.
         let n = DataMap::new(vec![ext(0, 1, 0, 10), ext(10, 0, 10, 90)], 50, g).unwrap();

@@ -23,7 +23,7 @@ pub mod mapcache;
 pub mod preload_report;
 pub mod stats;
 
-pub use datamap::{DataMap, Extent, Growth, Placement, Segment};
+pub use datamap::{DataMap, Extent, Extents, Growth, Placement, Segment};
 pub use error::{Error, Result};
 pub use fs::{
     Attr, Ctx, DirEntry, FileKind, FileSystem, OpenFlags, Opened, RenameFlags, SetAttr, StatFs,

@@ -5,9 +5,9 @@
 //! `GrowTo` extends only. The result's extents name logs by index into
 //! [`Merged::logs`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
-use mapfs::{DataMap, Extent, Growth};
+use mapfs::{DataMap, Extent, Extents, Growth};
 use tracing::warn;
 
 use super::format::{Dropping, Op};
@@ -89,17 +89,7 @@ pub(super) fn merge<D: std::borrow::Borrow<Dropping>>(droppings: &[D]) -> Merged
         out.max_seq = out.max_seq.max(seq);
         acc.apply(&tables[i], droppings[i].records[j].op);
     }
-    let extents = acc
-        .map
-        .into_iter()
-        .map(|(logical, (len, file, offset))| Extent {
-            logical,
-            file,
-            offset,
-            len,
-        })
-        .collect();
-    out.map = DataMap::new(extents, acc.size, Growth::ReadOnly).unwrap_or_else(|e| {
+    out.map = DataMap::new(acc.map.to_vec(), acc.size, Growth::ReadOnly).unwrap_or_else(|e| {
         // Unreachable: the intervals are sorted, disjoint, non-empty and
         // within the size by construction.
         warn!("plfs: merged index rejected ({e}); the file reads as empty");
@@ -108,43 +98,16 @@ pub(super) fn merge<D: std::borrow::Borrow<Dropping>>(droppings: &[D]) -> Merged
     out
 }
 
-/// The map being merged: logical start -> (len, log, offset), disjoint. A
-/// B-tree, so a record costs O(log n) wherever it lands (N-1 checkpoints
-/// merge hundreds of thousands of interleaved extents), where inserting into
-/// a `DataMap`'s sorted vector would move the whole tail each time.
+/// The map being merged: the file's extents (a B-tree, so a record costs
+/// O(log n) wherever it lands: N-1 checkpoints merge hundreds of thousands
+/// of interleaved extents) and its size.
 #[derive(Debug, Default)]
 struct Intervals {
-    map: BTreeMap<u64, (u64, u32, u64)>,
+    map: Extents,
     size: u64,
 }
 
 impl Intervals {
-    /// Unmaps `start..end`, splitting pieces that straddle its bounds.
-    fn cut(&mut self, start: u64, end: u64) {
-        if start >= end {
-            return;
-        }
-        if let Some((&k, &(len, file, off))) = self.map.range(..start).next_back() {
-            let e = k + len;
-            if e > start {
-                self.map.insert(k, (start - k, file, off));
-                if e > end {
-                    self.map.insert(end, (e - end, file, off + (end - k)));
-                    return;
-                }
-            }
-        }
-        let inside: Vec<u64> = self.map.range(start..end).map(|(k, _)| *k).collect();
-        for k in inside {
-            if let Some((len, file, off)) = self.map.remove(&k) {
-                let e = k + len;
-                if e > end {
-                    self.map.insert(end, (e - end, file, off + (end - k)));
-                }
-            }
-        }
-    }
-
     /// Applies one record; corrupt records (empty, overflowing, naming an
     /// unknown log) are skipped.
     fn apply(&mut self, table: &[u32], op: Op) {
@@ -164,19 +127,23 @@ impl Intervals {
                 if !in_range(logical, len) || offset.checked_add(len).is_none() {
                     return;
                 }
-                self.cut(logical, logical + len);
-                self.map.insert(logical, (len, file, offset));
+                self.map.insert(Extent {
+                    logical,
+                    file,
+                    offset,
+                    len,
+                });
                 self.size = self.size.max(logical + len);
             }
             Op::Hole { logical, len } => {
                 if in_range(logical, len) {
-                    self.cut(logical, logical + len);
+                    self.map.remove_range(logical, logical + len);
                 }
             }
             Op::SetSize(s) => {
                 if s <= MAX_END {
                     if s < self.size {
-                        self.cut(s, u64::MAX);
+                        self.map.remove_range(s, u64::MAX);
                     }
                     self.size = s;
                 }

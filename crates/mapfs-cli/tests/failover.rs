@@ -900,16 +900,35 @@ fn plfs_holes_kept_for_a_successor_are_made_again() {
 /// blocks smaller than a page through both writers make it fill pages by
 /// reading through one of them, which with a map per restored open misses
 /// the other's bytes.
+///
+/// The journal the successor restores from is read from the ring the
+/// supervisor shares with the daemon, and, in the second test, from the
+/// link's socket, as a daemon that does not take the ring (an older binary
+/// started by `mapfs restart`) sends it.
 #[test]
 fn plfs_writeback_shares_are_restored_after_a_kill() {
+    shares_restored_after_a_kill(true);
+}
+
+#[test]
+fn plfs_writeback_shares_are_restored_after_a_kill_journaled_on_the_socket() {
+    shares_restored_after_a_kill(false);
+}
+
+fn shares_restored_after_a_kill(ring: bool) {
     use std::os::fd::AsFd;
     use std::os::unix::fs::FileExt;
-    let test = "plfs --writeback-cache on: shares across a kill";
+    let test = &format!("plfs --writeback-cache on: shares across a kill (journal ring: {ring})");
     if !fuse_or_skip(test) {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut s = supervised(test, "plfs", DataMode::DaemonWriteback, &[]);
+    let mut s = MountSession::builder(mapfs_bin())
+        .fs("plfs")
+        .data(DataMode::DaemonWriteback)
+        .env("MAPFS_JOURNAL_RING", if ring { "1" } else { "0" })
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
     let mp = s.mountpoint().to_path_buf();
     let rw = || {
         std::fs::OpenOptions::new()

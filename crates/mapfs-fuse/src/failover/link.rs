@@ -16,6 +16,7 @@ use tracing::warn;
 use super::records::{
     InitState, InodeOp, NodeSnap, OpenRec, PendingWrite, TableSnap, ToDaemon, ToSupervisor,
 };
+use super::ring::{self, Refused, RingWriter};
 use crate::inodes::InodeJournal;
 
 /// Environment variable naming the inherited link descriptor.
@@ -29,6 +30,9 @@ pub const LINK_BUFFER: usize = 4 << 20;
 #[derive(Debug)]
 pub struct Link {
     sock: OwnedFd,
+    /// The journal ring, when the supervisor offered one and this link
+    /// took it.
+    ring: Option<RingWriter>,
     broken: AtomicBool,
 }
 
@@ -73,7 +77,17 @@ impl Link {
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| io::Error::other(format!("bad {SUPERVISOR_FD_ENV}")))?;
         let sock = crate::sys::inherited_socket(fd)?;
-        Ok(Some(Link::new(sock)))
+        let mut link = Link::new(sock);
+        match RingWriter::from_env() {
+            Ok(Some(ring)) => {
+                // Said on the socket, before any record goes to the ring.
+                link.send(&ToSupervisor::Ring);
+                link.ring = Some(ring);
+            }
+            Ok(None) => {}
+            Err(e) => warn!("cannot take the journal ring ({e}); records go through the socket"),
+        }
+        Ok(Some(link))
     }
 
     /// A link over a connected socket.
@@ -81,6 +95,7 @@ impl Link {
         let _ = rustix::net::sockopt::set_socket_send_buffer_size(&sock, LINK_BUFFER);
         Link {
             sock,
+            ring: None,
             broken: AtomicBool::new(false),
         }
     }
@@ -95,11 +110,32 @@ impl Link {
         if self.broken.load(Ordering::Relaxed) {
             return;
         }
-        if let Err(e) = control::send(self.sock.as_fd(), msg, fds) {
+        if let Err(e) = self.deliver(msg, fds) {
             if !self.broken.swap(true, Ordering::Relaxed) {
                 warn!("lost the supervisor ({e}); this daemon is no longer restarted if it dies");
             }
         }
+    }
+
+    /// Puts one record where the supervisor reads it: in the ring when
+    /// there is one (a marker there when descriptors come with it, the
+    /// record on the socket), on the socket otherwise.
+    fn deliver(&self, msg: &ToSupervisor, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+        let Some(ring) = &self.ring else {
+            return control::send(self.sock.as_fd(), msg, fds);
+        };
+        let gone = || ring::peer_gone(self.sock.as_fd());
+        if fds.is_empty() {
+            match ring.push(&control::encode(msg)?, gone) {
+                Ok(()) => return Ok(()),
+                Err(Refused::SupervisorGone) => return Err(io::Error::other("it stopped reading")),
+                // Too long for the ring: on the socket, at a marker.
+                Err(Refused::TooLong) => {}
+            }
+        }
+        ring.push_marker(gone)
+            .map_err(|_| io::Error::other("it stopped reading"))?;
+        control::send(self.sock.as_fd(), msg, fds)
     }
 
     /// Waits for the supervisor's first word: mount afresh or take over.

@@ -17,6 +17,7 @@
 pub mod eio;
 pub mod link;
 pub mod records;
+pub mod ring;
 pub mod supervisor;
 
 pub use link::{Link, Resume, Start};

@@ -227,6 +227,12 @@ pub enum ToSupervisor {
     /// The daemon is leaving on purpose (`mapfs restart`): start the next
     /// one at once, without counting a failure.
     Restarting,
+    /// The daemon took the journal ring it was offered (see
+    /// [`super::ring`]): its later records are in the ring, and the socket
+    /// carries only those a ring marker points to. Sent first, and only to
+    /// a supervisor that offered a ring (last of the variants, so that the
+    /// others keep their encoding).
+    Ring,
 }
 
 /// Supervisor to daemon, first thing after it starts.

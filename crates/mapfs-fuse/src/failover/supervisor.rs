@@ -27,6 +27,7 @@ use tracing::{error, info, warn};
 use super::eio;
 use super::link::{LINK_BUFFER, SUPERVISOR_FD_ENV};
 use super::records::{InitState, OpenRec, PendingWrite, ToDaemon, ToSupervisor};
+use super::ring::{Item, RingReader, RING_FDS_ENV, RING_OFF_ENV};
 use crate::inodes::Inodes;
 
 /// Exit status of a daemon that leaves to be replaced (`mapfs restart`).
@@ -104,15 +105,40 @@ pub fn supervise(
         rustix::io::fcntl_setfd(&theirs, rustix::io::FdFlags::empty())?;
         let mut cmd = daemon();
         cmd.env(SUPERVISOR_FD_ENV, theirs.as_raw_fd().to_string());
+        let mut ring = match RingReader::create() {
+            // Off on request: records through the socket, as to a daemon
+            // that does not take the ring.
+            _ if std::env::var_os(RING_OFF_ENV).is_some_and(|v| v == "0") => None,
+            Ok(r) => Some(r),
+            Err(e) => {
+                warn!("cannot make a journal ring ({e}); the daemon's records come through the socket");
+                None
+            }
+        };
+        // Copies for the daemon to inherit (without close-on-exec); ours
+        // keep it.
+        let ring_fds = match &ring {
+            Some(r) => {
+                let [m, e] = r.fds();
+                let fds = (rustix::io::dup(m)?, rustix::io::dup(e)?);
+                cmd.env(
+                    RING_FDS_ENV,
+                    format!("{},{}", fds.0.as_raw_fd(), fds.1.as_raw_fd()),
+                );
+                Some(fds)
+            }
+            None => None,
+        };
         let mut child = cmd.spawn()?;
         drop(theirs);
+        drop(ring_fds);
         *current.lock().expect("pidfd lock") = rustix::process::pidfd_open(
             rustix::process::Pid::from_child(&child),
             rustix::process::PidfdFlags::empty(),
         )
         .ok();
         let started = Instant::now();
-        let ended = run_one(&ours, &mut child, &mut conn);
+        let ended = run_one(&ours, &mut child, &mut conn, ring.as_mut());
         *current.lock().expect("pidfd lock") = None;
         let ended = ended?;
         let Some(c) = &conn else {
@@ -193,9 +219,21 @@ fn connection_alive(c: &Connection) -> bool {
     }
 }
 
+/// What one daemon said of itself.
+#[derive(Default)]
+struct Said {
+    served: bool,
+    restarting: bool,
+}
+
 /// Starts one daemon (fresh or resuming `conn`), keeps `conn` up to date
 /// from its records, and waits for it to end.
-fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> io::Result<Ended> {
+fn run_one(
+    sock: &OwnedFd,
+    child: &mut Child,
+    conn: &mut Option<Connection>,
+    mut ring: Option<&mut RingReader>,
+) -> io::Result<Ended> {
     let sent = match conn {
         None => control::send(sock.as_fd(), &ToDaemon::Fresh, &[]),
         Some(c) => send_state(sock, c),
@@ -204,69 +242,19 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
         // The daemon died before it read: its status says why.
         warn!("cannot start the daemon: {e}");
     }
-    let mut served = false;
-    let mut restarting = false;
+    let mut said = Said::default();
+    // Records come through the socket until the daemon says it took the
+    // ring, then from the ring.
     loop {
-        let (msg, mut fds) = match control::recv::<ToSupervisor>(sock.as_fd()) {
-            Ok(Some(m)) => m,
-            Ok(None) => break,
-            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => break,
-            Err(e) => {
-                warn!("bad record from the daemon: {e}");
-                continue;
-            }
+        let Some(msg) = next_on_socket(sock) else {
+            break;
         };
-        match msg {
-            ToSupervisor::Mounted(init) => {
-                let Some(dev) = fds.pop() else {
-                    warn!("the daemon mounted without sending its connection");
-                    continue;
-                };
-                *conn = Some(Connection {
-                    dev,
-                    init,
-                    // The root's number does not matter to a copy that
-                    // only replays and saves.
-                    inodes: Inodes::new(0),
-                    opens: BTreeMap::new(),
-                    writes: Vec::new(),
-                    logs: BTreeMap::new(),
-                });
+        match (msg, ring.as_deref_mut()) {
+            ((ToSupervisor::Ring, _), Some(r)) => {
+                read_ring(sock, r, conn, &mut said);
+                break;
             }
-            ToSupervisor::Serving => served = true,
-            ToSupervisor::Restarting => restarting = true,
-            ToSupervisor::Inode(op) => {
-                if let Some(c) = conn {
-                    c.inodes.apply(op);
-                }
-            }
-            ToSupervisor::Opened(rec) => {
-                if let Some(c) = conn {
-                    c.opens.insert(rec.fh, rec);
-                }
-            }
-            ToSupervisor::Released { fh } => {
-                if let Some(c) = conn {
-                    c.opens.remove(&fh);
-                    c.forget_changes(fh);
-                }
-            }
-            ToSupervisor::Wrote(w) => {
-                if let Some(c) = conn {
-                    c.writes.push(w);
-                }
-            }
-            ToSupervisor::Log { fh, file } => match (conn.as_mut(), fds.pop()) {
-                (Some(c), Some(fd)) => {
-                    c.logs.insert((fh, file), fd);
-                }
-                _ => warn!("the daemon named a log without sending it"),
-            },
-            ToSupervisor::Flushed { fh } => {
-                if let Some(c) = conn {
-                    c.forget_changes(fh);
-                }
-            }
+            ((msg, fds), _) => apply(msg, fds, conn, &mut said),
         }
         if !readable(sock) {
             std::thread::sleep(COALESCE);
@@ -274,10 +262,160 @@ fn run_one(sock: &OwnedFd, child: &mut Child, conn: &mut Option<Connection>) -> 
     }
     let status = child.wait()?;
     Ok(Ended {
-        served,
-        restarting: restarting && status.code() == Some(RESTART_EXIT),
+        served: said.served,
+        restarting: said.restarting && status.code() == Some(RESTART_EXIT),
         status,
     })
+}
+
+/// The next record on the socket; `None` once the daemon's end is closed.
+fn next_on_socket(sock: &OwnedFd) -> Option<(ToSupervisor, Vec<OwnedFd>)> {
+    loop {
+        match control::recv::<ToSupervisor>(sock.as_fd()) {
+            Ok(Some(m)) => return Some(m),
+            Ok(None) => return None,
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => return None,
+            Err(e) => warn!("bad record from the daemon: {e}"),
+        }
+    }
+}
+
+/// Reads a daemon's records from the ring (and the socket where a marker
+/// says) until the daemon's end of the socket is closed and the ring read.
+fn read_ring(
+    sock: &OwnedFd,
+    ring: &mut RingReader,
+    conn: &mut Option<Connection>,
+    said: &mut Said,
+) {
+    loop {
+        if ring.is_empty() && ring.arm() {
+            // Nothing waiting: sleep until the daemon signals a record or
+            // its end of the socket has something (a message or its close).
+            let wake = ring.wake_fd();
+            let mut fds = [
+                PollFd::new(sock, PollFlags::IN),
+                PollFd::new(&wake, PollFlags::IN),
+            ];
+            let _ = poll(&mut fds, None);
+            ring.disarm();
+        }
+        // Looked at before the ring is read: a message seen here had its
+        // marker put in the ring before it was sent, so the read below
+        // takes it; a closed socket means that the daemon put its last
+        // record in the ring.
+        let waiting = socket_waiting(sock);
+        let mut closed = waiting == Waiting::Closed;
+        let mut taken = 0;
+        ring.drain(|item| match item {
+            Item::Record(bytes) => match control::decode::<ToSupervisor>(bytes) {
+                Ok(msg) => apply(msg, Vec::new(), conn, said),
+                Err(e) => warn!("bad record in the journal ring: {e}"),
+            },
+            Item::Marker => match next_on_socket(sock) {
+                Some((msg, fds)) => {
+                    taken += 1;
+                    apply(msg, fds, conn, said);
+                }
+                // The daemon died between the marker and the message.
+                None => closed = true,
+            },
+        });
+        if closed {
+            return;
+        }
+        if waiting == Waiting::Message && taken == 0 {
+            // A message no marker pointed to: read it as it comes.
+            match next_on_socket(sock) {
+                Some((msg, fds)) => apply(msg, fds, conn, said),
+                None => return,
+            }
+        }
+        if !ring.is_empty() || waiting != Waiting::Nothing {
+            continue;
+        }
+        std::thread::sleep(COALESCE);
+    }
+}
+
+/// What the daemon's end of the socket has for us.
+#[derive(Debug, PartialEq, Eq)]
+enum Waiting {
+    Nothing,
+    Message,
+    Closed,
+}
+
+fn socket_waiting(sock: &OwnedFd) -> Waiting {
+    let mut b = [0u8; 1];
+    match rustix::net::recv(
+        sock,
+        &mut b[..],
+        rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+    ) {
+        // A packet, or the peer's close (no record is ever empty).
+        Ok((_, n)) if n > 0 => Waiting::Message,
+        Ok(_) | Err(rustix::io::Errno::CONNRESET) => Waiting::Closed,
+        Err(_) => Waiting::Nothing,
+    }
+}
+
+/// Keeps `conn` up to date with one record.
+fn apply(msg: ToSupervisor, mut fds: Vec<OwnedFd>, conn: &mut Option<Connection>, said: &mut Said) {
+    match msg {
+        ToSupervisor::Mounted(init) => {
+            let Some(dev) = fds.pop() else {
+                warn!("the daemon mounted without sending its connection");
+                return;
+            };
+            *conn = Some(Connection {
+                dev,
+                init,
+                // The root's number does not matter to a copy that
+                // only replays and saves.
+                inodes: Inodes::new(0),
+                opens: BTreeMap::new(),
+                writes: Vec::new(),
+                logs: BTreeMap::new(),
+            });
+        }
+        ToSupervisor::Serving => said.served = true,
+        ToSupervisor::Restarting => said.restarting = true,
+        // Said once, first; handled by the reading loop.
+        ToSupervisor::Ring => {}
+        ToSupervisor::Inode(op) => {
+            if let Some(c) = conn {
+                c.inodes.apply(op);
+            }
+        }
+        ToSupervisor::Opened(rec) => {
+            if let Some(c) = conn {
+                c.opens.insert(rec.fh, rec);
+            }
+        }
+        ToSupervisor::Released { fh } => {
+            if let Some(c) = conn {
+                c.opens.remove(&fh);
+                c.forget_changes(fh);
+            }
+        }
+        ToSupervisor::Wrote(w) => {
+            if let Some(c) = conn {
+                c.writes.push(w);
+            }
+        }
+        ToSupervisor::Log { fh, file } => match (conn.as_mut(), fds.pop()) {
+            (Some(c), Some(fd)) => {
+                c.logs.insert((fh, file), fd);
+            }
+            _ => warn!("the daemon named a log without sending it"),
+        },
+        ToSupervisor::Flushed { fh } => {
+            if let Some(c) = conn {
+                c.forget_changes(fh);
+            }
+        }
+    }
 }
 
 /// Whether a record (or the daemon's end of the link closing) is waiting.

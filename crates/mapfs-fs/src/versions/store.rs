@@ -1791,7 +1791,20 @@ mod tests {
         );
         assert_eq!(ids(&v), [kept]);
         drop((v, other));
-        let v = Versions::new(dir.path(), shared).unwrap();
+        // Alone: but a process another test of this binary forks at this
+        // moment holds a copy of the lock's descriptor until it execs (seen
+        // once in CI), and the instance then rightly shares the store and
+        // leaves the log. Such a holder goes within milliseconds.
+        let mut tries = 0;
+        let v = loop {
+            let v = Versions::new(dir.path(), shared).unwrap();
+            tries += 1;
+            if !v.store.has_pending().unwrap() || tries == 50 {
+                break v;
+            }
+            drop(v);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
         assert!(
             !v.store.has_pending().unwrap(),
             "alone, it committed the log"

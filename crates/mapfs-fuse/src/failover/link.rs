@@ -9,6 +9,7 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use mapfs::control;
 use tracing::warn;
@@ -33,6 +34,9 @@ pub struct Link {
     /// The journal ring, when the supervisor offered one and this link
     /// took it.
     ring: Option<RingWriter>,
+    /// Held from a marker to its message on the socket, so that messages
+    /// are on the socket in the order of their markers.
+    marked: Mutex<()>,
     broken: AtomicBool,
 }
 
@@ -96,6 +100,7 @@ impl Link {
         Link {
             sock,
             ring: None,
+            marked: Mutex::new(()),
             broken: AtomicBool::new(false),
         }
     }
@@ -133,6 +138,7 @@ impl Link {
                 Err(Refused::TooLong) => {}
             }
         }
+        let _in_order = self.marked.lock().unwrap_or_else(|p| p.into_inner());
         ring.push_marker(gone)
             .map_err(|_| io::Error::other("it stopped reading"))?;
         control::send(self.sock.as_fd(), msg, fds)

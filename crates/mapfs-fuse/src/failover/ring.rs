@@ -51,9 +51,11 @@ pub const RING_FDS_ENV: &str = "MAPFS_SUPERVISOR_RING_FDS";
 /// (their records then come through the socket).
 pub const RING_OFF_ENV: &str = "MAPFS_JOURNAL_RING";
 
-/// Words of record space: 8 MiB, room for many of the largest records
-/// (a socket message's size, [`mapfs::control::MAX_PACKET`]).
-pub const DATA_WORDS: usize = 1 << 20;
+/// Words of record space: 4 MiB, as much as the link's socket buffer held
+/// ([`super::link::LINK_BUFFER`]), room for many of the largest records (a
+/// socket message's size, [`mapfs::control::MAX_PACKET`]). Memory each
+/// mount keeps once its ring has gone round.
+pub const DATA_WORDS: usize = 1 << 19;
 
 const HEAD: usize = 0;
 const TAIL: usize = 1;
@@ -331,7 +333,7 @@ mod tests {
         let mut r = RingReader::create().unwrap();
         let w = std::sync::Arc::new(writer_of(&r));
         let big = vec![7u8; 1 << 20];
-        // 12 MiB through an 8 MiB ring: the writer must wait for reads.
+        // 12 MiB through a 4 MiB ring: the writer must wait for reads.
         let w2 = w.clone();
         let t = std::thread::spawn(move || {
             for _ in 0..12 {

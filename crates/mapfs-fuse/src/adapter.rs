@@ -637,7 +637,8 @@ impl Shared {
                 // file: mode, owner and times as the name last had them
                 // (else times from the first backing file, owner from the
                 // opener), size from the map.
-                let (map, files) = file.data.snapshot();
+                let files = file.data.files();
+                let size = file.data.size()?;
                 let known = self.unlinked.lock().get(&ino.0).copied();
                 let mut attr = match (known, files.first()) {
                     (Some(a), _) => a,
@@ -651,8 +652,8 @@ impl Shared {
                 };
                 attr.ino = self.inodes.fs_ino(ino.0);
                 attr.kind = mapfs::FileKind::File;
-                attr.size = map.size();
-                attr.blocks = map.size().div_ceil(512);
+                attr.size = size;
+                attr.blocks = size.div_ceil(512);
                 attr.nlink = 0;
                 Ok(attr)
             }
@@ -1126,7 +1127,7 @@ impl OpenRegistry for Shared {
         let Some(f) = self.handles.file(fh) else {
             return Ok(None);
         };
-        let (_, files) = f.data.snapshot();
+        let files = f.data.files();
         f.data.install(map, files)?;
         f.data
             .remap_for_write(offset, len, &mut self.remap_for(&f))?;
@@ -1288,7 +1289,7 @@ impl OpenRegistry for Shared {
             if f.data.whole_file_backing().is_none() {
                 // The client wrote through its own engine over the same
                 // backing files; adopt its final map so `release` persists it.
-                let (_, files) = f.data.snapshot();
+                let files = f.data.files();
                 if let Err(e) = f.data.install(map, files) {
                     warn!(fh, "shim client's final map rejected: {e}");
                     return;

@@ -339,7 +339,7 @@ mod tests {
         assert_eq!(old.size().unwrap(), 300);
         // Lent again on the same slot, as pushed: the bytes are in place
         // already; only the size comes over.
-        let (_, files) = old.snapshot();
+        let files = old.files();
         let same = DataFile::new(Opened {
             map: pushed,
             files,

@@ -149,6 +149,17 @@ impl DataFile {
         (st.map.clone(), st.files.clone())
     }
 
+    /// The backing files, without the map (whose copy costs as much as its
+    /// extents: tens of thousands on a plfs N-1 file).
+    pub fn files(&self) -> Vec<Arc<File>> {
+        self.inner.read().files.clone()
+    }
+
+    /// [`DataMap::locate`] on the current map, without copying it.
+    pub fn locate(&self, offset: u64, len: u64) -> Vec<Segment> {
+        self.inner.read().map.locate(offset, len)
+    }
+
     /// Where logical bytes `offset..offset+len` are now, for an open whose
     /// writes append to a log: the segments of the map, and the log's
     /// backing file index and file. `None` for other growth policies

@@ -307,7 +307,7 @@ impl Shared {
             // anything else (pieces of other files) copied.
             let (segments, log) = match file.data.locate_in_log(offset, len) {
                 Some((segments, log, log_file)) => (segments, Some((log, log_file))),
-                None => (file.data.snapshot().0.locate(offset, len), None),
+                None => (file.data.locate(offset, len), None),
             };
             let mut at = offset;
             for seg in segments {

@@ -1073,3 +1073,64 @@ fn a_request_whose_daemon_died_before_answering_gets_the_handle_made_for_it() {
         assert!(out.success(), "{test} ({data:?}): umount: {}", out.stderr);
     }
 }
+
+/// A supervisor that dies leaves its daemon serving, unsupervised: the
+/// daemon's journal ring fills (4 MiB; here 2,000 new files of 4 KiB on a
+/// pack mount, whose slot writes are kept with their bytes, about 8 MiB of
+/// records), the daemon finds the supervisor gone instead of waiting for it
+/// for ever, says so in its log, and every file reads back.
+#[test]
+fn a_daemon_whose_supervisor_died_serves_on() {
+    let test = "failover: the supervisor dies";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = supervised(test, "pack", DataMode::Auto, &[]);
+    let mp = s.mountpoint().to_path_buf();
+    let daemon = next_daemon(&mp, None);
+    let supervisor = mapfs_cli::mounts::read_info(&mp)
+        .and_then(|i| i.supervisor_pid)
+        .expect("supervisor pid");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(supervisor as i32).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    while alive(supervisor) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    const FILES: usize = 2000;
+    let body = |i: usize| -> Vec<u8> { (0..4096).map(|j| (i * 31 + j) as u8).collect() };
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let dir = mp.clone();
+    std::thread::spawn(move || {
+        for i in 0..FILES {
+            std::fs::write(dir.join(format!("f{i}")), body(i)).unwrap();
+        }
+        let _ = done_tx.send(());
+    });
+    if done_rx.recv_timeout(HANG).is_err() {
+        // A daemon waiting for ever on its full ring: killed, so that the
+        // writer and the unmount do not hang with it.
+        let tail = log_tail(&mp);
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(daemon as i32).expect("pid"),
+            rustix::process::Signal::KILL,
+        );
+        panic!("{test}: {FILES} files not written within {HANG:?}; mount log:\n{tail}");
+    }
+    assert!(alive(daemon), "{test}: the daemon died");
+    for i in 0..FILES {
+        let back = std::fs::read(mp.join(format!("f{i}"))).unwrap();
+        assert!(back == body(i), "{test}: f{i} reads back other bytes");
+    }
+    let log = std::fs::read_to_string(mapfs_cli::mounts::log_path(&mp)).unwrap_or_default();
+    assert!(
+        log.contains("lost the supervisor"),
+        "{test}: the daemon did not notice; mount log:\n{}",
+        log_tail(&mp)
+    );
+    let out = s.umount().unwrap();
+    assert!(out.success(), "{test}: umount: {}", out.stderr);
+}

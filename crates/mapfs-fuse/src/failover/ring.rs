@@ -103,15 +103,14 @@ impl RingReader {
         })
     }
 
-    /// The descriptors a daemon needs (memfd, eventfd), to be inherited.
-    pub fn fds(&self) -> [BorrowedFd<'_>; 2] {
-        [self.memfd.as_fd(), self.wake.as_fd()]
-    }
-
-    /// The value of [`RING_FDS_ENV`] for a child inheriting [`Self::fds`]
-    /// at the same numbers.
-    pub fn env_value(&self) -> String {
-        format!("{},{}", self.memfd.as_raw_fd(), self.wake.as_raw_fd())
+    /// Copies of the descriptors a daemon needs (memfd, eventfd), without
+    /// close-on-exec, for the daemon to inherit (ours keep it; the copies
+    /// are closed once it is started), and the value of [`RING_FDS_ENV`]
+    /// naming them, which [`RingWriter::from_env`] reads.
+    pub fn for_child(&self) -> io::Result<([OwnedFd; 2], String)> {
+        let fds = [rustix::io::dup(&self.memfd)?, rustix::io::dup(&self.wake)?];
+        let env = format!("{},{}", fds[0].as_raw_fd(), fds[1].as_raw_fd());
+        Ok((fds, env))
     }
 
     /// The eventfd the daemon signals after [`Self::arm`].

@@ -115,16 +115,10 @@ pub fn supervise(
                 None
             }
         };
-        // Copies for the daemon to inherit (without close-on-exec); ours
-        // keep it.
         let ring_fds = match &ring {
             Some(r) => {
-                let [m, e] = r.fds();
-                let fds = (rustix::io::dup(m)?, rustix::io::dup(e)?);
-                cmd.env(
-                    RING_FDS_ENV,
-                    format!("{},{}", fds.0.as_raw_fd(), fds.1.as_raw_fd()),
-                );
+                let (fds, env) = r.for_child()?;
+                cmd.env(RING_FDS_ENV, env);
                 Some(fds)
             }
             None => None,

@@ -34,6 +34,20 @@ fn log_tail(mp: &Path) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
+/// Asserts that `f` (on mount `mp`) holds `model`'s bytes from offset 0,
+/// naming the first that differs.
+fn assert_reads_as(test: &str, mp: &Path, f: &std::fs::File, model: &[u8], when: &str) {
+    use std::os::unix::fs::FileExt;
+    let mut back = vec![0u8; model.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    let first = back.iter().zip(model).position(|(a, b)| a != b);
+    assert!(
+        first.is_none(),
+        "{test}: bytes differ {when} from offset {first:?}; mount log:\n{}",
+        log_tail(mp)
+    );
+}
+
 /// Whether process `pid` runs (exists and is not a zombie).
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -874,14 +888,7 @@ fn plfs_holes_kept_for_a_successor_are_made_again() {
             "{test}: size {when}; mount log:\n{}",
             log_tail(&mp)
         );
-        let mut back = vec![0u8; len];
-        f.read_exact_at(&mut back, 0).unwrap();
-        let first = back.iter().zip(&model).position(|(a, b)| a != b);
-        assert!(
-            first.is_none(),
-            "{test}: bytes differ {when} from offset {first:?}; mount log:\n{}",
-            log_tail(&mp)
-        );
+        assert_reads_as(test, &mp, f, &model, when);
     };
     check(&f, "through the open, after the kill");
     drop(f);
@@ -972,16 +979,7 @@ fn shares_restored_after_a_kill(ring: bool) {
             put(i, (i % 200) as u8 + 10 + round);
         }
     }
-    let check = |f: &std::fs::File, when: &str| {
-        let mut back = vec![0u8; model.len()];
-        f.read_exact_at(&mut back, 0).unwrap();
-        let first = back.iter().zip(&model).position(|(x, y)| x != y);
-        assert!(
-            first.is_none(),
-            "{test}: bytes differ {when} from offset {first:?}; mount log:\n{}",
-            log_tail(&mp)
-        );
-    };
+    let check = |f: &std::fs::File, when: &str| assert_reads_as(test, &mp, f, &model, when);
     check(&r, "through the reader");
     drop((a, b, r));
     check(

@@ -88,13 +88,19 @@ fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
     let (json, stderr) = (&b.json, &b.stderr);
     let cell = |w: &str, c: &str, col: &str| b.cell(w, c, col);
     for c in ["native", "pack", "embedded-plfs", "embedded-pack"] {
-        for col in ["write", "read"] {
+        // 1,500 files of 4 KiB, then one of 1 MiB per 100.
+        for (col, files) in [
+            ("write", 1500),
+            ("read", 1500),
+            ("write 1M", 15),
+            ("read 1M", 15),
+        ] {
             let r = cell("small-files", c, col);
             assert!(
                 r["error"].is_null() && r["value"].as_f64().is_some_and(|v| v > 0.0),
                 "small-files {c} {col}: {r}\n{stderr}"
             );
-            assert_eq!(r["amount"], 1500, "small-files {c} {col}: {r}");
+            assert_eq!(r["amount"], files, "small-files {c} {col}: {r}");
         }
     }
     // What the files took on the backing file system: pack keeps them in a

@@ -102,10 +102,27 @@ const SMALL_PER_DIR: usize = 1000;
 /// The tree small-files makes in its directory.
 pub const SMALL_TREE: &str = "sf";
 
+/// Bytes of each of `small-files`' large files.
+pub const LARGE_FILE_BYTES: usize = 1 << 20;
+
+/// One large file of `small-files` for every this many small ones (the
+/// workload list's 1,000 of 1 MiB beside 100,000 of 4 KiB).
+pub const SMALL_PER_LARGE: usize = 100;
+
+/// Where `small-files` puts its large files, inside [`SMALL_TREE`].
+const LARGE_DIR: &str = "large";
+
+/// The number of large files of a `small-files` run of `files`.
+pub fn large_files(files: usize) -> usize {
+    files.div_ceil(SMALL_PER_LARGE)
+}
+
 /// Writes `files` files of [`SMALL_FILE_BYTES`] in directories of 1,000
-/// under a fresh `dir/sf`, then reads each back whole, checking its bytes.
-/// The tree is left for the caller to measure and remove ([`SMALL_TREE`]),
-/// but removed after a failure.
+/// under a fresh `dir/sf`, then reads each back whole, checking its bytes;
+/// then the same for [`large_files`] files of [`LARGE_FILE_BYTES`], which
+/// are removed afterwards (untimed). The small files are left for the
+/// caller to measure what they took and remove ([`SMALL_TREE`]); the tree
+/// is removed after a failure.
 pub fn small_files(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> {
     let d = dir.join(SMALL_TREE);
     if d.exists() {
@@ -115,6 +132,8 @@ pub fn small_files(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> {
         let sub = d.join(format!("d{k:03}"));
         fs::create_dir_all(&sub).with_context(|| format!("creating {}", sub.display()))?;
     }
+    let large_dir = d.join(LARGE_DIR);
+    fs::create_dir_all(&large_dir).with_context(|| format!("creating {}", large_dir.display()))?;
     let name = |i: usize| d.join(format!("d{:03}/f{i:06}", i / SMALL_PER_DIR));
     // Each file's bytes differ, so that a read of the wrong file is caught.
     let body = |i: usize| -> Vec<u8> {
@@ -122,7 +141,19 @@ pub fn small_files(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> {
             .map(|j| (j as u8).wrapping_mul(31) ^ (i as u8))
             .collect()
     };
-    let run = || -> Result<Vec<PhaseResult>> {
+    // A large file is one pattern stamped with its number at both ends
+    // (made once: generating a MiB per file would be most of the phase).
+    let mut large: Vec<u8> = (0..LARGE_FILE_BYTES)
+        .map(|j| (j as u8).wrapping_mul(29) ^ (j >> 12) as u8)
+        .collect();
+    let stamp = |buf: &mut [u8], i: usize| {
+        let n = buf.len();
+        buf[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        buf[n - 8..].copy_from_slice(&(i as u64).to_le_bytes());
+    };
+    let large_name = |i: usize| large_dir.join(format!("l{i:05}"));
+    let n_large = large_files(files);
+    let mut run = || -> Result<Vec<PhaseResult>> {
         let write = phase(SMALL_PHASES[0], files, |i| fs::write(name(i), body(i)))?;
         let read = phase(SMALL_PHASES[1], files, |i| {
             let got = fs::read(name(i))?;
@@ -131,7 +162,21 @@ pub fn small_files(dir: &Path, files: usize) -> Result<Vec<PhaseResult>> {
             }
             Ok(())
         })?;
-        Ok(vec![write, read])
+        let write_large = phase(SMALL_PHASES[2], n_large, |i| {
+            stamp(&mut large, i);
+            fs::write(large_name(i), &large)
+        })?;
+        let read_large = phase(SMALL_PHASES[3], n_large, |i| {
+            let got = fs::read(large_name(i))?;
+            stamp(&mut large, i);
+            if got != large {
+                return Err(std::io::Error::other("read back other bytes than written"));
+            }
+            Ok(())
+        })?;
+        fs::remove_dir_all(&large_dir)
+            .with_context(|| format!("removing {}", large_dir.display()))?;
+        Ok(vec![write, read, write_large, read_large])
     };
     let r = run();
     if r.is_err() {
@@ -260,18 +305,20 @@ mod tests {
     }
 
     #[test]
-    fn small_files_runs_both_phases_and_leaves_the_tree() {
+    fn small_files_runs_every_phase_and_leaves_the_small_files() {
         let t = tempfile::tempdir().unwrap();
-        let r = small_files(t.path(), 1200).unwrap();
+        let r = small_files(t.path(), 1201).unwrap();
         let phases: Vec<_> = r.iter().map(|p| p.phase.as_str()).collect();
         assert_eq!(phases, SMALL_PHASES);
-        assert!(r.iter().all(|p| p.ops == 1200));
-        // Left for the caller to measure: two directories of files.
+        let ops: Vec<u64> = r.iter().map(|p| p.ops).collect();
+        assert_eq!(ops, [1201, 1201, 13, 13]);
+        // Left for the caller to measure: two directories of small files;
+        // the large ones are gone.
         let n: usize = std::fs::read_dir(t.path().join(SMALL_TREE))
             .unwrap()
             .map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count())
             .sum();
-        assert_eq!(n, 1200);
+        assert_eq!(n, 1201);
     }
 
     #[test]

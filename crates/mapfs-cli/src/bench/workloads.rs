@@ -188,7 +188,7 @@ pub const WORKLOADS: &[Workload] = &[
     },
     Workload {
         name: "small-files",
-        about: "write --files files of 4 KiB in directories of 1000, then read them back (files/s per phase; inodes and disk MiB they took on the backing file system)",
+        about: "write --files files of 4 KiB in directories of 1000, then read them back, then the same for one file of 1 MiB per 100 (files/s per phase; inodes and disk MiB the 4 KiB files took on the backing file system)",
         kind: Kind::SmallFiles,
     },
     Workload {
@@ -240,12 +240,12 @@ pub const QUICK: &[&str] = &[
 /// Column labels of the create-stat-unlink table.
 pub const META_PHASES: &[&str] = &["create", "stat", "unlink"];
 
-/// The timed phases of small-files.
-pub const SMALL_PHASES: &[&str] = &["write", "read"];
+/// The timed phases of small-files: its 4 KiB files, then its 1 MiB files.
+pub const SMALL_PHASES: &[&str] = &["write", "read", "write 1M", "read 1M"];
 
-/// Column labels of the small-files table: the phases, then what the files
-/// took on the backing file system (inodes, and disk space in MiB).
-pub const SMALL_COLUMNS: &[&str] = &["write", "read", "inodes", "disk MiB"];
+/// Column labels of the small-files table: the phases, then what the 4 KiB
+/// files took on the backing file system (inodes, and disk space in MiB).
+pub const SMALL_COLUMNS: &[&str] = &["write", "read", "write 1M", "read 1M", "inodes", "disk MiB"];
 
 /// The timed phase of overwrite (its "operations" are bytes).
 pub const OVERWRITE_PHASE: &str = "MB/s";

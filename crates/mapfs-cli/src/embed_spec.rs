@@ -144,6 +144,7 @@ impl Embedding {
             custom: self.options.clone(),
             resumed: false,
             embedded: true,
+            whole_files_native: false,
         }
     }
 

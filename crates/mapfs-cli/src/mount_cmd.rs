@@ -189,6 +189,7 @@ fn check(reg: &Registry, args: &MountArgs, live: bool) -> Result<Checked> {
     }
     let opts = mapfs_fuse::parse_options(&kernel_opts).map_err(|e| anyhow!(e))?;
     fs_opts.read_only = opts.kernel.contains(&fuser::MountOption::RO);
+    fs_opts.whole_files_native = data != DataMode::Daemon;
     let layers: Vec<PathBuf> = if spec.layered {
         args.backing
             .as_os_str()

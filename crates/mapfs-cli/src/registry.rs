@@ -31,6 +31,11 @@ pub struct FsOptions {
     /// every process of the job builds one over the same backing directory
     /// at the same time, so what one keeps in memory the others never see.
     pub embedded: bool,
+    /// Opens with a whole-file map run without the daemon (a mount's
+    /// kernel passthrough, `--data auto` or `passthrough`): a file system
+    /// may prefer to hand them out (`pack` starts a new file in a file of
+    /// its own and moves it into a slot at its last close).
+    pub whole_files_native: bool,
 }
 
 impl FsOptions {
@@ -328,6 +333,7 @@ fn pack() -> FsSpec {
             let mut opts = PackOptions::parse(o.get("threshold"), o.get("sync"))?;
             opts.resumed = o.resumed;
             opts.shared = o.embedded;
+            opts.new_files_own = o.whole_files_native;
             Ok(Arc::new(Pack::new(b, opts)?))
         },
     )

@@ -1074,8 +1074,10 @@ fn a_request_whose_daemon_died_before_answering_gets_the_handle_made_for_it() {
 
 /// A supervisor that dies leaves its daemon serving, unsupervised: the
 /// daemon's journal ring fills (4 MiB; here 2,000 new files of 4 KiB on a
-/// pack mount, whose slot writes are kept with their bytes, about 8 MiB of
-/// records), the daemon finds the supervisor gone instead of waiting for it
+/// pack mount with `--data daemon`, whose slot writes are kept with their
+/// bytes, about 8 MiB of records; with kernel passthrough a new file starts
+/// in a file of its own, whose writes are not journaled), the daemon finds
+/// the supervisor gone instead of waiting for it
 /// for ever, says so in its log, and every file reads back.
 #[test]
 fn a_daemon_whose_supervisor_died_serves_on() {
@@ -1084,7 +1086,7 @@ fn a_daemon_whose_supervisor_died_serves_on() {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut s = supervised(test, "pack", DataMode::Auto, &[]);
+    let mut s = supervised(test, "pack", DataMode::Daemon, &[]);
     let mp = s.mountpoint().to_path_buf();
     let daemon = next_daemon(&mp, None);
     let supervisor = mapfs_cli::mounts::read_info(&mp)

@@ -150,6 +150,26 @@ fn pack_stats(backing: &Path) -> mapfs_fs::pack::PackStats {
     serde_json::from_str(out.stdout.trim()).unwrap()
 }
 
+/// The store's statistics once `own` files have a file of their own (10 s
+/// at most): a file created through a mount starts in a file of its own
+/// and moves into a slot at its last release, which the kernel sends after
+/// `close(2)` returned.
+fn wait_packed(backing: &Path, own: u64, what: &str) -> mapfs_fs::pack::PackStats {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = pack_stats(backing);
+        if st.own_files == own {
+            return st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {} files of their own, not {own}, 10 s after their close: {st:?}",
+            st.own_files
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Deterministic bytes: `len` bytes of stream `key`.
 fn stream(key: &str, len: usize) -> Vec<u8> {
     let mut x: u64 = 0xcbf2_9ce4_8422_2325;
@@ -180,6 +200,11 @@ fn fsx_mode(mode: DataMode) {
         if seed == 7 {
             cfg.maxlen = 8192;
             cfg.max_op_len = 2048;
+            // Made and closed first: fsx's own create would start it in a
+            // file of its own, to move into a slot only at its first close
+            // (the other seed runs that way).
+            fs::write(fsx::data_path(&cfg), b"").unwrap();
+            wait_packed(s.backing(), 0, &test);
         }
         let report = fsx::run(&cfg).unwrap_or_else(|f| panic!("{test}:\n{f}"));
         eprintln!("{test}: {report}");
@@ -884,6 +909,100 @@ fuse_test!(tools_run_offline_and_refuse_a_store_in_use => {
     assert_eq!(pack_stats(backing).files, 30, "{test}");
 });
 
+// A file created through a mount whose kernel runs whole-file maps starts
+// in a file of its own: its writes, however large the file grows, run by
+// kernel passthrough, and at its last close a file that fits the threshold
+// moves into a slot, its bytes put in the kernel's pages on the way, so
+// that reading it back needs no request either. One past the threshold
+// keeps its file; an open beside the writer keeps the move waiting for the
+// last close; an empty file takes no slot.
+fuse_test!(new_files_are_written_by_passthrough_and_packed_at_their_last_close => {
+    let test = "pack: new files";
+    let s = pack_on(DataMode::Auto, None, &[]);
+    let m = s.mountpoint();
+    let writes = op_count_now(m, "WRITE");
+    let big = stream("big", 1 << 20);
+    fs::write(m.join("big"), &big).unwrap();
+    let sizes: Vec<usize> = (0..50).map(|i| 1 + i * 1301 % 65536).collect();
+    for (i, n) in sizes.iter().enumerate() {
+        fs::write(m.join(format!("s{i}")), stream(&format!("s{i}"), *n)).unwrap();
+    }
+    fs::write(m.join("empty"), b"").unwrap();
+    let written = op_count_now(m, "WRITE") - writes;
+    assert_eq!(written, 0, "{test}: {written} WRITEs reached the daemon");
+    let st = wait_packed(s.backing(), 1, test);
+    assert_eq!(st.files, 52, "{test}: {st:?}");
+    let want: u64 = sizes.iter().map(|n| *n as u64).sum();
+    assert_eq!(st.slotted_bytes, want, "{test}: {st:?}");
+    let own: Vec<_> = fs::read_dir(s.backing().join("files"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(own.len(), 1, "{test}: files of their own: {own:?}");
+    let reads = op_count_now(m, "READ");
+    for (i, n) in sizes.iter().enumerate() {
+        let name = format!("s{i}");
+        assert!(fs::read(m.join(&name)).unwrap() == stream(&name, *n), "{test}: {name} differs");
+    }
+    let read = op_count_now(m, "READ") - reads;
+    assert_eq!(read, 0, "{test}: reading the packed files sent {read} READs");
+    assert!(fs::read(m.join("big")).unwrap() == big, "{test}: big differs");
+    assert_eq!(fs::metadata(m.join("empty")).unwrap().len(), 0);
+
+    // Two opens: the first close leaves the file where it is.
+    let a = fs::File::create(m.join("two")).unwrap();
+    let b = fs::OpenOptions::new().read(true).open(m.join("two")).unwrap();
+    a.write_all_at(b"first", 0).unwrap();
+    drop(b);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(pack_stats(s.backing()).own_files, 2, "{test}: moved while open");
+    a.write_all_at(b" and last", 5).unwrap();
+    drop(a);
+    wait_packed(s.backing(), 1, test);
+    assert_eq!(fs::read(m.join("two")).unwrap(), b"first and last");
+    assert_consistent(s.backing(), test);
+    drop(s);
+});
+
+// What a crash leaves in `files/` (a create that never committed, a move
+// into a slot that committed but did not remove the file) is removed by
+// the next mount; files of their own the database names, and names that
+// are no inode number, stay.
+fuse_test!(a_mount_removes_files_of_their_own_no_inode_owns => {
+    let test = "pack: strays";
+    let dir = tempfile::Builder::new()
+        .prefix("mapfs-pack-strays")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let backing = dir.path();
+    let s = pack_on(DataMode::Auto, Some(backing), &[]);
+    let m = s.mountpoint().to_path_buf();
+    fs::write(m.join("small"), stream("small", 3000)).unwrap();
+    fs::write(m.join("big"), stream("big", 200_000)).unwrap();
+    wait_packed(backing, 1, test);
+    umount_clean(s, test);
+    let own = backing.join("files");
+    let kept: Vec<_> = fs::read_dir(&own).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(kept.len(), 1, "{test}: {kept:?}");
+    for stray in ["2", "999999"] {
+        fs::write(own.join(stray), b"left by a crash").unwrap();
+    }
+    fs::write(own.join("notes"), b"not an inode").unwrap();
+    let s = pack_on(DataMode::Auto, Some(backing), &[]);
+    let mut left: Vec<_> = fs::read_dir(&own).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    let mut want = kept.clone();
+    want.push("notes".into());
+    want.sort();
+    assert_eq!(left, want, "{test}: what stayed in files/");
+    let m = s.mountpoint();
+    assert!(fs::read(m.join("small")).unwrap() == stream("small", 3000), "{test}: small");
+    assert!(fs::read(m.join("big")).unwrap() == stream("big", 200_000), "{test}: big");
+    fs::remove_file(own.join("notes")).unwrap();
+    assert_consistent(backing, test);
+    umount_clean(s, test);
+});
+
 // A file made longer than its slot by a truncate (fio lays out its files
 // with `fallocate`), the rest holes, moves to a file of its own when it is
 // next opened for writing with no other open: that open runs by kernel
@@ -894,11 +1013,15 @@ fuse_test!(a_file_past_the_threshold_gets_its_own_file_at_open => {
     let s = pack_on(DataMode::Auto, None, &[]);
     let m = s.mountpoint();
     let head = stream("head", 1000);
-    {
-        let f = fs::File::create(m.join("f")).unwrap();
-        f.write_all_at(&head, 0).unwrap();
-        f.set_len(1 << 20).unwrap();
-    }
+    // Made, then in a slot, then made longer by a truncate.
+    fs::write(m.join("f"), &head).unwrap();
+    wait_packed(s.backing(), 0, test);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(m.join("f"))
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
     let st = pack_stats(s.backing());
     assert_eq!(st.own_files, 0, "{test}: moved before the reopen: {st:?}");
     let writes_before = op_count_now(m, "WRITE");
@@ -966,6 +1089,9 @@ fuse_test!(compact_while_reading_and_writing => {
     for i in 0..n * 2 / 3 {
         fs::remove_file(m.join(format!("f{i}"))).unwrap();
     }
+    // In a slot before it is held (a new file starts in a file of its own).
+    fs::write(m.join("held"), stream("held", 1500)).unwrap();
+    wait_packed(s.backing(), 0, test);
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let reader = {
@@ -991,7 +1117,7 @@ fuse_test!(compact_while_reading_and_writing => {
         std::thread::spawn(move || {
             let mut k = 0;
             // One file held open and rewritten the whole time: never moved.
-            let held = fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(m.join("held")).unwrap();
+            let held = fs::OpenOptions::new().read(true).write(true).open(m.join("held")).unwrap();
             while !stop.load(Ordering::Relaxed) || k == 0 {
                 let name = format!("w{}", k % 500);
                 let data = stream(&format!("{name}.{k}"), 1500);

@@ -1051,6 +1051,57 @@ impl Shared {
     /// after the journal says the open is released (the `release` request
     /// below): the last drop closes the id with the kernel, and a successor
     /// must never restore an open whose id the kernel no longer has.
+    /// Before the file system releases `file`, the last writable open of
+    /// its inode and run by kernel passthrough: if the file system moves
+    /// such a file to a map the daemon runs
+    /// ([`mapfs::FileSystem::leaves_whole_file_at_close`]) and it is small
+    /// enough, its bytes go into the kernel's pages (`FUSE_NOTIFY_STORE`),
+    /// which passthrough writes never filled, so that the next open keeps
+    /// them instead of reading through the daemon. Done before the move:
+    /// an open that comes meanwhile still gets the file by passthrough (and,
+    /// if it may write, leaves the pages unclean); one that comes after
+    /// writes through these pages.
+    fn fill_pages_at_close(&self, file: &OpenFile) {
+        // A larger threshold would copy megabytes at a close for a read
+        // that may never come.
+        let limit = self.fs.leaves_whole_file_at_close().min(1 << 20);
+        let writable = file.flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if limit == 0 || !writable || file.backing.is_none() || !self.pages.enabled() {
+            return;
+        }
+        let Some(backing) = file.data.whole_file_backing() else {
+            return;
+        };
+        let Some(notifier) = self.notifier.get() else {
+            return;
+        };
+        let ino = file.ino;
+        let others = || !self.inodes.sole_node(ino) || self.handles.any_file_of(ino).is_some();
+        if others() {
+            return;
+        }
+        let (bytes, version) = match crate::pagecache::small_file_bytes(backing, limit) {
+            Ok(Some(b)) => b,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(ino, "no pages filled at close: {e}");
+                return;
+            }
+        };
+        self.pages.filled(self.inodes.fs_ino(ino), others, || {
+            if notifier.store(INodeNo(ino), 0, &bytes).is_err() {
+                return false;
+            }
+            // A truncate by path meanwhile (no open needed) changed the
+            // file: the pages stored may hold what it cut.
+            if !crate::pagecache::unchanged_since(backing, &version) {
+                let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+                return false;
+            }
+            true
+        });
+    }
+
     fn release_file(&self, fh: u64) -> Result<(u64, Option<Arc<fuser::BackingId>>)> {
         let Some(file) = self.handles.remove_file(fh) else {
             return Err(Error::from_errno(libc::EBADF));
@@ -1069,6 +1120,7 @@ impl Shared {
             // what this one wrote.
             self.persist_map(&file)
         } else {
+            self.fill_pages_at_close(&file);
             let _all = file.share.as_ref().map(|s| s.persisting.lock());
             let _one = file.persisting.lock();
             let map = file.data.map();

@@ -30,8 +30,51 @@
 //! may have written).
 
 use std::collections::HashSet;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
 
 use parking_lot::Mutex;
+
+/// What says that a backing file did not change: size, mtime and ctime.
+type Version = (u64, i64, i64, i64, i64);
+
+fn version(f: &File) -> std::io::Result<Version> {
+    let m = f.metadata()?;
+    Ok((
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    ))
+}
+
+/// The bytes of backing file `f` if it holds 1 to `limit` bytes (read
+/// through a read-only reopen when `f` is write-only), with what
+/// [`unchanged_since`] compares.
+pub fn small_file_bytes(f: &File, limit: u64) -> std::io::Result<Option<(Vec<u8>, Version)>> {
+    let v = version(f)?;
+    if v.0 == 0 || v.0 > limit {
+        return Ok(None);
+    }
+    let mut buf = vec![0u8; v.0 as usize];
+    match f.read_exact_at(&mut buf, 0) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EBADF) => {
+            // The daemon's own descriptor of the file, opened again.
+            let r = File::open(format!("/proc/self/fd/{}", f.as_raw_fd()))?;
+            r.read_exact_at(&mut buf, 0)?;
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(Some((buf, v)))
+}
+
+/// Whether `f` is as it was when [`small_file_bytes`] read it.
+pub fn unchanged_since(f: &File, v: &Version) -> bool {
+    version(f).is_ok_and(|now| now == *v)
+}
 
 /// The clean files of one mount, by the file system's inode number.
 /// Bounded by the inodes the kernel holds: a file leaves when the kernel
@@ -95,6 +138,26 @@ impl KeptPages {
         }
     }
 
+    /// Runs `store`, which puts the whole of file `ino` in the kernel's
+    /// pages, unless `may_be_written` (as for [`KeptPages::open_read_only`]);
+    /// the file is clean if it ran and succeeded. Both happen under the
+    /// lock [`KeptPages::written_outside`] takes, so that a writer outside
+    /// the pages that appears meanwhile leaves the file unclean.
+    pub fn filled(
+        &self,
+        ino: u64,
+        may_be_written: impl FnOnce() -> bool,
+        store: impl FnOnce() -> bool,
+    ) {
+        if !self.enabled {
+            return;
+        }
+        let mut clean = self.clean.lock();
+        if !may_be_written() && store() {
+            clean.insert(ino);
+        }
+    }
+
     /// The kernel forgot the last inode of file `ino` (its pages with it).
     pub fn forgotten(&self, ino: u64) {
         self.written_outside(ino);
@@ -113,6 +176,23 @@ mod tests {
         assert!(p.open_read_only(1, || false));
         p.created(2);
         assert!(p.open_read_only(2, || false));
+    }
+
+    #[test]
+    fn a_file_filled_with_no_writer_is_clean() {
+        let p = KeptPages::new(true);
+        p.written_outside(3);
+        p.filled(3, || true, || panic!("stored beside a writer"));
+        assert!(!p.open_read_only(3, || true));
+        p.filled(4, || false, || false);
+        assert!(
+            !p.open_read_only(4, || false),
+            "a failed store made it clean"
+        );
+        p.filled(5, || false, || true);
+        assert!(p.open_read_only(5, || false));
+        let off = KeptPages::new(false);
+        off.filled(6, || false, || panic!("stored with pages off"));
     }
 
     #[test]

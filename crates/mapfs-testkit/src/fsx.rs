@@ -335,7 +335,8 @@ pub fn run(cfg: &FsxConfig) -> Result<FsxReport, FsxFailure> {
     }
 }
 
-fn data_path(cfg: &FsxConfig) -> PathBuf {
+/// The file a run with `cfg` exercises (created, or truncated, at its start).
+pub fn data_path(cfg: &FsxConfig) -> PathBuf {
     cfg.dir.join(format!("fsx-{}.data", cfg.seed))
 }
 

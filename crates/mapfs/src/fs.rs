@@ -297,6 +297,18 @@ pub trait FileSystem: Send + Sync + 'static {
         false
     }
 
+    /// Files up to this many bytes whose opens got a whole-file map (run by
+    /// kernel passthrough or a shim) leave it at their last release, for a
+    /// map only the daemon runs (`pack` moves a new file from a file of its
+    /// own into a slot). A mount whose kernel keeps pages
+    /// ([`FileSystem::only_this_mount_writes`]) then puts the bytes of such
+    /// a file, as its last writer closes, in the kernel's cache, so that
+    /// the reads that follow need not ask the daemon. The default, 0: no
+    /// file does.
+    fn leaves_whole_file_at_close(&self) -> u64 {
+        0
+    }
+
     /// Runs the file system's online tool `name` (`mapfs pack compact` is
     /// one) on `input`, both in an encoding of the file system's choosing,
     /// for a client of the mount's control socket. A mount runs at most one

@@ -88,7 +88,7 @@ impl Pack {
 
     /// A new handle for an open of `i` (whose slot, if any, the caller has
     /// acquired).
-    fn new_handle(&self, i: &Inode, slot: Option<Slot>) -> u64 {
+    pub(super) fn new_handle(&self, i: &Inode, slot: Option<Slot>) -> u64 {
         let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().insert(
             id,
@@ -123,7 +123,7 @@ impl Pack {
     /// The open of `ino` that failed or ended was its last in this process:
     /// a file whose last name went meanwhile is deleted now (if no other
     /// process has it open).
-    fn left(&self, ino: i64) {
+    pub(super) fn left(&self, ino: i64) {
         if !self.leave(ino) {
             return;
         }
@@ -450,6 +450,7 @@ impl Pack {
             self.left(h.ino);
             return res;
         }
+        self.pack_born_if_last(h.ino);
         let last = self.leave(h.ino);
         let freed = h
             .slot

@@ -62,6 +62,7 @@
 //! every open and every name change (the kernel checks first too:
 //! every mapfs mount has `default_permissions`).
 
+mod born;
 mod data;
 mod db;
 mod dircache;
@@ -125,6 +126,11 @@ pub struct PackOptions {
     /// embedded job, `shared.rs`): the database is not held locked, and
     /// what a daemon keeps in memory about opens is told by locks.
     pub shared: bool,
+    /// A file created through this instance starts in a file of its own
+    /// (a whole-file map, run natively by kernel passthrough or the shim)
+    /// and moves into a slot at its last release if it fits
+    /// (`born.rs`); not with `shared` or `full_sync`.
+    pub new_files_own: bool,
 }
 
 impl Default for PackOptions {
@@ -134,6 +140,7 @@ impl Default for PackOptions {
             full_sync: false,
             resumed: false,
             shared: false,
+            new_files_own: false,
         }
     }
 }
@@ -228,6 +235,14 @@ pub struct Pack {
     opens: Mutex<HashMap<i64, u32>>,
     /// Files whose last name went while open (deleted at the last release).
     orphans: Mutex<HashSet<i64>>,
+    /// Files this daemon created in a file of their own, to move into a
+    /// slot at their last release (`born.rs`).
+    born: Mutex<HashSet<i64>>,
+    /// Born files being moved into a slot (taken with `opens` held): their
+    /// opens wait on `packed`.
+    packing: Mutex<HashSet<i64>>,
+    /// Signalled, with `opens` held, when a move into a slot ends.
+    packed: parking_lot::Condvar,
     /// Slots this daemon marked as used by opens only (`ino < 0`): freed
     /// when the last open using them ends.
     zombies: Mutex<HashSet<db::Slot>>,
@@ -256,6 +271,8 @@ pub struct Pack {
     /// directories remembered are dropped when it moves.
     data_version: std::sync::atomic::AtomicI64,
     full_sync: bool,
+    /// [`PackOptions::new_files_own`], where it applies.
+    new_files_own: bool,
     /// [`LOCKS_DIR`], once it exists.
     locks_dir: std::sync::OnceLock<OwnedFd>,
 }
@@ -344,6 +361,9 @@ impl Pack {
             handles: Mutex::new(HashMap::new()),
             opens: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashSet::new()),
+            born: Mutex::new(HashSet::new()),
+            packing: Mutex::new(HashSet::new()),
+            packed: parking_lot::Condvar::new(),
             zombies: Mutex::new(HashSet::new()),
             reserve: Mutex::new(HashMap::new()),
             security_xattrs: std::sync::atomic::AtomicBool::new(true),
@@ -357,6 +377,7 @@ impl Pack {
             ),
             data_version: std::sync::atomic::AtomicI64::new(0),
             full_sync: opts.full_sync,
+            new_files_own: opts.new_files_own && !opts.shared && !opts.full_sync,
             locks_dir: std::sync::OnceLock::new(),
         };
         // A successor leaves the files removed while open to the next
@@ -394,6 +415,9 @@ impl Pack {
         for ino in orphans {
             let gone = fs.write(|tx| fs.destroy(tx, ino))?;
             fs.remove_own(gone);
+        }
+        if reclaim {
+            fs.remove_strays()?;
         }
         // Others may share the store from now on.
         let fs = if opts.shared && reclaim {
@@ -536,6 +560,9 @@ impl Pack {
     fn enter(&self, ino: i64) -> Result<()> {
         let first = {
             let mut opens = self.opens.lock();
+            while self.packing.lock().contains(&ino) {
+                self.packed.wait(&mut opens);
+            }
             let n = opens.entry(ino).or_insert(0);
             *n += 1;
             *n == 1
@@ -637,6 +664,16 @@ impl FileSystem for Pack {
     /// compact` moves slots without changing a byte.
     fn only_this_mount_writes(&self) -> bool {
         !self.shared
+    }
+
+    /// New files up to the threshold, born in a file of their own, move
+    /// into a slot at their last release (`born.rs`).
+    fn leaves_whole_file_at_close(&self) -> u64 {
+        if self.born_own() {
+            self.threshold
+        } else {
+            0
+        }
     }
 
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
@@ -772,6 +809,9 @@ impl FileSystem for Pack {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
+        if self.born_own() {
+            return self.create_born(ctx, path, flags, mode);
+        }
         self.do_create(ctx, path, flags, mode)
     }
 

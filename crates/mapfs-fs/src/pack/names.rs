@@ -195,11 +195,22 @@ impl Pack {
     pub(super) fn attr_of(&self, i: &Inode) -> Result<Attr> {
         let mut a = i.attr();
         if i.own {
-            let st = rustix::fs::statat(
+            let st = match rustix::fs::statat(
                 &self.own_dir,
                 i.ino.to_string(),
                 rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-            )?;
+            ) {
+                Ok(st) => st,
+                // Moved into a slot since `i` was read (`born.rs`).
+                Err(rustix::io::Errno::NOENT) => {
+                    let now = db::get_inode(&*self.db()?, i.ino)?;
+                    if now.own {
+                        return Err(Error::from_errno(libc::ENOENT));
+                    }
+                    return Ok(now.attr());
+                }
+                Err(e) => return Err(e.into()),
+            };
             a.size = st.st_size as u64;
             a.blocks = st.st_blocks as u64;
             a.mtime = db::from_ns(st.st_mtime * 1_000_000_000 + st.st_mtime_nsec as i64);

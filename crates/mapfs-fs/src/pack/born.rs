@@ -18,15 +18,14 @@
 //! and with `sync=full` the copy would have to be synced before its commit.
 
 use std::collections::HashSet;
+use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::Arc;
 
-use mapfs::{Attr, Ctx, DataMap, OpenFlags, Opened, Result};
+use mapfs::{Attr, DataMap, OpenFlags, Opened, Result};
 use rustix::fs::AtFlags;
 
 use super::db::{self, DbResult};
-use super::names;
 use super::slots;
 use super::Pack;
 
@@ -36,49 +35,31 @@ impl Pack {
         self.new_files_own
     }
 
-    /// Creates the regular file `path` with a file of its own and opens
-    /// it (see the module docs).
-    pub(super) fn create_born(
+    /// Gives `i`, made in transaction `tx`, its file of its own, opened
+    /// with `flags`' access mode, and records it. Before the commit that
+    /// says the file exists: a crash in between leaves a stray file a
+    /// fresh mount removes, never an inode without its bytes.
+    pub(super) fn born_file(
         &self,
-        ctx: &Ctx,
-        path: &Path,
+        tx: &rusqlite::Connection,
+        i: &mut db::Inode,
         flags: OpenFlags,
-        mode: u32,
-    ) -> Result<(Attr, Opened)> {
-        let made_ino = std::cell::Cell::new(None);
-        let made = self.write(|tx| {
-            let mut i = names::make_node(
-                tx,
-                &self.dirs,
-                ctx,
-                path,
-                libc::S_IFREG | (mode & 0o7777),
-                0,
-                None,
-            )?;
-            // Before the commit that says it exists: a crash in between
-            // leaves a stray file a fresh mount removes, never an inode
-            // without its bytes.
-            made_ino.set(Some(i.ino));
-            let f = self.own_file(i.ino, flags.access() | libc::O_CREAT | libc::O_TRUNC)?;
-            tx.prepare_cached("UPDATE inodes SET own = 1 WHERE ino = ?1")
-                .db()?
-                .execute([i.ino])
-                .db()?;
-            i.own = true;
-            Ok((i, f))
-        });
-        let (i, f) = match made {
-            Ok(v) => v,
-            Err(e) => {
-                self.remove_own(made_ino.get());
-                return Err(e);
-            }
-        };
-        self.enter(i.ino)?;
+    ) -> Result<File> {
+        let f = self.own_file(i.ino, flags.access() | libc::O_CREAT | libc::O_TRUNC)?;
+        tx.prepare_cached("UPDATE inodes SET own = 1 WHERE ino = ?1")
+            .db()?
+            .execute([i.ino])
+            .db()?;
+        i.own = true;
+        Ok(f)
+    }
+
+    /// The open of born file `i` (counted by the caller) on `f`, its file
+    /// of its own.
+    pub(super) fn born_open(&self, i: &db::Inode, f: File) -> Result<(Attr, Opened)> {
         self.born.lock().insert(i.ino);
-        let attr = self.attr_of(&i).inspect_err(|_| self.left(i.ino))?;
-        let handle = self.new_handle(&i, None);
+        let attr = self.attr_of(i).inspect_err(|_| self.left(i.ino))?;
+        let handle = self.new_handle(i, None);
         Ok((
             attr,
             Opened {

@@ -312,8 +312,10 @@ impl Pack {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
+        let born = self.born_own();
+        let made_ino = std::cell::Cell::new(None);
         let made = self.write(|tx| {
-            names::make_node(
+            let mut i = names::make_node(
                 tx,
                 &self.dirs,
                 ctx,
@@ -321,21 +323,34 @@ impl Pack {
                 libc::S_IFREG | (mode & 0o7777),
                 0,
                 None,
-            )
+            )?;
+            made_ino.set(Some(i.ino));
+            let own = born
+                .then(|| self.born_file(tx, &mut i, flags))
+                .transpose()?;
+            Ok((i, own))
         });
-        let i = match made {
-            Ok(i) => i,
+        let (i, own) = match made {
+            Ok(v) => v,
             Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
                 let o = self.do_open(ctx, path, flags)?;
                 let ino = self.handles.lock()[&o.handle].ino;
                 let attr = self.getattr_ino(ino)?;
                 return Ok((attr, o));
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                if born {
+                    self.remove_own(made_ino.get());
+                }
+                return Err(e);
+            }
         };
+        self.enter(i.ino)?;
+        if let Some(f) = own {
+            return self.born_open(&i, f);
+        }
         // Made in the transaction that returned `i`: no slot, no bytes,
         // nothing a compaction could have moved; nothing to read again.
-        self.enter(i.ino)?;
         let o = self.slot_open(&i, &[]).inspect_err(|_| self.left(i.ino))?;
         Ok((i.attr(), o))
     }

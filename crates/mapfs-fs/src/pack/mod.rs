@@ -809,9 +809,6 @@ impl FileSystem for Pack {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
-        if self.born_own() {
-            return self.create_born(ctx, path, flags, mode);
-        }
         self.do_create(ctx, path, flags, mode)
     }
 

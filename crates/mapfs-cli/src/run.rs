@@ -40,7 +40,7 @@ pub const EMBED_FULL_LIB: &str = "libmapfs_embed_full.so";
       MAPFS_PRELOAD_REPORT=FILE       append a JSON summary line per process at exit\n  \
       MAPFS_PRELOAD_LOG=1             diagnostics on stderr\n  \
       MAPFS_PRELOAD_ADOPT_CALLS=N     adopt a file at its Nth data call (default 16)\n  \
-      MAPFS_PRELOAD_ADOPT_BYTES=N     ...or at a call moving N bytes (default 1048576)\n\n\
+      MAPFS_PRELOAD_ADOPT_BYTES=N     ...or after a slow call moving N bytes (default 1048576)\n\n\
       Programs making raw system calls (static or Go binaries) are not sped up;\n\
       their files still work through the mount.")]
 pub struct RunArgs {

@@ -141,6 +141,7 @@ fn data(fd: c_int, len: usize) -> Option<MountCall> {
 /// A data call of a pending descriptor through the mount, being timed.
 struct MountCall {
     fd: c_int,
+    len: usize,
     start: std::time::Instant,
 }
 
@@ -148,7 +149,7 @@ impl Drop for MountCall {
     fn drop(&mut self) {
         let took = self.start.elapsed();
         if let Some(_g) = Guard::enter() {
-            sys::keep_errno(|| table::mount_time(self.fd, took));
+            sys::keep_errno(|| table::mount_time(self.fd, took, self.len));
         }
     }
 }
@@ -195,6 +196,7 @@ fn data_slow(fd: c_int, len: usize) -> Option<MountCall> {
             report::count_mount();
             return Some(MountCall {
                 fd,
+                len,
                 start: std::time::Instant::now(),
             });
         }

@@ -261,6 +261,9 @@ pub struct Entry {
     pub calls: std::sync::atomic::AtomicU32,
     /// Nanoseconds those calls spent on the mount (see [`mount_time`]).
     pub mount_ns: AtomicU64,
+    /// A call of at least the policy's bytes took longer on the mount
+    /// than an adoption costs (see [`mount_time`]).
+    pub slow_big_call: std::sync::atomic::AtomicBool,
     /// Mutable part.
     pub inner: Mutex<Inner>,
 }
@@ -348,6 +351,7 @@ fn new_entry(
         ino,
         calls: std::sync::atomic::AtomicU32::new(0),
         mount_ns: AtomicU64::new(0),
+        slow_big_call: std::sync::atomic::AtomicBool::new(false),
         inner: Mutex::new(Inner {
             fds: vec![fd],
             status,
@@ -425,10 +429,16 @@ fn classify(fd: RawFd) -> u8 {
 pub const TIMED_FROM: u32 = 4;
 
 /// Adoption policy: a pending descriptor is adopted at its
-/// `MAPFS_PRELOAD_ADOPT_CALLS`th data call (default 16), or at once for a
-/// call moving at least `MAPFS_PRELOAD_ADOPT_BYTES` (default 1 MiB), or for
+/// `MAPFS_PRELOAD_ADOPT_CALLS`th data call (default 16), or at once for
 /// calls that must see the final file (mmap, locks, fallocate,
 /// sendfile/splice/copy_file_range, stdio streams: `len` = `usize::MAX`),
+/// or at the call after one moving at least `MAPFS_PRELOAD_ADOPT_BYTES`
+/// (default 1 MiB) that took longer on the mount than an adoption costs
+/// (the daemon served it: kernel passthrough moves a MiB of a cached file
+/// in about 0.1 ms, and adopting it, 0.2 ms, gained nothing for the file
+/// read or written whole in one call, which `small-files`' 1 MiB files
+/// showed: 0.65x the mount's reads under `mapfs run` when such a call
+/// adopted at once, 0.97x without),
 /// or, from its [`TIMED_FROM`]th call on, once its calls through the mount
 /// took `MAPFS_PRELOAD_ADOPT_MOUNT_US` microseconds in all (default 200:
 /// what an adoption costs, measured below; so a descriptor whose calls the
@@ -492,7 +502,8 @@ pub fn serve(fd: RawFd, len: usize) {
             let calls = e.calls.fetch_add(1, Ordering::Relaxed) + 1;
             let p = policy();
             if calls >= p.calls
-                || len >= p.bytes
+                || len == usize::MAX
+                || e.slow_big_call.load(Ordering::Relaxed)
                 || (calls >= TIMED_FROM && e.mount_ns.load(Ordering::Relaxed) >= p.mount_ns)
             {
                 adopt(&e, true);
@@ -501,15 +512,21 @@ pub fn serve(fd: RawFd, len: usize) {
     }
 }
 
-/// A data call of pending descriptor `fd` went through the mount and took
-/// `took`: counted toward the [`Policy`]'s time on the mount.
-pub fn mount_time(fd: RawFd, took: std::time::Duration) {
+/// A data call of pending descriptor `fd` moving `len` bytes went through
+/// the mount and took `took`: counted toward the [`Policy`]'s time on the
+/// mount, and a large call that took longer than an adoption costs has
+/// the next call adopt.
+pub fn mount_time(fd: RawFd, took: std::time::Duration, len: usize) {
     if state(fd) != PENDING {
         return;
     }
     if let Some(e) = get(fd) {
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         e.mount_ns.fetch_add(ns, Ordering::Relaxed);
+        let p = policy();
+        if len >= p.bytes && ns >= p.mount_ns {
+            e.slow_big_call.store(true, Ordering::Relaxed);
+        }
     }
 }
 

@@ -432,13 +432,14 @@ pub const TIMED_FROM: u32 = 4;
 /// `MAPFS_PRELOAD_ADOPT_CALLS`th data call (default 16), or at once for
 /// calls that must see the final file (mmap, locks, fallocate,
 /// sendfile/splice/copy_file_range, stdio streams: `len` = `usize::MAX`),
-/// or at the call after one moving at least `MAPFS_PRELOAD_ADOPT_BYTES`
-/// (default 1 MiB) that took longer on the mount than an adoption costs
-/// (the daemon served it: kernel passthrough moves a MiB of a cached file
-/// in about 0.1 ms, and adopting it, 0.2 ms, gained nothing for the file
-/// read or written whole in one call, which `small-files`' 1 MiB files
-/// showed: 0.65x the mount's reads under `mapfs run` when such a call
-/// adopted at once, 0.97x without),
+/// or at a call moving at least `MAPFS_PRELOAD_ADOPT_BYTES` (default
+/// 1 MiB) after such a call that took longer on the mount than an adoption
+/// costs (the daemon served it, or will serve the next large ones as
+/// slowly; a file read or written whole in one call gains nothing from an
+/// adoption after it, and kernel passthrough moves a MiB of a cached file
+/// in about 0.1-0.3 ms, with the adoption 0.2 ms more: `small-files`' 1 MiB
+/// files read under `mapfs run` at 0.65x the mount when such a call
+/// adopted at once, 0.97x when none did),
 /// or, from its [`TIMED_FROM`]th call on, once its calls through the mount
 /// took `MAPFS_PRELOAD_ADOPT_MOUNT_US` microseconds in all (default 200:
 /// what an adoption costs, measured below; so a descriptor whose calls the
@@ -503,7 +504,7 @@ pub fn serve(fd: RawFd, len: usize) {
             let p = policy();
             if calls >= p.calls
                 || len == usize::MAX
-                || e.slow_big_call.load(Ordering::Relaxed)
+                || (len >= p.bytes && e.slow_big_call.load(Ordering::Relaxed))
                 || (calls >= TIMED_FROM && e.mount_ns.load(Ordering::Relaxed) >= p.mount_ns)
             {
                 adopt(&e, true);
@@ -514,8 +515,8 @@ pub fn serve(fd: RawFd, len: usize) {
 
 /// A data call of pending descriptor `fd` moving `len` bytes went through
 /// the mount and took `took`: counted toward the [`Policy`]'s time on the
-/// mount, and a large call that took longer than an adoption costs has
-/// the next call adopt.
+/// mount; a large call that took longer than an adoption costs has the
+/// next large call adopt.
 pub fn mount_time(fd: RawFd, took: std::time::Duration, len: usize) {
     if state(fd) != PENDING {
         return;

@@ -10,9 +10,11 @@ mod preload_support;
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::{fuse_or_skip, mount, DataMode};
+use mapfs_testkit::mount::MountSession;
 use preload_support::*;
 
 fn fsx_ops() -> u64 {
@@ -652,6 +654,31 @@ fn shim_survives_close_all_and_dup2_over_its_socket() {
     assert_eq!((t.adopted, t.fallbacks), (5, 0), "{test}: {t:?}");
 }
 
+/// Runs Python `script` on `f` under the default adoption policy with
+/// `MAPFS_PRELOAD_ADOPT_MOUNT_US=us`, checks that it prints the descriptor
+/// statuses `want`, and returns its report's path.
+fn policy_run(
+    s: &MountSession,
+    f: &Path,
+    script: &str,
+    us: &str,
+    want: &str,
+    test: &str,
+) -> PathBuf {
+    let report = report_path(s, &format!("policy-{us}-{}", want.len()));
+    let out = ok(attached_default(s, &report, "python3")
+        .env("MAPFS_PRELOAD_ADOPT_MOUNT_US", us)
+        .arg("-c")
+        .arg(script)
+        .arg(f));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        want,
+        "{test}: MAPFS_PRELOAD_ADOPT_MOUNT_US={us}"
+    );
+    report
+}
+
 /// The default adoption policy: a few small calls stay on the mount (an
 /// adoption would cost more than they do); the sixteenth call adopts, and
 /// so does a large call after a large one that took longer on the mount
@@ -693,17 +720,7 @@ fn default_policy_adopts_busy_descriptors_only() {
             2,
         ),
     ] {
-        let report = report_path(&s, &format!("policy-{us}"));
-        let out = ok(attached_default(&s, &report, "python3")
-            .env("MAPFS_PRELOAD_ADOPT_MOUNT_US", us)
-            .arg("-c")
-            .arg(script)
-            .arg(&f));
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            want,
-            "{test}: MAPFS_PRELOAD_ADOPT_MOUNT_US={us}"
-        );
+        let report = policy_run(&s, &f, script, us, want, test);
         let t = totals(&report, "python");
         assert_eq!(
             (t.tracked, t.adopted, t.fallbacks),
@@ -738,17 +755,7 @@ fn time_spent_on_the_mount_adopts_from_the_fourth_call() {
         ("1", "[2, 2, 2, 3, 3, 3, 3, 3, 3, 3]"),
         ("100000000", "[2, 2, 2, 2, 2, 2, 2, 2, 2, 2]"),
     ] {
-        let report = report_path(&s, &format!("time-{us}"));
-        let out = ok(attached_default(&s, &report, "python3")
-            .env("MAPFS_PRELOAD_ADOPT_MOUNT_US", us)
-            .arg("-c")
-            .arg(script)
-            .arg(&f));
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            want_status,
-            "{test}: MAPFS_PRELOAD_ADOPT_MOUNT_US={us}"
-        );
+        policy_run(&s, &f, script, us, want_status, test);
     }
     assert_eq!(std::fs::read(&f).unwrap(), want, "{test}: the file changed");
 }

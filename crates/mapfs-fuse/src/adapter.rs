@@ -938,9 +938,9 @@ impl Shared {
                     self.pages.written_outside(file_ino);
                 }
             } else if !may_change
-                && self.pages.open_read_only(file_ino, || {
-                    !self.inodes.sole_node(ino) || self.handles.has_writer(ino)
-                })
+                && self
+                    .pages
+                    .open_read_only(file_ino, || self.may_be_written(ino))
             {
                 fopen |= FopenFlags::FOPEN_KEEP_CACHE;
             }
@@ -1046,11 +1046,13 @@ impl Shared {
         Ok(())
     }
 
-    /// Ends open `fh` in the daemon and the file system. Returns its inode
-    /// and its backing id (kernel passthrough), which the caller drops only
-    /// after the journal says the open is released (the `release` request
-    /// below): the last drop closes the id with the kernel, and a successor
-    /// must never restore an open whose id the kernel no longer has.
+    /// Whether kernel inode `ino`'s file may change where its pages do not
+    /// see it: another kernel inode of the file, or an open that may write
+    /// it (what [`KeptPages`](crate::pagecache::KeptPages) is told).
+    fn may_be_written(&self, ino: u64) -> bool {
+        !self.inodes.sole_node(ino) || self.handles.has_writer(ino)
+    }
+
     /// Before the file system releases `file`, the last writable open of
     /// its inode and run by kernel passthrough: if the file system moves
     /// such a file to a map the daemon runs
@@ -1076,8 +1078,7 @@ impl Shared {
             return;
         };
         let ino = file.ino;
-        let others = || !self.inodes.sole_node(ino) || self.handles.any_file_of(ino).is_some();
-        if others() {
+        if self.may_be_written(ino) {
             return;
         }
         let (bytes, version) = match crate::pagecache::small_file_bytes(backing, limit) {
@@ -1088,20 +1089,29 @@ impl Shared {
                 return;
             }
         };
-        self.pages.filled(self.inodes.fs_ino(ino), others, || {
-            if notifier.store(INodeNo(ino), 0, &bytes).is_err() {
-                return false;
-            }
-            // A truncate by path meanwhile (no open needed) changed the
-            // file: the pages stored may hold what it cut.
-            if !crate::pagecache::unchanged_since(backing, &version) {
-                let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
-                return false;
-            }
-            true
-        });
+        self.pages.filled(
+            self.inodes.fs_ino(ino),
+            || self.may_be_written(ino),
+            || {
+                if notifier.store(INodeNo(ino), 0, &bytes).is_err() {
+                    return false;
+                }
+                // A truncate by path meanwhile (no open needed) changed the
+                // file: the pages stored may hold what it cut.
+                if !crate::pagecache::unchanged_since(backing, &version) {
+                    let _ = notifier.inval_inode(INodeNo(ino), 0, 0);
+                    return false;
+                }
+                true
+            },
+        );
     }
 
+    /// Ends open `fh` in the daemon and the file system. Returns its inode
+    /// and its backing id (kernel passthrough), which the caller drops only
+    /// after the journal says the open is released (the `release` request
+    /// below): the last drop closes the id with the kernel, and a successor
+    /// must never restore an open whose id the kernel no longer has.
     fn release_file(&self, fh: u64) -> Result<(u64, Option<Arc<fuser::BackingId>>)> {
         let Some(file) = self.handles.remove_file(fh) else {
             return Err(Error::from_errno(libc::EBADF));

@@ -30,11 +30,6 @@ use super::slots;
 use super::Pack;
 
 impl Pack {
-    /// Whether a file this instance creates starts in a file of its own.
-    pub(super) fn born_own(&self) -> bool {
-        self.new_files_own
-    }
-
     /// Gives `i`, made in transaction `tx`, its file of its own, opened
     /// with `flags`' access mode, and records it. Before the commit that
     /// says the file exists: a crash in between leaves a stray file a
@@ -131,8 +126,7 @@ impl Pack {
             }
             db::set_inode_slot(tx, ino, slot)?;
             db::set_extents(tx, ino, &rows)?;
-            let ns = |s: i64, n: i64| s * 1_000_000_000 + n;
-            let ctime = ns(st.st_ctime, st.st_ctime_nsec as i64).max(i.ctime);
+            let ctime = db::stat_ns(st.st_ctime, st.st_ctime_nsec as i64).max(i.ctime);
             tx.prepare_cached(
                 "UPDATE inodes SET own = 0, size = ?2, atime = ?3, mtime = ?4, ctime = ?5 \
                  WHERE ino = ?1",
@@ -141,8 +135,8 @@ impl Pack {
             .execute(rusqlite::params![
                 ino,
                 size as i64,
-                ns(st.st_atime, st.st_atime_nsec as i64),
-                ns(st.st_mtime, st.st_mtime_nsec as i64),
+                db::stat_ns(st.st_atime, st.st_atime_nsec as i64),
+                db::stat_ns(st.st_mtime, st.st_mtime_nsec as i64),
                 ctime
             ])
             .db()?;

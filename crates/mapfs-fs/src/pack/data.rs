@@ -312,7 +312,7 @@ impl Pack {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
-        let born = self.born_own();
+        let born = self.new_files_own;
         let made_ino = std::cell::Cell::new(None);
         let made = self.write(|tx| {
             let mut i = names::make_node(

@@ -201,6 +201,12 @@ pub fn now_ns() -> i64 {
     to_ns(SystemTime::now())
 }
 
+/// A `stat` time (`st_*time`, `st_*time_nsec`) as nanoseconds since the
+/// epoch.
+pub fn stat_ns(secs: i64, nsecs: i64) -> i64 {
+    secs * 1_000_000_000 + nsecs
+}
+
 /// A time as nanoseconds since the epoch (negative before it).
 pub fn to_ns(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {

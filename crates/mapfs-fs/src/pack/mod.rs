@@ -669,7 +669,7 @@ impl FileSystem for Pack {
     /// New files up to the threshold, born in a file of their own, move
     /// into a slot at their last release (`born.rs`).
     fn leaves_whole_file_at_close(&self) -> u64 {
-        if self.born_own() {
+        if self.new_files_own {
             self.threshold
         } else {
             0

@@ -213,9 +213,9 @@ impl Pack {
             };
             a.size = st.st_size as u64;
             a.blocks = st.st_blocks as u64;
-            a.mtime = db::from_ns(st.st_mtime * 1_000_000_000 + st.st_mtime_nsec as i64);
-            a.atime = db::from_ns(st.st_atime * 1_000_000_000 + st.st_atime_nsec as i64);
-            let c = st.st_ctime * 1_000_000_000 + st.st_ctime_nsec as i64;
+            a.mtime = db::from_ns(db::stat_ns(st.st_mtime, st.st_mtime_nsec as i64));
+            a.atime = db::from_ns(db::stat_ns(st.st_atime, st.st_atime_nsec as i64));
+            let c = db::stat_ns(st.st_ctime, st.st_ctime_nsec as i64);
             a.ctime = db::from_ns(c.max(i.ctime));
         }
         Ok(a)

@@ -811,6 +811,16 @@ fn copies_are_dropped_when_their_daemon_dies() {
     let mp = s.mountpoint().to_path_buf();
     let f = mp.join("f");
     std::fs::write(&f, b"before-the-kill\n").unwrap();
+    // A new file moves into a slot after its release (docs/pack.md).
+    let own = s.backing().join("files");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_dir(&own).unwrap().next().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{test}: f never moved into a slot"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let report = report_path(&s, "copies");
     std::fs::write(&report, b"").unwrap();
     std::fs::set_permissions(&report, std::fs::Permissions::from_mode(0o666)).unwrap();

@@ -14,7 +14,7 @@ mod preload_support;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -968,6 +968,85 @@ fuse_test!(new_files_are_written_by_passthrough_and_packed_at_their_last_close =
 // into a slot that committed but did not remove the file) is removed by
 // the next mount; files of their own the database names, and names that
 // are no inode number, stay.
+fuse_test!(creates_answered_before_their_commit_outlive_the_daemon => {
+    let test = "pack: creates before their commit";
+    let dir = tempfile::Builder::new()
+        .prefix("mapfs-pack-pending")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let backing = dir.path();
+    // No housekeeping round and fewer releases than a batch: nothing
+    // commits the creates but a write transaction.
+    let mount = || {
+        MountSession::builder(mapfs_bin())
+            .fs("pack")
+            .data(DataMode::Auto)
+            .backing(backing)
+            .env("MAPFS_HOUSEKEEPING_MS", "0")
+            .arg("--no-supervisor")
+            .mount()
+            .unwrap_or_else(|e| panic!("{test}: mounting: {e:#}"))
+    };
+    let s = mount();
+    let m = s.mountpoint().to_path_buf();
+    fs::create_dir(m.join("d")).unwrap();
+    fs::set_permissions(m.join("d"), fs::Permissions::from_mode(0o2775)).unwrap();
+    let before = fs::metadata(m.join("d")).unwrap().modified().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let mut want = BTreeMap::new();
+    for i in 0..10 {
+        let name = format!("d/closed{i}");
+        let body = stream(&name, 100 * i + 1);
+        fs::write(m.join(&name), &body).unwrap();
+        want.insert(name, (body, 0o644));
+    }
+    // Open at the kill: never released.
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let name = format!("d/held{i}");
+        let body = stream(&name, 70_000 * (i % 2) + 10);
+        let mut f = fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(m.join(&name))
+            .unwrap();
+        std::io::Write::write_all(&mut f, &body).unwrap();
+        held.push(f);
+        want.insert(name, (body, 0o600));
+    }
+    // Seen through the mount before any commit (an open would commit
+    // them): a name and its size, the directory's new mtime, a second
+    // create of a name refused.
+    let md = fs::metadata(m.join("d/closed3")).unwrap();
+    assert_eq!(md.len(), want["d/closed3"].0.len() as u64, "{test}: size before the kill");
+    let after = fs::metadata(m.join("d")).unwrap().modified().unwrap();
+    assert!(after > before, "{test}: the directory's mtime did not move: {before:?} {after:?}");
+    let again = fs::OpenOptions::new().create_new(true).write(true).open(m.join("d/held1"));
+    assert_eq!(again.unwrap_err().kind(), std::io::ErrorKind::AlreadyExists, "{test}");
+    let pid = preload_support::daemon_pid(&s);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    drop(held);
+    drop(s);
+    let s = pack_on(DataMode::Auto, Some(backing), &[]);
+    let m = s.mountpoint();
+    let mut names: Vec<String> = fs::read_dir(m.join("d"))
+        .unwrap()
+        .map(|e| format!("d/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    names.sort();
+    assert_eq!(names, want.keys().cloned().collect::<Vec<_>>(), "{test}: names after the kill");
+    for (name, (body, mode)) in &want {
+        let md = fs::metadata(m.join(name)).unwrap();
+        assert_eq!(md.mode() & 0o7777, *mode, "{test}: {name} mode");
+        // The setgid directory's group.
+        assert_eq!(md.gid(), fs::metadata(m.join("d")).unwrap().gid(), "{test}: {name} group");
+        assert!(fs::read(m.join(name)).unwrap() == *body, "{test}: {name} bytes");
+    }
+    assert_consistent(backing, test);
+    umount_clean(s, test);
+});
+
 fuse_test!(a_mount_removes_files_of_their_own_no_inode_owns => {
     let test = "pack: strays";
     let dir = tempfile::Builder::new()
@@ -1085,13 +1164,14 @@ fuse_test!(compact_while_reading_and_writing => {
     for i in 0..n {
         fs::write(m.join(format!("f{i}")), stream(&format!("f{i}"), 2000)).unwrap();
     }
+    // In a slot before it is held (a new file starts in a file of its own),
+    // after the others' (new files move in the order they were released).
+    fs::write(m.join("held"), stream("held", 1500)).unwrap();
+    wait_packed(s.backing(), 0, test);
     // Free most of the front so the back has somewhere to go.
     for i in 0..n * 2 / 3 {
         fs::remove_file(m.join(format!("f{i}"))).unwrap();
     }
-    // In a slot before it is held (a new file starts in a file of its own).
-    fs::write(m.join("held"), stream("held", 1500)).unwrap();
-    wait_packed(s.backing(), 0, test);
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let reader = {

@@ -222,6 +222,9 @@ impl Adapter {
         let root = fs.getattr(&Ctx::current(), Path::new("/"))?;
         let passthrough = opts.data != DataMode::Daemon;
         let pages = crate::pagecache::KeptPages::new(fs.only_this_mount_writes());
+        if let Some(every) = housekeeping_every(fs.as_ref()) {
+            spawn_housekeeping(Arc::downgrade(&fs), every)?;
+        }
         Ok(Adapter(Arc::new(Shared {
             fs,
             inodes: Inodes::new(root.ino),
@@ -249,6 +252,40 @@ impl Adapter {
     pub fn shared(&self) -> Arc<Shared> {
         self.0.clone()
     }
+}
+
+/// How often `fs` wants its housekeeping, unless `MAPFS_HOUSEKEEPING_MS`
+/// says otherwise (milliseconds; 0: never, for tests of what a crash
+/// between two rounds leaves).
+fn housekeeping_every(fs: &dyn FileSystem) -> Option<std::time::Duration> {
+    let every = fs.housekeeping_every()?;
+    match std::env::var("MAPFS_HOUSEKEEPING_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        Some(0) => None,
+        Some(ms) => Some(std::time::Duration::from_millis(ms)),
+        None => Some(every),
+    }
+}
+
+/// Calls `fs`'s [`FileSystem::housekeeping`] every `every` until the file
+/// system is dropped.
+fn spawn_housekeeping(
+    fs: std::sync::Weak<dyn FileSystem>,
+    every: std::time::Duration,
+) -> Result<()> {
+    std::thread::Builder::new()
+        .name("mapfs-housekeeping".into())
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            match fs.upgrade() {
+                Some(fs) => fs.housekeeping(),
+                None => return,
+            }
+        })
+        .map_err(|e| mapfs::Error::from(e).context("starting the housekeeping thread"))?;
+    Ok(())
 }
 
 impl Shared {
@@ -1405,6 +1442,14 @@ impl Shared {
 }
 
 impl Filesystem for Adapter {
+    /// At unmount, what the file system leaves for its housekeeping gets
+    /// done, not left for the next mount.
+    fn destroy(&mut self) {
+        if self.0.fs.housekeeping_every().is_some() {
+            self.0.fs.housekeeping();
+        }
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let s = &self.0;
         let mut want = InitFlags::FUSE_HANDLE_KILLPRIV_V2

@@ -309,6 +309,20 @@ pub trait FileSystem: Send + Sync + 'static {
         0
     }
 
+    /// How often the daemon calls [`FileSystem::housekeeping`] while it
+    /// serves; `None` (the default): never.
+    fn housekeeping_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Work a file system does between requests rather than in one, on a
+    /// thread of the daemon's own, about every
+    /// [`FileSystem::housekeeping_every`] (`pack` moves the new files
+    /// released since the last call into slots, and commits the creates it
+    /// answered before their commit). It runs beside requests: it takes
+    /// the file system's own locks like any request.
+    fn housekeeping(&self) {}
+
     /// Runs the file system's online tool `name` (`mapfs pack compact` is
     /// one) on `input`, both in an encoding of the file system's choosing,
     /// for a client of the mount's control socket. A mount runs at most one

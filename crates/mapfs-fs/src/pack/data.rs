@@ -312,6 +312,13 @@ impl Pack {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
+        let answered = match self.create_pending(ctx, path, flags, mode) {
+            Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => None,
+            other => other?,
+        };
+        if let Some(v) = answered {
+            return Ok(v);
+        }
         let born = self.new_files_own;
         let made_ino = std::cell::Cell::new(None);
         let made = self.write(|tx| {
@@ -357,6 +364,10 @@ impl Pack {
 
     /// Attributes of inode `ino`.
     pub(super) fn getattr_ino(&self, ino: i64) -> Result<Attr> {
+        let waiting = self.pending.lock().inode(ino);
+        if let Some(i) = waiting {
+            return self.attr_of(&i);
+        }
         let i = db::get_inode(&*self.db()?, ino)?;
         self.attr_of(&i)
     }
@@ -465,8 +476,11 @@ impl Pack {
             self.left(h.ino);
             return res;
         }
-        self.pack_born_if_last(h.ino);
+        let batch = self.queue_born_if_last(h.ino);
         let last = self.leave(h.ino);
+        if batch {
+            self.pack_queued();
+        }
         let freed = h
             .slot
             .filter(|s| self.packs.release(*s) && self.zombies.lock().remove(s));

@@ -67,6 +67,7 @@ mod data;
 mod db;
 mod dircache;
 mod names;
+mod pending;
 mod perm;
 mod readcache;
 mod shared;
@@ -98,6 +99,11 @@ pub use tools::{
 
 /// Default size past which a file gets a backing file of its own.
 pub const DEFAULT_THRESHOLD: u64 = 64 * 1024;
+
+/// How often a daemon whose new files are born in files of their own moves
+/// those released since into slots (the release that fills a batch does
+/// it at once).
+const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Subdirectory of the backing directory with the files of their own.
 pub const OWN_DIR: &str = "files";
@@ -238,6 +244,9 @@ pub struct Pack {
     /// Files this daemon created in a file of their own, to move into a
     /// slot at their last release (`born.rs`).
     born: Mutex<HashSet<i64>>,
+    /// Born files released by their last open, to move into slots a batch
+    /// at a time (`born.rs`).
+    to_pack: Mutex<Vec<i64>>,
     /// Born files being moved into a slot (taken with `opens` held): their
     /// opens wait on `packed`.
     packing: Mutex<HashSet<i64>>,
@@ -273,6 +282,12 @@ pub struct Pack {
     full_sync: bool,
     /// [`PackOptions::new_files_own`], where it applies.
     new_files_own: bool,
+    /// Creates of born files are answered before their commit
+    /// (`pending.rs`): where they are born, until the backing store
+    /// refuses a user extended attribute.
+    defer_creates: std::sync::atomic::AtomicBool,
+    /// Those creates, until the next write transaction commits them.
+    pending: Mutex<pending::Pending>,
     /// [`LOCKS_DIR`], once it exists.
     locks_dir: std::sync::OnceLock<OwnedFd>,
 }
@@ -362,6 +377,7 @@ impl Pack {
             opens: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashSet::new()),
             born: Mutex::new(HashSet::new()),
+            to_pack: Mutex::new(Vec::new()),
             packing: Mutex::new(HashSet::new()),
             packed: parking_lot::Condvar::new(),
             zombies: Mutex::new(HashSet::new()),
@@ -378,7 +394,19 @@ impl Pack {
             data_version: std::sync::atomic::AtomicI64::new(0),
             full_sync: opts.full_sync,
             new_files_own: opts.new_files_own && !opts.shared && !opts.full_sync,
+            defer_creates: std::sync::atomic::AtomicBool::new(
+                opts.new_files_own && !opts.shared && !opts.full_sync,
+            ),
+            pending: Mutex::new(pending::Pending::default()),
             locks_dir: std::sync::OnceLock::new(),
+        };
+        // Before anything else reads the namespace, and on a successor
+        // too: the creates a dead daemon answered are files its programs
+        // hold.
+        let kept = if opts.shared {
+            HashSet::new()
+        } else {
+            fs.recover_pending()?
         };
         // A successor leaves the files removed while open to the next
         // fresh mount: a program may still write in their slots.
@@ -417,7 +445,7 @@ impl Pack {
             fs.remove_own(gone);
         }
         if reclaim {
-            fs.remove_strays()?;
+            fs.remove_strays(&kept)?;
         }
         // Others may share the store from now on.
         let fs = if opts.shared && reclaim {
@@ -432,12 +460,20 @@ impl Pack {
         Ok(fs)
     }
 
-    /// The connection. A shared instance's is this process's own: in a
+    /// The connection, after committing the creates answered before their
+    /// commit (`pending.rs`): what is read through it is the whole truth.
+    fn db(&self) -> Result<parking_lot::MutexGuard<'_, Connection>> {
+        self.settle()?;
+        self.lock_db()
+    }
+
+    /// The connection, which may not know of the creates in
+    /// [`Pack::pending`]. A shared instance's is this process's own: in a
     /// child forked from the process that built the instance, a new one,
     /// and none of the parent's opens, reserved slots or locks; and it
     /// forgets the directories it remembered when another instance changed
     /// the database since it last looked.
-    fn db(&self) -> Result<parking_lot::MutexGuard<'_, Connection>> {
+    fn lock_db(&self) -> Result<parking_lot::MutexGuard<'_, Connection>> {
         use std::sync::atomic::Ordering::{Acquire, Release};
         let mut conn = self.conn.lock();
         if !self.shared {
@@ -481,20 +517,44 @@ impl Pack {
         db::writes().wrapping_add(others << 32)
     }
 
-    /// [`names::resolve_read`] at the database's [`Pack::version`].
+    /// [`names::resolve_read`] at the database's [`Pack::version`], or a
+    /// create answered before its commit (`pending.rs`).
     fn resolve_read(&self, ctx: &Ctx, path: &Path) -> Result<(db::Inode, u64)> {
-        let conn = self.db()?;
-        names::resolve_read(&conn, &self.dirs, &self.reads, self.version(), ctx, path)
+        let conn = self.lock_db()?;
+        {
+            let pending = self.pending.lock();
+            if !pending.is_empty() {
+                // Errors are the walk's below to report.
+                if let Ok((parent, name)) = names::resolve_parent(&conn, &self.dirs, ctx, path) {
+                    if let Some(i) = pending.lookup(parent.ino, &name) {
+                        return Ok((i, self.version()));
+                    }
+                }
+            }
+        }
+        let mut found =
+            names::resolve_read(&conn, &self.dirs, &self.reads, self.version(), ctx, path)?;
+        if found.0.is_dir() {
+            // Its times in the database are older than its last create.
+            if let Some(t) = self.pending.lock().parent_time(found.0.ino) {
+                found.0.mtime = found.0.mtime.max(t);
+                found.0.ctime = found.0.ctime.max(t);
+            }
+        }
+        Ok(found)
     }
 
     /// Runs `f` in a write transaction, committed when it returns `Ok`;
     /// then frees what it left for a shared instance to free.
     fn write<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let (res, left) = {
-            let mut c = self.db()?;
+            let mut c = self.lock_db()?;
             let res = db::write_tx(&mut c).and_then(|tx| {
+                // First: what follows may name them.
+                let settled = self.commit_pending(&tx)?;
                 let v = f(&tx)?;
                 tx.commit().db()?;
+                self.forget_pending(&settled);
                 Ok(v)
             });
             // Pushed by this transaction only: the connection's lock is held.
@@ -676,6 +736,20 @@ impl FileSystem for Pack {
         }
     }
 
+    /// Where new files are born in files of their own (`born.rs`).
+    fn housekeeping_every(&self) -> Option<std::time::Duration> {
+        self.new_files_own.then_some(HOUSEKEEPING_EVERY)
+    }
+
+    /// Moves the born files released since into slots, and commits the
+    /// creates answered before their commit (`pending.rs`).
+    fn housekeeping(&self) {
+        self.pack_queued();
+        if let Err(e) = self.settle() {
+            tracing::warn!("pack: committing creates: {e}");
+        }
+    }
+
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
         let (i, _) = self.resolve_read(ctx, path)?;
         self.attr_of(&i)
@@ -753,8 +827,7 @@ impl FileSystem for Pack {
     fn statfs(&self, _ctx: &Ctx, _path: &Path) -> Result<StatFs> {
         let v = rustix::fs::fstatvfs(&self.own_dir)?;
         let files: i64 = self
-            .conn
-            .lock()
+            .db()?
             .query_row("SELECT count(*) FROM inodes", [], |r| r.get(0))
             .db()?;
         let ffree = 1u64 << 32;
@@ -836,10 +909,16 @@ impl FileSystem for Pack {
     /// output encoded with [`mapfs::control::encode`]), through this
     /// instance's database, whose lock it holds.
     fn tool(&self, _ctx: &Ctx, name: &str, _input: &[u8]) -> Result<Vec<u8>> {
+        // The tools report and change the store as a released file leaves
+        // it, not as it waits in a queue.
+        self.pack_queued();
         let out = match name {
             TOOL_STATS => mapfs::control::encode(&self.stats()?),
             TOOL_CHECK => mapfs::control::encode(&self.check()?),
-            TOOL_COMPACT => mapfs::control::encode(&tools::compact_on(&self.conn, &self.backing)?),
+            TOOL_COMPACT => {
+                self.settle()?;
+                mapfs::control::encode(&tools::compact_on(&self.conn, &self.backing)?)
+            }
             _ => {
                 return Err(Error::not_implemented().context(format!(
                     "pack has no tool {name:?} (it has {TOOL_STATS}, {TOOL_CHECK}, {TOOL_COMPACT})"

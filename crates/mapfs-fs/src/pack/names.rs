@@ -136,7 +136,7 @@ pub fn resolve_parent(
 }
 
 /// The parent for a new entry `path`: writable by `ctx`, name free.
-fn parent_for_new(
+pub(super) fn parent_for_new(
     conn: &Connection,
     dirs: &DirCache,
     ctx: &Ctx,
@@ -152,7 +152,7 @@ fn parent_for_new(
 
 /// Owner, group and mode of a new inode in `parent`: the caller's uid, the
 /// directory's group if it is setgid (and setgid itself for a directory).
-fn new_owner(ctx: &Ctx, parent: &Inode, mode: u32) -> (u32, u32, u32) {
+pub(super) fn new_owner(ctx: &Ctx, parent: &Inode, mode: u32) -> (u32, u32, u32) {
     if parent.mode & libc::S_ISGID != 0 {
         let mode = if mode & libc::S_IFMT == libc::S_IFDIR {
             mode | libc::S_ISGID

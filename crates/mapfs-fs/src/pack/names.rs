@@ -53,10 +53,20 @@ fn walk(
         return db::get_inode(conn, ROOT);
     };
     let parent = walk_dirs(conn, dirs, ctx, passed)?;
-    if let Some(i) = reads.and_then(|(c, writes)| c.name(writes, parent.ino, last)) {
-        return Ok(i);
+    if let Some((c, writes)) = reads {
+        if let Some(i) = c.name(writes, parent.ino, last) {
+            return Ok(i);
+        }
+        if c.is_missing(writes, parent.ino, last) {
+            return Err(Error::not_found());
+        }
     }
-    let i = db::lookup(conn, parent.ino, last)?.ok_or_else(Error::not_found)?;
+    let Some(i) = db::lookup(conn, parent.ino, last)? else {
+        if let Some((c, writes)) = reads {
+            c.put_missing(writes, parent.ino, last);
+        }
+        return Err(Error::not_found());
+    };
     if let Some((c, writes)) = reads {
         c.put_name(writes, parent.ino, last, &i);
     }
@@ -136,7 +146,7 @@ pub fn resolve_parent(
 }
 
 /// The parent for a new entry `path`: writable by `ctx`, name free.
-pub(super) fn parent_for_new(
+fn parent_for_new(
     conn: &Connection,
     dirs: &DirCache,
     ctx: &Ctx,

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use super::db::{self, DbResult, Inode};
 use super::names;
+use super::perm::{self, W, X};
 use super::Pack;
 
 /// The extended attribute of `files/<ino>` that holds its create's record
@@ -67,6 +68,9 @@ pub struct Pending {
     files: BTreeMap<i64, Record>,
     /// `(parent, name) -> ino`.
     names: HashMap<(i64, Vec<u8>), i64>,
+    /// The database's inode counter ([`counter`]) as last read; only a
+    /// committed write transaction moves it ([`Pack::forget_pending`]).
+    counter: Option<i64>,
 }
 
 impl Pending {
@@ -169,7 +173,15 @@ impl Pack {
         }
         let (i, f) = {
             let conn = self.lock_db()?;
-            let (parent, name) = names::parent_for_new(&conn, &self.dirs, ctx, path)?;
+            let (parent, name) = names::resolve_parent(&conn, &self.dirs, ctx, path)?;
+            perm::check(ctx, &parent, W | X)?;
+            // The kernel's `LOOKUP` of the name, just before, read it.
+            let writes = self.version();
+            if !self.reads.is_missing(writes, parent.ino, &name)
+                && db::lookup(&conn, parent.ino, &name)?.is_some()
+            {
+                return Err(Error::from_errno(libc::EEXIST));
+            }
             let mut pending = self.pending.lock();
             if pending.names.contains_key(&(parent.ino, name.clone())) {
                 return Err(Error::from_errno(libc::EEXIST));
@@ -232,9 +244,11 @@ impl Pack {
         Ok(pending.files.keys().copied().collect())
     }
 
-    /// Forgets the creates `inos`, committed.
+    /// Forgets the creates `inos`, committed by a write transaction (which
+    /// may have moved the inode counter too).
     pub(super) fn forget_pending(&self, inos: &[i64]) {
         let mut pending = self.pending.lock();
+        pending.counter = None;
         for ino in inos {
             if let Some(rec) = pending.files.remove(ino) {
                 pending.names.remove(&(rec.parent, rec.name));

@@ -16,7 +16,7 @@
 //! Callers must not use it inside a write transaction, whose own changes
 //! are not counted until it ends.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use parking_lot::Mutex;
 
@@ -40,6 +40,9 @@ struct Inner {
     /// The [`db::writes`] count the entries were read at.
     writes: u64,
     names: HashMap<(i64, Vec<u8>), Inode>,
+    /// Names a walk found missing: the kernel's `LOOKUP` of a new file's
+    /// name comes just before its `CREATE`, which need not ask again.
+    missing: HashSet<(i64, Vec<u8>)>,
     extents: HashMap<i64, Vec<Row>>,
 }
 
@@ -48,6 +51,7 @@ impl Inner {
     fn at(&mut self, writes: u64) -> &mut Self {
         if self.writes != writes {
             self.names.clear();
+            self.missing.clear();
             self.extents.clear();
             self.writes = writes;
         }
@@ -72,6 +76,23 @@ impl ReadCache {
             c.names.clear();
         }
         c.names.insert((parent, name.to_vec()), i.clone());
+    }
+
+    /// Whether entry `name` of `parent` was found missing since the
+    /// database last changed (`writes` as for [`ReadCache::name`]).
+    pub fn is_missing(&self, writes: u64, parent: i64, name: &[u8]) -> bool {
+        let mut c = self.inner.lock();
+        c.at(writes).missing.contains(&(parent, name.to_vec()))
+    }
+
+    /// Remembers that `parent` has no entry `name`, read at `writes`.
+    pub fn put_missing(&self, writes: u64, parent: i64, name: &[u8]) {
+        let mut c = self.inner.lock();
+        let c = c.at(writes);
+        if c.missing.len() >= MAX_ENTRIES {
+            c.missing.clear();
+        }
+        c.missing.insert((parent, name.to_vec()));
     }
 
     /// The extents of `ino`, if read since the database last changed.
@@ -121,7 +142,11 @@ mod tests {
         assert_eq!(c.name(7, 1, b"a").unwrap().ino, 5);
         assert_eq!(c.extents(7, 5).unwrap(), vec![(0, 4096, 10)]);
         assert!(c.name(7, 1, b"b").is_none());
+        c.put_missing(7, 1, b"b");
+        assert!(c.is_missing(7, 1, b"b"));
+        assert!(!c.is_missing(7, 1, b"a"));
         // A write transaction ended: everything read before is gone.
+        assert!(!c.is_missing(8, 1, b"b"));
         assert!(c.name(8, 1, b"a").is_none());
         assert!(c.extents(8, 5).is_none());
         assert!(

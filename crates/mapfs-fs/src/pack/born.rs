@@ -68,7 +68,8 @@ impl Pack {
     /// of its own.
     pub(super) fn born_open(&self, i: &db::Inode, f: File) -> Result<(Attr, Opened)> {
         self.born.lock().insert(i.ino);
-        let attr = self.attr_of(i).inspect_err(|_| self.left(i.ino))?;
+        let st = rustix::fs::fstat(&f).inspect_err(|_| self.left(i.ino))?;
+        let attr = super::names::own_attr(i, &st);
         let handle = self.new_handle(i, None);
         Ok((
             attr,

@@ -339,7 +339,11 @@ fn inode_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Inode> {
 
 /// The inode `ino`, if it exists.
 pub fn inode(conn: &Connection, ino: i64) -> Result<Option<Inode>> {
-    conn.prepare_cached(&format!("SELECT {INODE_COLS} FROM inodes WHERE ino = ?1"))
+    // Built once: every path walk and open asks, and the statement cache
+    // looks statements up by their text.
+    static SQL: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("SELECT {INODE_COLS} FROM inodes WHERE ino = ?1"));
+    conn.prepare_cached(&SQL)
         .db()?
         .query_row([ino], inode_row)
         .optional()
@@ -353,19 +357,22 @@ pub fn get_inode(conn: &Connection, ino: i64) -> Result<Inode> {
 
 /// The inode named `name` in directory `parent`.
 pub fn lookup(conn: &Connection, parent: i64, name: &[u8]) -> Result<Option<Inode>> {
-    let cols = INODE_COLS
-        .split(", ")
-        .map(|c| format!("i.{c}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    conn.prepare_cached(&format!(
-        "SELECT {cols} FROM dentries d JOIN inodes i ON i.ino = d.ino \
-         WHERE d.parent = ?1 AND d.name = ?2"
-    ))
-    .db()?
-    .query_row(params![parent, name], inode_row)
-    .optional()
-    .db()
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let cols = INODE_COLS
+            .split(", ")
+            .map(|c| format!("i.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "SELECT {cols} FROM dentries d JOIN inodes i ON i.ino = d.ino \
+             WHERE d.parent = ?1 AND d.name = ?2"
+        )
+    });
+    conn.prepare_cached(&SQL)
+        .db()?
+        .query_row(params![parent, name], inode_row)
+        .optional()
+        .db()
 }
 
 /// Inserts a new inode; returns its number.

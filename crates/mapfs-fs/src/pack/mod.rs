@@ -521,22 +521,24 @@ impl Pack {
     /// create answered before its commit (`pending.rs`).
     fn resolve_read(&self, ctx: &Ctx, path: &Path) -> Result<(db::Inode, u64)> {
         let conn = self.lock_db()?;
-        {
-            let pending = self.pending.lock();
-            if !pending.is_empty() {
-                // Errors are the walk's below to report.
-                if let Ok((parent, name)) = names::resolve_parent(&conn, &self.dirs, ctx, path) {
-                    if let Some(i) = pending.lookup(parent.ino, &name) {
-                        return Ok((i, self.version()));
-                    }
-                }
-            }
+        let pending = self.pending.lock();
+        let version = self.version();
+        if pending.is_empty() {
+            drop(pending);
+            return names::resolve_read(&conn, &self.dirs, &self.reads, version, ctx, path);
         }
-        let mut found =
-            names::resolve_read(&conn, &self.dirs, &self.reads, self.version(), ctx, path)?;
+        let mut found = names::resolve_read_or(
+            &conn,
+            &self.dirs,
+            &self.reads,
+            version,
+            ctx,
+            path,
+            |parent, name| pending.lookup(parent, name),
+        )?;
         if found.0.is_dir() {
             // Its times in the database are older than its last create.
-            if let Some(t) = self.pending.lock().parent_time(found.0.ino) {
+            if let Some(t) = pending.parent_time(found.0.ino) {
                 found.0.mtime = found.0.mtime.max(t);
                 found.0.ctime = found.0.ctime.max(t);
             }

@@ -53,6 +53,16 @@ fn walk(
         return db::get_inode(conn, ROOT);
     };
     let parent = walk_dirs(conn, dirs, ctx, passed)?;
+    entry(conn, reads, &parent, last)
+}
+
+/// Entry `name` of `parent` (see [`walk`] for `reads`).
+fn entry(
+    conn: &Connection,
+    reads: Option<(&ReadCache, u64)>,
+    parent: &Inode,
+    last: &[u8],
+) -> Result<Inode> {
     if let Some((c, writes)) = reads {
         if let Some(i) = c.name(writes, parent.ino, last) {
             return Ok(i);
@@ -86,6 +96,28 @@ pub fn resolve_read(
 ) -> Result<(Inode, u64)> {
     let i = walk(conn, dirs, Some((reads, version)), ctx, &names(path)?)?;
     Ok((i, version))
+}
+
+/// [`resolve_read`], but a name `pending` knows (a create answered before
+/// its commit, `pending.rs`) is that create's inode: one walk for both.
+pub fn resolve_read_or(
+    conn: &Connection,
+    dirs: &DirCache,
+    reads: &ReadCache,
+    version: u64,
+    ctx: &Ctx,
+    path: &Path,
+    pending: impl FnOnce(i64, &[u8]) -> Option<Inode>,
+) -> Result<(Inode, u64)> {
+    let n = names(path)?;
+    let Some((last, passed)) = n.split_last() else {
+        return Ok((db::get_inode(conn, ROOT)?, version));
+    };
+    let parent = walk_dirs(conn, dirs, ctx, passed)?;
+    if let Some(i) = pending(parent.ino, last) {
+        return Ok((i, version));
+    }
+    Ok((entry(conn, Some((reads, version)), &parent, last)?, version))
 }
 
 /// The directory at `names` (the root when empty), searchable by `ctx`,
@@ -199,11 +231,24 @@ pub fn make_node(
     db::get_inode(conn, ino)
 }
 
+/// Attributes of `i`, a file of its own whose backing file's state is `st`
+/// (its size, blocks and times).
+pub(super) fn own_attr(i: &Inode, st: &rustix::fs::Stat) -> Attr {
+    let mut a = i.attr();
+    a.size = st.st_size as u64;
+    a.blocks = st.st_blocks as u64;
+    a.mtime = db::from_ns(db::stat_ns(st.st_mtime, st.st_mtime_nsec as i64));
+    a.atime = db::from_ns(db::stat_ns(st.st_atime, st.st_atime_nsec as i64));
+    let c = db::stat_ns(st.st_ctime, st.st_ctime_nsec as i64);
+    a.ctime = db::from_ns(c.max(i.ctime));
+    a
+}
+
 impl Pack {
     /// Attributes of `i` (a file of its own: size, blocks and times of its
     /// backing file).
     pub(super) fn attr_of(&self, i: &Inode) -> Result<Attr> {
-        let mut a = i.attr();
+        let a = i.attr();
         if i.own {
             let st = match rustix::fs::statat(
                 &self.own_dir,
@@ -221,12 +266,7 @@ impl Pack {
                 }
                 Err(e) => return Err(e.into()),
             };
-            a.size = st.st_size as u64;
-            a.blocks = st.st_blocks as u64;
-            a.mtime = db::from_ns(db::stat_ns(st.st_mtime, st.st_mtime_nsec as i64));
-            a.atime = db::from_ns(db::stat_ns(st.st_atime, st.st_atime_nsec as i64));
-            let c = db::stat_ns(st.st_ctime, st.st_ctime_nsec as i64);
-            a.ctime = db::from_ns(c.max(i.ctime));
+            return Ok(own_attr(i, &st));
         }
         Ok(a)
     }

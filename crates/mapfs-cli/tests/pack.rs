@@ -1425,6 +1425,8 @@ fn shim_adopts_own_files_and_refuses_like_the_mount() {
     fs::set_permissions(m.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
     fs::write(m.join("big"), text(b'b', 100_000)).unwrap();
     fs::write(m.join("small"), text(b'm', 300)).unwrap();
+    // `small` in its slot (a new file moves there after its release).
+    wait_packed(s.backing(), 2, test);
     let report = report_path(&s, "nobody");
     fs::write(&report, b"").unwrap();
     fs::set_permissions(&report, fs::Permissions::from_mode(0o666)).unwrap();

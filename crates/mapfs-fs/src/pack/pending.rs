@@ -197,13 +197,27 @@ impl Pack {
             };
             let bytes =
                 postcard::to_stdvec(&rec).map_err(|e| Error::io().context(e.to_string()))?;
-            let mut ino =
-                counter(&conn)?.max(pending.files.keys().next_back().copied().unwrap_or(0));
+            let counted = match pending.counter {
+                Some(c) => c,
+                None => counter(&conn)?,
+            };
+            pending.counter = Some(counted);
+            let mut ino = counted.max(pending.files.keys().next_back().copied().unwrap_or(0));
+            // A writer's close reads the file back into the kernel's pages
+            // (`FileSystem::leaves_whole_file_at_close`): through this
+            // descriptor, rather than one opened again, when the creator,
+            // its owner, may read it anyway (the kernel refuses reads of a
+            // write-only open before they reach the backing file).
+            let access = if flags.access() == libc::O_WRONLY && rec.mode & libc::S_IRUSR != 0 {
+                libc::O_RDWR
+            } else {
+                flags.access()
+            };
             let f = loop {
                 ino += 1;
                 // A leftover of a create whose record a fresh mount never
                 // saw (a successor keeps them): take the next number.
-                match self.own_file(ino, flags.access() | libc::O_CREAT | libc::O_EXCL) {
+                match self.own_file(ino, access | libc::O_CREAT | libc::O_EXCL) {
                     Ok(f) => break f,
                     Err(e) if e.errno() == libc::EEXIST => continue,
                     Err(e) => return Err(e),

@@ -534,3 +534,94 @@ fn walks_see_every_change_of_a_directory_at_once() {
     assert_eq!(errno("/x/g", &ROOT), libc::ENOENT);
     consistent_now(&fs);
 }
+
+/// Creates answered before their commit (`new_files_own`): seen by walks
+/// and `getattr` before any commit, committed by the first other read
+/// (here `readdir`), and, when the instance is dropped before that (a
+/// crash: nothing commits at drop), entered again by a successor or a fresh
+/// instance from the record each file carries.
+#[test]
+fn creates_before_their_commit_are_entered_by_the_next_instance() {
+    let t = tempfile::tempdir().unwrap();
+    let own = PackOptions {
+        new_files_own: true,
+        ..PackOptions::parse(Some("8k"), None).unwrap()
+    };
+    let make = |fs: &Pack, name: &str, len: usize| {
+        let (attr, o) = fs
+            .create(&ROOT, p(name), OpenFlags(libc::O_WRONLY), 0o640)
+            .unwrap();
+        assert_eq!(attr.size, 0, "{name}");
+        assert!(
+            o.map.is_whole_file(),
+            "{name}: a new file starts in a file of its own"
+        );
+        use std::os::unix::fs::FileExt;
+        o.files[0].write_all_at(&bytes(len as u8, len), 0).unwrap();
+        fs.release(&ROOT, p(name), o.handle, &o.map).unwrap();
+    };
+    {
+        let fs = Pack::new(t.path(), own).unwrap();
+        fs.mkdir(&ROOT, p("/d"), 0o755).unwrap();
+        make(&fs, "/d/a", 100);
+        make(&fs, "/d/b", 20_000);
+        // No commit yet, but every walk sees them.
+        assert_eq!(fs.getattr(&ROOT, p("/d/a")).unwrap().size, 100);
+        assert_eq!(fs.getattr(&ROOT, p("/d/b")).unwrap().size, 20_000);
+        let again = fs.create(
+            &ROOT,
+            p("/d/a"),
+            OpenFlags(libc::O_WRONLY | libc::O_EXCL),
+            0o640,
+        );
+        assert_eq!(again.unwrap_err().errno(), libc::EEXIST);
+        let names: Vec<_> = fs
+            .readdir(&ROOT, p("/d"))
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert!(
+            names.iter().any(|n| n == "a") && names.iter().any(|n| n == "b"),
+            "{names:?}"
+        );
+        make(&fs, "/d/c", 300);
+        // Dropped with `c` uncommitted and `a` queued for its slot.
+    }
+    let before = stats(t.path()).unwrap();
+    assert_eq!(
+        before.files, 2,
+        "the dropped instance's database holds a and b, not c: {before:?}"
+    );
+    let resumed = PackOptions {
+        resumed: true,
+        ..own
+    };
+    {
+        let fs = Pack::new(t.path(), resumed).unwrap();
+        for (name, len) in [("/d/a", 100), ("/d/b", 20_000), ("/d/c", 300)] {
+            let a = fs.getattr(&ROOT, p(name)).unwrap();
+            assert_eq!(
+                (a.size, a.perm),
+                (len as u64, 0o640),
+                "{name} after the crash"
+            );
+            let o = fs.open(&ROOT, p(name), OpenFlags(libc::O_RDONLY)).unwrap();
+            let mut got = vec![0u8; len];
+            use std::os::unix::fs::FileExt;
+            o.files[0].read_exact_at(&mut got, 0).unwrap();
+            assert!(
+                got == bytes(len as u8, len),
+                "{name}: bytes after the crash"
+            );
+            fs.release(&ROOT, p(name), o.handle, &o.map).unwrap();
+        }
+        consistent_now(&fs);
+    }
+    consistent(t.path());
+    // A fresh instance finds nothing more to enter, and nothing to remove.
+    drop(Pack::new(t.path(), own).unwrap());
+    let after = stats(t.path()).unwrap();
+    assert_eq!((after.files, after.own_files), (3, 3), "{after:?}");
+    consistent(t.path());
+}

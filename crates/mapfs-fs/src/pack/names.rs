@@ -39,24 +39,18 @@ fn names(path: &Path) -> Result<Vec<&[u8]>> {
 
 /// Walks `names` from the root, checking search permission on each
 /// directory passed (taken from `dirs` where remembered).
-/// With `reads` (the cache and the [`db::writes`] count read under the
-/// connection's lock), the final name comes from the cache when it is
-/// there, and goes into it when read.
-fn walk(
-    conn: &Connection,
-    dirs: &DirCache,
-    reads: Option<(&ReadCache, u64)>,
-    ctx: &Ctx,
-    names: &[&[u8]],
-) -> Result<Inode> {
+fn walk(conn: &Connection, dirs: &DirCache, ctx: &Ctx, names: &[&[u8]]) -> Result<Inode> {
     let Some((last, passed)) = names.split_last() else {
         return db::get_inode(conn, ROOT);
     };
     let parent = walk_dirs(conn, dirs, ctx, passed)?;
-    entry(conn, reads, &parent, last)
+    entry(conn, None, &parent, last)
 }
 
-/// Entry `name` of `parent` (see [`walk`] for `reads`).
+/// Entry `last` of `parent`. With `reads` (the cache and the
+/// [`db::writes`] count read under the connection's lock), it comes from
+/// the cache when it is there (as found or as missing), and goes into it
+/// when read.
 fn entry(
     conn: &Connection,
     reads: Option<(&ReadCache, u64)>,
@@ -94,8 +88,7 @@ pub fn resolve_read(
     ctx: &Ctx,
     path: &Path,
 ) -> Result<(Inode, u64)> {
-    let i = walk(conn, dirs, Some((reads, version)), ctx, &names(path)?)?;
-    Ok((i, version))
+    resolve_read_or(conn, dirs, reads, version, ctx, path, |_, _| None)
 }
 
 /// [`resolve_read`], but a name `pending` knows (a create answered before
@@ -157,7 +150,7 @@ fn dir_entry(conn: &Connection, dirs: &DirCache, parent: i64, name: &[u8]) -> Re
 
 /// The inode at `path`.
 pub fn resolve(conn: &Connection, dirs: &DirCache, ctx: &Ctx, path: &Path) -> Result<Inode> {
-    walk(conn, dirs, None, ctx, &names(path)?)
+    walk(conn, dirs, ctx, &names(path)?)
 }
 
 /// The parent directory of `path` (searchable by `ctx`) and the final name.

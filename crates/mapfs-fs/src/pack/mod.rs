@@ -523,11 +523,7 @@ impl Pack {
         let conn = self.lock_db()?;
         let pending = self.pending.lock();
         let version = self.version();
-        if pending.is_empty() {
-            drop(pending);
-            return names::resolve_read(&conn, &self.dirs, &self.reads, version, ctx, path);
-        }
-        let mut found = names::resolve_read_or(
+        let mut found = names::resolve_read(
             &conn,
             &self.dirs,
             &self.reads,

@@ -79,21 +79,10 @@ fn entry(
 
 /// [`resolve`] outside any write transaction, with the final name read
 /// through `reads` (see `readcache.rs`) at the database's `version`
-/// (`Pack::version`, read under the connection's lock); also returns it.
+/// (`Pack::version`, read under the connection's lock), which it also
+/// returns; but a name `pending` knows (a create answered before its
+/// commit, `pending.rs`) is that create's inode.
 pub fn resolve_read(
-    conn: &Connection,
-    dirs: &DirCache,
-    reads: &ReadCache,
-    version: u64,
-    ctx: &Ctx,
-    path: &Path,
-) -> Result<(Inode, u64)> {
-    resolve_read_or(conn, dirs, reads, version, ctx, path, |_, _| None)
-}
-
-/// [`resolve_read`], but a name `pending` knows (a create answered before
-/// its commit, `pending.rs`) is that create's inode: one walk for both.
-pub fn resolve_read_or(
     conn: &Connection,
     dirs: &DirCache,
     reads: &ReadCache,

@@ -7,13 +7,13 @@
 //! attribute of that file (one `fsetxattr`, on the file the kernel or the
 //! shim will write anyway) and answer; the inode and its name go into the
 //! database with the next write transaction of any kind, before anything
-//! else in it (so that transaction sees the name), usually the move of the
-//! file into a slot at its last release, which runs after the creator's
-//! `close(2)` returned.
+//! else in it (so that transaction sees the name): usually a batch of
+//! moves into slots after releases, or the daemon's housekeeping round
+//! (every 50 ms), both after the creator's `close(2)` returned.
 //!
-//! Until then the name lives here: path walks, `getattr` and opens find it
-//! here first, and every other read of the database commits the creates
-//! here first (`Pack::db`). A crash of the daemon in between loses no
+//! Until then the name lives here: path walks and `getattr` find it here
+//! first, and every other read of the database (an open's included)
+//! commits the creates here first (`Pack::db`). A crash of the daemon in between loses no
 //! file: the next instance over the store (a fresh mount or a failover's
 //! successor) finds `files/<ino>` with its record, an inode number past the
 //! largest the database ever gave out (SQLite's `AUTOINCREMENT` counter,

@@ -312,12 +312,17 @@ impl Pack {
         flags: OpenFlags,
         mode: u32,
     ) -> Result<(Attr, Opened)> {
-        let answered = match self.create_pending(ctx, path, flags, mode) {
-            Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => None,
-            other => other?,
-        };
-        if let Some(v) = answered {
-            return Ok(v);
+        let exists = |e: &Error| e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0;
+        match self.create_pending(ctx, path, flags, mode) {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            // No transaction only to learn the name is taken; one removed
+            // meanwhile is created below.
+            Err(e) if exists(&e) => match self.open_existing(ctx, path, flags) {
+                Err(e) if e.errno() == libc::ENOENT => {}
+                other => return other,
+            },
+            Err(e) => return Err(e),
         }
         let born = self.new_files_own;
         let made_ino = std::cell::Cell::new(None);
@@ -339,12 +344,7 @@ impl Pack {
         });
         let (i, own) = match made {
             Ok(v) => v,
-            Err(e) if e.errno() == libc::EEXIST && flags.0 & libc::O_EXCL == 0 => {
-                let o = self.do_open(ctx, path, flags)?;
-                let ino = self.handles.lock()[&o.handle].ino;
-                let attr = self.getattr_ino(ino)?;
-                return Ok((attr, o));
-            }
+            Err(e) if exists(&e) => return self.open_existing(ctx, path, flags),
             Err(e) => {
                 if born {
                     self.remove_own(made_ino.get());
@@ -360,6 +360,14 @@ impl Pack {
         // nothing a compaction could have moved; nothing to read again.
         let o = self.slot_open(&i, &[]).inspect_err(|_| self.left(i.ino))?;
         Ok((i.attr(), o))
+    }
+
+    /// The create of a name that exists without `O_EXCL`: an open of it.
+    fn open_existing(&self, ctx: &Ctx, path: &Path, flags: OpenFlags) -> Result<(Attr, Opened)> {
+        let o = self.do_open(ctx, path, flags)?;
+        let ino = self.handles.lock()[&o.handle].ino;
+        let attr = self.getattr_ino(ino)?;
+        Ok((attr, o))
     }
 
     /// Attributes of inode `ino`.

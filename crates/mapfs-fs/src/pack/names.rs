@@ -159,19 +159,23 @@ pub fn resolve_parent(
     Ok((parent, last.to_vec()))
 }
 
-/// The parent for a new entry `path`: writable by `ctx`, name free.
-fn parent_for_new(
+/// The parent for a new entry `path`: writable by `ctx`, name free (in
+/// the database; asked through `reads` as [`entry`] does: outside a write
+/// transaction only).
+pub(super) fn parent_for_new(
     conn: &Connection,
     dirs: &DirCache,
+    reads: Option<(&ReadCache, u64)>,
     ctx: &Ctx,
     path: &Path,
 ) -> Result<(Inode, Vec<u8>)> {
     let (parent, name) = resolve_parent(conn, dirs, ctx, path)?;
     perm::check(ctx, &parent, W | X)?;
-    if db::lookup(conn, parent.ino, &name)?.is_some() {
-        return Err(Error::from_errno(libc::EEXIST));
+    match entry(conn, reads, &parent, &name) {
+        Ok(_) => Err(Error::from_errno(libc::EEXIST)),
+        Err(e) if e.errno() == libc::ENOENT => Ok((parent, name)),
+        Err(e) => Err(e),
     }
-    Ok((parent, name))
 }
 
 /// Owner, group and mode of a new inode in `parent`: the caller's uid, the
@@ -199,7 +203,7 @@ pub fn make_node(
     rdev: u64,
     target: Option<&[u8]>,
 ) -> Result<Inode> {
-    let (parent, name) = parent_for_new(conn, dirs, ctx, path)?;
+    let (parent, name) = parent_for_new(conn, dirs, None, ctx, path)?;
     let (uid, gid, mode) = new_owner(ctx, &parent, mode);
     let dir = mode & libc::S_IFMT == libc::S_IFDIR;
     let nlink = if dir { 2 } else { 1 };
@@ -371,7 +375,7 @@ impl Pack {
             if i.is_dir() {
                 return Err(Error::from_errno(libc::EPERM));
             }
-            let (parent, name) = parent_for_new(tx, &self.dirs, ctx, to)?;
+            let (parent, name) = parent_for_new(tx, &self.dirs, None, ctx, to)?;
             db::insert_dentry(tx, parent.ino, &name, i.ino)?;
             db::add_nlink(tx, i.ino, 1)?;
             db::touch_dir(tx, parent.ino)?;

@@ -36,7 +36,6 @@ use serde::{Deserialize, Serialize};
 
 use super::db::{self, DbResult, Inode};
 use super::names;
-use super::perm::{self, W, X};
 use super::Pack;
 
 /// The extended attribute of `files/<ino>` that holds its create's record
@@ -177,15 +176,10 @@ impl Pack {
         }
         let (i, f) = {
             let conn = self.lock_db()?;
-            let (parent, name) = names::resolve_parent(&conn, &self.dirs, ctx, path)?;
-            perm::check(ctx, &parent, W | X)?;
-            // The kernel's `LOOKUP` of the name, just before, read it.
-            let writes = self.version();
-            if !self.reads.is_missing(writes, parent.ino, &name)
-                && db::lookup(&conn, parent.ino, &name)?.is_some()
-            {
-                return Err(Error::from_errno(libc::EEXIST));
-            }
+            // The kernel's `LOOKUP` of the name, just before, left it
+            // missing in the read cache.
+            let reads = Some((&self.reads, self.version()));
+            let (parent, name) = names::parent_for_new(&conn, &self.dirs, reads, ctx, path)?;
             let mut pending = self.pending.lock();
             if pending.names.contains_key(&(parent.ino, name.clone())) {
                 return Err(Error::from_errno(libc::EEXIST));

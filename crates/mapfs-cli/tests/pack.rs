@@ -964,17 +964,12 @@ fuse_test!(new_files_are_written_by_passthrough_and_packed_at_their_last_close =
     drop(s);
 });
 
-// What a crash leaves in `files/` (a create that never committed, a move
-// into a slot that committed but did not remove the file) is removed by
-// the next mount; files of their own the database names, and names that
-// are no inode number, stay.
+// A create answered before its commit (`pending.rs`) is a file the next
+// mount enters under its name, whatever the daemon's death left undone.
 fuse_test!(creates_answered_before_their_commit_outlive_the_daemon => {
     let test = "pack: creates before their commit";
-    let dir = tempfile::Builder::new()
-        .prefix("mapfs-pack-pending")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let backing = dir.path();
+    let (_keep, backing) = kept_backing();
+    let backing = backing.as_path();
     // No housekeeping round and fewer releases than a batch: nothing
     // commits the creates but a write transaction.
     let mount = || {
@@ -1024,6 +1019,15 @@ fuse_test!(creates_answered_before_their_commit_outlive_the_daemon => {
     assert!(after > before, "{test}: the directory's mtime did not move: {before:?} {after:?}");
     let again = fs::OpenOptions::new().create_new(true).write(true).open(m.join("d/held1"));
     assert_eq!(again.unwrap_err().kind(), std::io::ErrorKind::AlreadyExists, "{test}");
+    // Each made by the deferred create: its record is on its file.
+    let records = fs::read_dir(backing.join("files"))
+        .unwrap()
+        .filter(|e| {
+            let mut buf = [0u8; 512];
+            rustix::fs::getxattr(e.as_ref().unwrap().path(), "user.mapfs.create", &mut buf).is_ok()
+        })
+        .count();
+    assert_eq!(records, want.len(), "{test}: files/ entries with a create record");
     let pid = preload_support::daemon_pid(&s);
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     drop(held);
@@ -1047,6 +1051,10 @@ fuse_test!(creates_answered_before_their_commit_outlive_the_daemon => {
     umount_clean(s, test);
 });
 
+// What a crash leaves in `files/` (a create that never committed, a move
+// into a slot that committed but did not remove the file) is removed by
+// the next mount; files of their own the database names, and names that
+// are no inode number, stay.
 fuse_test!(a_mount_removes_files_of_their_own_no_inode_owns => {
     let test = "pack: strays";
     let dir = tempfile::Builder::new()

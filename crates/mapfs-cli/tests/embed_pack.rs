@@ -467,7 +467,8 @@ for i in range(100000):
     os.write(fd, blob(i, n)[n // 2:])
     if i % 3:
         os.fsync(fd)
-        print("synced", i, flush=True)
+        sys.stdout.write("synced %d\n" % i)
+        sys.stdout.flush()
     os.close(fd)
 "#;
 
@@ -523,12 +524,17 @@ fn embedded_pack_survives_killed_processes() {
         let out = job.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
+            // Only whole lines count: the kill can cut the last one short
+            // (a Python with unbuffered output writes a print in pieces).
             let mut last = -1i64;
-            for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
-                if let Some(n) = l.strip_prefix("synced ") {
+            let mut out = std::io::BufReader::new(out);
+            let mut l = String::new();
+            while std::io::BufRead::read_line(&mut out, &mut l).unwrap_or(0) > 0 {
+                if let Some(n) = l.strip_suffix('\n').and_then(|l| l.strip_prefix("synced ")) {
                     last = n.parse().unwrap();
                     let _ = tx.send(last);
                 }
+                l.clear();
             }
             last
         });

@@ -779,6 +779,15 @@ fn programs_tree(mode: DataMode) {
     assert_eq!(want, got, "{test}: tree differs from native");
     umount_clean(s, &test);
     assert_consistent(&backing, &test);
+    // The unmount gave back the slots the daemon had reserved and not
+    // handed out (the next mount would reclaim them, a job's next process
+    // would not).
+    let db = rusqlite::Connection::open(backing.join("pack.db")).unwrap();
+    let held: i64 = db
+        .query_row("SELECT count(*) FROM slots WHERE ino < 0", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(held, 0, "{test}: slots still reserved after the unmount");
+    drop(db);
     let s = pack_on(mode, Some(&backing), &[]);
     assert_eq!(
         want,

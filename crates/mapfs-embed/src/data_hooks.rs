@@ -855,25 +855,25 @@ hooks! {
         unsafe { real(fd, mode) }
     }
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
-        crate::report::before_exec();
+        image_ends();
         // SAFETY: the application's path; libc's call with the caller's
         // arguments (returns only on failure: the placeholders are put back).
         unsafe { exec_at(path, |e| { set_errno(e); -1 }, |path| spawn(|| real(path, argv, envp))) }
     }
     fn execv(path: *const c_char, argv: *const *const c_char) -> c_int = |real| {
-        crate::report::before_exec();
+        image_ends();
         // SAFETY: the application's path; libc's call with the caller's
         // arguments (returns only on failure: the placeholders are put back).
         unsafe { exec_at(path, |e| { set_errno(e); -1 }, |path| spawn(|| real(path, argv))) }
     }
     fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int = |real| {
-        crate::report::before_exec();
+        image_ends();
         // SAFETY: the application's path; libc's call with the caller's
         // arguments (returns only on failure: the placeholders are put back).
         unsafe { exec_at(file, |e| { set_errno(e); -1 }, |file| spawn(|| real(file, argv))) }
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
-        crate::report::before_exec();
+        image_ends();
         // SAFETY: the application's path; libc's call with the caller's
         // arguments (returns only on failure: the placeholders are put back).
         unsafe { exec_at(file, |e| { set_errno(e); -1 }, |file| spawn(|| real(file, argv, envp))) }
@@ -889,7 +889,7 @@ hooks! {
         unsafe { exec_at(file, |e| e, |file| spawn(|| real(pid, file, actions, attr, argv, envp))) }
     }
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
-        crate::report::before_exec();
+        image_ends();
         // SAFETY: libc's call with the caller's arguments (returns
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(fd, argv, envp) })
@@ -901,12 +901,20 @@ hooks! {
 /// forked shell subshell, `os._exit` in a forked child). stdio buffers are
 /// not flushed, as natively.
 fn at_quick_exit() {
-    if engine_fd::any() {
-        if let Some(_g) = Guard::enter() {
-            engine_fd::close_all();
-        }
+    if let Some(_g) = Guard::enter() {
+        engine_fd::close_all();
+        crate::state::finish_all();
     }
     crate::report::write_at_quick_exit();
+}
+
+/// Before `exec` replaces this image: its report line is written and what
+/// its file systems hold goes back (a failed `exec` goes on without it).
+fn image_ends() {
+    crate::report::before_exec();
+    if let Some(_g) = Guard::enter() {
+        crate::state::finish_all();
+    }
 }
 
 /// After `fcntl`: a duplicate shares the open; `F_SETFL` may change

@@ -880,6 +880,7 @@ extern "C" fn at_exit() {
     }
     if let Some(_g) = crate::Guard::enter() {
         close_all();
+        crate::state::finish_all();
         crate::report::write_at_exit();
     }
 }

@@ -60,6 +60,18 @@ pub fn embs() -> &'static [Emb] {
     EMBS.get().map_or(&[], |v| v.as_slice())
 }
 
+/// [`mapfs::FileSystem::finish`] of every embedded file system, as this
+/// process image ends (`exit`, `_exit`, `exec`); not in a `vfork` child,
+/// whose memory is its parent's. Called inside the library.
+pub fn finish_all() {
+    if crate::engine_fd::foreign() {
+        return;
+    }
+    for e in embs() {
+        e.fs.finish();
+    }
+}
+
 /// `MAPFS_PRELOAD_LOG` was set.
 pub fn log_enabled() -> bool {
     LOG.load(Ordering::Relaxed)

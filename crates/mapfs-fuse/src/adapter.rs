@@ -1443,11 +1443,13 @@ impl Shared {
 
 impl Filesystem for Adapter {
     /// At unmount, what the file system leaves for its housekeeping gets
-    /// done, not left for the next mount.
+    /// done, and what it holds goes back ([`FileSystem::finish`]), not left
+    /// for the next mount.
     fn destroy(&mut self) {
         if self.0.fs.housekeeping_every().is_some() {
             self.0.fs.housekeeping();
         }
+        self.0.fs.finish();
     }
 
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {

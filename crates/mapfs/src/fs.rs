@@ -323,6 +323,15 @@ pub trait FileSystem: Send + Sync + 'static {
     /// the file system's own locks like any request.
     fn housekeeping(&self) {}
 
+    /// The instance stops serving: the unmount (after a last
+    /// [`FileSystem::housekeeping`]), or the end (`exit`, `_exit`) or
+    /// `exec` of a process that embeds it. What it holds only to answer
+    /// faster later, and that the store would otherwise keep until the
+    /// next instance over it starts alone, goes back now (`pack`: slots it
+    /// reserved for new files). A failed `exec` goes on serving, so it may
+    /// be called more than once. The default: nothing.
+    fn finish(&self) {}
+
     /// Runs the file system's online tool `name` (`mapfs pack compact` is
     /// one) on `input`, both in an encoding of the file system's choosing,
     /// for a client of the mount's control socket. A mount runs at most one

@@ -474,14 +474,14 @@ impl Pack {
     /// forgets the directories it remembered when another instance changed
     /// the database since it last looked.
     fn lock_db(&self) -> Result<parking_lot::MutexGuard<'_, Connection>> {
-        use std::sync::atomic::Ordering::{Acquire, Release};
+        use std::sync::atomic::Ordering::Release;
         let mut conn = self.conn.lock();
         if !self.shared {
             // A daemon's instance never crosses a fork.
             return Ok(conn);
         }
-        let me = rustix::process::getpid().as_raw_nonzero().get();
-        if self.pid.load(Acquire) != me {
+        if self.forked() {
+            let me = rustix::process::getpid().as_raw_nonzero().get();
             let fresh = db::open(&self.backing, self.full_sync, !self.shared)?;
             // Closing the parent's connection could act on its locks.
             std::mem::forget(std::mem::replace(&mut *conn, fresh));
@@ -654,15 +654,22 @@ impl Pack {
 
     /// A new slot of capacity `cap` for an open (marked as used
     /// by opens only until a flush gives it to the file), from this
-    /// daemon's reserve, refilled a batch at a time.
+    /// instance's reserve, refilled a batch at a time.
     fn take_slot(&self, cap: u64) -> Result<db::Slot> {
+        if self.forked() {
+            // The reserve is the parent's until the connection is this
+            // process's own.
+            drop(self.lock_db()?);
+        }
         let reserved = self.reserve.lock().get_mut(&cap).and_then(|l| l.pop());
         let s = match reserved {
             Some(s) => s,
             None => {
-                // A shared instance takes one at a time: a process that
-                // ends leaves its reserve to the next fresh instance.
-                let n = if self.shared { 1 } else { slots::RESERVE_BATCH };
+                let n = if self.shared {
+                    slots::SHARED_RESERVE_BATCH
+                } else {
+                    slots::RESERVE_BATCH
+                };
                 let mut batch = self.write(|tx| {
                     (0..n)
                         .map(|_| slots::alloc(tx, cap, slots::RESERVED))
@@ -680,6 +687,35 @@ impl Pack {
         // opens use it" exactly like `-ino`.
         self.zombies.lock().insert(s);
         Ok(s)
+    }
+
+    /// Frees the slots this instance reserved and did not hand out (at its
+    /// end: [`FileSystem::finish`]).
+    fn free_reserve(&self) -> Result<()> {
+        if self.forked() {
+            // Not this process's to give back.
+            return Ok(());
+        }
+        let held: Vec<db::Slot> = self.reserve.lock().drain().flat_map(|(_, l)| l).collect();
+        if held.is_empty() {
+            return Ok(());
+        }
+        self.write(|tx| {
+            for &s in &held {
+                if db::slot_owner(tx, s)?.flatten() == Some(slots::RESERVED) {
+                    db::set_slot_owner(tx, s, None)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// A shared instance in a child forked from the process its memory is
+    /// about (until [`Pack::lock_db`] makes it this process's).
+    fn forked(&self) -> bool {
+        self.shared
+            && self.pid.load(std::sync::atomic::Ordering::Acquire)
+                != rustix::process::getpid().as_raw_nonzero().get()
     }
 
     /// [`LOCKS_DIR`], made if `create` (else `None` while it does not exist).
@@ -745,6 +781,14 @@ impl FileSystem for Pack {
         self.pack_queued();
         if let Err(e) = self.settle() {
             tracing::warn!("pack: committing creates: {e}");
+        }
+    }
+
+    /// The slots reserved for new files and not handed out go back to the
+    /// free lists.
+    fn finish(&self) {
+        if let Err(e) = self.free_reserve() {
+            tracing::warn!("pack: reserved slots left for the next fresh instance: {e}");
         }
     }
 

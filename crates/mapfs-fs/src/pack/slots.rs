@@ -50,6 +50,10 @@ pub fn pack_name(id: i64) -> String {
 /// next ones needs no transaction.
 pub const RESERVE_BATCH: usize = 32;
 
+/// [`RESERVE_BATCH`] for a process of an embedded job: what a killed one
+/// held waits for the next instance that starts alone, so it holds fewer.
+pub const SHARED_RESERVE_BATCH: usize = 8;
+
 /// Owner recorded for slots a daemon reserved but has not handed to a file
 /// yet: negative, so like every slot only opens use, a new mount frees it.
 pub const RESERVED: i64 = -1;

@@ -218,6 +218,40 @@ fn embedded_pack_fsx_byte_model() {
     a.assert_consistent("fsx");
 }
 
+/// What another process leaves to a writer's release gets freed by it: a
+/// file removed, and a slot a file left for a bigger one, while the writer
+/// had them open after its last `fsync` (its release then records nothing,
+/// and must still see that the database changed since).
+#[test]
+fn embedded_pack_release_frees_what_others_left_it() {
+    let test = "embedded pack, left to a release";
+    if !have("python3") {
+        return;
+    }
+    let a = Area::new();
+    let script = r#"
+import os, subprocess, sys
+d = sys.argv[1]
+w, z = os.path.join(d, "w"), os.path.join(d, "z")
+fw = os.open(w, os.O_WRONLY | os.O_CREAT, 0o644)
+fz = os.open(z, os.O_WRONLY | os.O_CREAT, 0o644)
+for fd in (fw, fz):
+    os.write(fd, b"a" * 3000)
+    os.fsync(fd)
+subprocess.run([sys.executable, "-c",
+    "import os, sys\nos.unlink(sys.argv[1] + '/w')\n"
+    "open(sys.argv[1] + '/z', 'wb').write(b'b' * 20000)\n", d], check=True)
+os.close(fw)
+os.close(fz)
+assert not os.path.exists(w)
+assert open(z, "rb").read() == b"b" * 20000
+print("ok")
+"#;
+    let out = ok(a.run("", "python3").arg("-c").arg(script).arg(&a.prefix));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok", "{test}");
+    a.assert_consistent(test);
+}
+
 /// Processes of one job (fork and exec, fork alone) share the store: each
 /// writes its own files and reads everyone's; a file one process removes
 /// while another reads it keeps its bytes for the reader, and its slot

@@ -97,6 +97,7 @@ impl Pack {
                 slot,
                 mtime_seen: i.mtime,
                 recorded: None,
+                settled: None,
             },
         );
         id
@@ -420,11 +421,19 @@ impl Pack {
         let Some(rows) = map_rows(map, slot) else {
             return Ok(());
         };
+        // The version after this transaction's commit (nothing else
+        // commits while it holds the connection), if it leaves the file
+        // named and in the open's slot.
+        let settled = std::cell::Cell::new(None);
         let mtime = self.write(|tx| {
             let Some(i) = db::inode(tx, h.ino)? else {
                 return Ok(None);
             };
+            if i.nlink > 0 {
+                settled.set(Some(self.version().wrapping_add(1)));
+            }
             if i.own {
+                settled.set(None);
                 tracing::warn!(
                     ino = h.ino,
                     "pack: a write through an open older than the file's move to a file \
@@ -440,6 +449,7 @@ impl Pack {
                 // A slot handed out before any write (a writer lent to a
                 // shim client gets its space at open) and never written: the
                 // file keeps no slot, and the release frees it.
+                settled.set(None);
                 return Ok(None);
             }
             if i.slot != Some(slot) {
@@ -464,10 +474,11 @@ impl Pack {
                 .map_err(db::dberr)?;
             Ok(Some(mtime))
         })?;
-        if let Some(m) = mtime {
-            if let Some(h) = self.handles.lock().get_mut(&handle) {
+        if let Some(h) = self.handles.lock().get_mut(&handle) {
+            if let Some(m) = mtime {
                 h.mtime_seen = m;
             }
+            h.settled = settled.get();
         }
         Ok(())
     }
@@ -478,10 +489,21 @@ impl Pack {
             return res;
         };
         if self.shared {
+            // Nothing committed since this open's last transaction saw the
+            // file named and in its slot: neither is there to free, and
+            // asking the database twice would say so.
+            let unchanged =
+                h.settled.is_some() && self.lock_db().ok().map(|_conn| self.version()) == h.settled;
             if let Some(s) = h.slot.filter(|s| self.packs.release(*s)) {
-                self.reap(vec![Reap::Slot(s)]);
+                if !unchanged {
+                    self.reap(vec![Reap::Slot(s)]);
+                }
             }
-            self.left(h.ino);
+            if unchanged {
+                self.leave(h.ino);
+            } else {
+                self.left(h.ino);
+            }
             return res;
         }
         let batch = self.queue_born_if_last(h.ino);

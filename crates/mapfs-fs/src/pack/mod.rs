@@ -303,6 +303,10 @@ struct Handle {
     /// The map this open last recorded (or found at open): a flush or
     /// release of the same map has nothing to record.
     recorded: Option<DataMap>,
+    /// The [`Pack::version`] just after a transaction of this open saw the
+    /// file named and owning the open's slot (a shared instance's release
+    /// that finds the database at that version has nothing to free).
+    settled: Option<u64>,
 }
 
 impl Pack {

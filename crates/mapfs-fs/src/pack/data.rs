@@ -184,11 +184,14 @@ impl Pack {
             // lock held keeps a compaction from moving what they read. If
             // the database did not change since the path walk, the walk's
             // inode is still current, and the extents may be remembered.
+            // The version the inode was read at, for the release.
+            let mut seen_at = None;
             let res = if trunc {
                 self.write(|tx| check(tx))
             } else {
                 let conn = self.db()?;
                 let writes = self.version();
+                seen_at = Some(writes);
                 if writes == found_at && first.slot == found.slot {
                     readcache::extents(&conn, &self.reads, writes, ino)
                         .map(|ext| Some((found.clone(), ext)))
@@ -218,6 +221,7 @@ impl Pack {
                 }
                 let f = self.own_file(ino, fl)?;
                 let handle = self.new_handle(&i, None);
+                self.settle_handle(handle, &i, seen_at);
                 return Ok(Opened {
                     map: DataMap::whole_file(),
                     files: vec![Arc::new(f)],
@@ -225,6 +229,7 @@ impl Pack {
                 });
             }
             let opened = self.slot_open(&i, &ext)?;
+            self.settle_handle(opened.handle, &i, seen_at);
             if flags.writable() && i.size > self.threshold && self.opens_of(ino) == 1 {
                 // A shared instance moves it only if no other process has
                 // it open either (holding its open lock for writing meanwhile).
@@ -238,6 +243,17 @@ impl Pack {
                 }
             }
             return Ok(opened);
+        }
+    }
+
+    /// Notes on `handle` that the database was at version `seen_at` when
+    /// its open found file `i` there (named, in the slot it acquired).
+    fn settle_handle(&self, handle: u64, i: &Inode, seen_at: Option<u64>) {
+        if i.nlink == 0 {
+            return;
+        }
+        if let Some(h) = self.handles.lock().get_mut(&handle) {
+            h.settled = seen_at;
         }
     }
 
@@ -572,6 +588,7 @@ impl Pack {
         self.drop_handle_slot(&h)?;
         if let Some(hh) = self.handles.lock().get_mut(&handle) {
             hh.slot = Some(new);
+            hh.settled = None;
         }
         let m = DataMap::new(
             vec![Extent {
@@ -641,6 +658,7 @@ impl Pack {
         self.drop_handle_slot(h)?;
         if let Some(hh) = self.handles.lock().get_mut(&handle) {
             hh.slot = None;
+            hh.settled = None;
         }
         Ok(Opened {
             map: DataMap::whole_file(),

@@ -173,6 +173,51 @@ impl Drop for WriteTx<'_> {
     }
 }
 
+/// A locked connection for reads. Shared between processes (an embedded
+/// job), it is inside one read transaction until dropped: SQLite takes and
+/// lets go of a WAL read lock (two `fcntl`s) per transaction, which was one
+/// per query, several per request.
+pub struct ReadDb<'c> {
+    conn: parking_lot::MutexGuard<'c, Connection>,
+    in_tx: bool,
+}
+
+impl std::ops::Deref for ReadDb<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+impl<'c> ReadDb<'c> {
+    /// `conn` for reads, in a read transaction if `in_tx` (for a connection
+    /// other processes share; one alone has its locks for its life).
+    pub fn new(conn: parking_lot::MutexGuard<'c, Connection>, in_tx: bool) -> Result<Self> {
+        if in_tx {
+            conn.prepare_cached("BEGIN")
+                .and_then(|mut st| st.execute([]))
+                .db()?;
+        }
+        Ok(ReadDb { conn, in_tx })
+    }
+}
+
+impl Drop for ReadDb<'_> {
+    fn drop(&mut self) {
+        if !self.in_tx || self.conn.is_autocommit() {
+            return;
+        }
+        let ended = self
+            .conn
+            .prepare_cached("COMMIT")
+            .and_then(|mut st| st.execute([]));
+        if let Err(e) = ended {
+            tracing::warn!("pack database: ending a read transaction: {e}");
+        }
+    }
+}
+
 /// A write transaction that takes the write lock at once, so two processes
 /// never deadlock upgrading read locks. The `&mut` keeps a second
 /// transaction from starting on the connection inside this one.

@@ -303,9 +303,10 @@ struct Handle {
     /// The map this open last recorded (or found at open): a flush or
     /// release of the same map has nothing to record.
     recorded: Option<DataMap>,
-    /// The [`Pack::version`] just after a transaction of this open saw the
-    /// file named and owning the open's slot (a shared instance's release
-    /// that finds the database at that version has nothing to free).
+    /// The [`Pack::version`] at which this open last saw the file named and
+    /// owning the open's slot (at the open's read, or just after a
+    /// transaction of its own): a shared instance's release that finds the
+    /// database at that version has nothing to free.
     settled: Option<u64>,
 }
 
@@ -466,9 +467,21 @@ impl Pack {
 
     /// The connection, after committing the creates answered before their
     /// commit (`pending.rs`): what is read through it is the whole truth.
-    fn db(&self) -> Result<parking_lot::MutexGuard<'_, Connection>> {
+    fn db(&self) -> Result<db::ReadDb<'_>> {
         self.settle()?;
-        self.lock_db()
+        self.read_db()
+    }
+
+    /// [`Pack::lock_db`] for reads: a shared instance's in one read
+    /// transaction, in which it reads SQLite's count of other connections'
+    /// commits.
+    fn read_db(&self) -> Result<db::ReadDb<'_>> {
+        if !self.shared {
+            return db::ReadDb::new(self.lock_db()?, false);
+        }
+        let conn = db::ReadDb::new(self.own_conn()?, true)?;
+        self.see_others(&conn)?;
+        Ok(conn)
     }
 
     /// The connection, which may not know of the creates in
@@ -478,6 +491,15 @@ impl Pack {
     /// forgets the directories it remembered when another instance changed
     /// the database since it last looked.
     fn lock_db(&self) -> Result<parking_lot::MutexGuard<'_, Connection>> {
+        let conn = self.own_conn()?;
+        if self.shared {
+            self.see_others(&conn)?;
+        }
+        Ok(conn)
+    }
+
+    /// The connection, this process's own (see [`Pack::lock_db`]).
+    fn own_conn(&self) -> Result<parking_lot::MutexGuard<'_, Connection>> {
         use std::sync::atomic::Ordering::Release;
         let mut conn = self.conn.lock();
         if !self.shared {
@@ -500,14 +522,25 @@ impl Pack {
             self.dirs.clear();
             self.pid.store(me, Release);
         }
+        Ok(conn)
+    }
+
+    /// Reads SQLite's count of other connections' commits through `conn`
+    /// (a shared instance's): the directories remembered are dropped when
+    /// it moved.
+    fn see_others(&self, conn: &Connection) -> Result<()> {
         let v: i64 = conn
             .prepare_cached("PRAGMA data_version")
             .and_then(|mut st| st.query_row([], |r| r.get(0)))
             .db()?;
-        if self.data_version.swap(v, Release) != v {
+        if self
+            .data_version
+            .swap(v, std::sync::atomic::Ordering::Release)
+            != v
+        {
             self.dirs.clear();
         }
-        Ok(conn)
+        Ok(())
     }
 
     /// What the database's state is, as far as this process can tell:
@@ -524,7 +557,7 @@ impl Pack {
     /// [`names::resolve_read`] at the database's [`Pack::version`], or a
     /// create answered before its commit (`pending.rs`).
     fn resolve_read(&self, ctx: &Ctx, path: &Path) -> Result<(db::Inode, u64)> {
-        let conn = self.lock_db()?;
+        let conn = self.read_db()?;
         let pending = self.pending.lock();
         let version = self.version();
         let mut found = names::resolve_read(
@@ -550,8 +583,12 @@ impl Pack {
     /// then frees what it left for a shared instance to free.
     fn write<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let (res, left) = {
-            let mut c = self.lock_db()?;
+            let mut c = self.own_conn()?;
             let res = db::write_tx(&mut c).and_then(|tx| {
+                if self.shared {
+                    // In the transaction: no read lock of its own.
+                    self.see_others(&tx)?;
+                }
                 // First: what follows may name them.
                 let settled = self.commit_pending(&tx)?;
                 let v = f(&tx)?;
@@ -663,7 +700,7 @@ impl Pack {
         if self.forked() {
             // The reserve is the parent's until the connection is this
             // process's own.
-            drop(self.lock_db()?);
+            drop(self.own_conn()?);
         }
         let reserved = self.reserve.lock().get_mut(&cap).and_then(|l| l.pop());
         let s = match reserved {
@@ -996,7 +1033,10 @@ impl FileSystem for Pack {
     fn fsyncdir(&self, _ctx: &Ctx, _path: &Path, _datasync: bool) -> Result<()> {
         // Every namespace change is committed when its call returns; a
         // checkpoint-free WAL sync makes them durable.
-        let conn = self.db()?;
+        // Not in a read transaction, which would keep the checkpoint
+        // from passing it.
+        self.settle()?;
+        let conn = self.lock_db()?;
         conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)").db()?;
         Ok(())
     }

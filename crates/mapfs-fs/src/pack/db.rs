@@ -127,9 +127,13 @@ pub fn writes() -> u64 {
     WRITES.load(std::sync::atomic::Ordering::SeqCst)
 }
 
-/// A write transaction, rolled back when dropped uncommitted. Its `BEGIN`
-/// and `COMMIT` are prepared statements kept with the others: a
-/// transaction per request made their parsing a visible cost.
+/// Runs one of the transaction statements, prepared once per connection:
+/// a transaction per request made their parsing a visible cost.
+fn statement(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
+}
+
+/// A write transaction, rolled back when dropped uncommitted.
 pub struct WriteTx<'c> {
     conn: &'c Connection,
     done: bool,
@@ -146,7 +150,7 @@ impl std::ops::Deref for WriteTx<'_> {
 impl WriteTx<'_> {
     /// Commits the transaction.
     pub fn commit(mut self) -> rusqlite::Result<()> {
-        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        statement(self.conn, "COMMIT")?;
         self.done = true;
         WRITES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
@@ -162,11 +166,7 @@ impl Drop for WriteTx<'_> {
         WRITES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // A failed COMMIT may have ended the transaction already.
         if !self.conn.is_autocommit() {
-            let rolled = self
-                .conn
-                .prepare_cached("ROLLBACK")
-                .and_then(|mut st| st.execute([]));
-            if let Err(e) = rolled {
+            if let Err(e) = statement(self.conn, "ROLLBACK") {
                 tracing::warn!("pack database: rollback failed: {e}");
             }
         }
@@ -195,9 +195,7 @@ impl<'c> ReadDb<'c> {
     /// other processes share; one alone has its locks for its life).
     pub fn new(conn: parking_lot::MutexGuard<'c, Connection>, in_tx: bool) -> Result<Self> {
         if in_tx {
-            conn.prepare_cached("BEGIN")
-                .and_then(|mut st| st.execute([]))
-                .db()?;
+            statement(&conn, "BEGIN").db()?;
         }
         Ok(ReadDb { conn, in_tx })
     }
@@ -208,11 +206,7 @@ impl Drop for ReadDb<'_> {
         if !self.in_tx || self.conn.is_autocommit() {
             return;
         }
-        let ended = self
-            .conn
-            .prepare_cached("COMMIT")
-            .and_then(|mut st| st.execute([]));
-        if let Err(e) = ended {
+        if let Err(e) = statement(&self.conn, "COMMIT") {
             tracing::warn!("pack database: ending a read transaction: {e}");
         }
     }
@@ -222,9 +216,7 @@ impl Drop for ReadDb<'_> {
 /// never deadlock upgrading read locks. The `&mut` keeps a second
 /// transaction from starting on the connection inside this one.
 pub fn write_tx(conn: &mut Connection) -> Result<WriteTx<'_>> {
-    conn.prepare_cached("BEGIN IMMEDIATE")
-        .and_then(|mut st| st.execute([]))
-        .db()?;
+    statement(conn, "BEGIN IMMEDIATE").db()?;
     Ok(WriteTx { conn, done: false })
 }
 

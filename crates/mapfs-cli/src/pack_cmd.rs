@@ -92,6 +92,13 @@ pub fn run(args: PackArgs) -> Result<()> {
                     s.pack_bytes,
                     s.pack_disk_bytes
                 );
+                if s.awaiting_entry > 0 {
+                    println!(
+                        "awaiting     {} files created just before a daemon crash \
+                         (the next mount enters them)",
+                        s.awaiting_entry
+                    );
+                }
             }
         }
         PackCmd::Check { backing } => {

@@ -1041,7 +1041,20 @@ fuse_test!(creates_answered_before_their_commit_outlive_the_daemon => {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     drop(held);
     drop(s);
+    // The offline tools count them as waiting, not as files, until a mount.
+    let st = pack_stats(backing);
+    assert_eq!(
+        (st.awaiting_entry, st.files),
+        (want.len() as u64, 0),
+        "{test}: offline stats after the kill: {st:?}"
+    );
     let s = pack_on(DataMode::Auto, Some(backing), &[]);
+    let st = pack_stats(backing);
+    assert_eq!(
+        (st.awaiting_entry, st.files),
+        (0, want.len() as u64),
+        "{test}: stats after the remount: {st:?}"
+    );
     let m = s.mountpoint();
     let mut names: Vec<String> = fs::read_dir(m.join("d"))
         .unwrap()

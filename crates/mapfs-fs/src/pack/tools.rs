@@ -293,6 +293,10 @@ pub struct PackStats {
     pub pack_bytes: u64,
     /// Blocks the pack files occupy, in bytes.
     pub pack_disk_bytes: u64,
+    /// Files a daemon created and died before committing, which the next
+    /// mount (or a failover's successor) enters; not in the counts above.
+    #[serde(default)]
+    pub awaiting_entry: u64,
 }
 
 /// Counts files, bytes, slack and pack files of the store in `backing`.
@@ -333,6 +337,7 @@ pub(super) fn stats_on(conn: &Connection, backing: &Path) -> Result<PackStats> {
             }
         }
     }
+    s.awaiting_entry = super::pending::awaiting_entry(conn, backing)?;
     Ok(s)
 }
 

@@ -159,11 +159,8 @@ pub(super) fn awaiting_entry(conn: &Connection, backing: &Path) -> Result<u64> {
     let mut n = 0;
     for e in entries {
         let name = e?.file_name();
-        if !name
-            .to_str()
-            .and_then(|n| n.parse::<i64>().ok())
-            .is_some_and(|ino| ino > seq)
-        {
+        let ino = name.to_str().and_then(|n| n.parse::<i64>().ok());
+        if ino.is_none_or(|ino| ino <= seq) {
             continue;
         }
         // A size query: the record need not be read to be counted.

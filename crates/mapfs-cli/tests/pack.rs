@@ -893,7 +893,9 @@ fuse_test!(tools_run_offline_and_refuse_a_store_in_use => {
     for i in 0..30 {
         fs::write(s.mountpoint().join(format!("f{i}")), stream(&format!("f{i}"), 1000)).unwrap();
     }
-    let mounted = pack_stats(backing);
+    // Once every close reached the daemon (releases are sent in the
+    // background) and the new files moved into their slots.
+    let mounted = wait_packed(backing, 0, test);
     umount_clean(s, test);
     // Nothing serves the store: the tools run here, on its database.
     let offline = pack_stats(backing);
@@ -1168,14 +1170,17 @@ fuse_test!(freed_slots_are_reused => {
     for i in 0..200 {
         fs::write(m.join(format!("f{i}")), stream(&format!("f{i}"), 3000)).unwrap();
     }
-    let before = pack_stats(s.backing());
+    // Every new file in its slot first: the kernel sends releases in the
+    // background, and a file moved after `before` would take a slot that
+    // `after` counts as cut (55 of 200 were still waiting once in CI).
+    let before = wait_packed(s.backing(), 0, "slot reuse");
     for i in 0..200 {
         fs::remove_file(m.join(format!("f{i}"))).unwrap();
     }
     for i in 0..200 {
         fs::write(m.join(format!("g{i}")), stream(&format!("g{i}"), 4000)).unwrap();
     }
-    let after = pack_stats(s.backing());
+    let after = wait_packed(s.backing(), 0, "slot reuse");
     // The 200 new files took the 200 freed slots (and ones reserved
     // before): not one slot was cut from the pack files.
     assert_eq!(before.slots, after.slots, "new slots were cut: {before:?} {after:?}");

@@ -57,24 +57,17 @@ fn entry(
     parent: &Inode,
     last: &[u8],
 ) -> Result<Inode> {
-    if let Some((c, writes)) = reads {
-        if let Some(i) = c.name(writes, parent.ino, last) {
-            return Ok(i);
+    let found = match reads.and_then(|(c, writes)| c.name(writes, parent.ino, last)) {
+        Some(found) => found,
+        None => {
+            let found = db::lookup(conn, parent.ino, last)?;
+            if let Some((c, writes)) = reads {
+                c.put_name(writes, parent.ino, last, found.as_ref());
+            }
+            found
         }
-        if c.is_missing(writes, parent.ino, last) {
-            return Err(Error::not_found());
-        }
-    }
-    let Some(i) = db::lookup(conn, parent.ino, last)? else {
-        if let Some((c, writes)) = reads {
-            c.put_missing(writes, parent.ino, last);
-        }
-        return Err(Error::not_found());
     };
-    if let Some((c, writes)) = reads {
-        c.put_name(writes, parent.ino, last, &i);
-    }
-    Ok(i)
+    found.ok_or_else(Error::not_found)
 }
 
 /// [`resolve`] outside any write transaction, with the final name read

@@ -16,7 +16,7 @@
 //! Callers must not use it inside a write transaction, whose own changes
 //! are not counted until it ends.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
@@ -39,10 +39,10 @@ pub struct ReadCache {
 struct Inner {
     /// The [`db::writes`] count the entries were read at.
     writes: u64,
-    names: HashMap<(i64, Vec<u8>), Inode>,
-    /// Names a walk found missing: the kernel's `LOOKUP` of a new file's
-    /// name comes just before its `CREATE`, which need not ask again.
-    missing: HashSet<(i64, Vec<u8>)>,
+    /// Final names of walks: `None` for one found missing (the kernel's
+    /// `LOOKUP` of a new file's name comes just before its `CREATE`, which
+    /// need not ask again).
+    names: HashMap<(i64, Vec<u8>), Option<Inode>>,
     extents: HashMap<i64, Vec<Row>>,
 }
 
@@ -51,7 +51,6 @@ impl Inner {
     fn at(&mut self, writes: u64) -> &mut Self {
         if self.writes != writes {
             self.names.clear();
-            self.missing.clear();
             self.extents.clear();
             self.writes = writes;
         }
@@ -61,38 +60,23 @@ impl Inner {
 
 impl ReadCache {
     /// Entry `name` of directory `parent`, if read since the database last
-    /// changed; `writes` is [`db::writes`] read under the connection's lock.
-    pub fn name(&self, writes: u64, parent: i64, name: &[u8]) -> Option<Inode> {
+    /// changed (`Some(None)`: found missing); `writes` is [`db::writes`]
+    /// read under the connection's lock.
+    pub fn name(&self, writes: u64, parent: i64, name: &[u8]) -> Option<Option<Inode>> {
         // The key is built only to look up: names are short.
         let mut c = self.inner.lock();
         c.at(writes).names.get(&(parent, name.to_vec())).cloned()
     }
 
-    /// Remembers `i` as entry `name` of `parent`, read at `writes`.
-    pub fn put_name(&self, writes: u64, parent: i64, name: &[u8], i: &Inode) {
+    /// Remembers `i` as entry `name` of `parent` (`None`: there is none),
+    /// read at `writes`.
+    pub fn put_name(&self, writes: u64, parent: i64, name: &[u8], i: Option<&Inode>) {
         let mut c = self.inner.lock();
         let c = c.at(writes);
         if c.names.len() >= MAX_ENTRIES {
             c.names.clear();
         }
-        c.names.insert((parent, name.to_vec()), i.clone());
-    }
-
-    /// Whether entry `name` of `parent` was found missing since the
-    /// database last changed (`writes` as for [`ReadCache::name`]).
-    pub fn is_missing(&self, writes: u64, parent: i64, name: &[u8]) -> bool {
-        let mut c = self.inner.lock();
-        c.at(writes).missing.contains(&(parent, name.to_vec()))
-    }
-
-    /// Remembers that `parent` has no entry `name`, read at `writes`.
-    pub fn put_missing(&self, writes: u64, parent: i64, name: &[u8]) {
-        let mut c = self.inner.lock();
-        let c = c.at(writes);
-        if c.missing.len() >= MAX_ENTRIES {
-            c.missing.clear();
-        }
-        c.missing.insert((parent, name.to_vec()));
+        c.names.insert((parent, name.to_vec()), i.cloned());
     }
 
     /// The extents of `ino`, if read since the database last changed.
@@ -137,16 +121,19 @@ mod tests {
     #[test]
     fn entries_last_until_the_database_changes() {
         let c = ReadCache::default();
-        c.put_name(7, 1, b"a", &file(5));
+        c.put_name(7, 1, b"a", Some(&file(5)));
         c.put_extents(7, 5, &[(0, 4096, 10)]);
-        assert_eq!(c.name(7, 1, b"a").unwrap().ino, 5);
+        assert_eq!(c.name(7, 1, b"a").unwrap().unwrap().ino, 5);
         assert_eq!(c.extents(7, 5).unwrap(), vec![(0, 4096, 10)]);
         assert!(c.name(7, 1, b"b").is_none());
-        c.put_missing(7, 1, b"b");
-        assert!(c.is_missing(7, 1, b"b"));
-        assert!(!c.is_missing(7, 1, b"a"));
+        c.put_name(7, 1, b"b", None);
+        assert!(
+            matches!(c.name(7, 1, b"b"), Some(None)),
+            "not remembered as missing"
+        );
+        assert!(c.name(7, 1, b"a").unwrap().is_some());
         // A write transaction ended: everything read before is gone.
-        assert!(!c.is_missing(8, 1, b"b"));
+        assert!(c.name(8, 1, b"b").is_none());
         assert!(c.name(8, 1, b"a").is_none());
         assert!(c.extents(8, 5).is_none());
         assert!(
@@ -159,7 +146,7 @@ mod tests {
     fn stays_bounded() {
         let c = ReadCache::default();
         for i in 0..(MAX_ENTRIES as i64 + 10) {
-            c.put_name(1, 1, format!("f{i}").as_bytes(), &file(i + 2));
+            c.put_name(1, 1, format!("f{i}").as_bytes(), Some(&file(i + 2)));
             assert!(c.inner.lock().names.len() <= MAX_ENTRIES);
         }
     }

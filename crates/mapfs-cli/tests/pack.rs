@@ -977,6 +977,81 @@ fuse_test!(new_files_are_written_by_passthrough_and_packed_at_their_last_close =
 
 // A create answered before its commit (`pending.rs`) is a file the next
 // mount enters under its name, whatever the daemon's death left undone.
+/// Voluntary context switches of each thread of `pid`, by thread id, with
+/// the thread's name.
+fn wakeups(pid: u32) -> BTreeMap<String, (String, u64)> {
+    let mut out = BTreeMap::new();
+    for t in fs::read_dir(format!("/proc/{pid}/task")).expect("the daemon's threads") {
+        let t = t.unwrap().path();
+        let tid = t.file_name().unwrap().to_string_lossy().into_owned();
+        let (Ok(comm), Ok(status)) = (
+            fs::read_to_string(t.join("comm")),
+            fs::read_to_string(t.join("status")),
+        ) else {
+            continue;
+        };
+        let n = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("voluntary_ctxt_switches in /proc/PID/task/TID/status");
+        out.insert(tid, (comm.trim().to_string(), n));
+    }
+    out
+}
+
+// An idle daemon sleeps: its housekeeping thread runs when `pack` rings for
+// it (new files released), not on a timer (it woke 20 times a second). New
+// files still move into slots, with no tool asking (`mapfs pack stats`
+// would move them itself). The control socket's thread wakes for other
+// tests' clients here; its unit test checks that it sleeps without any
+// (`an_idle_server_sleeps_until_a_client_comes`).
+fuse_test!(an_idle_daemon_sleeps_and_still_packs_new_files => {
+    let s = pack_on(DataMode::Auto, None, &[]);
+    let m = s.mountpoint();
+    for i in 0..100 {
+        fs::write(m.join(format!("f{i}")), stream(&format!("idle {i}"), 100 + 40 * i)).unwrap();
+    }
+    let own = s.backing().join("files");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = fs::read_dir(&own).unwrap().count();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} of 100 new files still in files of their own 10 s after their close"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = mapfs_cli::mounts::read_info(m).expect("the mount's info file").pid;
+    let before = wakeups(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let after = wakeups(pid);
+    let housekeeping: Vec<_> = after
+        .iter()
+        .filter(|(_, (comm, _))| comm.starts_with("mapfs-housekeep"))
+        .collect();
+    assert_eq!(housekeeping.len(), 1, "the daemon's threads: {after:?}");
+    for (tid, (comm, n)) in housekeeping {
+        let was = before.get(tid).map_or(0, |b| b.1);
+        assert!(
+            n - was <= 2,
+            "thread {comm} ({tid}) of an idle daemon woke {} times in 2 s",
+            n - was
+        );
+    }
+    for i in 0..100 {
+        assert_eq!(
+            fs::read(m.join(format!("f{i}"))).unwrap(),
+            stream(&format!("idle {i}"), 100 + 40 * i),
+            "f{i}"
+        );
+    }
+    umount_clean(s, "idle daemon");
+});
+
 fuse_test!(creates_answered_before_their_commit_outlive_the_daemon => {
     let test = "pack: creates before their commit";
     let (_keep, backing) = kept_backing();

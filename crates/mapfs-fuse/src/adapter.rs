@@ -64,6 +64,7 @@ use fuser::{
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use mapfs::engine::{self, DataFile};
+use mapfs::housekeeping::Bell;
 use mapfs::{
     Attr, Ctx, DataMap, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags, Result,
     SetAttr, TimeSet,
@@ -196,6 +197,16 @@ pub struct Shared {
     /// [`Shared::release_file`]). Opens of one inode on such a mount are
     /// one at a time; opens of others rarely wait.
     joining: [Mutex<()>; JOIN_LOCKS],
+    /// The bell of the file system's housekeeping thread, rung to end it.
+    housekeeper: Option<Bell>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(bell) = &self.housekeeper {
+            bell.stop();
+        }
+    }
 }
 
 /// How many locks [`Shared::joining`] spreads inodes over.
@@ -222,9 +233,10 @@ impl Adapter {
         let root = fs.getattr(&Ctx::current(), Path::new("/"))?;
         let passthrough = opts.data != DataMode::Daemon;
         let pages = crate::pagecache::KeptPages::new(fs.only_this_mount_writes());
-        if let Some(every) = housekeeping_every(fs.as_ref()) {
-            spawn_housekeeping(Arc::downgrade(&fs), every)?;
-        }
+        let housekeeper = match housekeeping_every(fs.as_ref()) {
+            Some(every) => Some(spawn_housekeeping(&fs, every)?),
+            None => None,
+        };
         Ok(Adapter(Arc::new(Shared {
             fs,
             inodes: Inodes::new(root.ino),
@@ -245,6 +257,7 @@ impl Adapter {
             resent: Mutex::default(),
             pages,
             joining: std::array::from_fn(|_| Mutex::new(())),
+            housekeeper,
         })))
     }
 
@@ -269,23 +282,32 @@ fn housekeeping_every(fs: &dyn FileSystem) -> Option<std::time::Duration> {
     }
 }
 
-/// Calls `fs`'s [`FileSystem::housekeeping`] every `every` until the file
-/// system is dropped.
-fn spawn_housekeeping(
-    fs: std::sync::Weak<dyn FileSystem>,
-    every: std::time::Duration,
-) -> Result<()> {
+/// Starts the thread that calls `fs`'s [`FileSystem::housekeeping`]: when
+/// the file system rings the bell it took
+/// ([`FileSystem::housekeeping_bell`]), or else every `every`; until the
+/// bell is stopped or the file system dropped. Returns the bell.
+fn spawn_housekeeping(fs: &Arc<dyn FileSystem>, every: Duration) -> Result<Bell> {
+    let bell = Bell::new();
+    let rung = fs.housekeeping_bell(bell.clone());
+    let fs = Arc::downgrade(fs);
+    let waits = bell.clone();
     std::thread::Builder::new()
         .name("mapfs-housekeeping".into())
         .spawn(move || loop {
-            std::thread::sleep(every);
+            if rung {
+                if !waits.wait(every) {
+                    return;
+                }
+            } else {
+                std::thread::sleep(every);
+            }
             match fs.upgrade() {
                 Some(fs) => fs.housekeeping(),
                 None => return,
             }
         })
         .map_err(|e| mapfs::Error::from(e).context("starting the housekeeping thread"))?;
-    Ok(())
+    Ok(bell)
 }
 
 impl Shared {
@@ -1446,6 +1468,9 @@ impl Filesystem for Adapter {
     /// done, and what it holds goes back ([`FileSystem::finish`]), not left
     /// for the next mount.
     fn destroy(&mut self) {
+        if let Some(bell) = &self.0.housekeeper {
+            bell.stop();
+        }
         if self.0.fs.housekeeping_every().is_some() {
             self.0.fs.housekeeping();
         }

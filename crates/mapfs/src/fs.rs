@@ -310,14 +310,27 @@ pub trait FileSystem: Send + Sync + 'static {
     }
 
     /// How often the daemon calls [`FileSystem::housekeeping`] while it
-    /// serves; `None` (the default): never.
+    /// serves (with a [`FileSystem::housekeeping_bell`]: how long after the
+    /// bell rings); `None` (the default): never.
     fn housekeeping_every(&self) -> Option<std::time::Duration> {
         None
     }
 
+    /// Takes the bell that wakes the daemon's housekeeping thread, before
+    /// the daemon serves. A file system that keeps it and rings it whenever
+    /// it leaves work ([`Bell::soon`](crate::housekeeping::Bell::soon)) gets
+    /// [`FileSystem::housekeeping`] only then, so an idle daemon sleeps;
+    /// one that answers false (the default) gets it every
+    /// [`FileSystem::housekeeping_every`] whether or not there is work.
+    fn housekeeping_bell(&self, bell: crate::housekeeping::Bell) -> bool {
+        let _ = bell;
+        false
+    }
+
     /// Work a file system does between requests rather than in one, on a
     /// thread of the daemon's own, about every
-    /// [`FileSystem::housekeeping_every`] (`pack` moves the new files
+    /// [`FileSystem::housekeeping_every`] or when rung for
+    /// ([`FileSystem::housekeeping_bell`]; `pack` moves the new files
     /// released since the last call into slots, and commits the creates it
     /// answered before their commit). It runs beside requests: it takes
     /// the file system's own locks like any request.

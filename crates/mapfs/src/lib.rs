@@ -18,6 +18,7 @@ pub mod datamap;
 pub mod engine;
 pub mod error;
 pub mod fs;
+pub mod housekeeping;
 pub mod lentsize;
 pub mod mapcache;
 pub mod preload_report;

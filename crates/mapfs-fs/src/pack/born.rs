@@ -81,21 +81,33 @@ impl Pack {
         ))
     }
 
-    /// At the release of an open of `ino` (still counted): if the file was
-    /// born in a file of its own and this is its last open, queues it to
-    /// move into a slot. True when the queue holds a batch: the caller
-    /// moves it ([`Pack::pack_queued`]) once this open no longer counts.
-    pub(super) fn queue_born_if_last(&self, ino: i64) -> bool {
-        if !self.born.lock().contains(&ino) {
-            return false;
+    /// At the release of an open of `ino` (still counted): true when the
+    /// file was born in a file of its own and this is its last open, to
+    /// [`Pack::queue_born`] once the open no longer counts.
+    pub(super) fn last_born_open(&self, ino: i64) -> bool {
+        // Another open's release will.
+        self.born.lock().contains(&ino) && self.opens.lock().get(&ino).copied() == Some(1)
+    }
+
+    /// Queues born file `ino`, whose last open was released, to move into
+    /// a slot, and rings the housekeeping bell (a full batch: at once).
+    /// Only once the open no longer counts: a move that found it still
+    /// open would drop it from the queue. True when the queue holds a
+    /// batch and there is no bell: the caller moves it
+    /// ([`Pack::pack_queued`]).
+    pub(super) fn queue_born(&self, ino: i64) -> bool {
+        let queued = {
+            let mut q = self.to_pack.lock();
+            q.push(ino);
+            q.len()
+        };
+        match self.bell.get() {
+            // The releases of a batch go on while another thread moves it.
+            Some(bell) if queued >= PACK_BATCH => bell.now(),
+            Some(bell) => bell.soon(),
+            None => return queued >= PACK_BATCH,
         }
-        if self.opens.lock().get(&ino).copied() != Some(1) {
-            // Another open's release will.
-            return false;
-        }
-        let mut q = self.to_pack.lock();
-        q.push(ino);
-        q.len() >= PACK_BATCH
+        false
     }
 
     /// Moves the queued born files nobody has open into slots, in one

@@ -522,9 +522,9 @@ impl Pack {
             }
             return res;
         }
-        let batch = self.queue_born_if_last(h.ino);
+        let born = self.last_born_open(h.ino);
         let last = self.leave(h.ino);
-        if batch {
+        if born && self.queue_born(h.ino) {
             self.pack_queued();
         }
         let freed = h

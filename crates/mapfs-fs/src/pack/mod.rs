@@ -83,6 +83,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 
+use mapfs::housekeeping::Bell;
 use mapfs::{
     Attr, Ctx, DataMap, DirEntry, Error, FileSystem, OpenFlags, Opened, RenameFlags, Result,
     SetAttr, StatFs,
@@ -290,6 +291,10 @@ pub struct Pack {
     pending: Mutex<pending::Pending>,
     /// [`LOCKS_DIR`], once it exists.
     locks_dir: std::sync::OnceLock<OwnedFd>,
+    /// The daemon's housekeeping bell, rung as work is queued for it (born
+    /// files released, creates answered): without one, a full batch of
+    /// born files moves in the release that fills it.
+    bell: std::sync::OnceLock<Bell>,
 }
 
 /// One open.
@@ -404,6 +409,7 @@ impl Pack {
             ),
             pending: Mutex::new(pending::Pending::default()),
             locks_dir: std::sync::OnceLock::new(),
+            bell: std::sync::OnceLock::new(),
         };
         // Before anything else reads the namespace, and on a successor
         // too: the creates a dead daemon answered are files its programs
@@ -814,6 +820,11 @@ impl FileSystem for Pack {
     /// Where new files are born in files of their own (`born.rs`).
     fn housekeeping_every(&self) -> Option<std::time::Duration> {
         self.new_files_own.then_some(HOUSEKEEPING_EVERY)
+    }
+
+    /// Rung as born files are released and creates answered.
+    fn housekeeping_bell(&self, bell: Bell) -> bool {
+        self.new_files_own && self.bell.set(bell).is_ok()
     }
 
     /// Moves the born files released since into slots, and commits the

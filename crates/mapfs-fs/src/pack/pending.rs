@@ -267,6 +267,9 @@ impl Pack {
             let i = rec.inode(ino);
             pending.names.insert((rec.parent, rec.name.clone()), ino);
             pending.files.insert(ino, rec);
+            if let Some(bell) = self.bell.get() {
+                bell.soon();
+            }
             (i, f)
         };
         self.enter(i.ino)?;

@@ -111,6 +111,7 @@ pub struct ControlServer {
     path: PathBuf,
     stopping: Arc<AtomicBool>,
     clients: Arc<AtomicU64>,
+    wakeups: Arc<AtomicU64>,
     wake: Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
 }
@@ -187,6 +188,7 @@ pub fn spawn_with(
     )?;
     let stopping = Arc::new(AtomicBool::new(false));
     let clients = Arc::new(AtomicU64::new(0));
+    let wakeups = Arc::new(AtomicU64::new(0));
     let mut server = Server {
         registry,
         listener,
@@ -198,6 +200,7 @@ pub fn spawn_with(
         passrights_off,
         stopping: Arc::clone(&stopping),
         clients: Arc::clone(&clients),
+        wakeups: Arc::clone(&wakeups),
         accepted: 0,
         closer: None,
         buf: vec![0; control::MAX_PACKET],
@@ -216,6 +219,7 @@ pub fn spawn_with(
         path: socket.to_path_buf(),
         stopping,
         clients,
+        wakeups,
         wake,
         thread: Some(thread),
     })
@@ -230,6 +234,12 @@ impl ControlServer {
     /// Number of connected clients (for tests and stats).
     pub fn clients(&self) -> usize {
         self.clients.load(Ordering::Relaxed) as usize
+    }
+
+    /// How many times the server's thread has woken (for tests: an idle
+    /// server sleeps).
+    pub fn wakeups(&self) -> u64 {
+        self.wakeups.load(Ordering::Relaxed)
     }
 }
 
@@ -316,6 +326,8 @@ struct Server {
     passrights_off: bool,
     stopping: Arc<AtomicBool>,
     clients: Arc<AtomicU64>,
+    /// Times `epoll_wait` returned ([`ControlServer::wakeups`]).
+    wakeups: Arc<AtomicU64>,
     /// Connections accepted since start.
     accepted: u64,
     /// Closes descriptors clients sent (kernels without `SO_PASSRIGHTS`),
@@ -402,12 +414,17 @@ impl Server {
         };
         while !self.stopping.load(Ordering::SeqCst) {
             events.clear();
+            // With no client there is nothing to sweep: an idle daemon
+            // sleeps until one connects.
+            let timeout = (!self.conns.is_empty()).then_some(&tick);
             match epoll::wait(
                 &self.epoll,
                 rustix::buffer::spare_capacity(&mut events),
-                Some(&tick),
+                timeout,
             ) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Ok(_) | Err(rustix::io::Errno::INTR) => {
+                    self.wakeups.fetch_add(1, Ordering::Relaxed);
+                }
                 Err(e) => {
                     tracing::error!("control socket: epoll_wait failed: {e}; serving stops");
                     break;

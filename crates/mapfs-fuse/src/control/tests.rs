@@ -835,6 +835,30 @@ fn hello_status_and_a_writeback_cache_mount() {
     assert_eq!(st.connections, 2);
 }
 
+/// The server's thread sleeps while no client is connected (it swept
+/// connections once a second, clients or not), and sweeps while one is.
+#[test]
+fn an_idle_server_sleeps_until_a_client_comes() {
+    let s = setup_with(Fake::default(), None);
+    let quiet = std::time::Duration::from_millis(1500);
+    std::thread::sleep(quiet);
+    assert_eq!(s.server.wakeups(), 0, "woke with no client");
+    let c = control::connect(s.server.path()).unwrap();
+    eventually("the client counted", || s.server.clients() == 1);
+    let connected = s.server.wakeups();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert!(
+        s.server.wakeups() >= connected + 2,
+        "no sweep with a client connected: {} wake-ups, {connected} at its connect",
+        s.server.wakeups()
+    );
+    drop(c);
+    eventually("the client gone", || s.server.clients() == 0);
+    let gone = s.server.wakeups();
+    std::thread::sleep(quiet);
+    assert_eq!(s.server.wakeups(), gone, "woke after the last client left");
+}
+
 #[test]
 fn connections_are_capped_per_user_and_idle_ones_closed() {
     let s = setup_with(

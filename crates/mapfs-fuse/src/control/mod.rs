@@ -202,6 +202,7 @@ pub fn spawn_with(
         clients: Arc::clone(&clients),
         wakeups: Arc::clone(&wakeups),
         accepted: 0,
+        accept_paused: None,
         closer: None,
         buf: vec![0; control::MAX_PACKET],
         tool_running: Arc::new(AtomicBool::new(false)),
@@ -310,6 +311,10 @@ const FIRST_CONN: u64 = 2;
 /// How often idle connections are looked for.
 const SWEEP: Duration = Duration::from_secs(1);
 
+/// How long the listener rests after an `accept` failed for want of a
+/// descriptor or memory.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
 /// Warnings a client can cause, each at most once per interval.
 static REFUSED_CONNECTION: RateLimited = RateLimited::new(Duration::from_secs(10));
 static BAD_CLIENT: RateLimited = RateLimited::new(Duration::from_secs(10));
@@ -330,6 +335,9 @@ struct Server {
     wakeups: Arc<AtomicU64>,
     /// Connections accepted since start.
     accepted: u64,
+    /// Since when the listener is out of the epoll set, after an `accept`
+    /// failed ([`Server::pause_accept`]).
+    accept_paused: Option<Instant>,
     /// Closes descriptors clients sent (kernels without `SO_PASSRIGHTS`),
     /// started at the first.
     closer: Option<SyncSender<Vec<OwnedFd>>>,
@@ -412,11 +420,19 @@ impl Server {
             tv_sec: SWEEP.as_secs() as _,
             tv_nsec: 0,
         };
+        let retry = rustix::fs::Timespec {
+            tv_sec: 0,
+            tv_nsec: ACCEPT_RETRY.as_nanos() as _,
+        };
         while !self.stopping.load(Ordering::SeqCst) {
             events.clear();
             // With no client there is nothing to sweep: an idle daemon
             // sleeps until one connects.
-            let timeout = (!self.conns.is_empty()).then_some(&tick);
+            let timeout = if self.accept_paused.is_some() {
+                Some(&retry)
+            } else {
+                (!self.conns.is_empty()).then_some(&tick)
+            };
             match epoll::wait(
                 &self.epoll,
                 rustix::buffer::spare_capacity(&mut events),
@@ -445,10 +461,36 @@ impl Server {
                 last_sweep = Instant::now();
                 self.close_idle();
             }
+            if self
+                .accept_paused
+                .is_some_and(|at| at.elapsed() >= ACCEPT_RETRY)
+            {
+                self.resume_accept();
+            }
         }
         let ids: Vec<u64> = self.conns.keys().copied().collect();
         for id in ids {
             self.close(id);
+        }
+    }
+
+    /// Stops watching the listener for [`ACCEPT_RETRY`].
+    fn pause_accept(&mut self) {
+        if self.accept_paused.is_none() && epoll::delete(&self.epoll, &self.listener).is_ok() {
+            self.accept_paused = Some(Instant::now());
+        }
+    }
+
+    fn resume_accept(&mut self) {
+        match epoll::add(
+            &self.epoll,
+            &self.listener,
+            epoll::EventData::new_u64(LISTENER),
+            epoll::EventFlags::IN,
+        ) {
+            Ok(()) => self.accept_paused = None,
+            // Out of memory for the epoll entry: try again later.
+            Err(_) => self.accept_paused = Some(Instant::now()),
         }
     }
 
@@ -462,11 +504,14 @@ impl Server {
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(rustix::io::Errno::AGAIN) => return,
                 Err(e) => {
-                    // EMFILE and friends: the pending connection stays queued;
-                    // try again at the next wake-up rather than spin.
+                    // EMFILE and friends: the pending connection stays
+                    // queued. The listener is level-triggered, so waiting
+                    // on it again would spin: it leaves the epoll set for a
+                    // while, then accepts again.
                     REFUSED_CONNECTION.log(|n| {
                         tracing::warn!(held_back = n, "control socket: accept failed: {e}")
                     });
+                    self.pause_accept();
                     return;
                 }
             };

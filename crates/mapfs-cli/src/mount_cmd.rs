@@ -88,7 +88,7 @@ impl MountArgs {
     /// 0 when `-o hostid=` names this host of a store other hosts change
     /// (close-to-open across hosts: a kernel keeping a size for 1 s showed
     /// another host's closed rewrite cut to the old size), or
-    /// [`EXCLUSIVE_TTL_SECS`] with `--exclusive`.
+    /// `EXCLUSIVE_TTL_SECS` with `--exclusive`.
     pub fn ttl_secs(&self) -> f64 {
         match (self.ttl, self.exclusive) {
             (Some(t), _) => t,

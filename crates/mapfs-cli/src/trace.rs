@@ -3,7 +3,7 @@
 //!
 //! The daemon traces only while a `trace` is connected (one relaxed atomic
 //! load per request otherwise), into a bounded queue per client; this
-//! command asks for what is queued every [`POLL`], and says how many events
+//! command asks for what is queued every `POLL`, and says how many events
 //! were dropped when it lagged.
 
 use std::io::Write as _;

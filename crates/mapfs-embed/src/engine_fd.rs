@@ -709,7 +709,7 @@ pub(crate) fn inherited_memfds() -> Vec<(i32, String)> {
 
 /// In a new process image: reopens the opens carried across `exec` (see
 /// [`before_exec`]) under the same descriptor numbers, among `memfds`
-/// ([`inherited_memfds`]).
+/// (`inherited_memfds`).
 pub fn adopt_inherited(memfds: &[(i32, String)]) {
     for (fd, name) in memfds {
         let fd = *fd;

@@ -25,7 +25,7 @@
 //! Permissions are checked twice: every callback acts on the backing store
 //! as the caller ([`Ctx`]), and the kernel checks mode bits and ACLs first
 //! (`FUSE_POSIX_ACL`, which also turns on `default_permissions`; every
-//! mount has that option too, see [`crate::mount`]): opens of FIFOs,
+//! mount has that option too, see [`mod@crate::mount`]): opens of FIFOs,
 //! sockets and device nodes never reach the daemon, so only the kernel can
 //! check them. Two kernel habits are undone where they would make the
 //! daemon's check stricter than native: the open for `execve` of a file the
@@ -118,7 +118,7 @@ pub struct AdapterOptions {
     /// How long the kernel may cache names. Without `default_permissions`
     /// the kernel checks no directory search permission on a cached name, so
     /// a mount shared by several users would need 0 here (mapfs mounts
-    /// always have it, see [`crate::mount`]).
+    /// always have it, see [`mod@crate::mount`]).
     pub entry_ttl: Duration,
     /// In daemon mode, let the kernel buffer writes (much faster small
     /// writes). The kernel then owns file sizes and never takes them from the
@@ -212,7 +212,7 @@ impl Drop for Shared {
 /// How many locks [`Shared::joining`] spreads inodes over.
 const JOIN_LOCKS: usize = 64;
 
-/// The access mode of a placeholder open (see [`Shared::open_placeholder`]).
+/// The access mode of a placeholder open (see `Shared::open_placeholder`).
 pub const PLACEHOLDER_ACCESS: i32 = 3;
 
 /// Warnings any user of the mount can cause, each at most once per

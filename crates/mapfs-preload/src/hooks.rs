@@ -711,7 +711,7 @@ extern "C" fn vfork_prepare() -> *mut c_void {
 /// command with it, and turning it into a `fork` made each command copy and
 /// tear down the caller's page tables (measured: about 0.2 ms of kernel
 /// time per command under `mapfs run`, most of what the shim cost a shell
-/// loop). The entry point calls [`vfork_prepare`] and then *jumps* to the
+/// loop). The entry point calls `vfork_prepare` and then *jumps* to the
 /// real `vfork`, so that the child returns straight to the caller and never
 /// into a frame of the shim (which the parent, sharing the stack, would
 /// then find clobbered).

@@ -270,7 +270,7 @@ pub const RECONNECT_FOR: Duration = Duration::from_secs(10);
 /// Set when the process exits: its last messages are not worth a wait.
 static EXITING: AtomicBool = AtomicBool::new(false);
 
-/// The process is exiting (see [`EXITING`]).
+/// The process is exiting (see `EXITING`).
 pub fn exiting() {
     EXITING.store(true, Ordering::Relaxed);
 }

@@ -177,7 +177,7 @@ impl Direct {
     }
 }
 
-/// `pread` of `n` bytes at `off` of lent descriptor `fd` by its [`Direct`]
+/// `pread` of `n` bytes at `off` of lent descriptor `fd` by its `Direct`
 /// record (the count, or the errno), or `None` if it has none (or it
 /// changed during the call: the caller then takes the ordinary path, whose
 /// answer replaces this one).

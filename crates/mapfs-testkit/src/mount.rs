@@ -128,7 +128,7 @@ fn canonical_no_enter(path: &Path) -> PathBuf {
 /// Output of a command run by the test kit.
 #[derive(Debug, Clone)]
 pub struct CmdOutput {
-    /// Exit status (`None` when it was killed after [`COMMAND_TIMEOUT`]).
+    /// Exit status (`None` when it was killed after `COMMAND_TIMEOUT`).
     pub status: Option<ExitStatus>,
     /// Captured standard output.
     pub stdout: String,

@@ -355,7 +355,7 @@ pub struct CompactReport {
 }
 
 /// Compacts the store in `backing`, which nothing serves: see
-/// [`compact_on`].
+/// `compact_on`.
 pub fn compact(backing: &Path) -> Result<CompactReport> {
     let (_sole, conn) = offline(backing)?;
     compact_on(&Mutex::new(conn), backing)

@@ -153,7 +153,7 @@ pub(super) fn host_id(host: &str) -> String {
 /// Longest host id (`-o hostid=`).
 pub const HOSTID_MAX: usize = 64;
 
-/// Checks a host id given with `-o hostid=NAME`: 1 to [`HOSTID_MAX`]
+/// Checks a host id given with `-o hostid=NAME`: 1 to `HOSTID_MAX`
 /// letters, digits, `-` or `_` (it becomes part of file names).
 pub fn check_hostid(id: &str) -> Result<()> {
     let ok = !id.is_empty()

@@ -265,7 +265,7 @@ impl Undo {
     }
 }
 
-/// Makes `backing` (files[0]; files[1] is the same file, the writer map's
+/// Makes `backing` (`files[0]`; `files[1]` is the same file, the writer map's
 /// read-only ranges) hold what
 /// a writer changed from `prev` (its map at its last settle) to `map`,
 /// saving first what that overwrites into every undo version being

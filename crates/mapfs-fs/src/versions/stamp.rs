@@ -40,7 +40,7 @@ pub fn format(us: i64) -> String {
     )
 }
 
-/// The time in microseconds of a text made by [`format`]; `None` for
+/// The time in microseconds of a text made by [`format()`]; `None` for
 /// anything else.
 pub fn parse(text: &str) -> Option<i64> {
     let b = text.as_bytes();

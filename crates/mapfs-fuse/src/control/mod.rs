@@ -11,7 +11,7 @@
 //! open's opener, unless the peer is root. The access mode of the handed-out
 //! descriptor is the open's own. Every later request names a handle this
 //! connection was given; others are refused. Pushed maps are checked against
-//! what the open could have written ([`pushed`]).
+//! what the open could have written (`pushed`).
 //!
 //! # Resources a client can make the daemon spend
 //!

@@ -1001,7 +1001,8 @@ fn wakeups(pid: u32) -> BTreeMap<String, (String, u64)> {
 }
 
 // An idle daemon sleeps: its housekeeping thread runs when `pack` rings for
-// it (new files released), not on a timer (it woke 20 times a second). New
+// it (new files released), not on a timer (it woke 20 times a second), and
+// at the lowest priority. New
 // files still move into slots, with no tool asking (`mapfs pack stats`
 // would move them itself). The control socket's thread wakes for other
 // tests' clients here; its unit test checks that it sleeps without any
@@ -1035,6 +1036,14 @@ fuse_test!(an_idle_daemon_sleeps_and_still_packs_new_files => {
         .collect();
     assert_eq!(housekeeping.len(), 1, "the daemon's threads: {after:?}");
     for (tid, (comm, n)) in housekeeping {
+        // Work between requests yields the processor to requests.
+        let stat = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
+        let nice: i32 = stat[stat.rfind(')').unwrap() + 2..]
+            .split(' ')
+            .nth(16)
+            .and_then(|v| v.parse().ok())
+            .expect("the nice value in /proc/PID/task/TID/stat");
+        assert_eq!(nice, 19, "the housekeeping thread's nice value");
         let was = before.get(tid).map_or(0, |b| b.1);
         assert!(
             n - was <= 2,

@@ -282,6 +282,15 @@ fn housekeeping_every(fs: &dyn FileSystem) -> Option<std::time::Duration> {
     }
 }
 
+/// The nice value of the housekeeping thread: work between requests yields
+/// the processor to requests. On two cores, a batch of moves at the
+/// daemon's own priority (about 1.3 ms for 64 files) kept the thread that
+/// was to serve the writer's next request waiting for its turn: `pack`
+/// wrote small files 14% faster at 19 (five rounds, tmpfs). Still a share
+/// of the processor, never none (not `SCHED_IDLE`): a move holds the
+/// database's lock for its transaction, which requests then wait for.
+const HOUSEKEEPING_NICE: i32 = 19;
+
 /// Starts the thread that calls `fs`'s [`FileSystem::housekeeping`]: when
 /// the file system rings the bell it took
 /// ([`FileSystem::housekeeping_bell`]), or else every `every`; until the
@@ -293,21 +302,38 @@ fn spawn_housekeeping(fs: &Arc<dyn FileSystem>, every: Duration) -> Result<Bell>
     let waits = bell.clone();
     std::thread::Builder::new()
         .name("mapfs-housekeeping".into())
-        .spawn(move || loop {
-            if rung {
-                if !waits.wait(every) {
-                    return;
-                }
-            } else {
-                std::thread::sleep(every);
+        .spawn(move || {
+            // On Linux a thread id names just that thread here.
+            let me = rustix::thread::gettid();
+            if let Err(e) = rustix::process::setpriority_process(Some(me), HOUSEKEEPING_NICE) {
+                debug!("housekeeping keeps the daemon's priority: {e}");
             }
-            match fs.upgrade() {
-                Some(fs) => fs.housekeeping(),
-                None => return,
-            }
+            housekeeping_loop(&fs, &waits, rung, every);
         })
         .map_err(|e| mapfs::Error::from(e).context("starting the housekeeping thread"))?;
     Ok(bell)
+}
+
+/// The housekeeping thread's rounds (see [`spawn_housekeeping`]).
+fn housekeeping_loop(
+    fs: &std::sync::Weak<dyn FileSystem>,
+    bell: &Bell,
+    rung: bool,
+    every: Duration,
+) {
+    loop {
+        if rung {
+            if !bell.wait(every) {
+                return;
+            }
+        } else {
+            std::thread::sleep(every);
+        }
+        match fs.upgrade() {
+            Some(fs) => fs.housekeeping(),
+            None => return,
+        }
+    }
 }
 
 impl Shared {

@@ -26,12 +26,14 @@
 //! without user extended attributes turns it off at the first create.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ffi::OsStr;
+use std::ffi::{CStr, OsStr};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use mapfs::{Attr, Ctx, Error, OpenFlags, Opened, Result};
 use rusqlite::{Connection, OptionalExtension};
+use rustix::fs::{Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
 use super::db::{self, DbResult, Inode};
@@ -145,32 +147,61 @@ impl Record {
 }
 
 /// Files in `backing`'s `files/` that a daemon created and answered and
-/// died before committing (a number past the database's counter, a create
-/// record): the next instance over the store enters them. Counted by the
-/// offline tools, which do not.
+/// died before committing: the next instance over the store enters them.
+/// Counted by the offline tools, which do not.
 pub(super) fn awaiting_entry(conn: &Connection, backing: &Path) -> Result<u64> {
-    let seq = counter(conn)?;
-    let dir = backing.join(super::OWN_DIR);
-    let entries = match std::fs::read_dir(&dir) {
+    let dir = match rustix::fs::open(
+        backing.join(super::OWN_DIR),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
         Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(rustix::io::Errno::NOENT) => return Ok(0),
         Err(e) => return Err(e.into()),
     };
-    let mut n = 0;
-    for e in entries {
-        let name = e?.file_name();
-        let ino = name.to_str().and_then(|n| n.parse::<i64>().ok());
-        if ino.is_none_or(|ino| ino <= seq) {
+    Ok(records_past_counter(conn, &dir)?.len() as u64)
+}
+
+/// The create records of the files in `dir` (a store's `files/`) whose
+/// number is past the database's counter: creates a daemon answered and
+/// died before committing.
+fn records_past_counter(conn: &Connection, dir: &OwnedFd) -> Result<Vec<(i64, Record)>> {
+    let seq = counter(conn)?;
+    let mut found = Vec::new();
+    for e in rustix::fs::Dir::read_from(dir)? {
+        let e = e?;
+        let name = e.file_name();
+        let Some(ino) = name.to_str().ok().and_then(|n| n.parse::<i64>().ok()) else {
+            continue;
+        };
+        if ino <= seq {
             continue;
         }
-        // A size query: the record need not be read to be counted.
-        match rustix::fs::lgetxattr(dir.join(&name), RECORD_XATTR, &mut [0u8; 0][..]) {
-            Ok(_) => n += 1,
-            Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOENT) => {}
-            Err(e) => return Err(e.into()),
+        if let Some(rec) = read_record(dir, name)? {
+            found.push((ino, rec));
         }
     }
-    Ok(n)
+    Ok(found)
+}
+
+/// The create record of `dir/name`, if it has one.
+fn read_record(dir: &OwnedFd, name: &CStr) -> Result<Option<Record>> {
+    let f = match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(f) => f,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut buf = [0u8; 512];
+    match rustix::fs::fgetxattr(&f, RECORD_XATTR, &mut buf) {
+        Ok(n) => Ok(postcard::from_bytes(&buf[..n]).ok()),
+        Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The largest inode number the database ever gave out or was given.
@@ -313,23 +344,7 @@ impl Pack {
     /// counter. Runs before the instance serves. Returns the numbers of
     /// those it could not enter (kept in `files/`, never removed).
     pub(super) fn recover_pending(&self) -> Result<HashSet<i64>> {
-        let mut found = Vec::new();
-        {
-            let conn = self.lock_db()?;
-            let seq = counter(&conn)?;
-            for e in std::fs::read_dir(self.backing.join(super::OWN_DIR))? {
-                let name = e?.file_name();
-                let Some(ino) = name.to_str().and_then(|n| n.parse::<i64>().ok()) else {
-                    continue;
-                };
-                if ino <= seq {
-                    continue;
-                }
-                if let Some(rec) = self.read_record(&name)? {
-                    found.push((ino, rec));
-                }
-            }
-        }
+        let mut found = records_past_counter(&*self.lock_db()?, &self.own_dir)?;
         let mut kept = HashSet::new();
         if found.is_empty() {
             return Ok(kept);
@@ -360,25 +375,5 @@ impl Pack {
             tracing::info!("pack: entered {entered} file(s) created just before a crash");
         }
         Ok(kept)
-    }
-
-    /// The create record of `files/<name>`, if it has one.
-    fn read_record(&self, name: &OsStr) -> Result<Option<Record>> {
-        let f = match rustix::fs::openat(
-            &self.own_dir,
-            name,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        ) {
-            Ok(f) => f,
-            Err(rustix::io::Errno::NOENT) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let mut buf = [0u8; 512];
-        match rustix::fs::fgetxattr(&f, RECORD_XATTR, &mut buf) {
-            Ok(n) => Ok(postcard::from_bytes(&buf[..n]).ok()),
-            Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
     }
 }

@@ -174,18 +174,8 @@ pub fn spawn_with(
         0,
         rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
     )?);
-    epoll::add(
-        &epoll,
-        &listener,
-        epoll::EventData::new_u64(LISTENER),
-        epoll::EventFlags::IN,
-    )?;
-    epoll::add(
-        &epoll,
-        &*wake,
-        epoll::EventData::new_u64(WAKE),
-        epoll::EventFlags::IN,
-    )?;
+    watch(&epoll, &listener, LISTENER)?;
+    watch(&epoll, &*wake, WAKE)?;
     let stopping = Arc::new(AtomicBool::new(false));
     let clients = Arc::new(AtomicU64::new(0));
     let wakeups = Arc::new(AtomicU64::new(0));
@@ -310,6 +300,16 @@ const FIRST_CONN: u64 = 2;
 
 /// How often idle connections are looked for.
 const SWEEP: Duration = Duration::from_secs(1);
+
+/// Adds `fd` to `epoll` as `id`, to wake the server when it is readable.
+fn watch(epoll: &OwnedFd, fd: impl AsFd, id: u64) -> rustix::io::Result<()> {
+    epoll::add(
+        epoll,
+        fd,
+        epoll::EventData::new_u64(id),
+        epoll::EventFlags::IN,
+    )
+}
 
 /// How long the listener rests after an `accept` failed for want of a
 /// descriptor or memory.
@@ -482,12 +482,7 @@ impl Server {
     }
 
     fn resume_accept(&mut self) {
-        match epoll::add(
-            &self.epoll,
-            &self.listener,
-            epoll::EventData::new_u64(LISTENER),
-            epoll::EventFlags::IN,
-        ) {
+        match watch(&self.epoll, &self.listener, LISTENER) {
             Ok(()) => self.accept_paused = None,
             // Out of memory for the epoll entry: try again later.
             Err(_) => self.accept_paused = Some(Instant::now()),

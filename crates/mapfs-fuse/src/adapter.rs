@@ -322,12 +322,12 @@ fn housekeeping_loop(
     every: Duration,
 ) {
     loop {
-        if rung {
-            if !bell.wait(every) {
-                return;
-            }
-        } else {
-            std::thread::sleep(every);
+        if !rung {
+            // A file system that rings nothing gets a round every `every`.
+            bell.soon();
+        }
+        if !bell.wait(every) {
+            return;
         }
         match fs.upgrade() {
             Some(fs) => fs.housekeeping(),

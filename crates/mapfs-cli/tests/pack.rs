@@ -977,27 +977,14 @@ fuse_test!(new_files_are_written_by_passthrough_and_packed_at_their_last_close =
 
 // A create answered before its commit (`pending.rs`) is a file the next
 // mount enters under its name, whatever the daemon's death left undone.
-/// Voluntary context switches of each thread of `pid`, by thread id, with
-/// the thread's name.
-fn wakeups(pid: u32) -> BTreeMap<String, (String, u64)> {
-    let mut out = BTreeMap::new();
-    for t in fs::read_dir(format!("/proc/{pid}/task")).expect("the daemon's threads") {
-        let t = t.unwrap().path();
-        let tid = t.file_name().unwrap().to_string_lossy().into_owned();
-        let (Ok(comm), Ok(status)) = (
-            fs::read_to_string(t.join("comm")),
-            fs::read_to_string(t.join("status")),
-        ) else {
-            continue;
-        };
-        let n = status
-            .lines()
-            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("voluntary_ctxt_switches in /proc/PID/task/TID/status");
-        out.insert(tid, (comm.trim().to_string(), n));
-    }
-    out
+/// Voluntary context switches of thread `tid` of `pid`.
+fn wakeups(pid: u32, tid: &str) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("voluntary_ctxt_switches in /proc/PID/task/TID/status")
 }
 
 // An idle daemon sleeps: its housekeeping thread runs when `pack` rings for
@@ -1027,30 +1014,21 @@ fuse_test!(an_idle_daemon_sleeps_and_still_packs_new_files => {
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid = mapfs_cli::mounts::read_info(m).expect("the mount's info file").pid;
-    let before = wakeups(pid);
+    let housekeeping = thread_named(pid, "mapfs-housekeep");
+    // Work between requests yields the processor to requests (field 19:
+    // the nice value).
+    assert_eq!(
+        task_stat_field(pid, &housekeeping, 19),
+        19,
+        "the housekeeping thread's nice value"
+    );
+    let before = wakeups(pid, &housekeeping);
     std::thread::sleep(Duration::from_secs(2));
-    let after = wakeups(pid);
-    let housekeeping: Vec<_> = after
-        .iter()
-        .filter(|(_, (comm, _))| comm.starts_with("mapfs-housekeep"))
-        .collect();
-    assert_eq!(housekeeping.len(), 1, "the daemon's threads: {after:?}");
-    for (tid, (comm, n)) in housekeeping {
-        // Work between requests yields the processor to requests.
-        let stat = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
-        let nice: i32 = stat[stat.rfind(')').unwrap() + 2..]
-            .split(' ')
-            .nth(16)
-            .and_then(|v| v.parse().ok())
-            .expect("the nice value in /proc/PID/task/TID/stat");
-        assert_eq!(nice, 19, "the housekeeping thread's nice value");
-        let was = before.get(tid).map_or(0, |b| b.1);
-        assert!(
-            n - was <= 2,
-            "thread {comm} ({tid}) of an idle daemon woke {} times in 2 s",
-            n - was
-        );
-    }
+    let woke = wakeups(pid, &housekeeping) - before;
+    assert!(
+        woke <= 2,
+        "the housekeeping thread of an idle daemon woke {woke} times in 2 s"
+    );
     for i in 0..100 {
         assert_eq!(
             fs::read(m.join(format!("f{i}"))).unwrap(),

@@ -262,13 +262,10 @@ fn dev_fuse_without_permission_names_the_fix() {
     assert!(mounts_under(tmp.path()).is_empty());
 }
 
-/// CPU time (user + system, in clock ticks) of thread `tid` of `pid`.
-fn thread_ticks(pid: u32, tid: &str) -> u64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
-    // Fields after the name, which is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split(' ').collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+/// CPU time (user + system, in clock ticks) of thread `tid` of `pid`
+/// (fields 14 and 15 of its stat).
+fn thread_ticks(pid: u32, tid: &str) -> i64 {
+    task_stat_field(pid, tid, 14) + task_stat_field(pid, tid, 15)
 }
 
 /// A daemon out of descriptors neither spins nor loses a control client:
@@ -315,14 +312,7 @@ fn a_daemon_out_of_descriptors_does_not_spin_on_a_waiting_client() {
     });
     let refused = refused.expect("the daemon never ran out of descriptors");
     assert_eq!(refused.raw_os_error(), Some(libc::EMFILE), "{refused}");
-    let control = fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .map(|t| t.unwrap().file_name().to_string_lossy().into_owned())
-        .find(|tid| {
-            fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-                .is_ok_and(|c| c.trim() == "mapfs-control")
-        })
-        .expect("the control socket's thread");
+    let control = thread_named(pid, "mapfs-control");
     let before = thread_ticks(pid, &control);
     let stats = Command::new(mapfs_bin())
         .args(["stats", mnt])

@@ -218,3 +218,30 @@ open(os.path.join(d, "other"), "w").write(E[6])
 os.rename(os.path.join(d, "other"), f)
 os.unlink(f)
 "#;
+
+/// The thread of process `pid` whose name (`comm`, at most 15 bytes)
+/// starts with `name`: its thread id. Panics unless there is exactly one.
+pub fn thread_named(pid: u32, name: &str) -> String {
+    let found: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the process's threads")
+        .map(|t| t.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|tid| {
+            fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+                .is_ok_and(|c| c.trim_end().starts_with(name))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "threads of {pid} named {name}: {found:?}");
+    found.into_iter().next().unwrap()
+}
+
+/// Field `n` (numbered as in proc(5), from 1) of `/proc/PID/task/TID/stat`.
+pub fn task_stat_field(pid: u32, tid: &str, n: usize) -> i64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap();
+    // The name (field 2) is in parentheses and may hold spaces.
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    after_name
+        .split(' ')
+        .nth(n - 3)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("field {n} of /proc/{pid}/task/{tid}/stat: {stat}"))
+}

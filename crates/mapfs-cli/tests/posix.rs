@@ -2285,3 +2285,37 @@ fn all_checks_pass_on_native() {
         failed.join("\n")
     );
 }
+
+/// Kernel passthrough writes run with the daemon's credentials and cannot
+/// clear setuid/setgid bits, so a writer of a setid file goes through the
+/// daemon, even while the inode still has a backing id: the owner's open,
+/// made before the file became setid, is held here. Another user's write
+/// then either fails or clears the bits; it never lands with the bits on
+/// (it did: the open got passthrough because a backing id was alive).
+#[test]
+fn a_write_by_another_user_never_keeps_setid_bits() {
+    let test = "a_write_by_another_user_never_keeps_setid_bits";
+    if !fuse_or_skip(test) || !rustix::process::getuid().is_root() {
+        eprintln!("{test}: SKIPPED: needs FUSE and root");
+        return;
+    }
+    let s = mount(DataMode::Passthrough, &["allow_other"]);
+    let dir = s.mountpoint().join("d");
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let f = dir.join("setid");
+    write_file(&f, b"0123456789").unwrap();
+    let held = open(&f, OFlags::RDWR, 0).unwrap();
+    chmod(&f, 0o6777).unwrap();
+    let c = cpath(&f);
+    let wrote = run_as_nobody(|| {
+        let fd = rustix::fs::open(c.as_c_str(), OFlags::WRONLY, Mode::empty())?;
+        rustix::io::pwrite(&fd, b"w", 0).map(|_| ())
+    });
+    let mode = perm(&st(&f).unwrap());
+    assert!(
+        wrote.is_err() || mode & 0o6000 == 0,
+        "{test}: nobody's write succeeded and the file kept mode {mode:o}"
+    );
+    drop(held);
+}

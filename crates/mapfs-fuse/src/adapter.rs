@@ -827,8 +827,9 @@ impl Shared {
         Ok(file)
     }
 
-    /// Whether a new open of `ino` with this data should use passthrough.
-    fn want_passthrough(&self, ino: u64, data: &DataFile) -> bool {
+    /// Whether a new open of `ino` with this data should use passthrough
+    /// (`writes`: the open may write).
+    fn want_passthrough(&self, ino: u64, data: &DataFile, writes: bool) -> bool {
         let Some(backing) = data.whole_file_backing() else {
             return false;
         };
@@ -843,22 +844,29 @@ impl Shared {
         if self.handles.has_daemon_open(ino) {
             return false;
         }
+        // Passthrough writes run with the daemon's credentials, which would
+        // not clear setuid/setgid bits; writers of such files go through the
+        // daemon, which clears them as FUSE_WRITE_KILL_SUIDGID asks. Even
+        // with a backing id alive: it may be a closed open's whose release
+        // is on its way (a file written, made setuid and opened by another
+        // user at once kept its bits after that user's write). If the kernel
+        // does still run an open of the file by passthrough (opened before
+        // the mode change), this writer's open fails (`EIO`) rather than
+        // leave the bits on.
+        let setid = match backing.metadata() {
+            Ok(m) => {
+                use std::os::unix::fs::MetadataExt;
+                m.mode() & (libc::S_ISUID | libc::S_ISGID) != 0
+            }
+            Err(_) => true,
+        };
+        if setid && writes {
+            return false;
+        }
         if self.handles.has_backing(ino) {
             return true;
         }
-        if !self.passthrough_ok.load(Ordering::Relaxed) {
-            return false;
-        }
-        // Passthrough writes run with the daemon's credentials, which would
-        // not clear setuid/setgid bits; such files stay with the daemon, which
-        // clears them as FUSE_WRITE_KILL_SUIDGID asks.
-        match backing.metadata() {
-            Ok(m) => {
-                use std::os::unix::fs::MetadataExt;
-                m.mode() & (libc::S_ISUID | libc::S_ISGID) == 0
-            }
-            Err(_) => false,
-        }
+        self.passthrough_ok.load(Ordering::Relaxed) && !setid
     }
 
     fn open_flags_for_fs(&self, flags: i32) -> i32 {
@@ -983,7 +991,7 @@ impl Shared {
         let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         self.tokens.opened(ino, &data, may_change);
         let mut backing = None;
-        if self.want_passthrough(ino, &data) {
+        if self.want_passthrough(ino, &data, may_change) {
             let file = data.whole_file_backing().expect("whole-file map").clone();
             match self.handles.backing_for(ino, &file, || open_backing(&file)) {
                 Ok(Some(id)) => backing = Some(id),

@@ -69,6 +69,10 @@ pub struct Pending {
     files: BTreeMap<i64, Record>,
     /// `(parent, name) -> ino`.
     names: HashMap<(i64, Vec<u8>), i64>,
+    /// The time of the last create waiting in each directory (`parent ->
+    /// time`): asked at every `GETATTR` of a directory, which a scan of
+    /// `files` would make as slow as the creates waiting are many.
+    dir_times: HashMap<i64, i64>,
     /// The database's inode counter ([`counter`]) as last read; only a
     /// committed write transaction moves it ([`Pack::forget_pending`]).
     counter: Option<i64>,
@@ -98,11 +102,31 @@ impl Pending {
     /// The time of the last create waiting here in directory `ino`: its
     /// mtime and ctime, which the database has older.
     pub fn parent_time(&self, ino: i64) -> Option<i64> {
-        self.files
-            .values()
-            .filter(|r| r.parent == ino)
-            .map(|r| r.time)
-            .max()
+        self.dir_times.get(&ino).copied()
+    }
+
+    /// Adds the create of `ino`.
+    fn add(&mut self, ino: i64, rec: Record) {
+        let t = self.dir_times.entry(rec.parent).or_insert(rec.time);
+        *t = (*t).max(rec.time);
+        self.names.insert((rec.parent, rec.name.clone()), ino);
+        self.files.insert(ino, rec);
+    }
+
+    /// Removes the creates `inos`, committed.
+    fn remove(&mut self, inos: &[i64]) {
+        for ino in inos {
+            if let Some(rec) = self.files.remove(ino) {
+                self.names.remove(&(rec.parent, rec.name));
+            }
+        }
+        // A commit takes every create waiting (they are added under the
+        // connection's lock, which it holds), so this is rarely a scan.
+        self.dir_times.clear();
+        for r in self.files.values() {
+            let t = self.dir_times.entry(r.parent).or_insert(r.time);
+            *t = (*t).max(r.time);
+        }
     }
 }
 
@@ -296,8 +320,7 @@ impl Pack {
                 return Err(e.into());
             }
             let i = rec.inode(ino);
-            pending.names.insert((rec.parent, rec.name.clone()), ino);
-            pending.files.insert(ino, rec);
+            pending.add(ino, rec);
             if let Some(bell) = self.bell.get() {
                 bell.soon();
             }
@@ -324,11 +347,7 @@ impl Pack {
     pub(super) fn forget_pending(&self, inos: &[i64]) {
         let mut pending = self.pending.lock();
         pending.counter = None;
-        for ino in inos {
-            if let Some(rec) = pending.files.remove(ino) {
-                pending.names.remove(&(rec.parent, rec.name));
-            }
-        }
+        pending.remove(inos);
     }
 
     /// Commits every create waiting in [`Pending`].
@@ -375,5 +394,42 @@ impl Pack {
             tracing::info!("pack: entered {entered} file(s) created just before a crash");
         }
         Ok(kept)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(parent: i64, name: &str, time: i64) -> Record {
+        Record {
+            parent,
+            name: name.as_bytes().to_vec(),
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            time,
+        }
+    }
+
+    #[test]
+    fn a_directory_has_the_time_of_its_last_create_waiting() {
+        let mut p = Pending::default();
+        assert_eq!(p.parent_time(1), None);
+        p.add(10, rec(1, "a", 100));
+        p.add(11, rec(1, "b", 300));
+        p.add(12, rec(2, "c", 200));
+        p.add(13, rec(1, "d", 250));
+        assert_eq!(p.parent_time(1), Some(300));
+        assert_eq!(p.parent_time(2), Some(200));
+        assert_eq!(p.lookup(1, b"d").map(|i| i.ino), Some(13));
+        // The latest of directory 1 committed: the next latest is its time.
+        p.remove(&[11, 12]);
+        assert_eq!(p.parent_time(1), Some(250));
+        assert_eq!(p.parent_time(2), None, "a directory with none waiting");
+        assert!(p.lookup(1, b"b").is_none());
+        p.remove(&[10, 13]);
+        assert!(p.is_empty());
+        assert_eq!(p.parent_time(1), None);
     }
 }

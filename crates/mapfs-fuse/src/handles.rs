@@ -233,9 +233,33 @@ pub enum SizeChange {
     Keep,
 }
 
+/// Handles a daemon may give per millisecond of its life (see
+/// [`successor_base`]): more than any daemon could.
+const HANDLES_PER_MS: u64 = 1 << 20;
+
+/// The first handle number of a daemon taking over a connection: the
+/// milliseconds since boot times [`HANDLES_PER_MS`]. Every daemon before
+/// it on the connection was born earlier and gave fewer than
+/// `HANDLES_PER_MS` handles per millisecond it lived, so every number any
+/// of them gave is below this one. A successor that numbered on from the
+/// handles it restored could give a number again that a dead daemon gave,
+/// released and never answered the release of: the kernel sends such a
+/// `RELEASE` again, and it would release the successor's open instead.
+pub fn successor_base() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    let ms = t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000;
+    ms.saturating_mul(HANDLES_PER_MS)
+}
+
 impl Handles {
     fn next_fh(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Numbers the handles given from now on above `base` (a successor's,
+    /// [`successor_base`]).
+    pub fn number_above(&self, base: u64) {
+        self.next.fetch_max(base, Ordering::Relaxed);
     }
 
     /// Registers an open file; returns its handle.
@@ -648,5 +672,31 @@ mod tests {
         h.remove_file(r);
         assert!(h.remove_file(r).is_none());
         assert!(!h.has_writer(7));
+    }
+
+    /// A successor never gives a number its predecessors gave: a
+    /// `RELEASE` of a dead daemon's handle, sent again, must not find one
+    /// of its successor's opens.
+    #[test]
+    fn a_successor_numbers_above_every_handle_given_before() {
+        // A fresh daemon, then two successors, each giving handles.
+        let mut last = 0;
+        for daemon in 0..3 {
+            let h = Handles::default();
+            if daemon > 0 {
+                // It restores an older open, then numbers on.
+                h.restore_placeholder(last - 5);
+                h.number_above(successor_base());
+            }
+            let first = h.add_placeholder();
+            assert!(
+                first > last,
+                "daemon {daemon} gave {first} again (last before: {last})"
+            );
+            for _ in 0..10_000 {
+                last = h.add_placeholder();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }

@@ -537,6 +537,7 @@ impl Shared {
     /// wrapped by `wrap`. A file that cannot be opened again (removed
     /// meanwhile) answers `EBADF` to the daemon-run calls on its handle.
     pub fn resume(&self, r: &mut Resume, wrap: impl Fn(u32) -> fuser::BackingId) {
+        self.handles.number_above(crate::handles::successor_base());
         self.passthrough_ok
             .store(r.init.passthrough_ok, Ordering::Relaxed);
         self.writeback.store(r.init.writeback, Ordering::Relaxed);

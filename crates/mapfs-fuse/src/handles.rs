@@ -238,7 +238,7 @@ pub enum SizeChange {
 const HANDLES_PER_MS: u64 = 1 << 20;
 
 /// The first handle number of a daemon taking over a connection: the
-/// milliseconds since boot times [`HANDLES_PER_MS`]. Every daemon before
+/// milliseconds since boot times `HANDLES_PER_MS`. Every daemon before
 /// it on the connection was born earlier and gave fewer than
 /// `HANDLES_PER_MS` handles per millisecond it lived, so every number any
 /// of them gave is below this one. A successor that numbered on from the

@@ -975,8 +975,6 @@ fuse_test!(new_files_are_written_by_passthrough_and_packed_at_their_last_close =
     drop(s);
 });
 
-// A create answered before its commit (`pending.rs`) is a file the next
-// mount enters under its name, whatever the daemon's death left undone.
 /// Voluntary context switches of thread `tid` of `pid`.
 fn wakeups(pid: u32, tid: &str) -> u64 {
     fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
@@ -989,9 +987,8 @@ fn wakeups(pid: u32, tid: &str) -> u64 {
 
 // An idle daemon sleeps: its housekeeping thread runs when `pack` rings for
 // it (new files released), not on a timer (it woke 20 times a second), and
-// at the lowest priority. New
-// files still move into slots, with no tool asking (`mapfs pack stats`
-// would move them itself). The control socket's thread wakes for other
+// at the lowest priority. New files still move into slots, with no tool
+// asking (`mapfs pack stats` would move them itself). The control socket's thread wakes for other
 // tests' clients here; its unit test checks that it sleeps without any
 // (`an_idle_server_sleeps_until_a_client_comes`).
 fuse_test!(an_idle_daemon_sleeps_and_still_packs_new_files => {
@@ -1039,6 +1036,8 @@ fuse_test!(an_idle_daemon_sleeps_and_still_packs_new_files => {
     umount_clean(s, "idle daemon");
 });
 
+// A create answered before its commit (`pending.rs`) is a file the next
+// mount enters under its name, whatever the daemon's death left undone.
 fuse_test!(creates_answered_before_their_commit_outlive_the_daemon => {
     let test = "pack: creates before their commit";
     let (_keep, backing) = kept_backing();

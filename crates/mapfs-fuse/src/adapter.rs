@@ -853,20 +853,22 @@ impl Shared {
         // does still run an open of the file by passthrough (opened before
         // the mode change), this writer's open fails (`EIO`) rather than
         // leave the bits on.
-        let setid = match backing.metadata() {
+        // Asked only where the answer depends on it: a reader of an inode
+        // with a backing id alive needs no `fstat`.
+        let setid = || match backing.metadata() {
             Ok(m) => {
                 use std::os::unix::fs::MetadataExt;
                 m.mode() & (libc::S_ISUID | libc::S_ISGID) != 0
             }
             Err(_) => true,
         };
-        if setid && writes {
-            return false;
+        let live = || self.handles.has_backing(ino);
+        let allowed = || self.passthrough_ok.load(Ordering::Relaxed);
+        if writes {
+            !setid() && (live() || allowed())
+        } else {
+            live() || (allowed() && !setid())
         }
-        if self.handles.has_backing(ino) {
-            return true;
-        }
-        self.passthrough_ok.load(Ordering::Relaxed) && !setid
     }
 
     fn open_flags_for_fs(&self, flags: i32) -> i32 {

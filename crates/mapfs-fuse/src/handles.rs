@@ -256,8 +256,8 @@ impl Handles {
         self.next.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Numbers the handles given from now on above `base` (a successor's,
-    /// [`successor_base`]).
+    /// Numbers the handles given from now on above `base` (a restored
+    /// handle's, or a successor's [`successor_base`]).
     pub fn number_above(&self, base: u64) {
         self.next.fetch_max(base, Ordering::Relaxed);
     }
@@ -335,20 +335,20 @@ impl Handles {
     /// Registers an open file under the handle an earlier daemon gave it
     /// (failover); later handles are numbered above it.
     pub fn restore_file(&self, fh: u64, mut file: OpenFile) {
-        self.next.fetch_max(fh, Ordering::Relaxed);
+        self.number_above(fh);
         file.fh = fh;
         self.insert_file(fh, file);
     }
 
     /// Registers a placeholder open under an earlier daemon's handle.
     pub fn restore_placeholder(&self, fh: u64) {
-        self.next.fetch_max(fh, Ordering::Relaxed);
+        self.number_above(fh);
         self.placeholders.lock().insert(fh);
     }
 
     /// Registers an open directory under an earlier daemon's handle.
     pub fn restore_dir(&self, fh: u64, dir: OpenDir) {
-        self.next.fetch_max(fh, Ordering::Relaxed);
+        self.number_above(fh);
         self.dirs.lock().insert(fh, Arc::new(dir));
     }
 
@@ -388,7 +388,7 @@ impl Handles {
     /// Keeps `id` until handle `fh`, which could not be restored, is
     /// released.
     pub fn keep_orphan(&self, fh: u64, id: Arc<BackingId>) {
-        self.next.fetch_max(fh, Ordering::Relaxed);
+        self.number_above(fh);
         self.orphans.lock().insert(fh, id);
     }
 

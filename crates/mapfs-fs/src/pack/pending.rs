@@ -107,8 +107,7 @@ impl Pending {
 
     /// Adds the create of `ino`.
     fn add(&mut self, ino: i64, rec: Record) {
-        let t = self.dir_times.entry(rec.parent).or_insert(rec.time);
-        *t = (*t).max(rec.time);
+        note_time(&mut self.dir_times, &rec);
         self.names.insert((rec.parent, rec.name.clone()), ino);
         self.files.insert(ino, rec);
     }
@@ -124,10 +123,15 @@ impl Pending {
         // connection's lock, which it holds), so this is rarely a scan.
         self.dir_times.clear();
         for r in self.files.values() {
-            let t = self.dir_times.entry(r.parent).or_insert(r.time);
-            *t = (*t).max(r.time);
+            note_time(&mut self.dir_times, r);
         }
     }
+}
+
+/// Makes `dir_times` hold `rec`'s time for its directory if it is the latest.
+fn note_time(dir_times: &mut HashMap<i64, i64>, rec: &Record) {
+    let t = dir_times.entry(rec.parent).or_insert(rec.time);
+    *t = (*t).max(rec.time);
 }
 
 impl Record {

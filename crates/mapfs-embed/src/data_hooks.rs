@@ -15,7 +15,7 @@ use std::sync::Arc;
 use libc::{off64_t, off_t, size_t, ssize_t};
 
 use crate::engine_fd::{self, EngineOpen};
-use crate::hooks::{hooks, FromBytesRef, Real};
+use crate::hooks::{hooks, FromBytesRef};
 use crate::{statbuf, Guard};
 
 fn set_errno(e: c_int) {
@@ -836,6 +836,42 @@ hooks! {
         // SAFETY: libc's call with the caller's arguments.
         unsafe { real(inp, ioff, out, ooff, n, flags) }
     }
+    fn fork() -> libc::pid_t = |real| {
+        // SAFETY: the next `fork`, no arguments.
+        crate::hooks::fork_with(|| unsafe { real() })
+    }
+    fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int = |real| {
+        // SAFETY: the caller's arguments, and the next `sigaction`.
+        unsafe { mapfs_interpose::signal::sigaction(real, sig, act, old) }
+    }
+    fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t = |real| {
+        // SAFETY: the next `sigaction` (`sigaction::REAL`, this table's).
+        unsafe { mapfs_interpose::signal::signal(next_sigaction(), sig, handler) }
+    }
+    fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t = |real| {
+        // SAFETY: as in `signal`.
+        unsafe { mapfs_interpose::signal::signal(next_sigaction(), sig, handler) }
+    }
+    fn longjmp(env: *mut c_void, val: c_int) -> () = |real| {
+        mapfs_interpose::signal::jumped();
+        // SAFETY: the caller's jump buffer; does not return.
+        unsafe { real(env, val) }
+    }
+    fn _longjmp(env: *mut c_void, val: c_int) -> () = |real| {
+        mapfs_interpose::signal::jumped();
+        // SAFETY: as in `longjmp`.
+        unsafe { real(env, val) }
+    }
+    fn siglongjmp(env: *mut c_void, val: c_int) -> () = |real| {
+        mapfs_interpose::signal::jumped();
+        // SAFETY: as in `longjmp`.
+        unsafe { real(env, val) }
+    }
+    fn __longjmp_chk(env: *mut c_void, val: c_int) -> () = |real| {
+        mapfs_interpose::signal::jumped();
+        // SAFETY: as in `longjmp`.
+        unsafe { real(env, val) }
+    }
     fn _exit(status: c_int) -> () = |real| {
         at_quick_exit();
         // SAFETY: libc's call; it does not return.
@@ -894,6 +930,16 @@ hooks! {
         // only on failure: the placeholders are put back).
         spawn(|| unsafe { real(fd, argv, envp) })
     }
+}
+
+type SigactionFn =
+    unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+
+/// The next definition of `sigaction`, for the `signal` hooks.
+fn next_sigaction() -> SigactionFn {
+    // SAFETY: `sigaction::REAL` holds the next definition of `sigaction`,
+    // of this prototype.
+    unsafe { std::mem::transmute::<*mut c_void, SigactionFn>(sigaction::REAL.addr()) }
 }
 
 /// `_exit` runs no destructor, but what a process wrote through a file

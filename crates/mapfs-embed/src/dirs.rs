@@ -25,7 +25,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mapfs::{Attr, FileKind};
-use parking_lot::Mutex;
+use mapfs_interpose::sync::Mutex;
 
 use crate::statbuf;
 use crate::state::{self, Emb, Place};
@@ -262,22 +262,6 @@ pub fn fstat<T>(fd: c_int, fill: fn(&Attr, u64) -> T) -> Option<Result<T, i32>> 
             .map(|a| fill(&a, e.dev))
             .map_err(|e| e.errno()),
     )
-}
-
-/// Taken across `fork` (with the state's locks), so that the child never
-/// inherits the table mid-change; its streams stay valid in the child, as
-/// libc's do.
-pub fn lock_for_fork() {
-    std::mem::forget(STREAMS.lock());
-}
-
-/// Releases what [`lock_for_fork`] took.
-///
-/// # Safety
-/// Only after [`lock_for_fork`] on this thread.
-pub unsafe fn unlock_after_fork() {
-    // SAFETY: locked by `lock_for_fork` on this thread, guard forgotten.
-    unsafe { STREAMS.force_unlock() };
 }
 
 /// `scandir` over the placeholder `fd` (closed here): entries `filter`

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use mapfs::engine::DataFile;
 use mapfs::{OpenFlags, Opened};
-use parking_lot::{Mutex, RwLock};
+use mapfs_interpose::sync::{Mutex, RwLock};
 
 use crate::desc::Desc;
 use crate::state::{self, embs};
@@ -831,13 +831,9 @@ pub fn refuse(call: &'static str, errno: i32) -> i32 {
     errno
 }
 
-extern "C" fn fork_prepare() {
-    std::mem::forget(TABLE.write());
-}
-
-extern "C" fn fork_parent() {
-    // SAFETY: locked by `fork_prepare` on this thread, guard forgotten.
-    unsafe { TABLE.force_unlock_write() };
+/// In the parent after `fork` (the gate still closed by this thread):
+/// the opens are shared with the child from now on.
+pub fn forked_parent() {
     if let Some(t) = TABLE.read().as_ref() {
         for o in t.values() {
             o.forked.store(true, Ordering::Release);
@@ -863,11 +859,10 @@ pub fn whole_backing(fd: i32) -> Option<OwnedFd> {
     .flatten()
 }
 
-extern "C" fn fork_child() {
+/// In the child after `fork`: a process of its own.
+pub fn forked_child() {
     GEN.fetch_add(1, Ordering::AcqRel);
     PID.store(own_pid(), Ordering::Relaxed);
-    // SAFETY: as in `fork_parent`.
-    unsafe { TABLE.force_unlock_write() };
 }
 
 extern "C" fn at_exit() {
@@ -885,14 +880,9 @@ extern "C" fn at_exit() {
     }
 }
 
-/// Keeps the table consistent across `fork` (opens are persisted at exit
-/// by the library's destructor).
+/// Notes this process's pid (see [`forked_child`]).
 pub fn install() {
     PID.store(own_pid(), Ordering::Relaxed);
-    // SAFETY: registering plain extern "C" functions with no arguments.
-    unsafe {
-        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
-    }
 }
 
 #[used]

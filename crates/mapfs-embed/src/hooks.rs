@@ -75,22 +75,36 @@ macro_rules! hooks {
         fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = |$real:ident| $body:block
     )*) => {
         $(
+            #[allow(non_snake_case)]
+            mod $name {
+                /// The next definition of the symbol.
+                pub(super) static REAL: $crate::hooks::Real = $crate::hooks::Real::new(
+                    // SAFETY: NUL-terminated literal without interior NUL.
+                    unsafe { std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()) }
+                );
+            }
+
             #[doc = concat!("Embedded `", stringify!($name), "` (see the module docs).")]
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                static REAL: Real = Real::new(
-                    // SAFETY: NUL-terminated literal without interior NUL.
-                    unsafe { CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()) }
-                );
                 // SAFETY: REAL holds the address of the next definition of
                 // this very symbol, whose C prototype is this hook's.
                 #[allow(unused_variables)]
                 let $real: unsafe extern "C" fn($($ty),*) -> $ret =
-                    unsafe { std::mem::transmute::<*mut c_void, _>(REAL.addr()) };
+                    unsafe { std::mem::transmute::<*mut c_void, _>($name::REAL.addr()) };
                 $crate::report::enter_call(stringify!($name));
                 $body
             }
         )*
+
+        /// Resolves every hook's next definition, from the constructor: a
+        /// hook first called in a signal handler or a forked child must not
+        /// run `dlsym` there (it takes the loader's lock).
+        pub(crate) fn resolve_all() {
+            $(
+                let _ = $name::REAL.addr();
+            )*
+        }
     };
 }
 
@@ -1776,21 +1790,59 @@ impl FromBytesRef for std::ffi::OsStr {
     }
 }
 
+/// The library's `fork`: closes the fork gate ([`mapfs_interpose::gate`])
+/// so that no thread of the process holds a lock of the library at the
+/// real `fork` (called next: the attached shim's, when it is loaded too,
+/// closes its own gate inside this one).
+pub(crate) fn fork_with(real: impl FnOnce() -> libc::pid_t) -> libc::pid_t {
+    if crate::READY.load(std::sync::atomic::Ordering::Acquire)
+        && mapfs_interpose::gate::close_for_fork()
+    {
+        mapfs_interpose::guard::Guard::enter_forced();
+    }
+    let pid = real();
+    if mapfs_interpose::gate::closing_thread() {
+        // A fork that failed before running the handlers.
+        fork_parent();
+    }
+    pid
+}
+
+/// A `fork` that did not come through [`fork_with`] still closes the gate.
 extern "C" fn fork_prepare() {
-    state::lock_for_fork();
+    if crate::READY.load(std::sync::atomic::Ordering::Acquire)
+        && !mapfs_interpose::gate::closing_thread()
+        && mapfs_interpose::gate::close_for_fork()
+    {
+        mapfs_interpose::guard::Guard::enter_forced();
+    }
 }
 
-extern "C" fn fork_done() {
-    // SAFETY: runs only after `fork_prepare` on the forking thread.
-    unsafe { state::unlock_after_fork() };
-    // The child has a pid of its own (the parent just reads its own again).
-    state::forget_ctx();
+extern "C" fn fork_parent() {
+    if mapfs_interpose::gate::closing_thread() {
+        crate::engine_fd::forked_parent();
+        mapfs_interpose::gate::after_fork_parent();
+        mapfs_interpose::guard::Guard::leave_forced();
+    }
 }
 
-/// Keeps the library's locks consistent across `fork`.
+extern "C" fn fork_child() {
+    let closed = mapfs_interpose::gate::closing_thread();
+    if closed {
+        crate::engine_fd::forked_child();
+        // The child has a pid of its own.
+        state::forget_ctx();
+    }
+    mapfs_interpose::gate::after_fork_child(closed);
+    if closed {
+        mapfs_interpose::guard::Guard::leave_forced();
+    }
+}
+
+/// Keeps the library's tables consistent across `fork`.
 pub fn install_fork_handlers() {
     // SAFETY: registering plain extern "C" functions with no arguments.
     unsafe {
-        libc::pthread_atfork(Some(fork_prepare), Some(fork_done), Some(fork_done));
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
     }
 }

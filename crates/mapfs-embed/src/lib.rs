@@ -32,7 +32,6 @@
 
 #![warn(missing_docs)]
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod data_hooks;
@@ -51,30 +50,21 @@ pub mod streams;
 /// Set by the constructor; hooks do nothing but pass calls on before it.
 static READY: AtomicBool = AtomicBool::new(false);
 
-thread_local! {
-    static INSIDE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// The re-entrancy guard: held while the library does its own work on a
-/// thread, so libc calls made meanwhile go straight on.
-pub struct Guard(());
+/// The re-entrancy guard ([`mapfs_interpose::guard`]): held while the
+/// library does its own work on a thread, so libc calls made meanwhile go
+/// straight on; holding it holds the fork gate.
+pub struct Guard(#[allow(dead_code)] mapfs_interpose::guard::Guard);
 
 impl Guard {
-    /// Enters the library on this thread; `None` if it is already inside or
-    /// not initialised yet.
+    /// Enters the library on this thread; `None` if it is already inside
+    /// (or holds a lock of the library), or the library is not initialised
+    /// yet.
     #[inline]
     pub fn enter() -> Option<Guard> {
         if !READY.load(Ordering::Acquire) {
             return None;
         }
-        INSIDE.with(|g| {
-            if g.get() {
-                None
-            } else {
-                g.set(true);
-                Some(Guard(()))
-            }
-        })
+        mapfs_interpose::guard::Guard::enter().map(Guard)
     }
 }
 
@@ -82,13 +72,7 @@ impl Guard {
 /// hooks).
 #[inline]
 pub fn inside() -> bool {
-    INSIDE.with(|g| g.get())
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        INSIDE.with(|g| g.set(false));
-    }
+    mapfs_interpose::guard::inside()
 }
 
 /// Writes one diagnostic line to stderr when `MAPFS_PRELOAD_LOG` is set.
@@ -114,12 +98,14 @@ pub fn start(registry: impl FnOnce() -> mapfs_cli::Registry) {
     if READY.load(Ordering::Acquire) {
         return;
     }
-    INSIDE.with(|g| g.set(true));
+    mapfs_interpose::guard::Guard::enter_forced();
+    hooks::resolve_all();
+    data_hooks::resolve_all();
     report::init();
     state::init(&registry());
     hooks::install_fork_handlers();
     engine_fd::install();
-    INSIDE.with(|g| g.set(false));
+    mapfs_interpose::guard::Guard::leave_forced();
     READY.store(true, Ordering::Release);
 }
 

@@ -19,7 +19,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use mapfs_interpose::sync::Mutex;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 

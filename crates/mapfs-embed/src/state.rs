@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use mapfs::{Ctx, FileSystem};
 use mapfs_cli::embed_spec;
-use parking_lot::Mutex;
+use mapfs_interpose::sync::Mutex;
 
 /// One embedded file system.
 pub struct Emb {
@@ -595,30 +595,5 @@ pub fn synthetic_dir(fd: i32) -> Option<Place> {
         dir_of(fd)
     } else {
         None
-    }
-}
-
-/// Locks held across `fork` so the child never inherits one mid-change.
-pub fn lock_for_fork() {
-    std::mem::forget(CTX.lock());
-    std::mem::forget(HOST_CWD.lock());
-    std::mem::forget(CWD.lock());
-    std::mem::forget(DIRS.lock());
-    crate::dirs::lock_for_fork();
-}
-
-/// Releases what [`lock_for_fork`] took (in parent and child).
-///
-/// # Safety
-/// Only after [`lock_for_fork`] on this thread (the fork handlers).
-pub unsafe fn unlock_after_fork() {
-    // SAFETY: the five mutexes were locked by `lock_for_fork` on this thread and
-    // their guards forgotten; nothing else can hold them meanwhile.
-    unsafe {
-        crate::dirs::unlock_after_fork();
-        DIRS.force_unlock();
-        CWD.force_unlock();
-        HOST_CWD.force_unlock();
-        CTX.force_unlock();
     }
 }

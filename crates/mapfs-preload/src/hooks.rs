@@ -96,21 +96,38 @@ macro_rules! hooks {
     )*) => {
         $(
             $(#[$m])*
-            #[doc = concat!("The shim's `", stringify!($name), "` (see the module docs); the real one is libc's.")]
-            #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                static REAL: Real = Real::new(
+            #[allow(non_snake_case)]
+            mod $name {
+                /// The next definition of the symbol.
+                pub(super) static REAL: super::Real = super::Real::new(
                     // SAFETY: the literal below is NUL-terminated and has no
                     // interior NUL.
                     unsafe { std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()) }
                 );
+            }
+
+            $(#[$m])*
+            #[doc = concat!("The shim's `", stringify!($name), "` (see the module docs); the real one is libc's.")]
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
                 // SAFETY: `REAL` holds the address of libc's function of the
                 // same name, whose C prototype is the type named here.
                 let $real: hooks!(@realty [$($ty),*] $ret $(, $real_ty)?) =
-                    unsafe { std::mem::transmute::<*mut c_void, _>(REAL.addr()) };
+                    unsafe { std::mem::transmute::<*mut c_void, _>($name::REAL.addr()) };
                 $body
             }
         )*
+
+        /// Resolves every hook's real function, from the constructor: a
+        /// hook first called in a signal handler or a forked child must
+        /// not run `dlsym` there (it takes the loader's lock).
+        #[allow(unused_doc_comments)]
+        pub(crate) fn resolve_all() {
+            $(
+                $(#[$m])*
+                let _ = $name::REAL.addr();
+            )*
+        }
     };
 }
 
@@ -218,6 +235,32 @@ unsafe fn iov_len(iov: *const libc::iovec, cnt: c_int) -> usize {
     v.iter().fold(0usize, |a, i| a.saturating_add(i.iov_len))
 }
 
+/// Before an open of `path`: what this process wrote through a lent open of
+/// that file (another descriptor of which keeps it from its last close)
+/// must reach the daemon first, or the new open, through the mount, would
+/// not see it (the daemon builds the open's map at `open`).
+#[inline]
+fn before_open(dirfd: c_int, path: *const c_char) {
+    if table::lent_open() && !path.is_null() {
+        before_open_slow(dirfd, path);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn before_open_slow(dirfd: c_int, path: *const c_char) {
+    let Some(_g) = Guard::enter() else {
+        return;
+    };
+    sys::keep_errno(|| {
+        // SAFETY: the caller's NUL-terminated path.
+        let p = unsafe { std::ffi::CStr::from_ptr(path) };
+        if let Ok(st) = rustix::fs::statat(sys::fd(dirfd), p, rustix::fs::AtFlags::empty()) {
+            table::push_lent_of(st.st_dev, st.st_ino);
+        }
+    });
+}
+
 /// After an open returned `fd`.
 #[inline]
 fn opened(fd: c_int, flags: c_int) -> c_int {
@@ -275,17 +318,42 @@ fn stream_opened(stream: *mut FILE, fresh: bool) -> *mut FILE {
     stream
 }
 
-/// `fd` is about to be closed: returns what to tell the daemon afterwards.
+/// What to do about a descriptor about to be closed.
+enum Closing {
+    /// Close it, then tell the daemon this (if anything).
+    Now(Option<table::Closed>),
+    /// Do not close it yet (see [`table::closing_lock_free`]).
+    Deferred,
+}
+
+/// `fd` is about to be closed: what to tell the daemon afterwards. Where
+/// the shim may not lock (a signal handler, or inside the shim already),
+/// only lock-free bookkeeping.
 #[inline]
-fn closing(fd: c_int) -> Option<table::Closed> {
+fn closing(fd: c_int) -> Closing {
     match table::state(fd) {
-        UNKNOWN => None,
+        UNKNOWN => Closing::Now(None),
         // No lock taken: just forget the classification.
-        OTHER => table::closing(fd),
-        _ => match Guard::enter() {
-            Some(_g) => sys::keep_errno(|| table::closing(fd)),
-            None => table::closing(fd),
+        OTHER => Closing::Now(table::closing(fd)),
+        _ => match Guard::enter().filter(|_| !mapfs_interpose::signal::in_handler()) {
+            Some(_g) => Closing::Now(sys::keep_errno(|| table::closing(fd))),
+            None if table::closing_lock_free(fd) => Closing::Deferred,
+            None => Closing::Now(None),
         },
+    }
+}
+
+/// [`closing`] for a descriptor that something other than `close` is
+/// about to close (`dup2` onto it, `fclose`, `freopen`), which cannot be
+/// deferred.
+#[inline]
+fn closing_note(fd: c_int) -> Option<table::Closed> {
+    match closing(fd) {
+        Closing::Now(note) => note,
+        Closing::Deferred => {
+            table::undefer(fd);
+            None
+        }
     }
 }
 
@@ -318,7 +386,7 @@ fn duped(old: c_int, new: c_int) {
         // is the application's.
         table::release_shim_fd(new);
     }
-    let note = closing(new);
+    let note = closing_note(new);
     if table::state(old) == OTHER {
         // Fast path for pipes and sockets (a shell's redirections).
         table::mark_other(new);
@@ -684,7 +752,7 @@ fn vfork_exec(exec: impl FnOnce() -> c_int) -> c_int {
     r
 }
 
-/// The real `vfork`, found at the first call.
+/// The real `vfork`, found by the constructor.
 #[cfg(target_arch = "x86_64")]
 static REAL_VFORK: Real = Real::new(c"vfork");
 
@@ -738,6 +806,23 @@ extern "C" {
     static environ: *const *const c_char;
 }
 
+type SigactionFn =
+    unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+
+/// Resolves the real functions the hook table does not declare.
+pub(crate) fn resolve_extra() {
+    #[cfg(target_arch = "x86_64")]
+    let _ = REAL_VFORK.addr();
+    let _ = real_sigaction();
+}
+
+/// The next definition of `sigaction` (libc's), for the `signal` hooks.
+fn real_sigaction() -> SigactionFn {
+    static REAL: Real = Real::new(c"sigaction");
+    // SAFETY: `REAL` holds the address of libc's `sigaction`.
+    unsafe { std::mem::transmute::<*mut c_void, SigactionFn>(REAL.addr()) }
+}
+
 /// The current environment, for the `exec` variants that use it.
 fn current_environ() -> *const *const c_char {
     // SAFETY: reading the libc-maintained environment pointer.
@@ -752,6 +837,43 @@ hooks! {
     fn vfork() -> libc::pid_t = |_real| {
         // SAFETY: fork has no preconditions; the atfork handlers run.
         unsafe { libc::fork() }
+    }
+
+    // ---- fork: the gate closed and lent opens handed back first, see
+    // [`crate::fork_with`] ----
+    fn fork() -> libc::pid_t = |real| {
+        crate::fork_with(|| real())
+    }
+
+    // ---- signal handlers run marked, so hooks entered from one take no
+    // lock (see [`mapfs_interpose::signal`]) ----
+    fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int = |real| {
+        // SAFETY: the caller's arguments, and the next `sigaction`.
+        unsafe { mapfs_interpose::signal::sigaction(real, sig, act, old) }
+    }
+    fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t = |_real| {
+        // SAFETY: the next `sigaction`, resolved like every hook's.
+        unsafe { mapfs_interpose::signal::signal(real_sigaction(), sig, handler) }
+    }
+    fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t = |_real| {
+        // SAFETY: as in `signal`.
+        unsafe { mapfs_interpose::signal::signal(real_sigaction(), sig, handler) }
+    }
+    fn longjmp(env: *mut c_void, val: c_int) -> () = |real| {
+        mapfs_interpose::signal::jumped();
+        real(env, val)
+    }
+    fn _longjmp(env: *mut c_void, val: c_int) -> () = |real| {
+        mapfs_interpose::signal::jumped();
+        real(env, val)
+    }
+    fn siglongjmp(env: *mut c_void, val: c_int) -> () = |real| {
+        mapfs_interpose::signal::jumped();
+        real(env, val)
+    }
+    fn __longjmp_chk(env: *mut c_void, val: c_int) -> () = |real| {
+        mapfs_interpose::signal::jumped();
+        real(env, val)
     }
 
     // ---- children started without fork's handlers (glibc runs
@@ -804,33 +926,43 @@ hooks! {
 
     // ---- opens: classify the new descriptor ----
     fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenFn = |real| {
+        before_open(libc::AT_FDCWD, path);
         opened(fd_retry(real(path, flags, mode), || real(path, flags, mode)), flags)
     }
     fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenFn = |real| {
+        before_open(libc::AT_FDCWD, path);
         opened(fd_retry(real(path, flags, mode), || real(path, flags, mode)), flags)
     }
     fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenAtFn = |real| {
+        before_open(dirfd, path);
         opened(fd_retry(real(dirfd, path, flags, mode), || real(dirfd, path, flags, mode)), flags)
     }
     fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenAtFn = |real| {
+        before_open(dirfd, path);
         opened(fd_retry(real(dirfd, path, flags, mode), || real(dirfd, path, flags, mode)), flags)
     }
     fn __open_2(path: *const c_char, flags: c_int) -> c_int = |real| {
+        before_open(libc::AT_FDCWD, path);
         opened(fd_retry(real(path, flags), || real(path, flags)), flags)
     }
     fn __open64_2(path: *const c_char, flags: c_int) -> c_int = |real| {
+        before_open(libc::AT_FDCWD, path);
         opened(fd_retry(real(path, flags), || real(path, flags)), flags)
     }
     fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int = |real| {
+        before_open(dirfd, path);
         opened(fd_retry(real(dirfd, path, flags), || real(dirfd, path, flags)), flags)
     }
     fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int = |real| {
+        before_open(dirfd, path);
         opened(fd_retry(real(dirfd, path, flags), || real(dirfd, path, flags)), flags)
     }
     fn creat(path: *const c_char, mode: libc::mode_t) -> c_int = |real| {
+        before_open(libc::AT_FDCWD, path);
         opened(fd_retry(real(path, mode), || real(path, mode)), libc::O_WRONLY)
     }
     fn creat64(path: *const c_char, mode: libc::mode_t) -> c_int = |real| {
+        before_open(libc::AT_FDCWD, path);
         opened(fd_retry(real(path, mode), || real(path, mode)), libc::O_WRONLY)
     }
 
@@ -841,7 +973,11 @@ hooks! {
             // shim off its daemon: report success, keep the socket.
             return 0;
         }
-        let note = closing(fd);
+        let note = match closing(fd) {
+            Closing::Now(note) => note,
+            // Closed for the program; for the kernel at the next entry.
+            Closing::Deferred => return 0,
+        };
         let lost = note.as_ref().is_some_and(|n| n.lost());
         let r = real(fd);
         closed(note);
@@ -1347,10 +1483,12 @@ hooks! {
     // ---- stdio: glibc reads and writes streams internally, so a stream's
     // descriptor is adopted when the stream is made ----
     fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
+        before_open(libc::AT_FDCWD, path);
         let r = retry_emfile(real(path, mode), |r| r.is_null(), || real(path, mode));
         stream_opened(r, true)
     }
     fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
+        before_open(libc::AT_FDCWD, path);
         let r = retry_emfile(real(path, mode), |r| r.is_null(), || real(path, mode));
         stream_opened(r, true)
     }
@@ -1360,7 +1498,7 @@ hooks! {
     fn freopen(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE = |real| {
         // SAFETY: the caller's stream (null is allowed by glibc).
         let old = if stream.is_null() { -1 } else { unsafe { libc::fileno(stream) } };
-        let note = closing(old);
+        let note = closing_note(old);
         let r = real(path, mode, stream);
         closed(note);
         stream_opened(r, true)
@@ -1368,7 +1506,7 @@ hooks! {
     fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE = |real| {
         // SAFETY: as in freopen.
         let old = if stream.is_null() { -1 } else { unsafe { libc::fileno(stream) } };
-        let note = closing(old);
+        let note = closing_note(old);
         let r = real(path, mode, stream);
         closed(note);
         stream_opened(r, true)
@@ -1376,7 +1514,7 @@ hooks! {
     fn fclose(stream: *mut FILE) -> c_int = |real| {
         // SAFETY: the caller's stream.
         let fd = unsafe { libc::fileno(stream) };
-        let note = closing(fd);
+        let note = closing_note(fd);
         let r = real(stream);
         closed(note);
         r

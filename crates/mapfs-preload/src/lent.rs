@@ -45,7 +45,7 @@ use mapfs::control::{Request, Response};
 use mapfs::engine::DataFile;
 use mapfs::lentsize::LentSize;
 use mapfs::{DataMap, Growth};
-use parking_lot::{Mutex, RwLock};
+use mapfs_interpose::sync::{Mutex, RwLock};
 
 /// Why a call cannot be served here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -74,7 +74,6 @@
 
 #![warn(missing_docs)]
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod hooks;
@@ -92,38 +91,27 @@ static READY: AtomicBool = AtomicBool::new(false);
 /// `MAPFS_PRELOAD_LOG` was set.
 static LOG: AtomicBool = AtomicBool::new(false);
 
-thread_local! {
-    static IN_SHIM: Cell<bool> = const { Cell::new(false) };
-}
-
-/// The re-entrancy guard: held while the shim does its own work on a thread,
-/// so libc calls made meanwhile (by std, by the allocator...) go straight to
-/// libc instead of back into the shim.
-pub struct Guard(());
+/// The re-entrancy guard ([`mapfs_interpose::guard`]): held while the shim
+/// does its own work on a thread, so libc calls made meanwhile (by std, by
+/// the allocator...) go straight to libc instead of back into the shim;
+/// holding it holds the fork gate.
+pub struct Guard(#[allow(dead_code)] mapfs_interpose::guard::Guard);
 
 impl Guard {
-    /// Enters the shim on this thread; `None` if it is already inside, the
-    /// library is not initialised yet, or this is a `vfork` child (see
-    /// [`in_vfork_child`]).
+    /// Enters the shim on this thread; `None` if it is already inside (or
+    /// holds a lock of the shim), the library is not initialised yet, or
+    /// this is a `vfork` child (see [`in_vfork_child`]). A hook that gets
+    /// `None` makes the plain call, taking no lock.
     #[inline]
     pub fn enter() -> Option<Guard> {
         if !READY.load(Ordering::Acquire) || in_vfork_child() {
             return None;
         }
-        IN_SHIM.with(|g| {
-            if g.get() {
-                None
-            } else {
-                g.set(true);
-                Some(Guard(()))
-            }
-        })
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        IN_SHIM.with(|g| g.set(false));
+        let g = Guard(mapfs_interpose::guard::Guard::enter()?);
+        if !mapfs_interpose::signal::in_handler() {
+            table::run_deferred_closes();
+        }
+        Some(g)
     }
 }
 
@@ -183,6 +171,8 @@ extern "C" fn init() {
     // the program can change its environment concurrently.
     let log = unsafe { !libc::getenv(c"MAPFS_PRELOAD_LOG".as_ptr()).is_null() };
     LOG.store(log, Ordering::Relaxed);
+    hooks::resolve_all();
+    hooks::resolve_extra();
     // SAFETY: registering plain extern "C" functions with no arguments.
     unsafe {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
@@ -243,45 +233,71 @@ extern "C" fn fini() {
     report::write_at_exit();
 }
 
-thread_local! {
-    static FORK_LOCKED: Cell<bool> = const { Cell::new(false) };
+/// The shim's `fork` (see [`mapfs_interpose::gate`]): closes the gate, so
+/// that no thread holds a lock of the shim at the real `fork`, and hands
+/// lent opens back to the mount and pins pending ones to it (parent and
+/// child must not both run one map), all before the real `fork`, with no
+/// other thread inside the shim: never in a `pthread_atfork` handler.
+pub(crate) fn fork_with(real: impl FnOnce() -> libc::pid_t) -> libc::pid_t {
+    if !READY.load(Ordering::Acquire) || in_vfork_child() {
+        return real();
+    }
+    if mapfs_interpose::gate::close_for_fork() {
+        mapfs_interpose::guard::Guard::enter_forced();
+        sys::keep_errno(|| {
+            // Not from a signal handler: a round trip allocates.
+            if !mapfs_interpose::signal::in_handler() && !mounts::loaded().is_empty() {
+                table::hand_back_all("fork");
+                table::pin_all_pending();
+            }
+        });
+    }
+    let pid = real();
+    // The handlers below reopened the gate; a fork that failed before
+    // running them leaves it to this.
+    if mapfs_interpose::gate::closing_thread() {
+        sys::keep_errno(fork_parent_gate);
+    }
+    pid
 }
 
+/// A `fork` that did not come through [`fork_with`] (one made inside
+/// glibc, or through another library's `fork`) still closes the gate
+/// here, so the child's locks are free; its lent opens, not handed back
+/// first, are a documented limit (docs/embedded.md).
 extern "C" fn fork_prepare() {
-    let Some(g) = Guard::enter() else {
-        return;
-    };
-    sys::keep_errno(|| {
-        if !mounts::loaded().is_empty() {
-            // Parent and child must not both run one map: the open goes
-            // back to the mount, which both then share; so do pending ones.
-            table::hand_back_all("fork");
-            table::pin_all_pending();
-        }
-        table::lock_for_fork();
-    });
-    // The guard stays held across fork and is released by the handlers
-    // below, in both processes.
-    std::mem::forget(g);
-    FORK_LOCKED.with(|f| f.set(true));
+    if READY.load(Ordering::Acquire)
+        && !in_vfork_child()
+        && !mapfs_interpose::gate::closing_thread()
+        && mapfs_interpose::gate::close_for_fork()
+    {
+        mapfs_interpose::guard::Guard::enter_forced();
+    }
 }
 
-fn fork_done() {
-    if FORK_LOCKED.with(|f| f.replace(false)) {
-        table::unlock_after_fork();
-        IN_SHIM.with(|g| g.set(false));
+fn fork_parent_gate() {
+    if mapfs_interpose::gate::closing_thread() {
+        mapfs_interpose::gate::after_fork_parent();
+        mapfs_interpose::guard::Guard::leave_forced();
     }
 }
 
 extern "C" fn fork_parent() {
-    fork_done();
+    fork_parent_gate();
 }
 
 extern "C" fn fork_child() {
     // A forked child is a process of its own, even one forked by a vfork
     // child.
     VFORK_PARENT.store(0, Ordering::Relaxed);
-    fork_done();
+    if !READY.load(Ordering::Acquire) {
+        return;
+    }
+    let closed = mapfs_interpose::gate::closing_thread();
+    mapfs_interpose::gate::after_fork_child(closed);
+    if closed {
+        mapfs_interpose::guard::Guard::leave_forced();
+    }
 }
 
 #[used]

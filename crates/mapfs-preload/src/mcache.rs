@@ -21,7 +21,7 @@
 use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 
 use mapfs::mapcache::MapCache;
-use parking_lot::Mutex;
+use mapfs_interpose::sync::Mutex;
 use rustix::fs::{Mode, OFlags};
 
 use crate::{mounts, report, sys, table};
@@ -170,16 +170,4 @@ pub fn clear() -> usize {
         c.clear();
     }
     n
-}
-
-/// Locks the cache before `fork` (see [`table::lock_for_fork`]).
-pub fn lock_for_fork() {
-    std::mem::forget(CACHES.lock());
-}
-
-/// Undoes [`lock_for_fork`].
-pub fn unlock_after_fork() {
-    // SAFETY: locked by `lock_for_fork` in this thread (in the child, by the
-    // thread that forked, which is this one).
-    unsafe { CACHES.force_unlock() };
 }

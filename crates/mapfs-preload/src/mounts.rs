@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use mapfs::control::{self, ConnKey, Proof, Request, Response};
 use mapfs::mapcache::Generations;
-use parking_lot::Mutex;
+use mapfs_interpose::sync::Mutex;
 
 use crate::sys;
 

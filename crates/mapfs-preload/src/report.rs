@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use mapfs_interpose::sync::Mutex;
 
 /// Sharded so that threads doing I/O in parallel do not fight over one
 /// cache line.

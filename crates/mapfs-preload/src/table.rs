@@ -53,7 +53,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use mapfs::control::{Request, Response};
-use parking_lot::{Mutex, RwLock};
+use mapfs_interpose::sync::{Mutex, RwLock};
 
 use crate::lent::Lent;
 use crate::{mcache, mounts, report, sys};
@@ -391,6 +391,7 @@ pub fn opened(fd: RawFd) {
     if fd < 0 {
         return;
     }
+    undefer(fd);
     // A stale entry (descriptor closed behind our back, e.g. close_range).
     drop(remove(fd));
     classify(fd);
@@ -687,9 +688,37 @@ pub fn sync_lent(fd: RawFd) -> bool {
     }
 }
 
+/// Pushes the maps of this process's lent opens of file `(dev, ino)` that
+/// wrote to the daemon, so an open of the file through the mount sees
+/// their bytes, as it would see a local file's.
+pub fn push_lent_of(dev: u64, ino: u64) {
+    let lent: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
+        Some(t) => distinct(t)
+            .into_iter()
+            .filter(|e| e.dev == dev && e.ino == ino)
+            .cloned()
+            .collect(),
+        None => return,
+    };
+    for e in lent {
+        let inner = e.inner.lock();
+        if let (Some(l), Some(m)) = (&inner.lent, mounts::all().get(e.mount)) {
+            if l.writable() {
+                push_map(m, l, inner.kept.and_then(|k| k.live(e.dev, e.ino)));
+            }
+        }
+    }
+}
+
 /// Number of lent opens in this process (a fast "none" for
 /// [`hand_back_all`]).
 static LENT_OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// This process has a lent open (one relaxed load).
+#[inline]
+pub fn lent_open() -> bool {
+    LENT_OPEN.load(Ordering::Relaxed) != 0
+}
 
 /// Hands every lent open back to the mount (before `fork`, `exec`, exit).
 pub fn hand_back_all(why: &str) {
@@ -1268,6 +1297,7 @@ pub fn duped(old: RawFd, new: RawFd) {
     if new < 0 || old == new {
         return;
     }
+    undefer(new);
     drop(remove(new));
     let mut s = state(old);
     if s == UNKNOWN {
@@ -1275,11 +1305,22 @@ pub fn duped(old: RawFd, new: RawFd) {
     }
     match get(old) {
         Some(e) if s == PENDING || s == ADOPTED || s == MOUNT || s == ENGINE => {
-            let lent = {
-                let mut inner = e.inner.lock();
-                inner.fds.push(new);
-                inner.lent.clone()
-            };
+            let mut inner = e.inner.lock();
+            inner.fds.push(new);
+            if s == ENGINE && inner.lent.is_none() && placeholder(new) {
+                // Handed back to the mount (by another thread's fork or
+                // spawn) between the application's dup and now: `new` is a
+                // copy of the placeholder the hand-back replaced under
+                // `old` only. It gets the mount's open too.
+                if let Err(err) = sys::dup_over(sys::fd(old), new, sys::cloexec(new)) {
+                    sys::log(format_args!(
+                        "fd {new}: cannot put the mount's open back ({err}); it stays a placeholder"
+                    ));
+                }
+                s = MOUNT;
+            }
+            let lent = inner.lent.clone();
+            drop(inner);
             insert(new, e);
             match lent {
                 Some(l) if s == ENGINE => set_engine(new, &l),
@@ -1288,6 +1329,12 @@ pub fn duped(old: RawFd, new: RawFd) {
         }
         _ => set_state(new, if s == OTHER { OTHER } else { UNKNOWN }),
     }
+}
+
+/// `fd` is a writable lending's placeholder: an open with neither read nor
+/// write access (see [`crate::lent`]).
+fn placeholder(fd: RawFd) -> bool {
+    rustix::fs::fcntl_getfl(sys::fd(fd)).is_ok_and(|f| f.bits() & libc::O_ACCMODE as u32 == 3)
 }
 
 /// Why a descriptor shared with another process stays on the mount.
@@ -1384,44 +1431,89 @@ fn distinct(t: &Table) -> Vec<&Arc<Entry>> {
     out
 }
 
-/// Locks everything before `fork` (with [`unlock_after_fork`] in both
-/// processes after it), so the child never inherits a lock held by a thread
-/// that does not exist there.
-pub fn lock_for_fork() {
-    let t = TABLE.write();
-    if let Some(t) = t.as_ref() {
-        for e in distinct(t) {
-            std::mem::forget(e.inner.lock());
-        }
+/// Closes of lent descriptors made where the shim may not lock (a signal
+/// handler, or a handler that interrupted the shim): the map must reach
+/// the daemon before the placeholder is closed, so the descriptor stays
+/// open (the program sees the close succeed) and is closed at the next
+/// entry into the shim ([`run_deferred_closes`]) or at exit. Slots hold
+/// descriptor numbers (-1: free).
+static DEFERRED: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+/// How many [`DEFERRED`] slots are taken (a fast "none").
+static DEFERRED_N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// `fd` is being closed where the shim may not take a lock or allocate:
+/// only lock-free bookkeeping. Returns `true` when the real close must not
+/// happen now (a lent descriptor, deferred, see [`DEFERRED`]). Another
+/// descriptor's entry keeps naming `fd` until the number is opened again
+/// ([`opened`] drops it then).
+pub fn closing_lock_free(fd: RawFd) -> bool {
+    if crate::in_vfork_child() {
+        return false;
     }
-    std::mem::forget(t);
-    mcache::lock_for_fork();
-    for m in mounts::loaded() {
-        std::mem::forget(m.conn.lock());
-        std::mem::forget(m.generations.lock());
+    match state(fd) {
+        ENGINE => {
+            for slot in &DEFERRED {
+                if slot
+                    .compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    DEFERRED_N.fetch_add(1, Ordering::Release);
+                    return true;
+                }
+            }
+            // No slot left: the close happens now; the map reaches the
+            // daemon at the mount's flush only as far as it had before.
+            false
+        }
+        UNKNOWN => false,
+        _ => {
+            if let Some(i) = index(fd) {
+                // Not set_state: leaving ENGINE frees memory, which a
+                // handler must not do (ENGINE is handled above).
+                STATE[i].store(UNKNOWN, Ordering::Release);
+            }
+            false
+        }
     }
 }
 
-/// Undoes [`lock_for_fork`].
-pub fn unlock_after_fork() {
-    for m in mounts::loaded() {
-        // SAFETY: locked by `lock_for_fork` in this thread (in the child, by
-        // the thread that forked, which is this one).
-        unsafe {
-            m.generations.force_unlock();
-            m.conn.force_unlock();
+/// The descriptor numbers closed while deferred are taken out of the list
+/// when the program reuses them first (a `dup2` onto one, see
+/// [`duped`] and [`opened`]).
+pub fn undefer(fd: RawFd) {
+    if DEFERRED_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    for slot in &DEFERRED {
+        if slot
+            .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            DEFERRED_N.fetch_sub(1, Ordering::Release);
         }
     }
-    mcache::unlock_after_fork();
-    // SAFETY: as above: the table is write-locked by `lock_for_fork`, so it
-    // has not changed since, and each distinct entry was locked there once.
-    unsafe {
-        if let Some(t) = (*TABLE.data_ptr()).as_ref() {
-            for e in distinct(t) {
-                e.inner.force_unlock();
-            }
+}
+
+/// Runs the closes deferred by [`closing_lock_free`] (with the guard held).
+pub fn run_deferred_closes() {
+    if DEFERRED_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    for slot in &DEFERRED {
+        let fd = slot.swap(-1, Ordering::AcqRel);
+        if fd < 0 {
+            continue;
         }
-        TABLE.force_unlock_write();
+        DEFERRED_N.fetch_sub(1, Ordering::Release);
+        sys::keep_errno(|| {
+            let note = closing(fd);
+            // SAFETY: the program closed this descriptor; the shim kept it
+            // open only until now (a raw close: libc's would be the hook).
+            unsafe { rustix::io::close(fd) };
+            if let Some(n) = note {
+                n.send();
+            }
+        });
     }
 }
 

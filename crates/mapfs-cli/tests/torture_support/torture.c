@@ -1,0 +1,359 @@
+/* Torture program of the in-process executors (tests/torture.rs): threads
+ * doing file I/O on a directory of a mapfs file system while the main
+ * thread forks, vforks, posix_spawns or takes signals. Every byte written
+ * is checked against what the program knows it wrote; any difference
+ * exits 1 with a message. A hang is caught by the test's watchdog.
+ *
+ *   torture MODE DIR [ROUNDS]
+ *
+ * MODE: fork   - children do I/O on inherited and new descriptors, then
+ *                exit, _exit or exec /bin/true
+ *       spawn  - vfork+exec and posix_spawn of /bin/sh writing a file
+ *       signal - SIGALRM every 100-500 us; the handler dups, preads,
+ *                writes and closes tracked descriptors
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define THREADS 3
+#define BLOCK 4096
+#define BLOCKS 8
+
+static const char *dir;
+static volatile int stop;
+
+static void die(const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "torture[%d]: %s (errno %d: %s)\n", getpid(), msg, errno,
+            strerror(errno));
+    fflush(stderr);
+    _exit(1);
+}
+
+static void fill(unsigned char *b, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++)
+        b[i] = (unsigned char)(seed * 131 + i * 7 + (i >> 8));
+}
+
+static void check(const unsigned char *got, size_t n, unsigned seed,
+                  const char *what) {
+    unsigned char want[BLOCK];
+    fill(want, n, seed);
+    if (memcmp(got, want, n) != 0)
+        die("%s: bytes differ from the model (seed %u)", what, seed);
+}
+
+static void write_all(int fd, const void *b, size_t n, off_t off,
+                      const char *what) {
+    ssize_t r = pwrite(fd, b, n, off);
+    if (r != (ssize_t)n)
+        die("%s: pwrite returned %zd", what, r);
+}
+
+static void read_all(int fd, void *b, size_t n, off_t off, const char *what) {
+    ssize_t r = pread(fd, b, n, off);
+    if (r != (ssize_t)n)
+        die("%s: pread returned %zd", what, r);
+}
+
+/* One worker: its own file, rewritten block by block and read back through
+ * a second open, a dup and a stdio stream. */
+static void *worker(void *arg) {
+    long id = (long)arg;
+    /* The main thread takes the timer's signals: a handler doing I/O
+     * through a daemon on every thread at once could starve them all. */
+    sigset_t alrm;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &alrm, NULL);
+    char path[4096];
+    unsigned char buf[BLOCK], got[BLOCK];
+    unsigned round = 0;
+    snprintf(path, sizeof path, "%s/t%ld", dir, id);
+    while (!stop) {
+        round++;
+        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            die("worker open %s", path);
+        for (int b = 0; b < BLOCKS; b++) {
+            fill(buf, BLOCK, round * 100 + b);
+            write_all(fd, buf, BLOCK, (off_t)b * BLOCK, "worker");
+        }
+        struct stat st;
+        if (fstat(fd, &st) != 0)
+            die("worker fstat");
+        if (st.st_size != BLOCK * BLOCKS)
+            die("worker fstat size %lld", (long long)st.st_size);
+        int d = dup(fd);
+        if (d < 0)
+            die("worker dup");
+        read_all(d, got, BLOCK, BLOCK, "worker dup");
+        check(got, BLOCK, round * 100 + 1, "worker dup");
+        close(fd);
+        int r = open(path, O_RDONLY);
+        if (r < 0)
+            die("worker reopen");
+        read_all(r, got, BLOCK, 3 * BLOCK, "worker reopen");
+        check(got, BLOCK, round * 100 + 3, "worker reopen");
+        close(r);
+        FILE *f = fdopen(d, "r");
+        if (!f)
+            die("worker fdopen");
+        if (fseek(f, 5 * BLOCK, SEEK_SET) != 0)
+            die("worker fseek");
+        if (fread(got, 1, BLOCK, f) != BLOCK)
+            die("worker fread");
+        check(got, BLOCK, round * 100 + 5, "worker fread");
+        fclose(f);
+    }
+    return NULL;
+}
+
+/* A child's work: reads a block of the parent's inherited file, writes a
+ * file of its own through a new open, and checks it. */
+static void child_io(int inherited, int n) {
+    unsigned char got[BLOCK], buf[BLOCK];
+    read_all(inherited, got, BLOCK, 0, "child inherited");
+    check(got, BLOCK, 7, "child inherited");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/c%d", dir, n % 16);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        die("child open %s", path);
+    fill(buf, BLOCK, 1000 + n);
+    write_all(fd, buf, BLOCK, 0, "child");
+    read_all(fd, got, BLOCK, 0, "child");
+    check(got, BLOCK, 1000 + n, "child");
+    close(fd);
+}
+
+static int shared_fd(void) {
+    char path[4096];
+    unsigned char buf[BLOCK];
+    snprintf(path, sizeof path, "%s/shared", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        die("open %s", path);
+    fill(buf, BLOCK, 7);
+    write_all(fd, buf, BLOCK, 0, "shared");
+    return fd;
+}
+
+static void reap(pid_t pid, const char *what) {
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            die("waitpid %s", what);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        die("%s child %d ended with status 0x%x", what, pid, st);
+}
+
+static void run_fork(int rounds) {
+    int fd = shared_fd();
+    for (int n = 0; n < rounds; n++) {
+        pid_t pid = fork();
+        if (pid < 0)
+            die("fork");
+        if (pid == 0) {
+            child_io(fd, n);
+            switch (n % 3) {
+            case 0:
+                exit(0);
+            case 1:
+                _exit(0);
+            default:
+                execl("/bin/true", "true", (char *)NULL);
+                die("exec /bin/true");
+            }
+        }
+        reap(pid, "fork");
+        unsigned char got[BLOCK];
+        char path[4096];
+        snprintf(path, sizeof path, "%s/c%d", dir, n % 16);
+        int c = open(path, O_RDONLY);
+        if (c < 0)
+            die("open the child's file %s", path);
+        read_all(c, got, BLOCK, 0, "the child's file");
+        check(got, BLOCK, 1000 + n, "the child's file");
+        close(c);
+    }
+    close(fd);
+}
+
+static void expect_file(const char *path, const char *want) {
+    char got[256];
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        die("open %s", path);
+    ssize_t r = read(fd, got, sizeof got - 1);
+    close(fd);
+    if (r < 0)
+        die("read %s", path);
+    got[r] = 0;
+    if (strcmp(got, want) != 0)
+        die("%s holds '%s', not '%s'", path, got, want);
+}
+
+static void run_spawn(int rounds) {
+    char path[4096], script[4200], want[64];
+    for (int n = 0; n < rounds; n++) {
+        snprintf(path, sizeof path, "%s/s%d", dir, n % 8);
+        snprintf(want, sizeof want, "spawned %d\n", n);
+        snprintf(script, sizeof script, "echo 'spawned %d' > '%s'", n, path);
+        char *argv[] = {"sh", "-c", script, NULL};
+        pid_t pid;
+        if (n % 2 == 0) {
+            pid = vfork();
+            if (pid == 0) {
+                execve("/bin/sh", argv, environ);
+                _exit(127);
+            }
+            if (pid < 0)
+                die("vfork");
+        } else {
+            int e = posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ);
+            if (e != 0) {
+                errno = e;
+                die("posix_spawn");
+            }
+        }
+        reap(pid, n % 2 == 0 ? "vfork" : "posix_spawn");
+        expect_file(path, want);
+    }
+}
+
+/* Signal mode: the handler works on descriptors the main thread keeps
+ * open, one call per signal (dup, pread, pwrite, close in turn), so that a
+ * handler costs less than the timer's interval even through a daemon.
+ * Everything it calls is async-signal-safe. */
+static int sig_fd = -1;
+static int sig_dup = -1;
+static volatile sig_atomic_t handled;
+
+static void handler_failed(const char *m, size_t n) {
+    write(2, m, n);
+    _exit(1);
+}
+#define FAIL(m) handler_failed(m, sizeof m - 1)
+
+static void on_alarm(int sig) {
+    (void)sig;
+    int saved = errno;
+    unsigned char got[64], want[64];
+    switch (handled % 4) {
+    case 0:
+        sig_dup = dup(sig_fd);
+        if (sig_dup < 0)
+            FAIL("torture: dup in the handler failed\n");
+        break;
+    case 1:
+        if (pread(sig_dup, got, 64, 0) != 64)
+            FAIL("torture: pread in the handler failed\n");
+        fill(want, 64, 7);
+        if (memcmp(got, want, 64) != 0)
+            FAIL("torture: the handler read other bytes\n");
+        break;
+    case 2:
+        fill(want, 64, 7);
+        if (pwrite(sig_dup, want, 64, BLOCK) != 64)
+            FAIL("torture: pwrite in the handler failed\n");
+        break;
+    default:
+        if (close(sig_dup) != 0)
+            FAIL("torture: close in the handler failed\n");
+        sig_dup = -1;
+    }
+    handled++;
+    errno = saved;
+}
+
+static void run_signal(int rounds) {
+    sig_fd = shared_fd();
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    for (int n = 0; n < rounds; n++) {
+        struct itimerval it = {{0, 100 + (n * 37) % 400}, {0, 100 + (n * 37) % 400}};
+        setitimer(ITIMER_REAL, &it, NULL);
+        /* The main thread does I/O of its own while the signals land. */
+        char path[4096];
+        unsigned char buf[BLOCK], got[BLOCK];
+        snprintf(path, sizeof path, "%s/m%d", dir, n % 4);
+        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            die("main open %s", path);
+        for (int b = 0; b < BLOCKS; b++) {
+            fill(buf, BLOCK, 500 + n + b);
+            write_all(fd, buf, BLOCK, (off_t)b * BLOCK, "main");
+        }
+        for (int b = 0; b < BLOCKS; b++) {
+            read_all(fd, got, BLOCK, (off_t)b * BLOCK, "main");
+            check(got, BLOCK, 500 + n + b, "main");
+        }
+        close(fd);
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    if (sig_dup >= 0)
+        close(sig_dup);
+    /* What the handlers wrote is in the file. */
+    unsigned char got[64], want[64];
+    fill(want, 64, 7);
+    if (handled > 2) {
+        read_all(sig_fd, got, 64, BLOCK, "the handlers' write");
+        if (memcmp(got, want, 64) != 0)
+            die("the handlers' write is not in the file");
+    }
+    close(sig_fd);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: torture fork|spawn|signal DIR [ROUNDS]\n");
+        return 2;
+    }
+    dir = argv[2];
+    int rounds = argc > 3 ? atoi(argv[3]) : 100;
+    int threads = getenv("TORTURE_THREADS") ? atoi(getenv("TORTURE_THREADS")) : THREADS;
+    if (threads > THREADS)
+        threads = THREADS;
+    pthread_t t[THREADS];
+    for (long i = 0; i < threads; i++)
+        if (pthread_create(&t[i], NULL, worker, (void *)i) != 0)
+            die("pthread_create");
+    if (strcmp(argv[1], "fork") == 0)
+        run_fork(rounds);
+    else if (strcmp(argv[1], "spawn") == 0)
+        run_spawn(rounds);
+    else if (strcmp(argv[1], "signal") == 0)
+        run_signal(rounds);
+    else
+        die("unknown mode %s", argv[1]);
+    stop = 1;
+    for (int i = 0; i < threads; i++)
+        pthread_join(t[i], NULL);
+    if (strcmp(argv[1], "signal") == 0 && handled == 0)
+        die("no signal was handled");
+    printf("ok %s %d\n", argv[1], rounds);
+    return 0;
+}

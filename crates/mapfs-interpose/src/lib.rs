@@ -1,0 +1,34 @@
+//! The interposition layer shared by mapfs's in-process executors: the
+//! preload shim (`libmapfs_preload.so`) and the embedded libraries
+//! (`mapfs_embed::library!`). Each library links its own copy, so each
+//! has its own gate, guard and tables.
+//!
+//! What a hook may do (one line each):
+//! - **Outside any handler, not inside the library:** enter the
+//!   [`guard::Guard`], take locks from [`sync`] (inside the fork
+//!   [`gate`]), allocate, talk to a daemon.
+//! - **From a signal handler** ([`signal::in_handler`]) that interrupted
+//!   the program outside the library: data calls are served as anywhere
+//!   else (the locks they take are never held by the interrupted thread);
+//!   `close`, `dup2` and the like do only lock-free bookkeeping (atomic
+//!   stores) and the plain system call, and work that needs the daemon
+//!   waits for the next entry outside a handler.
+//! - **Already inside the library on this thread** (a handler that
+//!   interrupted it, or the library's own call): no lock, no allocation;
+//!   the plain system call on the program's descriptor.
+//! - **In a `vfork` child before `exec`:** the parent's memory: no lock,
+//!   no allocation, nothing written but what `exec` needs.
+//! - **In `fork`:** the library's `fork` hook closes the gate
+//!   ([`gate::close_for_fork`]) so that no lock is held at the real
+//!   `fork`; any daemon round trip happens there, before the real `fork`,
+//!   never in a `pthread_atfork` handler.
+//! - **In `_exit`:** nothing: what a process hands back, it hands back at
+//!   `exit` or at its last close; what a child that `_exit`s held is
+//!   reclaimed as after a `SIGKILL`.
+
+#![warn(missing_docs)]
+
+pub mod gate;
+pub mod guard;
+pub mod signal;
+pub mod sync;

@@ -367,8 +367,18 @@ unsafe fn exec_at<R>(
 }
 
 /// `exec*`/`posix_spawn*`: the new image gets the carried opens, and this
-/// one (a spawning parent, a failed `exec`) its placeholders back.
+/// one (a spawning parent, a failed `exec`) its placeholders back. The
+/// carriers sit under the placeholders' numbers for the duration, so no
+/// other thread may be inside the library meanwhile (it would read a
+/// carrier for its file): the fork gate is held closed around it.
 fn spawn(call: impl FnOnce() -> c_int) -> c_int {
+    if !engine_fd::any() {
+        return spawn_now(call);
+    }
+    mapfs_interpose::gate::exclusive(|| spawn_now(call))
+}
+
+fn spawn_now(call: impl FnOnce() -> c_int) -> c_int {
     let saved = before_exec();
     // Closed here again when this image goes on (a spawning parent).
     let _cwd = Guard::enter().and_then(|_g| crate::state::cwd_carrier());
@@ -839,6 +849,14 @@ hooks! {
     fn fork() -> libc::pid_t = |real| {
         // SAFETY: the next `fork`, no arguments.
         crate::hooks::fork_with(|| unsafe { real() })
+    }
+    // A vfork child would run the library in its parent's memory while
+    // the parent's other threads go on (and an `exec` there would leave
+    // the parent's gate as the child left it): it is a fork, whose
+    // contract is a superset of vfork's.
+    fn vfork() -> libc::pid_t = |_real| {
+        // SAFETY: this library's own `fork` hook.
+        unsafe { fork() }
     }
     fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int = |real| {
         // SAFETY: the caller's arguments, and the next `sigaction`.

@@ -775,7 +775,10 @@ pub fn adopt_inherited(memfds: &[(i32, String)]) {
     }
 }
 
-/// Flushes every open this image changed (before `exec`, at exit).
+/// Flushes every open this image changed (before `fork`, before `exec`,
+/// at exit): a forked child that uses an open opens it again from the file
+/// system ([`EngineOpen::with`]) and must find the parent's writes there,
+/// as it would read a local file's.
 pub fn flush_all() {
     if !any() {
         return;

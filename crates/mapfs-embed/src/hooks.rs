@@ -1799,6 +1799,10 @@ pub(crate) fn fork_with(real: impl FnOnce() -> libc::pid_t) -> libc::pid_t {
         && mapfs_interpose::gate::close_for_fork()
     {
         mapfs_interpose::guard::Guard::enter_forced();
+        // Not from a signal handler: persisting allocates.
+        if !mapfs_interpose::signal::in_handler() {
+            crate::engine_fd::flush_all();
+        }
     }
     let pid = real();
     if mapfs_interpose::gate::closing_thread() {

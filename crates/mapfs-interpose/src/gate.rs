@@ -157,6 +157,19 @@ pub fn close_for_fork() -> bool {
     true
 }
 
+/// Runs `f` with the gate closed by this thread (no other thread inside
+/// the library meanwhile), as around an `exec` or a `posix_spawn` that
+/// moves descriptors the other threads may be using. Runs `f` with the
+/// gate as it is when this thread is inside already.
+pub fn exclusive<R>(f: impl FnOnce() -> R) -> R {
+    let closed = close_for_fork();
+    let r = f();
+    if closed {
+        after_fork_parent();
+    }
+    r
+}
+
 /// This thread closed the gate for a `fork` in progress.
 pub fn closing_thread() -> bool {
     CLOSER.with(|c| c.get())

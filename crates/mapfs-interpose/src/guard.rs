@@ -41,7 +41,7 @@ impl Guard {
         if crate::gate::child_is_unsafe() || INSIDE.with(|g| g.replace(true)) {
             return None;
         }
-        if crate::gate::inside() {
+        if crate::gate::inside() && !crate::gate::closing_thread() {
             // A lock of the library is held on this thread (a handler
             // interrupted it, outside a guard).
             INSIDE.with(|g| g.set(false));

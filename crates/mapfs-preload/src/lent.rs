@@ -100,6 +100,8 @@ struct Lending {
     /// Where the daemon reads this open's size (writable lendings); it
     /// holds the map's size.
     size_page: Option<LentSize>,
+    /// Handed back ([`Lent::end`]): data calls go through the mount.
+    ended: bool,
 }
 
 impl Lending {
@@ -136,6 +138,7 @@ impl Lent {
             handle,
             data,
             size_page,
+            ended: false,
         };
         lending.resized();
         Lent {
@@ -264,6 +267,7 @@ impl Lent {
             handle,
             data,
             size_page,
+            ended: lending.ended,
         };
         lending.resized();
         Ok(copied)
@@ -297,7 +301,7 @@ impl Lent {
 
     /// File size as this open sees it.
     pub fn size(&self) -> LentResult<u64> {
-        Ok(self.lending.read().data.size()?)
+        Ok(self.live()?.data.size()?)
     }
 
     fn check_read(&self) -> LentResult<()> {
@@ -316,17 +320,36 @@ impl Lent {
         }
     }
 
+    /// The lending, for a data call; `NeedsMount` once it was handed back
+    /// ([`Lent::end`]) while the call was on its way.
+    fn live(&self) -> LentResult<mapfs_interpose::sync::RwLockReadGuard<'_, Lending>> {
+        let l = self.lending.read();
+        if l.ended {
+            return Err(Refusal::NeedsMount);
+        }
+        Ok(l)
+    }
+
+    /// Ends the lending before it is handed back: waits for the data calls
+    /// running on it (a write that finished after the map was pushed would
+    /// be lost), and sends later ones to the mount. Returns the final map.
+    pub fn end(&self) -> DataMap {
+        let mut l = self.lending.write();
+        l.ended = true;
+        l.data.map()
+    }
+
     /// `pread`.
     pub fn pread(&self, buf: &mut [u8], offset: u64) -> LentResult<usize> {
         self.check_read()?;
-        Ok(self.lending.read().data.read(offset, buf)?)
+        Ok(self.live()?.data.read(offset, buf)?)
     }
 
     /// `read` at the description's offset, which it advances.
     pub fn read(&self, buf: &mut [u8]) -> LentResult<usize> {
         self.check_read()?;
         let mut off = self.offset.lock();
-        let n = self.lending.read().data.read(*off, buf)?;
+        let n = self.live()?.data.read(*off, buf)?;
         *off += n as u64;
         Ok(n)
     }
@@ -334,7 +357,7 @@ impl Lent {
     /// Writes at `offset` (or at the end with `O_APPEND`, as Linux does
     /// for `pwrite` too); returns the bytes written and where they ended.
     fn write_at(&self, data: &[u8], offset: u64) -> LentResult<(usize, u64)> {
-        let lending = self.lending.read();
+        let lending = self.live()?;
         let at = if self.append.load(Ordering::Relaxed) {
             lending.data.size()?
         } else {
@@ -435,7 +458,7 @@ impl Lent {
                 if offset < 0 {
                     return Err(Refusal::Errno(libc::ENXIO));
                 }
-                let lending = self.lending.read();
+                let lending = self.live()?;
                 let size = lending.data.size()?;
                 if offset as u64 >= size {
                     return Err(Refusal::Errno(libc::ENXIO));
@@ -459,7 +482,7 @@ impl Lent {
         if !self.writable {
             return Err(Refusal::Errno(libc::EINVAL));
         }
-        let lending = self.lending.read();
+        let lending = self.live()?;
         lending.data.truncate(size)?;
         self.wrote.store(true, Ordering::Relaxed);
         lending.resized();
@@ -469,7 +492,7 @@ impl Lent {
     /// `fallocate`.
     pub fn fallocate(&self, mode: i32, offset: u64, len: u64) -> LentResult<()> {
         self.check_write()?;
-        let lending = self.lending.read();
+        let lending = self.live()?;
         lending.data.fallocate(mode, offset, len)?;
         self.wrote.store(true, Ordering::Relaxed);
         lending.resized();
@@ -478,6 +501,6 @@ impl Lent {
 
     /// `fsync`/`fdatasync` of the backing files.
     pub fn fsync(&self, datasync: bool) -> LentResult<()> {
-        Ok(self.lending.read().data.fsync(datasync)?)
+        Ok(self.live()?.data.fsync(datasync)?)
     }
 }

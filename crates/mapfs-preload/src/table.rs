@@ -573,6 +573,8 @@ pub fn hand_back(entry: &Entry, why: &str) {
     let Some(lent) = inner.lent.take() else {
         return;
     };
+    // No data call of another thread still runs on it (see `Lent::end`).
+    lent.end();
     // A writable lending put placeholders under the application's numbers
     // and kept the open itself aside: it comes back now.
     let open = inner.kept.take().and_then(|k| k.live(entry.dev, entry.ino));
@@ -1307,7 +1309,11 @@ pub fn duped(old: RawFd, new: RawFd) {
         Some(e) if s == PENDING || s == ADOPTED || s == MOUNT || s == ENGINE => {
             let mut inner = e.inner.lock();
             inner.fds.push(new);
-            if s == ENGINE && inner.lent.is_none() && placeholder(new) {
+            if (s == ENGINE || s == MOUNT)
+                && inner.lent.is_none()
+                && matches!(inner.status, Status::Mount(_))
+                && placeholder(new)
+            {
                 // Handed back to the mount (by another thread's fork or
                 // spawn) between the application's dup and now: `new` is a
                 // copy of the placeholder the hand-back replaced under

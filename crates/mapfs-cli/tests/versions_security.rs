@@ -1,0 +1,186 @@
+//! The `versions` file system against a local attacker: user `nobody`
+//! (65534) on a mount made by root with `allow_other`. What a user can make
+//! the store spend (a sparse file's holes, versions over the byte limit),
+//! and who the store's objects are charged to.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use common::{fuse_or_skip, DataMode, MountSession};
+use mapfs_testkit::user::{sh_as_nobody, NOBODY_GID, NOBODY_UID};
+
+fn mount(opts: &str) -> MountSession {
+    MountSession::builder(common::mapfs_bin())
+        .fs("versions")
+        .data(DataMode::Auto)
+        .option("allow_other")
+        .option(opts)
+        .mount()
+        .unwrap_or_else(|e| panic!("mounting versions -o allow_other,{opts}: {e:#}"))
+}
+
+/// A directory of the mount owned by nobody, where nobody works.
+fn nobody_dir(s: &MountSession, name: &str) -> std::path::PathBuf {
+    let d = s.mountpoint().join(name);
+    fs::create_dir(&d).unwrap();
+    std::os::unix::fs::chown(&d, Some(NOBODY_UID), Some(NOBODY_GID)).unwrap();
+    d
+}
+
+/// Runs `script` as nobody; panics with its output if it fails.
+fn as_nobody(test: &str, script: &str) {
+    let out = sh_as_nobody(script).expect("running sh as nobody");
+    assert!(
+        out.status.success(),
+        "{test}: `{script}` as nobody: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The store's objects: (name, allocated bytes, uid).
+fn objects(backing: &Path) -> Vec<(String, u64, u32)> {
+    let dir = backing.join(".mapfs-versions/objects");
+    fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<i64>().is_ok())
+        })
+        .map(|e| {
+            let m = e.metadata().unwrap();
+            (
+                e.file_name().into_string().unwrap(),
+                m.blocks() * 512,
+                m.uid(),
+            )
+        })
+        .collect()
+}
+
+/// `mapfs versions stats BACKING`'s value for `key`.
+fn stat(backing: &Path, key: &str) -> u64 {
+    let out = Command::new(common::mapfs_bin())
+        .args(["versions", "stats"])
+        .arg(backing)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in `mapfs versions stats`:\n{text}"))
+}
+
+/// A user grows their file to 512 MiB with `ftruncate` (4 KiB of data),
+/// then cuts it back: the version of the 512 MiB file costs what it holds,
+/// not 512 MiB of zeros, whether it is an undo version (the cut bytes are
+/// saved) or a whole copy (`max-size` over the file); and every object is
+/// the user's, so their quota counts it.
+#[test]
+fn a_sparse_grow_and_truncate_costs_what_the_file_holds() {
+    let test = "versions sparse grow and truncate";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    for opts in ["max-size=64K", "max-size=1G"] {
+        let s = mount(opts);
+        let d = nobody_dir(&s, "u");
+        // coreutils' truncate opens the file for writing and calls
+        // ftruncate: each run is a write session of its own.
+        as_nobody(
+            test,
+            &format!(
+                "cd {} && head -c 4096 /dev/urandom > f && truncate -s 512M f && truncate -s 4096 f",
+                d.display()
+            ),
+        );
+        assert_eq!(fs::metadata(d.join("f")).unwrap().len(), 4096);
+        let objs = objects(s.backing());
+        let allocated: u64 = objs.iter().map(|o| o.1).sum();
+        assert!(
+            allocated < 1 << 20,
+            "{test} ({opts}): the store's objects allocate {allocated} bytes: {objs:?}"
+        );
+        assert!(
+            stat(s.backing(), "versions") >= 2,
+            "{test} ({opts}): the versions were not kept"
+        );
+        assert_eq!(stat(s.backing(), "skipped"), 0, "{test} ({opts})");
+        for (name, _, uid) in &objs {
+            assert_eq!(
+                *uid, NOBODY_UID,
+                "{test} ({opts}): object {name} is not nobody's"
+            );
+        }
+        // The 512 MiB version reads back as it was: data, then zeros.
+        let vdir = s.mountpoint().join(".versions/u");
+        let mut sizes: Vec<u64> = fs::read_dir(&vdir)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .collect();
+        sizes.sort();
+        assert_eq!(
+            sizes.last(),
+            Some(&(512 << 20)),
+            "{test} ({opts}): {sizes:?}"
+        );
+    }
+}
+
+/// A version that cannot fit in `keep-bytes` is never written: the user's
+/// write succeeds, the version is skipped and counted, the store stays
+/// within its limit. Both kinds: a whole copy (at the open) and an undo
+/// version (saving the bytes a write overwrites).
+#[test]
+fn a_version_over_the_byte_limit_is_skipped_and_the_write_succeeds() {
+    let test = "versions over the byte limit";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    for opts in ["keep-bytes=64K,max-size=1M", "keep-bytes=64K,max-size=0"] {
+        let s = mount(opts);
+        let d = nobody_dir(&s, "u");
+        as_nobody(
+            test,
+            &format!(
+                "cd {} && head -c 204800 /dev/urandom > f && \
+                 printf changed | dd of=f conv=notrunc status=none && printf tail >> f",
+                d.display()
+            ),
+        );
+        let now = fs::read(d.join("f")).unwrap();
+        assert_eq!(now.len(), 204800 + 4, "{test} ({opts})");
+        assert_eq!(&now[..7], b"changed", "{test} ({opts})");
+        assert_eq!(&now[204800..], b"tail", "{test} ({opts})");
+        assert!(
+            stat(s.backing(), "skipped") >= 1,
+            "{test} ({opts}): no version counted as skipped"
+        );
+        let allocated: u64 = objects(s.backing()).iter().map(|o| o.1).sum();
+        assert!(
+            allocated <= 64 << 10,
+            "{test} ({opts}): the store allocates {allocated} bytes over its 64 KiB limit"
+        );
+        // Still readable by the owner: nothing was listed that is not there.
+        let vdir = s.mountpoint().join(".versions/u");
+        if let Ok(rd) = fs::read_dir(&vdir) {
+            for e in rd {
+                fs::read(e.unwrap().path()).unwrap();
+            }
+        }
+        let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o755));
+    }
+}

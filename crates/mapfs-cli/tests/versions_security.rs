@@ -184,3 +184,114 @@ fn a_version_over_the_byte_limit_is_skipped_and_the_write_succeeds() {
         let _ = fs::set_permissions(&d, fs::Permissions::from_mode(0o755));
     }
 }
+
+/// Runs `mapfs ARGS` as nobody: (success, stdout).
+fn mapfs_as_nobody(args: &[&str]) -> (bool, String) {
+    let out = mapfs_testkit::user::command_as_nobody(common::mapfs_bin())
+        .args(args)
+        .env("HOME", "/")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// Root keeps `vault/` 0700 and writes `vault/notes.txt` (0644) twice:
+/// natively nobody cannot reach the file, so `.versions/vault` shows
+/// nobody no name and no bytes (its listing, a lookup of the name root
+/// sees, an open of it). Versions of a file nobody may reach (`pub/`,
+/// 0755) still show. `mapfs versions`, run by nobody on the same store,
+/// applies the same rule.
+#[test]
+fn versions_under_a_private_directory_are_hidden_from_other_users() {
+    let test = "versions under a 0700 directory";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let mut s = mount("keep=none,keep-days=none");
+    let m = s.mountpoint().to_path_buf();
+    for (dir, mode) in [("vault", 0o700), ("pub", 0o755)] {
+        fs::create_dir(m.join(dir)).unwrap();
+        fs::set_permissions(m.join(dir), fs::Permissions::from_mode(mode)).unwrap();
+        let f = m.join(dir).join("notes.txt");
+        fs::write(&f, "secret one\n").unwrap();
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::write(&f, "secret two\n").unwrap();
+    }
+    let names = |dir: &str| -> Vec<String> {
+        fs::read_dir(m.join(".versions").join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect()
+    };
+    let vault = names("vault");
+    assert_eq!(vault.len(), 1, "{test}: root sees the version: {vault:?}");
+    assert!(names("").contains(&"vault".to_string()));
+    let entry = m.join(".versions/vault").join(&vault[0]);
+    let public = m.join(".versions/pub").join(&names("pub")[0]);
+    let script = format!(
+        "ls -a {root}; echo ---; ls -a {root}/vault; echo ---; cat {entry}; echo ---; \
+         stat -c %s {entry}; echo ---; cat {public}",
+        root = m.join(".versions").display(),
+        entry = entry.display(),
+        public = public.display()
+    );
+    let out = sh_as_nobody(&script).unwrap();
+    let got = String::from_utf8_lossy(&out.stdout);
+    let parts: Vec<&str> = got.split("---\n").collect();
+    assert_eq!(parts.len(), 5, "{test}: {got}");
+    assert!(
+        !parts[0].contains("vault") && parts[0].contains("pub"),
+        "{test}: nobody's listing of .versions: {:?}",
+        parts[0]
+    );
+    assert!(
+        parts[1].is_empty(),
+        "{test}: nobody lists .versions/vault: {:?}",
+        parts[1]
+    );
+    assert!(
+        parts[2].is_empty(),
+        "{test}: nobody reads {}: {:?}",
+        entry.display(),
+        parts[2]
+    );
+    assert!(
+        parts[3].is_empty(),
+        "{test}: nobody stats {}: {:?}",
+        entry.display(),
+        parts[3]
+    );
+    assert_eq!(
+        parts[4], "secret one\n",
+        "{test}: nobody reads a version it may reach"
+    );
+
+    // `mapfs versions` as nobody, on a store it may open (made so here,
+    // with the mount gone): the same rule, not the store's mode, hides
+    // the vault.
+    s.umount().unwrap();
+    let backing = s.backing().to_path_buf();
+    let st = Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(backing.join(".mapfs-versions"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let b = backing.to_str().unwrap();
+    let (ok, list) = mapfs_as_nobody(&["versions", "list", b]);
+    assert!(ok, "{test}: mapfs versions list as nobody failed");
+    assert!(
+        !list.contains("vault") && list.contains("/pub/notes.txt@"),
+        "{test}: mapfs versions list as nobody:\n{list}"
+    );
+    let (ok, shown) = mapfs_as_nobody(&["versions", "show", b, "/vault/notes.txt"]);
+    assert!(
+        !ok && shown.is_empty(),
+        "{test}: mapfs versions show as nobody: {shown:?}"
+    );
+    let (ok, shown) = mapfs_as_nobody(&["versions", "show", b, "/pub/notes.txt"]);
+    assert!(ok && shown == "secret one\n", "{test}: {shown:?}");
+}

@@ -731,6 +731,10 @@ impl Versions {
             return Err(erofs());
         }
         let v = virtual_dir::version_at(&self.store, rest)?.ok_or_else(Error::not_found)?;
+        let sight = virtual_dir::Sight::new(ctx, self.inner.root());
+        if !sight.reaches(&v) {
+            return Err(Error::not_found());
+        }
         if !virtual_dir::may_read(ctx, &v) {
             return Err(Error::from_errno(libc::EACCES));
         }

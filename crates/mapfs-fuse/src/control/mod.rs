@@ -575,7 +575,7 @@ impl Server {
                     table_sent: false,
                     adopted: HashMap::new(),
                     tracing: false,
-                    parts: parts::MapParts::default(),
+                    parts: parts::MapParts::of(peer.uid, owner_or_root(peer)),
                 },
             );
             self.clients

@@ -142,8 +142,9 @@ fn a_sparse_grow_and_truncate_costs_what_the_file_holds() {
 
 /// A version that cannot fit in `keep-bytes` is never written: the user's
 /// write succeeds, the version is skipped and counted, the store stays
-/// within its limit. Both kinds: a whole copy (at the open) and an undo
-/// version (saving the bytes a write overwrites).
+/// within its limit. Every kind: a whole copy (at the open), an undo
+/// version (saving the bytes a write overwrites), and the file's own inode
+/// (an `O_TRUNC` rewrite, an unlink), whose blocks the store would keep.
 #[test]
 fn a_version_over_the_byte_limit_is_skipped_and_the_write_succeeds() {
     let test = "versions over the byte limit";
@@ -173,6 +174,26 @@ fn a_version_over_the_byte_limit_is_skipped_and_the_write_succeeds() {
         assert!(
             allocated <= 64 << 10,
             "{test} ({opts}): the store allocates {allocated} bytes over its 64 KiB limit"
+        );
+        // The file's own inode, kept by an O_TRUNC rewrite or an unlink,
+        // would keep its blocks in the store: over the limit too.
+        let skipped = stat(s.backing(), "skipped");
+        as_nobody(
+            test,
+            &format!(
+                "cd {} && head -c 204800 /dev/urandom > f && rm f",
+                d.display()
+            ),
+        );
+        assert!(!d.join("f").exists(), "{test} ({opts})");
+        assert!(
+            stat(s.backing(), "skipped") >= skipped + 2,
+            "{test} ({opts}): a rewrite and an unlink over the limit were not skipped"
+        );
+        let allocated: u64 = objects(s.backing()).iter().map(|o| o.1).sum();
+        assert!(
+            allocated <= 64 << 10,
+            "{test} ({opts}): the store allocates {allocated} bytes after a rewrite and an unlink"
         );
         // Still readable by the owner: nothing was listed that is not there.
         let vdir = s.mountpoint().join(".versions/u");

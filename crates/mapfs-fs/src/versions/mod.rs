@@ -664,6 +664,13 @@ impl Versions {
         }
         let meta = FileMeta::from_stat(&st);
         if st.st_nlink == 1 {
+            // Kept, its blocks are not freed: the byte limit holds for them
+            // as for a copy.
+            let held = st.st_blocks as u64 * 512;
+            if !self.store.fits(held)? {
+                self.store.skip(bytes(path), held, None)?;
+                return Ok(None);
+            }
             return self
                 .store
                 .add_linked(

@@ -1148,6 +1148,18 @@ impl Store {
         Ok(false)
     }
 
+    /// Whether a version that is a file's own inode, `allocated` bytes of
+    /// blocks (which the store then keeps from being freed), fits in the
+    /// byte limit: [`Store::reserve`], the oldest going to make room, and
+    /// given back at once (the row counts it when it is made).
+    pub fn fits(&self, allocated: u64) -> Result<bool> {
+        let fits = self.reserve(allocated)?;
+        if fits {
+            self.unreserve(allocated);
+        }
+        Ok(fits)
+    }
+
     /// Gives back `need` bytes of [`Store::reserve`].
     pub fn unreserve(&self, need: u64) {
         if self.byte_limit().is_some() && need > 0 {

@@ -240,7 +240,8 @@ impl Undo {
         let before = st.held;
         let now = backing.metadata()?.len();
         let mut need = 0;
-        for &(a, b) in ranges {
+        // Without a limit nothing is reserved: no need to look for data.
+        for &(a, b) in ranges.iter().filter(|_| store.is_limited()) {
             let (a, b) = (a.min(self.orig_size), b.min(self.orig_size));
             for (x, y) in st.saved.missing(a, b) {
                 let there = y.min(now);

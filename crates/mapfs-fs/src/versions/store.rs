@@ -1073,6 +1073,11 @@ impl Store {
         );
     }
 
+    /// Whether copies are checked against a byte limit.
+    pub fn is_limited(&self) -> bool {
+        self.byte_limit().is_some()
+    }
+
     fn byte_limit(&self) -> Option<u64> {
         match self.byte_limit.load(std::sync::atomic::Ordering::Relaxed) {
             u64::MAX => None,

@@ -50,6 +50,7 @@
 pub mod embed_spec;
 mod helper;
 pub mod list;
+pub mod logline;
 pub mod mount_cmd;
 pub mod mounts;
 pub mod pack_cmd;

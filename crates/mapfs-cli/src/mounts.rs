@@ -227,10 +227,14 @@ pub fn new_log(mountpoint: &Path) -> Result<(PathBuf, File)> {
     let mut old = log.clone().into_os_string();
     old.push(".1");
     let _ = std::fs::rename(&log, &old);
+    // Readable by the mount's user alone: the daemon logs other users'
+    // paths (a root mount's log was 0644 in /run/mapfs). A log kept from
+    // before goes the same way.
+    let _ = std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o600));
     let f = OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o644)
+        .mode(0o600)
         .open(&log)
         .with_context(|| format!("cannot create log {}", log.display()))?;
     Ok((log, f))

@@ -15,6 +15,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use mapfs_fs::versions::store::{Store, Version};
+use mapfs_fs::versions::virtual_dir::Sight;
 use mapfs_fs::versions::{parse_size, stamp, Policy};
 
 /// Arguments of `mapfs versions`.
@@ -99,18 +100,52 @@ fn fs_path(p: &str) -> Vec<u8> {
     }
 }
 
-/// The version `spec` names: `PATH@STAMP`, or `PATH` for the newest.
-fn resolve(store: &Store, spec: &str) -> Result<Version> {
+/// Which versions the user running the command may see: all for root;
+/// for anyone else, what `.versions/` in the mount shows them (a version
+/// of a file they could reach through the live tree now and could read
+/// when it was taken; see [`Sight`]).
+struct Seen {
+    root: Option<mapfs::backing::BackingRoot>,
+    ctx: mapfs::Ctx,
+}
+
+impl Seen {
+    fn of(backing: &Path) -> Result<Seen> {
+        let ctx = mapfs::Ctx::current();
+        let root = if ctx.uid == 0 {
+            None
+        } else {
+            Some(mapfs::backing::BackingRoot::new(backing)?)
+        };
+        Ok(Seen { root, ctx })
+    }
+
+    fn sight(&self) -> Option<Sight<'_>> {
+        self.root.as_ref().map(|r| Sight::new(&self.ctx, r))
+    }
+
+    /// `list` without what this user may not see.
+    fn filter(&self, list: Vec<Version>) -> Vec<Version> {
+        match self.sight() {
+            None => list,
+            Some(s) => list.into_iter().filter(|v| s.sees(v)).collect(),
+        }
+    }
+}
+
+/// The version `spec` names: `PATH@STAMP`, or `PATH` for the newest; only
+/// one `seen` lets this user see.
+fn resolve(store: &Store, seen: &Seen, spec: &str) -> Result<Version> {
     if let Some((path, ts)) = spec
         .rsplit_once('@')
         .and_then(|(p, s)| Some((p, stamp::parse(s)?)))
     {
         return store
             .find(&fs_path(path), ts)?
+            .and_then(|v| seen.filter(vec![v]).pop())
             .with_context(|| format!("no version {spec}"));
     }
-    store
-        .list(Some(&fs_path(spec)), false)?
+    seen.filter(store.list(Some(&fs_path(spec)), false)?)
         .pop()
         .with_context(|| format!("no versions of {spec}"))
 }
@@ -142,7 +177,8 @@ pub fn run(args: VersionsArgs) -> Result<()> {
     match args.cmd {
         VersionsCmd::List { backing, path } => {
             let store = open_store(&backing)?;
-            let list = store.list(path.as_deref().map(fs_path).as_deref(), true)?;
+            let seen = Seen::of(&backing)?;
+            let list = seen.filter(store.list(path.as_deref().map(fs_path).as_deref(), true)?);
             let mut out = std::io::stdout().lock();
             for v in &list {
                 writeln!(
@@ -162,7 +198,7 @@ pub fn run(args: VersionsArgs) -> Result<()> {
         }
         VersionsCmd::Show { backing, version } => {
             let store = open_store(&backing)?;
-            let v = resolve(&store, &version)?;
+            let v = resolve(&store, &Seen::of(&backing)?, &version)?;
             std::io::stdout().lock().write_all(&store.read_all(&v)?)?;
             Ok(())
         }
@@ -172,11 +208,12 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             other,
         } => {
             let store = open_store(&backing)?;
-            let a = resolve(&store, &version)?;
+            let seen = Seen::of(&backing)?;
+            let a = resolve(&store, &seen, &version)?;
             let ta = to_temp(&store, &a)?;
             let (tb, label_b) = match other {
                 Some(o) => {
-                    let b = resolve(&store, &o)?;
+                    let b = resolve(&store, &seen, &o)?;
                     (Some(to_temp(&store, &b)?), b.full_name())
                 }
                 None => (None, String::from_utf8_lossy(&a.path).into_owned()),
@@ -204,7 +241,7 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             to,
         } => {
             let store = open_store(&backing)?;
-            let v = resolve(&store, &version)?;
+            let v = resolve(&store, &Seen::of(&backing)?, &version)?;
             let target = to.as_deref().map_or(v.path.clone(), fs_path);
             let kept = store.restore(&v, &target)?;
             let kept = match kept.and_then(|id| store.get(id).ok().flatten()) {
@@ -266,6 +303,11 @@ pub fn run(args: VersionsArgs) -> Result<()> {
                 out,
                 "allocated:       {} (objects' blocks; shared extents counted in full)",
                 human(t.allocated_bytes)
+            )?;
+            writeln!(
+                out,
+                "skipped:         {} (versions over the byte limit, not kept)",
+                t.skipped
             )?;
             writeln!(
                 out,

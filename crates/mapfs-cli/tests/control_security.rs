@@ -1439,3 +1439,80 @@ fn nobody_gets_eacces_through_every_path() {
     );
     v.assert_serves();
 }
+
+/// Map parts (`MapPart`, the pieces of a map too large for one message)
+/// are a budget per user: nobody's six connections of lent writers take
+/// one user's share and are refused past it (`ENOMEM`); while nobody holds
+/// all of theirs, root and another user (65533) still send a whole map's
+/// parts. Before, the six took the daemon-wide bound and root's next part
+/// was refused.
+#[test]
+fn a_user_spending_their_map_parts_refuses_nobody_else() {
+    let test = "map parts per user";
+    if !ready(test, &[]) {
+        return;
+    }
+    let v = Victim::mount_fs(test, "plfs", DataMode::Auto);
+    let max = control::MAX_MAP_BYTES as u64;
+    let file_of = |uid: u32| {
+        let f = v.path(&format!("drop/parts-{uid}"));
+        fs::write(&f, b"").unwrap();
+        std::os::unix::fs::chown(&f, Some(uid), Some(uid)).unwrap();
+        f
+    };
+    let parts_cmd = |mut cmd: Command, file: &Path, n: &str, hold: &str| {
+        cmd.arg("--mount")
+            .arg(v.mountpoint())
+            .args(["parts", "--file"])
+            .arg(file)
+            .args(["--n", n, "--hold", hold]);
+        cmd
+    };
+    let nobody_file = file_of(65534);
+    let mut attacker = Program::start(parts_cmd(
+        command_as_nobody(attack_bin()),
+        &nobody_file,
+        "6",
+        "120",
+    ));
+    let mut taken = 0;
+    let mut refused = 0;
+    for _ in 0..6 {
+        let l: Value = serde_json::from_str(&attacker.line()).unwrap();
+        assert!(l["taken"].is_u64(), "{test}: nobody's connection: {l}");
+        taken += l["taken"].as_u64().unwrap();
+        if l["refused"]["errno"].as_i64() == Some(i64::from(libc::ENOMEM)) {
+            refused += 1;
+        }
+    }
+    let holding: Value = serde_json::from_str(&attacker.line()).unwrap();
+    assert_eq!(holding["holding"], 6, "{test}: {holding}");
+    assert!(
+        taken <= max && refused >= 5,
+        "{test}: nobody's parts: {taken} bytes taken (one user's share is {max}), {refused} refused"
+    );
+    // While nobody holds theirs: root, then another user, send a whole map.
+    for (who, cmd, file) in [
+        ("root", Command::new(attack_bin()), file_of(0)),
+        (
+            "65533",
+            mapfs_testkit::user::command_as(attack_bin(), 65533, 65533),
+            file_of(65533),
+        ),
+    ] {
+        let out = parts_cmd(cmd, &file, "1", "0")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
+        let l = &lines[0];
+        assert_eq!(
+            l["taken"].as_u64(),
+            Some(max),
+            "{test}: {who}'s map parts while nobody holds theirs: {l}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    attacker.say("release");
+    v.assert_serves();
+}

@@ -761,3 +761,72 @@ fn a_lent_map_larger_than_a_packet_reaches_the_file() {
     let t = totals(&report, "python3");
     assert!(t.adopted > 0, "{test}: not adopted: {t:?}");
 }
+
+/// Root writes a secret to a 0600 plfs file, truncates it to nothing and
+/// writes `public` through the same open (so one log holds both, the
+/// secret outside every map), then makes the file readable (then
+/// writable) by all. Nobody, under the shim with adoption at the first
+/// data call, reads `public`, and no descriptor the process holds (a lent
+/// log included) reads the secret anywhere, by raw `pread64` (the shim
+/// does not see it): a reader, then a read-write open.
+#[test]
+fn a_lent_open_never_reads_bytes_a_truncate_dropped() {
+    let test = "preload plfs truncated bytes";
+    if !fuse_or_skip(test) || !have("python3") {
+        return;
+    }
+    let s = MountSession::builder(mapfs_bin())
+        .fs("plfs")
+        .data(DataMode::Auto)
+        .options(["allow_other", "default_permissions"])
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount plfs: {e:#}"));
+    let f = s.mountpoint().join("f");
+    {
+        let w = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&f)
+            .unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        use std::os::unix::fs::FileExt;
+        w.write_all_at(b"TOP-SECRET-BYTES-OF-ROOT\n", 0).unwrap();
+        w.set_len(0).unwrap();
+        w.write_all_at(b"public", 0).unwrap();
+    }
+    let report = report_path(&s, "nobody");
+    std::fs::write(&report, b"").unwrap();
+    std::fs::set_permissions(&report, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = "import os,sys,ctypes\n\
+        libc=ctypes.CDLL(None)\n\
+        p,mode=sys.argv[1],sys.argv[2]\n\
+        fd=os.open(p, os.O_RDWR if mode=='rw' else os.O_RDONLY)\n\
+        d=os.pread(fd,100,0)\n\
+        st=libc.mapfs_preload_fd_status(fd)\n\
+        buf=ctypes.create_string_buffer(1<<20)\n\
+        leaks=[]\n\
+        for n in os.listdir('/proc/self/fd'):\n\
+        \x20 r=libc.syscall(17, int(n), buf, 1<<20, ctypes.c_long(0))\n\
+        \x20 if r > 0 and b'TOP-SECRET' in buf.raw[:r]: leaks.append((n, os.readlink('/proc/self/fd/'+n)))\n\
+        print(d.decode(), st, leaks)\n";
+    for (mode, perm) in [("ro", 0o644), ("rw", 0o666)] {
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(perm)).unwrap();
+        let out = ok(mapfs_testkit::user::command_as_nobody(mapfs_bin())
+            .args(["run", "--mount"])
+            .arg(s.mountpoint())
+            .args(["--", "python3", "-c", script])
+            .arg(&f)
+            .arg(mode)
+            .env("MAPFS_PRELOAD_REPORT", &report)
+            .env("MAPFS_PRELOAD_ADOPT_CALLS", "1")
+            .env("HOME", "/"));
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        eprintln!("{test} ({mode}): {line}");
+        assert!(
+            line.starts_with("public ") && line.ends_with(" []"),
+            "{test} ({mode}): nobody read {line:?}"
+        );
+    }
+}

@@ -829,7 +829,7 @@ impl Shared {
 
     /// Whether a new open of `ino` with this data should use passthrough
     /// (`writes`: the open may write).
-    fn want_passthrough(&self, ino: u64, data: &DataFile, writes: bool) -> bool {
+    fn want_passthrough(&self, ino: u64, path: &Path, data: &DataFile, writes: bool) -> bool {
         let Some(backing) = data.whole_file_backing() else {
             return false;
         };
@@ -855,10 +855,19 @@ impl Shared {
         // leave the bits on.
         // Asked only where the answer depends on it: a reader of an inode
         // with a backing id alive needs no `fstat`.
+        // The file's mode is the file system's: a file system that keeps
+        // its own modes (pack's database) backs a setuid file with a
+        // backing file of the daemon's, 0600 (a write by another user kept
+        // pack's bits), so both are asked.
+        let setid_bits = libc::S_ISUID | libc::S_ISGID;
         let setid = || match backing.metadata() {
             Ok(m) => {
                 use std::os::unix::fs::MetadataExt;
-                m.mode() & (libc::S_ISUID | libc::S_ISGID) != 0
+                m.mode() & setid_bits != 0
+                    || self
+                        .fs
+                        .getattr(&ROOT_CTX, path)
+                        .map_or(true, |a| u32::from(a.perm) & setid_bits != 0)
             }
             Err(_) => true,
         };
@@ -993,7 +1002,7 @@ impl Shared {
         let may_change = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         self.tokens.opened(ino, &data, may_change);
         let mut backing = None;
-        if self.want_passthrough(ino, &data, may_change) {
+        if self.want_passthrough(ino, &path, &data, may_change) {
             let file = data.whole_file_backing().expect("whole-file map").clone();
             match self.handles.backing_for(ino, &file, || open_backing(&file)) {
                 Ok(Some(id)) => backing = Some(id),
@@ -1115,8 +1124,11 @@ impl Shared {
 
     /// Clears setuid, and setgid where the kernel would (group-executable,
     /// or the writer is not in the file's group), after a change by
-    /// `writer`, who lacks `CAP_FSETID`.
-    fn kill_suidgid(&self, path: &Path, writer: &Ctx) -> Result<()> {
+    /// `writer`, who lacks `CAP_FSETID`. The kernel's cached attributes of
+    /// `ino` go with them: it keeps the mode for the attributes' TTL after
+    /// a write, and `stat` showed the bits a file system that keeps its own
+    /// modes (pack) had cleared.
+    fn kill_suidgid(&self, ino: u64, path: &Path, writer: &Ctx) -> Result<()> {
         let attr = match self.fs.getattr(&ROOT_CTX, path) {
             Ok(a) => a,
             // Unlinked while open: nothing left to protect by name.
@@ -1137,6 +1149,10 @@ impl Shared {
                 ..SetAttr::default()
             };
             self.fs.setattr(&ROOT_CTX, path, &set)?;
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(INodeNo(ino), -1, 0);
+                self.stats.add(Event::Invalidation, 1);
+            }
         }
         Ok(())
     }
@@ -1694,6 +1710,19 @@ impl Filesystem for Adapter {
             }
             tri!(reply, res)
         };
+        // A truncate by a user without CAP_FSETID clears setuid/setgid, as
+        // on a local file system (the kernel's FATTR_KILL_SUIDGID, which
+        // fuser does not pass on: a size change by anyone but root is taken
+        // to carry it). A file system that keeps its own modes (pack) needs
+        // this; for the others the backing kernel did it already.
+        let setid = u16::try_from(libc::S_ISUID | libc::S_ISGID).unwrap_or(0);
+        let attr = if size.is_some() && c.uid != 0 && attr.perm & setid != 0 {
+            let path = tri!(reply, s.path(ino));
+            tri!(reply, s.kill_suidgid(ino.0, &path, &c));
+            tri!(reply, s.getattr_inner(&c, ino, fh))
+        } else {
+            attr
+        };
         reply.attr(&s.attr_ttl(ino.0), &s.fuse_attr(ino.0, &attr));
     }
 
@@ -1905,6 +1934,12 @@ impl Filesystem for Adapter {
             }
         });
         let opened = tri!(reply, opened);
+        if flags.0 & libc::O_TRUNC != 0 && flags.0 & libc::O_ACCMODE != libc::O_RDONLY && c.uid != 0
+        {
+            // As a truncate (FUSE_OPEN_KILL_SUIDGID, which fuser does not
+            // pass on): the open succeeded, so the caller may write.
+            tri!(reply, s.kill_suidgid(ino.0, &path, &c));
+        }
         let (fh, backing, fopen) = tri!(
             reply,
             s.register_open(req, ino.0, path, flags.0, opened, |f| reply.open_backing(f))
@@ -1960,7 +1995,7 @@ impl Filesystem for Adapter {
         let _t = s.stats.timer(Op::Write, req.pid(), _ino.0);
         let file = tri!(reply, s.data_file(fh));
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            tri!(reply, s.kill_suidgid(&file.path, &ctx(req)));
+            tri!(reply, s.kill_suidgid(file.ino, &file.path, &ctx(req)));
         }
         let mut remap = s.remap_for(&file);
         let res = file.data.write(offset, data, &mut remap);
@@ -2310,7 +2345,7 @@ impl Filesystem for Adapter {
         // Like write, fallocate by an unprivileged caller drops setuid/setgid;
         // the kernel sends no flag for it.
         if req.uid() != 0 {
-            tri!(reply, self.0.kill_suidgid(&file.path, &ctx(req)));
+            tri!(reply, self.0.kill_suidgid(file.ino, &file.path, &ctx(req)));
         }
         let res = file.data.fallocate(mode, offset, length);
         self.0.tokens.bump(file.ino);

@@ -3,6 +3,7 @@
 //! append one JSON line there when it ends.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 
 /// The variable naming the report file.
 pub const REPORT_ENV: &str = "MAPFS_PRELOAD_REPORT";
@@ -18,9 +19,12 @@ pub fn append(line: &str) {
         return;
     };
     let line = format!("{line}\n");
+    // Made readable by its maker alone (it names the files a program
+    // used); a file that exists keeps its mode.
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(path)
     {
         // One write of one line: concurrent processes do not interleave.

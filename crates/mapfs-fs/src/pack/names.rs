@@ -558,9 +558,18 @@ impl Pack {
             if set.uid.is_some() || set.gid.is_some() {
                 uid = set.uid.unwrap_or(uid);
                 gid = set.gid.unwrap_or(gid);
-                if i.kind() == FileKind::File && (uid, gid) != (i.uid, i.gid) {
+                // As the kernel's chown does on a local file system: for
+                // every kind but directories (FIFOs, sockets and device
+                // nodes too), even when the owner stays the same, setuid
+                // goes, and setgid with it where the group may execute (or
+                // the caller is neither root nor in the file's group). A
+                // chown with neither id (-1, -1) never reaches here. A mode
+                // given with the ids is applied after them, as it stands.
+                if i.kind() != FileKind::Dir && set.mode.is_none() {
                     mode &= !libc::S_ISUID;
-                    if mode & libc::S_IXGRP != 0 {
+                    if mode & libc::S_IXGRP != 0
+                        || (ctx.uid != 0 && !mapfs::creds::in_group(ctx, i.gid))
+                    {
                         mode &= !libc::S_ISGID;
                     }
                 }

@@ -170,7 +170,13 @@ pub fn writer_map(size: u64, truncate: bool) -> Result<DataMap> {
 struct UndoState {
     saved: Ranges,
     pieces: Vec<Piece>,
+    /// Where the next saved bytes go in the object (holes included).
     end: u64,
+    /// Bytes the object holds (its holes are free).
+    held: u64,
+    /// The version did not fit in the store's byte limit and was dropped:
+    /// nothing more is saved.
+    given_up: bool,
 }
 
 /// The undo version of one session, shared by its writers.
@@ -179,6 +185,8 @@ pub struct Undo {
     pub id: i64,
     /// The file's size when the session began.
     pub orig_size: u64,
+    /// The file's path (for a version given up, [`Store::skip`]).
+    path: Vec<u8>,
     obj: File,
     state: Mutex<UndoState>,
 }
@@ -191,15 +199,18 @@ impl std::fmt::Debug for Undo {
 
 impl Undo {
     /// The undo of a session begun on a file of `orig_size` bytes.
-    pub fn new(id: i64, orig_size: u64, obj: File) -> Arc<Undo> {
+    pub fn new(id: i64, path: &[u8], orig_size: u64, obj: File) -> Arc<Undo> {
         Arc::new(Undo {
             id,
             orig_size,
+            path: path.to_vec(),
             obj,
             state: Mutex::new(UndoState {
                 saved: Ranges::default(),
                 pieces: Vec::new(),
                 end: 0,
+                held: 0,
+                given_up: false,
             }),
         })
     }
@@ -216,10 +227,48 @@ impl Undo {
     /// first if they were this version's (a settle saves into every undo
     /// version of its session). They are counted as saved, so that bytes
     /// written there later are never taken for the version's.
+    ///
+    /// Only the bytes `backing` holds are copied (its holes stay holes in
+    /// the object), after [`Store::reserve`] found room for them; when it
+    /// did not, the version is given up ([`Store::skip`]) and the writes
+    /// go ahead without it.
     pub fn save(&self, store: &Store, backing: &File, ranges: &[(u64, u64)]) -> Result<()> {
         let mut st = self.state.lock();
-        let before = st.end;
+        if st.given_up {
+            return Ok(());
+        }
+        let before = st.held;
         let now = backing.metadata()?.len();
+        let mut need = 0;
+        // Without a limit nothing is reserved: no need to look for data.
+        for &(a, b) in ranges.iter().filter(|_| store.is_limited()) {
+            let (a, b) = (a.min(self.orig_size), b.min(self.orig_size));
+            for (x, y) in st.saved.missing(a, b) {
+                let there = y.min(now);
+                if x < there {
+                    need += super::clone::allocated(backing, x, there - x)?;
+                }
+            }
+        }
+        if !store.reserve(need)? {
+            st.given_up = true;
+            return store.skip(self.path.as_slice(), need, Some(self.id));
+        }
+        let res = self.save_reserved(&mut st, store, backing, ranges, now, before);
+        store.unreserve(need);
+        res
+    }
+
+    fn save_reserved(
+        &self,
+        st: &mut UndoState,
+        store: &Store,
+        backing: &File,
+        ranges: &[(u64, u64)],
+        now: u64,
+        before: u64,
+    ) -> Result<()> {
+        let end_before = st.end;
         for &(a, b) in ranges {
             let (a, b) = (a.min(self.orig_size), b.min(self.orig_size));
             for (x, y) in st.saved.missing(a, b) {
@@ -235,7 +284,8 @@ impl Undo {
                     // (docs/versions.md).
                     let quiet = super::clone::NoReadahead::on(backing);
                     quiet.fetch(x, there - x);
-                    super::clone::copy_range(backing, x, &self.obj, at, there - x)?;
+                    st.held +=
+                        super::clone::copy_sparse(backing, x, &self.obj, at, there - x, false)?;
                     drop(quiet);
                     let n = there - x;
                     match st.pieces.last_mut() {
@@ -254,12 +304,12 @@ impl Undo {
                 st.saved.insert(x, y);
             }
         }
-        if st.end > before {
+        if st.end > end_before {
             // Not synced per close (that would cost more than the copy it
             // replaces): a crash before the backing file system writes the
             // saved bytes out can leave this version incomplete
             // (docs/versions.md, Limits).
-            store.set_pieces(self.id, &st.pieces, st.end, st.end - before)?;
+            store.set_pieces(self.id, &st.pieces, st.held, st.held - before)?;
         }
         Ok(())
     }
@@ -440,7 +490,7 @@ mod tests {
             }
         }
         let obj = tempfile::tempfile_in(dir.path()).unwrap();
-        let undo = Undo::new(1, size, obj.try_clone().unwrap());
+        let undo = Undo::new(1, b"/live", size, obj.try_clone().unwrap());
         undo.save(&store, &backing, &[(4 * GRANULE, 5 * GRANULE)])
             .unwrap();
         assert_eq!(resident(&path), Some(GRANULE), "read more than the range");

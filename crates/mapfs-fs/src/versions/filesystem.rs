@@ -40,7 +40,10 @@ impl FileSystem for Versions {
         match virtual_dir::place(path) {
             Place::Normal => self.inner.getattr(ctx, path),
             Place::Hidden => Err(Error::not_found()),
-            Place::Virtual(rest) => virtual_dir::getattr(&self.store, rest, &self.root_attr(ctx)?),
+            Place::Virtual(rest) => {
+                let sight = virtual_dir::Sight::new(ctx, self.inner.root());
+                virtual_dir::getattr(&sight, &self.store, rest, &self.root_attr(ctx)?)
+            }
         }
     }
 
@@ -56,7 +59,8 @@ impl FileSystem for Versions {
         match virtual_dir::place(path) {
             Place::Hidden => Err(Error::not_found()),
             Place::Virtual(rest) => {
-                virtual_dir::readdir(ctx, &self.store, rest, &self.root_attr(ctx)?)
+                let sight = virtual_dir::Sight::new(ctx, self.inner.root());
+                virtual_dir::readdir(&sight, &self.store, rest, &self.root_attr(ctx)?)
             }
             Place::Normal => {
                 let mut v = self.inner.readdir(ctx, path)?;

@@ -91,7 +91,7 @@ use crate::passthrough::Passthrough;
 use delta::Undo;
 pub use retention::Policy;
 use session::{stamp_of, Current, Session};
-use store::{FileMeta, Store};
+use store::{Added, FileMeta, Store};
 
 /// Settings of a `versions` mount.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -305,6 +305,7 @@ impl Versions {
             crate::sole::take_shared(store.dir(), LOCK_NAME, "versions", &shown)?
         };
         store.save_policy(&config.policy)?;
+        store.set_byte_limit(config.policy.keep_bytes);
         if !config.shared {
             store.upkeep_in_background()?;
             store.defer_versions(config.policy)?;
@@ -380,18 +381,20 @@ impl Versions {
                 .add_whole(bytes(path), &s.backing, meta, "write", copy)
                 .map_err(|e| e.during("a whole version"))?
             {
-                Some(id) => {
+                // The writer goes ahead without a version.
+                Added::Skipped => {}
+                Added::Kept(id) => {
                     s.marks.push(self.store.mark_in_use(id)?);
                     s.versions.push(id);
                     s.latest = Some(id);
                     s.current = Current::Whole;
                 }
-                None => {
+                Added::NotCopied => {
                     let (id, obj) = self
                         .store
                         .add_undo(bytes(path), meta)
                         .map_err(|e| e.during("an undo version"))?;
-                    let u = Undo::new(id, meta.size, obj);
+                    let u = Undo::new(id, bytes(path), meta.size, obj);
                     // Undo writers of the session may write these ranges
                     // in place: what they hold now goes first.
                     u.save(&self.store, &s.backing, s.writable.spans())
@@ -661,6 +664,13 @@ impl Versions {
         }
         let meta = FileMeta::from_stat(&st);
         if st.st_nlink == 1 {
+            // Kept, its blocks are not freed: the byte limit holds for them
+            // as for a copy.
+            let held = st.st_blocks as u64 * 512;
+            if !self.store.fits(held)? {
+                self.store.skip(bytes(path), held, None)?;
+                return Ok(None);
+            }
             return self
                 .store
                 .add_linked(
@@ -675,7 +685,12 @@ impl Versions {
         }
         // Other names keep the inode changing: keep a copy of the bytes.
         let f = self.daemon_open(path, (st.st_dev, st.st_ino))?;
-        self.store.add_whole(bytes(path), &f, &meta, reason, true)
+        Ok(
+            match self.store.add_whole(bytes(path), &f, &meta, reason, true)? {
+                Added::Kept(id) => Some(id),
+                Added::NotCopied | Added::Skipped => None,
+            },
+        )
     }
 
     /// Versions a file about to be truncated to `size` (not open here).
@@ -703,11 +718,11 @@ impl Versions {
         if self
             .store
             .add_whole(bytes(path), &f, &meta, "truncate", copy)?
-            .is_none()
+            == Added::NotCopied
         {
             // Undo of a truncate: the cut tail, if any.
             let (id, obj) = self.store.add_undo(bytes(path), &meta)?;
-            let undo = Undo::new(id, meta.size, obj);
+            let undo = Undo::new(id, bytes(path), meta.size, obj);
             let prev = delta::writer_map(meta.size, false)?;
             let mut map = prev.clone();
             map.truncate(size);
@@ -723,6 +738,10 @@ impl Versions {
             return Err(erofs());
         }
         let v = virtual_dir::version_at(&self.store, rest)?.ok_or_else(Error::not_found)?;
+        let sight = virtual_dir::Sight::new(ctx, self.inner.root());
+        if !sight.reaches(&v) {
+            return Err(Error::not_found());
+        }
         if !virtual_dir::may_read(ctx, &v) {
             return Err(Error::from_errno(libc::EACCES));
         }

@@ -54,6 +54,11 @@ impl Versions {
         {
             return Ok(None);
         }
+        // Its blocks stay in the store: over the byte limit, the caller's
+        // copy path finds the version does not fit either, and skips it.
+        if !self.store.fits(st.st_blocks as u64 * 512)? {
+            return Ok(None);
+        }
         let key = (st.st_dev, st.st_ino);
         // Held until the new inode's session exists: no writer of either
         // inode starts meanwhile.

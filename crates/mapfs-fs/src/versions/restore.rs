@@ -114,6 +114,9 @@ impl Store {
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
             Mode::empty(),
         )?);
-        self.add_whole(path, &f, &meta, "restore", true)
+        Ok(match self.add_whole(path, &f, &meta, "restore", true)? {
+            super::store::Added::Kept(id) => Some(id),
+            _ => None,
+        })
     }
 }

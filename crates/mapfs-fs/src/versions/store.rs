@@ -160,6 +160,33 @@ pub struct Totals {
     pub stored_bytes: u64,
     /// Blocks the objects occupy, in bytes (shared extents count in full).
     pub allocated_bytes: u64,
+    /// Versions not kept because they did not fit in the byte limit (or
+    /// the backing file system was full), since the store was made.
+    pub skipped: u64,
+}
+
+/// What [`Store::add_whole`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    /// A version was kept, with this id.
+    Kept(i64),
+    /// No reflink, and a copy was not allowed: the caller may make an
+    /// undo version instead.
+    NotCopied,
+    /// The copy did not fit in the store's byte limit (or the backing
+    /// file system was full): no version was kept, and the skip was
+    /// counted.
+    Skipped,
+}
+
+impl Added {
+    /// The version kept, if any.
+    pub fn id(self) -> Option<i64> {
+        match self {
+            Added::Kept(id) => Some(id),
+            Added::NotCopied | Added::Skipped => None,
+        }
+    }
 }
 
 /// The store of one backing directory.
@@ -177,7 +204,20 @@ pub struct Store {
     upkeep: std::sync::OnceLock<Upkeep>,
     /// Commits recorded versions, once started ([`Store::defer_versions`]).
     committer: std::sync::OnceLock<std::sync::Arc<Committer>>,
+    /// The byte limit every copy is checked against before it is written
+    /// ([`Store::set_byte_limit`]); `u64::MAX` for none.
+    byte_limit: std::sync::atomic::AtomicU64,
+    /// Bytes of copies being written, counted against the limit until
+    /// their rows count them.
+    reserved: std::sync::atomic::AtomicU64,
+    /// When the last skipped version was logged (seconds since the
+    /// epoch): one line per [`SKIP_LOG_SECS`] at most.
+    skip_logged: std::sync::atomic::AtomicU64,
 }
+
+/// A skipped version is logged at most once in this many seconds (each
+/// write of a user over the limit would otherwise write one line).
+const SKIP_LOG_SECS: u64 = 10;
 
 impl Drop for Store {
     fn drop(&mut self) {
@@ -306,16 +346,21 @@ fn has_row(tx: &Connection, id: i64) -> Result<bool> {
         .map_err(sql)
 }
 
-fn insert_recorded(tx: &Connection, objects: BorrowedFd<'_>, r: &Record) -> Result<bool> {
-    let present = has_row(tx, r.id)?;
-    if present || rustix::fs::statat(objects, object_name(r.id), AtFlags::SYMLINK_NOFOLLOW).is_err()
-    {
-        return Ok(false);
+fn insert_recorded(tx: &Connection, objects: BorrowedFd<'_>, r: &Record) -> Result<Option<u64>> {
+    if has_row(tx, r.id)? {
+        return Ok(None);
     }
+    let Ok(st) = rustix::fs::statat(objects, object_name(r.id), AtFlags::SYMLINK_NOFOLLOW) else {
+        return Ok(None);
+    };
+    // The inode's blocks, not its size: a sparse file of 1 TiB costs what
+    // it holds, and counted at its size it would push every other version
+    // out of the byte limit.
+    let stored = r.size.min(st.st_blocks as u64 * 512);
     let (lineage, ts) = lineage_and_ts(tx, &r.path, r.ts).map_err(sql)?;
     tx.prepare_cached(
         "INSERT INTO versions(id, path, lineage, ts, kind, size, stored, uid, gid, mode, reason, terminal)
-         VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, ?6, ?7, ?8, ?9, ?10)",
+         VALUES (?1, ?2, ?3, ?4, 0, ?5, ?11, ?6, ?7, ?8, ?9, ?10)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -328,11 +373,12 @@ fn insert_recorded(tx: &Connection, objects: BorrowedFd<'_>, r: &Record) -> Resu
             r.gid,
             r.mode,
             r.reason,
-            r.terminal as i64
+            r.terminal as i64,
+            stored as i64
         ])
     })
     .map_err(sql)?;
-    Ok(true)
+    Ok(Some(stored))
 }
 
 /// The id of every version in the index.
@@ -472,6 +518,9 @@ impl Store {
             stored_total: Mutex::new(None),
             upkeep: std::sync::OnceLock::new(),
             committer: std::sync::OnceLock::new(),
+            byte_limit: std::sync::atomic::AtomicU64::new(u64::MAX),
+            reserved: std::sync::atomic::AtomicU64::new(0),
+            skip_logged: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -544,7 +593,7 @@ impl Store {
                     let _ = self.remove_object(r.id);
                     continue;
                 }
-                added += insert_recorded(&tx, self.objects.as_fd(), r)? as usize;
+                added += insert_recorded(&tx, self.objects.as_fd(), r)?.is_some() as usize;
             }
             tx.commit().map_err(sql)?;
             drop(db);
@@ -726,8 +775,8 @@ impl Store {
                 .map_err(sql)?;
             let mut added = 0i64;
             for r in &records {
-                if insert_recorded(&tx, self.objects.as_fd(), r)? {
-                    added += r.size as i64;
+                if let Some(stored) = insert_recorded(&tx, self.objects.as_fd(), r)? {
+                    added += stored as i64;
                 }
             }
             let batch: Vec<i64> = records.iter().map(|r| r.id).collect();
@@ -996,14 +1045,205 @@ impl Store {
         }
     }
 
-    fn create_object(&self, id: i64) -> Result<File> {
+    /// Makes the object of version `id`, owned by the versioned file's
+    /// owner (`meta`): its blocks are charged to that user, so their
+    /// quota counts what their changes keep. A daemon that may not give
+    /// files away (not root) keeps them as its own.
+    fn create_object(&self, id: i64, meta: &FileMeta) -> Result<File> {
         let fd = rustix::fs::openat(
             &self.objects,
             object_name(id),
             OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )?;
+        let _ = rustix::fs::fchown(
+            &fd,
+            Some(rustix::fs::Uid::from_raw(meta.uid)),
+            Some(rustix::fs::Gid::from_raw(meta.gid)),
+        );
         Ok(File::from(fd))
+    }
+
+    /// Every copy into the store is checked against `limit` (bytes; `None`
+    /// for none) before it is written: see [`Store::reserve`].
+    pub fn set_byte_limit(&self, limit: Option<u64>) {
+        self.byte_limit.store(
+            limit.unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Whether copies are checked against a byte limit.
+    pub fn is_limited(&self) -> bool {
+        self.byte_limit().is_some()
+    }
+
+    fn byte_limit(&self) -> Option<u64> {
+        match self.byte_limit.load(std::sync::atomic::Ordering::Relaxed) {
+            u64::MAX => None,
+            l => Some(l),
+        }
+    }
+
+    /// Bytes all versions keep (cached; summed once through `db`).
+    fn stored_now(&self, db: &Connection) -> Result<i64> {
+        let mut cached = self.stored_total.lock();
+        if let Some(t) = *cached {
+            return Ok(t);
+        }
+        let t = db
+            .prepare_cached("SELECT coalesce(sum(stored), 0) FROM versions")
+            .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)))
+            .map_err(sql)?;
+        *cached = Some(t);
+        Ok(t)
+    }
+
+    /// Reserves room for `need` bytes about to be copied into the store,
+    /// a hard bound: the bytes kept, those being copied and `need` stay
+    /// within the byte limit. The oldest versions go to make room (never
+    /// one being made); `false` when even then it does not fit (`need`
+    /// alone over the limit, or the versions being made hold the rest).
+    /// A reservation made is given back with [`Store::unreserve`] once
+    /// the copy's row counts it (or the copy failed).
+    pub fn reserve(&self, need: u64) -> Result<bool> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(max) = self.byte_limit() else {
+            return Ok(true);
+        };
+        if need == 0 {
+            return Ok(true);
+        }
+        if need > max {
+            return Ok(false);
+        }
+        for attempt in 0..2 {
+            let mut db = self.db()?;
+            let total = self.stored_now(&db)?.max(0) as u64;
+            let reserved = self.reserved.load(Relaxed);
+            if total.saturating_add(reserved).saturating_add(need) <= max {
+                // Under the index's lock: reservations do not race.
+                self.reserved.fetch_add(need, Relaxed);
+                return Ok(true);
+            }
+            if attempt == 1 {
+                break;
+            }
+            // Down to nine tenths with this copy, as retention after a
+            // version goes (a store at its limit is not pruned at every
+            // copy).
+            let room = Policy {
+                keep: None,
+                keep_days: None,
+                keep_bytes: Some(
+                    (max / 10 * LOW_WATER_TENTHS).saturating_sub(need.saturating_add(reserved)),
+                ),
+            };
+            let tx = db
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(sql)?;
+            let all = list_in(&tx, None, false)?;
+            let ids = self.choose_sparing(&all, &room, &[]);
+            let freed = delete_rows_in(&tx, &ids)?;
+            tx.commit().map_err(sql)?;
+            drop(db);
+            self.count_stored(-freed);
+            self.delete_objects(&ids)?;
+        }
+        Ok(false)
+    }
+
+    /// Whether a version that is a file's own inode, `allocated` bytes of
+    /// blocks (which the store then keeps from being freed), fits in the
+    /// byte limit: [`Store::reserve`], the oldest going to make room, and
+    /// given back at once (the row counts it when it is made).
+    pub fn fits(&self, allocated: u64) -> Result<bool> {
+        let fits = self.reserve(allocated)?;
+        if fits {
+            self.unreserve(allocated);
+        }
+        Ok(fits)
+    }
+
+    /// Gives back `need` bytes of [`Store::reserve`].
+    pub fn unreserve(&self, need: u64) {
+        if self.byte_limit().is_some() && need > 0 {
+            let _ = self.reserved.fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |r| Some(r.saturating_sub(need)),
+            );
+        }
+    }
+
+    /// A version of `path` needing `need` bytes is not kept: counted in
+    /// the store (`mapfs versions stats`), logged at most once per
+    /// [`SKIP_LOG_SECS`]. The older undo versions of the path's lineage
+    /// (up to a whole one) go too, and so does `undo`, an undo version
+    /// given up on, if any: they are read through the newer versions, and
+    /// the changes this version would have kept are now missing from the
+    /// chain.
+    pub fn skip(&self, path: &[u8], need: u64, undo: Option<i64>) -> Result<()> {
+        let dropped = {
+            let mut db = self.db()?;
+            let tx = db
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(sql)?;
+            let mut ids: Vec<i64> = undo.into_iter().collect();
+            let line = list_in(&tx, Some(path), false)?;
+            if let Some(last) = line.iter().rev().find(|v| Some(v.id) != undo) {
+                if !last.terminal {
+                    let lineage = last.lineage;
+                    for v in line.iter().rev().filter(|v| Some(v.id) != undo) {
+                        if v.lineage != lineage || v.kind != Kind::Undo {
+                            break;
+                        }
+                        ids.push(v.id);
+                    }
+                }
+            }
+            let freed = delete_rows_in(&tx, &ids)?;
+            let n: i64 = tx
+                .query_row(
+                    "SELECT coalesce((SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'skipped'), 0)",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(sql)?;
+            tx.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES ('skipped', ?1)",
+                params![(n + 1).to_string()],
+            )
+            .map_err(sql)?;
+            tx.commit().map_err(sql)?;
+            drop(db);
+            self.count_stored(-freed);
+            ids
+        };
+        self.delete_objects(&dropped)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = self.skip_logged.load(std::sync::atomic::Ordering::Relaxed);
+        if now >= last + SKIP_LOG_SECS
+            && self
+                .skip_logged
+                .compare_exchange(
+                    last,
+                    now,
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            tracing::warn!(
+                "versions: a version of {} bytes was not kept: over the store's byte limit \
+                 (`mapfs versions stats` counts them); {} older undo versions of its file dropped",
+                need,
+                dropped.len().saturating_sub(undo.is_some() as usize)
+            );
+        }
+        Ok(())
     }
 
     /// Marks version `id` as being made, for every process using the store
@@ -1045,7 +1285,11 @@ impl Store {
     }
 
     /// A whole version of `path` from `src` (readable): a reflink, or a copy
-    /// if `copy_allowed`. `None` (and nothing kept) when neither applies.
+    /// if `copy_allowed`, of the bytes `src` holds (its holes stay holes).
+    /// A copy is made only if it fits in the byte limit
+    /// ([`Store::reserve`]); one that does not, or finds the backing file
+    /// system full, is skipped ([`Store::skip`]): the change it was for
+    /// goes ahead without a version.
     pub fn add_whole(
         &self,
         path: &[u8],
@@ -1053,13 +1297,39 @@ impl Store {
         meta: &FileMeta,
         reason: &str,
         copy_allowed: bool,
-    ) -> Result<Option<i64>> {
+    ) -> Result<Added> {
+        let need = if copy_allowed {
+            clone::allocated(src, 0, meta.size)?
+        } else {
+            0
+        };
+        let fits = self.reserve(need)?;
         let made = self.make_version(path, Kind::Whole, meta, reason, |id| {
-            let obj = self.create_object(id)?;
-            let made = clone::clone_or_copy(src, &obj, meta.size, copy_allowed)?;
-            Ok(made.map(|shared| (if shared { 0 } else { meta.size }, false, ())))
-        })?;
-        Ok(made.map(|(id, ())| id))
+            let obj = self.create_object(id, meta)?;
+            let made = clone::clone_or_copy(src, &obj, meta.size, copy_allowed && fits)?;
+            let stored = || {
+                obj.metadata().map_or(need, |m| {
+                    (std::os::unix::fs::MetadataExt::blocks(&m) * 512).min(need)
+                })
+            };
+            Ok(made.map(|shared| (if shared { 0 } else { stored() }, false, ())))
+        });
+        if fits {
+            self.unreserve(need);
+        }
+        match made {
+            Ok(Some((id, ()))) => Ok(Added::Kept(id)),
+            Ok(None) if copy_allowed => {
+                self.skip(path, need, None)?;
+                Ok(Added::Skipped)
+            }
+            Ok(None) => Ok(Added::NotCopied),
+            Err(e) if copy_allowed && matches!(e.errno(), libc::ENOSPC | libc::EDQUOT) => {
+                self.skip(path, need, None)?;
+                Ok(Added::Skipped)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A whole version of `path` that is the file's own inode: `dir`/`name`
@@ -1077,7 +1347,11 @@ impl Store {
     ) -> Result<i64> {
         let made = self.make_version(path, Kind::Whole, meta, reason, |id| {
             rustix::fs::linkat(dir, name, &self.objects, object_name(id), AtFlags::empty())?;
-            Ok(Some((meta.size, ends_life, ())))
+            // What the inode holds, not its size (a sparse file).
+            let held =
+                rustix::fs::statat(&self.objects, object_name(id), AtFlags::SYMLINK_NOFOLLOW)
+                    .map_or(meta.size, |st| meta.size.min(st.st_blocks as u64 * 512));
+            Ok(Some((held, ends_life, ())))
         })?;
         Ok(made.expect("always made").0)
     }
@@ -1141,7 +1415,7 @@ impl Store {
     /// An undo version of `path` (empty so far) and its object.
     pub fn add_undo(&self, path: &[u8], meta: &FileMeta) -> Result<(i64, File)> {
         let made = self.make_version(path, Kind::Undo, meta, "write", |id| {
-            Ok(Some((0, false, self.create_object(id)?)))
+            Ok(Some((0, false, self.create_object(id, meta)?)))
         })?;
         Ok(made.expect("always made"))
     }
@@ -1406,6 +1680,16 @@ impl Store {
         paths.sort();
         paths.dedup();
         t.paths = paths.len() as u64;
+        t.skipped = self
+            .db()?
+            .query_row(
+                "SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'skipped'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .map_err(sql)?
+            .unwrap_or(0) as u64;
         for v in &all {
             match v.kind {
                 Kind::Whole => t.whole += 1,
@@ -1478,8 +1762,11 @@ impl Store {
             out.set_len(u.size)?;
             let obj = self.open_object(u.id)?;
             for p in &u.pieces {
-                clone::copy_range(&obj, p.at, &out, p.logical, p.len)?;
+                // A saved hole is a hole in the object: zeros over
+                // whatever the newer version had there.
+                clone::copy_sparse(&obj, p.at, &out, p.logical, p.len, true)?;
             }
+            out.set_len(u.size)?;
         }
         Ok(out)
     }
@@ -1523,6 +1810,7 @@ mod tests {
         let first = store
             .add_whole(b"/f", &src, &meta, "write", true)
             .unwrap()
+            .id()
             .expect("a version");
         // The next id's object, as a dead daemon left it.
         let objects = dir.path().join(STORE_DIR).join("objects");
@@ -1530,6 +1818,7 @@ mod tests {
         let second = store
             .add_whole(b"/f", &src, &meta, "write", true)
             .unwrap()
+            .id()
             .expect("a version");
         assert_eq!(second, first + 1);
         let kept = std::fs::read(objects.join(object_name(second))).unwrap();
@@ -1546,6 +1835,7 @@ mod tests {
         let kept = store
             .add_whole(b"/f", &src, &meta, "write", true)
             .unwrap()
+            .id()
             .expect("a version");
         let objects = dir.path().join(STORE_DIR).join("objects");
         // Two versions recorded, objects linked, rows not committed; a
@@ -1607,6 +1897,7 @@ mod tests {
         let later = next
             .add_whole(b"/f", &src, &meta, "write", true)
             .unwrap()
+            .id()
             .expect("a version");
         assert!(later > b, "{later} after {b}");
     }
@@ -1624,6 +1915,7 @@ mod tests {
         let kept = store
             .add_whole(b"/f", &src, &meta, "write", true)
             .unwrap()
+            .id()
             .expect("a version");
         std::fs::write(dir.path().join("f"), b"the live file").unwrap();
         let store_dir = dir.path().join(STORE_DIR);
@@ -1749,6 +2041,7 @@ mod tests {
         let kept = store
             .add_whole(b"/f", &src, &meta, "write", true)
             .unwrap()
+            .id()
             .expect("a version");
         let id = kept + 10;
         let store_dir = dir.path().join(STORE_DIR);

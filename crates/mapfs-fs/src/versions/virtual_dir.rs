@@ -11,7 +11,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use mapfs::backing::BackingRoot;
+use mapfs::creds::as_caller;
 use mapfs::{Attr, Ctx, DirEntry, Error, FileKind, Result};
+use rustix::fs::{Access, AtFlags, Mode, OFlags};
 
 use super::stamp;
 use super::store::{Store, Version, STORE_DIR};
@@ -120,35 +123,119 @@ pub fn version_at(store: &Store, rest: &[u8]) -> Result<Option<Version>> {
     store.find(&path, ts)
 }
 
+/// What one caller may see of the history: a version, its name and its
+/// bytes only if the caller could reach the file's path through the live
+/// tree now (search permission on every directory down to its parent, as
+/// the backing kernel decides for the caller's uid and groups) and could
+/// read the file when the version was taken ([`may_read`]). A version
+/// whose directory no longer exists is root's alone: nothing says who
+/// could reach it. Answers about directories are kept for the life of
+/// one request.
+pub struct Sight<'a> {
+    ctx: &'a Ctx,
+    root: &'a BackingRoot,
+    dirs: std::cell::RefCell<std::collections::HashMap<(Vec<u8>, bool), bool>>,
+}
+
+impl<'a> Sight<'a> {
+    /// The sight of the caller `ctx` on the live tree at `root`.
+    pub fn new(ctx: &'a Ctx, root: &'a BackingRoot) -> Sight<'a> {
+        Sight {
+            ctx,
+            root,
+            dirs: Default::default(),
+        }
+    }
+
+    /// Whether the caller may search the live directory `dir` (`/a/b`,
+    /// `` or `/` for the root) and every directory above it; with `list`,
+    /// also read it.
+    pub fn dir(&self, dir: &[u8], list: bool) -> bool {
+        if self.ctx.uid == 0 {
+            return true;
+        }
+        let key = (dir.to_vec(), list);
+        if let Some(&ok) = self.dirs.borrow().get(&key) {
+            return ok;
+        }
+        let path = if dir.is_empty() { &b"/"[..] } else { dir };
+        let want = if list {
+            Access::READ_OK | Access::EXEC_OK
+        } else {
+            Access::EXEC_OK
+        };
+        // Opened as the caller: the walk down needs search permission on
+        // every directory above; `.` then needs it on the directory itself.
+        let ok = as_caller(self.ctx, || {
+            let fd = self.root.open(
+                Path::new(OsStr::from_bytes(path)),
+                OFlags::PATH | OFlags::DIRECTORY,
+                Mode::empty(),
+            )?;
+            Ok(rustix::fs::accessat(&fd, ".", want, AtFlags::EACCESS)?)
+        })
+        .is_ok();
+        self.dirs.borrow_mut().insert(key, ok);
+        ok
+    }
+
+    /// Whether the caller could reach `v`'s file through the live tree.
+    pub fn reaches(&self, v: &Version) -> bool {
+        let parent = match v.path.iter().rposition(|&c| c == b'/') {
+            Some(i) => &v.path[..i],
+            None => &b""[..],
+        };
+        self.dir(parent, false)
+    }
+
+    /// Whether the caller may see `v` at all: reach it, and read it.
+    pub fn sees(&self, v: &Version) -> bool {
+        may_read(self.ctx, v) && self.reaches(v)
+    }
+}
+
 /// `getattr` inside `.versions`; `root` is the mount root's attributes
-/// (owner and times of the virtual directories).
-pub fn getattr(store: &Store, rest: &[u8], root: &Attr) -> Result<Attr> {
+/// (owner and times of the virtual directories). What `sight` does not
+/// see is not there.
+pub fn getattr(sight: &Sight<'_>, store: &Store, rest: &[u8], root: &Attr) -> Result<Attr> {
     if rest.is_empty() {
         return Ok(dir_attr(rest, root));
     }
     if let Some(v) = version_at(store, rest)? {
-        return Ok(file_attr(&v));
+        if sight.reaches(&v) {
+            return Ok(file_attr(&v));
+        }
+        return Err(Error::not_found());
     }
     if store
         .list(Some(rest), true)?
         .iter()
-        .any(|v| v.path.len() > rest.len())
+        .any(|v| v.path.len() > rest.len() && sight.sees(v))
     {
         return Ok(dir_attr(rest, root));
     }
     Err(Error::not_found())
 }
 
-/// `readdir` inside `.versions`: only versions the caller may read, and
-/// directories holding some (so the names of others' files do not show).
-pub fn readdir(ctx: &Ctx, store: &Store, rest: &[u8], root: &Attr) -> Result<Vec<DirEntry>> {
+/// `readdir` inside `.versions`: only versions the caller may see
+/// ([`Sight`]), and directories holding some (so the names of others'
+/// files do not show), and only of a live directory the caller may list.
+pub fn readdir(
+    sight: &Sight<'_>,
+    store: &Store,
+    rest: &[u8],
+    root: &Attr,
+) -> Result<Vec<DirEntry>> {
+    if !sight.dir(rest, true) {
+        return Err(Error::from_errno(libc::EACCES));
+    }
     let all = if rest.is_empty() {
         store.list(None, false)?
     } else {
         store.list(Some(rest), true)?
     };
     let mut out: BTreeMap<Vec<u8>, DirEntry> = BTreeMap::new();
-    for v in all.iter().filter(|v| may_read(ctx, v)) {
+    for v in all.iter().filter(|v| sight.sees(v)) {
         let Some(below) = v.path.strip_prefix(rest).and_then(|b| b.strip_prefix(b"/")) else {
             continue;
         };

@@ -575,7 +575,7 @@ impl Server {
                     table_sent: false,
                     adopted: HashMap::new(),
                     tracing: false,
-                    parts: parts::MapParts::default(),
+                    parts: parts::MapParts::of(peer.uid, owner_or_root(peer)),
                 },
             );
             self.clients
@@ -1364,7 +1364,20 @@ fn lend_files(
     };
     let mut fds = Vec::with_capacity(open.files.len());
     for (i, f) in open.files.iter().enumerate() {
-        let fd = if write_only && Some(i) != own_file && !cannot_read(f) {
+        let withheld = write_only && Some(i) != own_file && !cannot_read(f);
+        // A descriptor reads the whole backing file, not just the map's
+        // extents: a plfs log keeps the bytes a truncate dropped from every
+        // map (a private file's secret, before a chmod made it readable),
+        // so a file that holds any byte outside this open's map is not
+        // lent, and the open is served by the daemon through its map. The
+        // mount's owner and root could read the file anyway.
+        if !withheld && !cannot_read(f) && !owner_or_root(peer) && !wholly_mapped(&open.map, i, f) {
+            return Err(refused(
+                libc::EOPNOTSUPP,
+                "a backing file holds bytes outside this open's map: served by the daemon",
+            ));
+        }
+        let fd = if withheld {
             rustix::fs::memfd_create("mapfs-withheld", rustix::fs::MemfdFlags::CLOEXEC)
                 .map_err(std::io::Error::from)
         } else if in_place && read_only {
@@ -1383,6 +1396,58 @@ fn lend_files(
         })?);
     }
     Ok(fds)
+}
+
+/// True when every byte backing file `i` (`f`) holds, its holes aside,
+/// is one that `map` shows: an extent of `map` in file `i` covers it.
+/// Errors answer false (not lent).
+fn wholly_mapped(map: &mapfs::DataMap, i: usize, f: &std::fs::File) -> bool {
+    let mut spans: Vec<(u64, u64)> = map
+        .extents()
+        .iter()
+        .filter(|e| e.file as usize == i)
+        .map(|e| (e.offset, e.offset.saturating_add(e.len)))
+        .collect();
+    spans.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+    for (a, b) in spans {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    let Ok(len) = f.metadata().map(|m| m.len()) else {
+        return false;
+    };
+    if merged.first().is_some_and(|&(a, b)| a == 0 && b >= len) || len == 0 {
+        return true;
+    }
+    // Holes hold nothing: only the data must be mapped. Sought on a
+    // description of its own, since `f`'s offset is shared with whoever
+    // holds it.
+    let Ok(f) = control::reopen(f.as_fd(), libc::O_RDONLY) else {
+        return false;
+    };
+    let mut at = 0;
+    while at < len {
+        let data = match rustix::fs::seek(&f, rustix::fs::SeekFrom::Data(at)) {
+            Ok(d) => d,
+            Err(rustix::io::Errno::NXIO) => return true,
+            Err(_) => return false,
+        };
+        let hole = match rustix::fs::seek(&f, rustix::fs::SeekFrom::Hole(data)) {
+            Ok(h) => h.min(len),
+            Err(_) => return false,
+        };
+        if data >= hole {
+            return true;
+        }
+        if !merged.iter().any(|&(a, b)| a <= data && hole <= b) {
+            return false;
+        }
+        at = hole;
+    }
+    true
 }
 
 fn refused(errno: i32, reason: &str) -> Response {

@@ -96,6 +96,24 @@ enum Cmd {
         /// Connections (children).
         k: usize,
     },
+    /// Opens FILE (a file of a mount whose writers are lent, such as
+    /// plfs) for writing, adopts that open on N connections and sends
+    /// each the most map parts the daemon takes (parts of at most
+    /// `MAP_INLINE` bytes, up to `MAX_MAP_BYTES` per connection); prints
+    /// per connection the bytes taken and the refusal, then holds them
+    /// (the daemon keeps the parts) until stdin closes or `--hold` seconds
+    /// pass.
+    Parts {
+        /// The file.
+        #[arg(long)]
+        file: PathBuf,
+        /// Connections.
+        #[arg(long, default_value_t = 6)]
+        n: usize,
+        /// Longest hold, in seconds.
+        #[arg(long, default_value_t = 60)]
+        hold: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -109,6 +127,7 @@ fn main() -> ExitCode {
         Cmd::Flood { n } => flood(&sock, n),
         Cmd::Stale { k } => stale(&sock, k),
         Cmd::Tool { name } => tool(&sock, &name),
+        Cmd::Parts { file, n, hold } => parts(&sock, &file, n, hold),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -804,5 +823,52 @@ fn stale(path: &Path, k: usize) -> Result<()> {
         "fds_received": fds.len(),
         "fds": fds,
     }));
+    Ok(())
+}
+
+/// See [`Cmd::Parts`].
+fn parts(path: &Path, file: &Path, n: usize, hold_secs: u64) -> Result<()> {
+    let own = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .with_context(|| format!("opening {}", file.display()))?;
+    let mut held = Vec::new();
+    let chunk = vec![0u8; control::MAP_INLINE];
+    for i in 0..n {
+        let c = control::connect(path).context("connecting")?;
+        let p = control::prove(own.as_fd(), &c.key).context("proof of own open")?;
+        let v = answer(
+            "own writable adoption",
+            control::call(c.sock.as_fd(), &adopt_req(p, libc::O_RDWR)),
+        );
+        let Some(handle) = v["handle"].as_u64() else {
+            emit(json!({ "conn": i, "adoption": v }));
+            continue;
+        };
+        let mut taken = 0usize;
+        let mut refused = Value::Null;
+        while taken < control::MAX_MAP_BYTES {
+            let len = chunk.len().min(control::MAX_MAP_BYTES - taken);
+            let got = control::call(
+                c.sock.as_fd(),
+                &Request::MapPart {
+                    handle,
+                    bytes: chunk[..len].to_vec(),
+                },
+            );
+            match got {
+                Ok((Response::Done, _)) => taken += len,
+                other => {
+                    refused = answer("map part", other);
+                    break;
+                }
+            }
+        }
+        emit(json!({ "conn": i, "taken": taken, "refused": refused }));
+        held.push(c);
+    }
+    emit(json!({ "holding": held.len() }));
+    emit(json!({ "released": hold(hold_secs) }));
     Ok(())
 }

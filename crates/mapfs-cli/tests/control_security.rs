@@ -85,16 +85,17 @@ fn ready(test: &str, progs: &[&str]) -> bool {
         return false;
     }
     if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "!!!!! SKIPPED {test}: needs root (attacks run as nobody against root's mount) !!!!!"
+        common::skip(
+            test,
+            "needs root (attacks run as nobody against root's mount)",
         );
         return false;
     }
     for p in progs {
-        if !Path::new(p).exists() {
-            eprintln!("!!!!! SKIPPED {test}: {p} is not installed !!!!!");
-            return false;
-        }
+        assert!(
+            Path::new(p).exists(),
+            "{test}: {p} is not installed (scripts/deps.sh and the build install it)"
+        );
     }
     true
 }
@@ -385,9 +386,9 @@ fn spawn_with_pid(want: i32, mut make: impl FnMut() -> Command) -> Option<Child>
 /// Says loudly that a pid could not be forced; the caller returns.
 fn pid_not_forced(test: &str, what: &str) {
     eprintln!(
-        "!!!!! SKIPPED {test}: could not give the attacker {what} \
+        "SKIPPED {test}: could not give the attacker {what} \
          (ns_last_pid not writable, or other processes took the pid 200 times); \
-         THIS ATTACK WAS NOT TRIED !!!!!"
+         this attack was not tried"
     );
 }
 

@@ -85,16 +85,6 @@ fn umount_clean(mut s: MountSession, what: &str) {
     );
 }
 
-fn need(program: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).exists()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{program}` is not installed: the CI setup must install it"
-    );
-}
-
 fn sh_ok(dir: &Path, script: &str) -> String {
     let out = run_captured(
         Command::new("/bin/sh")
@@ -335,7 +325,7 @@ print(f"files={len(names)} lent={lent} checked={checked} writers={wlent > 0}")
 /// and an empty model directory beside it; `None` (skipped, said why) where
 /// FUSE or python3 is missing.
 fn lent_session(test: &str) -> Option<(MountSession, PathBuf)> {
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return None;
     }
     let s = pack_on(DataMode::Auto, None, &[SMALL_THRESHOLD]);
@@ -480,7 +470,7 @@ fn mount_readers_keep_pages_only_while_nothing_writes_outside_them() {
     use preload_support::*;
     use std::io::{BufRead, BufReader, Write};
     let test = "pages kept by read-only opens of pack";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     // Where a read first differs from the model (the files are 4 KiB).
@@ -623,7 +613,7 @@ print(f"beside a writer: {lib.mapfs_preload_fd_status(fd)}", flush=True)
 fn other_users_read_copies_that_follow_every_change() {
     use preload_support::*;
     let test = "pack: nobody reads copies of slotted files under mapfs run";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = pack_on(
@@ -1506,7 +1496,7 @@ fuse_test!(crash_sigkill_during_write_storm => {
 fn shim_adopts_own_files_and_refuses_like_the_mount() {
     use preload_support::*;
     let test = "pack under mapfs run as nobody";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = MountSession::builder(mapfs_bin())

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use common::{fuse_or_skip, mapfs_bin, DataMode, MountSession};
-use preload_support::{attached, daemon_pid, eventually, have, report_path};
+use preload_support::{attached, daemon_pid, eventually, need, report_path};
 
 /// Writes `nblocks` blocks of `bs` bytes at block `i * nranks + rank`
 /// (`block(rank, i)` below), fsyncs after `sync_after` blocks (0: never)
@@ -138,7 +138,7 @@ enum Then {
 /// `nb` blocks flushed (0: none); the log is recovered (or reclaimed) by
 /// `then`, and the file equals the model of the flushed blocks.
 fn daemon_killed(test: &str, sync: u64, then: Then) {
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let (bs, nb) = (4096usize, 24u64);
@@ -237,7 +237,7 @@ fn daemon_killed_before_any_flush_next_open_reclaims() {
 #[test]
 fn lent_writer_killed_leaves_no_orphan() {
     let test = "plfs lent writer SIGKILL";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let (bs, nb, sync) = (4096usize, 24u64, 10u64);

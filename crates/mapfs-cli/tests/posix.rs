@@ -2296,7 +2296,7 @@ fn all_checks_pass_on_native() {
 fn a_write_by_another_user_never_keeps_setid_bits() {
     let test = "a_write_by_another_user_never_keeps_setid_bits";
     if !fuse_or_skip(test) || !rustix::process::getuid().is_root() {
-        eprintln!("{test}: SKIPPED: needs FUSE and root");
+        common::skip(test, "needs FUSE and root");
         return;
     }
     let s = mount(DataMode::Passthrough, &["allow_other"]);

@@ -48,7 +48,7 @@ fn read(r: &mut Stepped, cmd: &str) -> (u64, Vec<u8>) {
 
 fn map_cache(mode: DataMode) {
     let test = format!("preload map cache ({mode})");
-    if !fuse_or_skip(&test) || !have("python3") {
+    if !fuse_or_skip(&test) || !need("python3") {
         return;
     }
     let s = mount(mode, &[]);
@@ -127,7 +127,7 @@ fn map_cache_daemon() {
 #[test]
 fn map_cache_off() {
     let test = "preload map cache off";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);

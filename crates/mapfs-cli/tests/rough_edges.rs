@@ -222,7 +222,7 @@ fn foreground_mount_stops_cleanly_on_sigterm() {
 #[test]
 fn dev_fuse_without_permission_names_the_fix() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("!!!!! SKIPPED dev_fuse_without_permission: needs root to switch users !!!!!");
+        common::skip("dev_fuse_without_permission", "needs root to switch users");
         return;
     }
     let tmp = native_dir();

@@ -18,7 +18,7 @@ use common::{
     VERSIONS_SEQUENCE_PY as SEQUENCE_PY,
 };
 use mapfs_testkit::fsx::{self, FsxConfig};
-use preload_support::{attached, fsx_bin, have, ok, report_path, totals};
+use preload_support::{attached, fsx_bin, need, ok, report_path, totals};
 
 /// Retention off, so every version must be there.
 const KEEP_ALL: &str = "keep=none,keep-days=none";
@@ -156,7 +156,7 @@ fn overwrite_sequences_make_exactly_the_expected_versions() {
 fn overwrite_sequences_under_mapfs_run_make_the_same_versions() {
     for opts in [KEEP_ALL.to_string(), format!("{KEEP_ALL},max-size=0")] {
         let test = format!("versions sequence under mapfs run -o {opts}");
-        if !fuse_or_skip(&test) || !have("python3") {
+        if !fuse_or_skip(&test) || !need("python3") {
             return;
         }
         let s = mount(DataMode::Auto, &opts);
@@ -200,7 +200,8 @@ fn real_programs_make_the_expected_versions() {
     run(Command::new("cp").args(["src", "dst"]));
     assert_eq!(contents(&listed(&s, "", "dst")), ["old bytes\n"]);
     // git checkout of an older revision replaces the work-tree file.
-    if have("git") {
+    need("git");
+    {
         fs::create_dir(m.join("repo")).unwrap();
         let git = |args: &[&str]| {
             run(Command::new("git")
@@ -224,12 +225,11 @@ fn real_programs_make_the_expected_versions() {
             ["revision 1\n", "revision 2\n"],
             "{test}: git's versions of file"
         );
-    } else {
-        eprintln!("SKIPPED part of {test}: git is not installed");
     }
     // sqlite3 changes its database in place: the version before the insert
     // is a database with the old rows.
-    if have("sqlite3") {
+    need("sqlite3");
+    {
         let db = "app.db";
         run(Command::new("sqlite3").args([db, "create table t(x); insert into t values (1);"]));
         run(Command::new("sqlite3").args([db, "insert into t values (2);"]));
@@ -251,8 +251,6 @@ fn real_programs_make_the_expected_versions() {
         );
         let out = run(Command::new("sqlite3").args([db, "select count(*) from t;"]));
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "2");
-    } else {
-        eprintln!("SKIPPED part of {test}: sqlite3 is not installed");
     }
 }
 
@@ -384,7 +382,7 @@ fn cli_restores_prunes_and_reports_while_mounted() {
 #[test]
 fn cli_prune_spares_versions_being_made_by_the_mount() {
     let test = "mapfs versions prune while a writer is open";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     for opts in [KEEP_ALL.to_string(), format!("{KEEP_ALL},max-size=0")] {
@@ -581,7 +579,7 @@ fn a_new_version_shows_at_once_where_none_was_found_before() {
 #[test]
 fn undo_writers_under_mapfs_run_write_in_place_in_the_program() {
     let test = "versions undo writer under mapfs run";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Auto, &format!("{KEEP_ALL},max-size=0"));

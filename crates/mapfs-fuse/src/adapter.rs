@@ -618,6 +618,21 @@ impl Shared {
             .ok_or_else(|| Error::from_errno(libc::ESTALE))
     }
 
+    /// The path of `name` in directory `parent`, for a trace event: taken
+    /// when the request runs, since by the time the event is read the
+    /// directory may be gone (`#INO/NAME` when it has no path).
+    fn trace_path(&self, parent: INodeNo, name: &OsStr) -> Vec<u8> {
+        let mut p = self.inodes.path(parent.0).map_or_else(
+            || format!("#{}", parent.0).into_bytes(),
+            |p| p.as_os_str().as_bytes().to_vec(),
+        );
+        if !p.ends_with(b"/") {
+            p.push(b'/');
+        }
+        p.extend_from_slice(name.as_bytes());
+        p
+    }
+
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf> {
         if name.as_bytes().contains(&b'/') {
             return Err(Error::invalid());
@@ -1372,8 +1387,15 @@ impl OpenRegistry for Shared {
                     .path(t.nodeid)
                     .map(|p| p.to_string_lossy().into_owned());
                 size += 64 + path.as_ref().map_or(0, |p| p.len());
+                let target = t
+                    .target
+                    .as_ref()
+                    .map(|n| String::from_utf8_lossy(n).into_owned());
+                size += target.as_ref().map_or(0, |n| n.len());
                 events.push(mapfs::stats::TraceEvent {
                     at_ns: t.at_ns,
+                    at_unix_ns: t.at_unix_ns,
+                    target,
                     op: crate::stats::OP_NAMES[t.op as usize].to_string(),
                     nodeid: t.nodeid,
                     path,
@@ -1557,7 +1579,10 @@ impl Filesystem for Adapter {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Lookup, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Lookup, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = match s.fs.getattr(&ctx(req), &path) {
@@ -1717,7 +1742,10 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Mknod, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Mknod, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mknod(&ctx(req), &path, mode, u64::from(rdev)));
@@ -1737,7 +1765,10 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Mkdir, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Mkdir, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mkdir(&ctx(req), &path, mode));
@@ -1746,13 +1777,19 @@ impl Filesystem for Adapter {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Unlink, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Unlink, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         s.remove_name(parent, name, reply, |path| s.fs.unlink(&ctx(req), path));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Rmdir, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Rmdir, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         s.remove_name(parent, name, reply, |path| s.fs.rmdir(&ctx(req), path));
     }
 
@@ -1765,7 +1802,10 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Symlink, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Symlink, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, link_name));
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, link_name));
         let attr = tri!(reply, s.fs.symlink(&ctx(req), target.as_os_str(), &path));
@@ -1783,7 +1823,15 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Rename, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Rename, req.pid(), parent.0)
+            .target_with(|| {
+                let mut n = s.trace_path(parent, name);
+                n.extend_from_slice(b" -> ");
+                n.extend_from_slice(&s.trace_path(newparent, newname));
+                n
+            });
         if flags.contains(FuseRenameFlags::RENAME_WHITEOUT) {
             reply.error(fail(Errno::EINVAL));
             return;
@@ -1820,7 +1868,15 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Link, req.pid(), ino.0);
+        let _t = s.stats.timer(Op::Link, req.pid(), ino.0).target_with(|| {
+            let mut n = s.inodes.path(ino.0).map_or_else(
+                || format!("#{}", ino.0).into_bytes(),
+                |p| p.as_os_str().as_bytes().to_vec(),
+            );
+            n.extend_from_slice(b" -> ");
+            n.extend_from_slice(&s.trace_path(newparent, newname));
+            n
+        });
         let _names = s.names.read();
         let from = tri!(reply, s.path(ino));
         let to = tri!(reply, s.child(newparent, newname));
@@ -2271,7 +2327,10 @@ impl Filesystem for Adapter {
         reply: ReplyCreate,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Create, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Create, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.child(parent, name));

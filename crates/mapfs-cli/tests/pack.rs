@@ -60,6 +60,43 @@ fn pack_on(mode: DataMode, backing: Option<&Path>, opts: &[&str]) -> MountSessio
         .unwrap_or_else(|e| panic!("mounting pack --data {mode} -o {opts:?}: {e:#}"))
 }
 
+/// `mapfs pack` takes the mountpoint as well as the backing directory; a
+/// mountpoint of another file system is an error that says what was
+/// expected.
+#[test]
+fn pack_commands_take_the_mountpoint() {
+    let test = "pack commands take the mountpoint";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = pack_on(DataMode::Auto, None, &[]);
+    std::fs::write(s.mountpoint().join("f"), b"hello").unwrap();
+    let by_mount = pack_stats(s.mountpoint());
+    assert_eq!(by_mount.files, 1, "{by_mount:?}");
+    let json = |st: &mapfs_fs::pack::PackStats| serde_json::to_string(st).unwrap();
+    assert_eq!(json(&by_mount), json(&pack_stats(s.backing())));
+    assert_consistent(s.mountpoint(), test);
+    let other = MountSession::builder(mapfs_bin())
+        .fs("passthrough")
+        .mount()
+        .unwrap();
+    let out = run_captured(
+        Command::new(mapfs_bin())
+            .args(["pack", "check"])
+            .arg(other.mountpoint()),
+    )
+    .unwrap();
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains("a mount of `passthrough`, not `pack`")
+            && out
+                .stderr
+                .contains("expected the mountpoint of a `pack` mount"),
+        "{}",
+        out.stderr
+    );
+}
+
 /// [`pack_on`] without a supervisor: a killed daemon stays dead (the
 /// crash test checks what a remount recovers; failover.rs checks the
 /// supervised case).

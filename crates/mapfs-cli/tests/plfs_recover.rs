@@ -107,6 +107,41 @@ fn fsck(backing: &Path) -> String {
     text
 }
 
+/// `mapfs fsck` takes the mountpoint as well as the backing directory, and
+/// refuses a mountpoint of another file system, saying what it expected.
+#[test]
+fn fsck_takes_the_mountpoint() {
+    let test = "fsck MOUNTPOINT";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let backing = tempfile::tempdir().unwrap();
+    let s = mount_plfs(backing.path());
+    std::fs::write(s.mountpoint().join("f"), b"x").unwrap();
+    let by_mount = fsck(s.mountpoint());
+    assert_eq!(by_mount, fsck(backing.path()), "{test}");
+    assert!(
+        by_mount.contains(&format!("fsck {}: 0 finding(s)", backing.path().display())),
+        "{by_mount}"
+    );
+    let other = MountSession::builder(mapfs_bin())
+        .fs("passthrough")
+        .mount()
+        .unwrap();
+    let out = Command::new(mapfs_bin())
+        .arg("fsck")
+        .arg(other.mountpoint())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a mount of `passthrough`, not `plfs`")
+            && err.contains("expected the mountpoint of a `plfs` mount"),
+        "{err}"
+    );
+}
+
 /// `(name, length)` of the container's entries starting with `prefix`.
 fn entries(container: &Path, prefix: &str) -> Vec<(String, u64)> {
     let mut v: Vec<_> = std::fs::read_dir(container)

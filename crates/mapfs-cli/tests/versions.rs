@@ -64,6 +64,15 @@ fn mapfs(args: &[&str]) -> std::process::Output {
         .expect("running mapfs")
 }
 
+/// `mapfs ARGS` run in `dir`.
+fn mapfs_in(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(common::mapfs_bin())
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("running mapfs")
+}
+
 fn cli_ok(args: &[&str]) -> String {
     let out = mapfs(args);
     assert!(
@@ -343,9 +352,21 @@ fn cli_restores_prunes_and_reports_while_mounted() {
         contents(&listed(&s, "d", "f")),
         ["one\n", "two\n", "three\n"]
     );
-    // diff against the current file.
-    let diff = cli_ok(&["versions", "diff", &b, &format!("/d/{}", v[1].0)]);
+    // diff against the current file: diff(1)'s exit status, 1 when they
+    // differ, 0 when not, 2 on trouble.
+    let out = mapfs(&["versions", "diff", &b, &format!("/d/{}", v[1].0)]);
+    let diff = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(diff.contains("-two") && diff.contains("+one"), "{diff}");
+    let out = mapfs(&["versions", "diff", &b, &format!("/d/{}", v[0].0)]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let out = mapfs(&["versions", "diff", &b, "/d/f@2000-01-01T00:00:00.000000Z"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no version"),
+        "{out:?}"
+    );
     // A removed file (and its directory) comes back.
     fs::remove_file(m.join("d/f")).unwrap();
     fs::remove_dir(m.join("d")).unwrap();
@@ -374,6 +395,55 @@ fn cli_restores_prunes_and_reports_while_mounted() {
     let out = mapfs(&["versions", "list", "/nonexistent-backing"]);
     assert!(!out.status.success());
     assert_eq!(listed(&s, "e", "f").len(), 2);
+}
+
+/// Every `mapfs versions` command takes the mountpoint as well as the
+/// backing directory; a mountpoint of another file system, or a directory
+/// that is neither, is an error that says what was expected.
+#[test]
+fn cli_takes_the_mountpoint_or_the_backing_directory() {
+    let test = "mapfs versions MOUNTPOINT";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(DataMode::Auto, KEEP_ALL);
+    let (m, b) = (s.mountpoint(), s.backing());
+    fs::write(m.join("f"), "one\n").unwrap();
+    fs::write(m.join("f"), "two\n").unwrap();
+    let by_mount = cli_ok(&["versions", "list", m.to_str().unwrap()]);
+    let by_backing = cli_ok(&["versions", "list", b.to_str().unwrap()]);
+    assert_eq!(by_mount, by_backing);
+    assert_eq!(by_mount.lines().count(), 1, "{by_mount}");
+    let shown = cli_ok(&["versions", "show", m.to_str().unwrap(), "/f"]);
+    assert_eq!(shown, "one\n");
+    let stats = cli_ok(&["versions", "stats", m.to_str().unwrap()]);
+    assert!(stats.contains("versions:        1"), "{stats}");
+    // A relative mountpoint too.
+    let out = mapfs_in(
+        m.parent().unwrap(),
+        &["versions", "list", m.file_name().unwrap().to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), by_mount);
+
+    let other = MountSession::builder(common::mapfs_bin())
+        .fs("passthrough")
+        .mount()
+        .unwrap();
+    let out = mapfs(&["versions", "list", other.mountpoint().to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a mount of `passthrough`, not `versions`")
+            && err
+                .contains("expected the mountpoint of a `versions` mount or its backing directory"),
+        "{err}"
+    );
+    let plain = tempfile::tempdir().unwrap();
+    let out = mapfs(&["versions", "list", plain.path().to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("expected the mountpoint"), "{err}");
 }
 
 /// `mapfs versions prune` runs in a process of its own: it must spare the

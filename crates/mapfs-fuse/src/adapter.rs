@@ -90,7 +90,9 @@ pub enum DataMode {
     Auto,
     /// Every read and write runs in the daemon.
     Daemon,
-    /// Kernel passthrough for whole-file maps (falls back like `Auto`).
+    /// Kernel passthrough for whole-file maps, required: `mapfs mount`
+    /// refuses a mount where the kernel does not grant it. An open the
+    /// kernel refuses later is still served by the daemon, as with `Auto`.
     Passthrough,
 }
 

@@ -38,7 +38,7 @@
 //! - `list [--json]` (alias `status`): every mapfs mount, with its file
 //!   system, backing directory, executor, daemon pid and uptime.
 //! - `BACKING MOUNTPOINT -o fs=NAME,...`: the form `mount.fuse3` uses, so
-//!   `mount -t fuse.PROGRAM` and `/etc/fstab` lines work (see the README).
+//!   `mount -t fuse.PROGRAM` and `/etc/fstab` lines work (see docs/cli.md).
 //! - hidden `completions SHELL` and `manpages DIR`, for installers.
 //!
 //! Every mount, whatever the program, has type `fuse.mapfs` and the backing

@@ -1,4 +1,4 @@
-//! Attack regression tests of the control socket (issue 17), against the
+//! Attack regression tests of the control socket, against the
 //! real daemon on real FUSE mounts, with the hostile client `mapfs-attack`
 //! (crates/mapfs-testkit/src/bin/mapfs-attack.rs) run as user nobody.
 //!
@@ -1369,7 +1369,7 @@ impl Drop for NsDaemon {
     }
 }
 
-/// What already held before issue 17 stays so: nobody opening root's 0600
+/// What already held before these tests stays so: nobody opening root's 0600
 /// file under `mapfs run` gets EACCES exactly as without the shim, whether
 /// directly, via `..`, via a symlink or by reopening an O_PATH descriptor.
 #[test]

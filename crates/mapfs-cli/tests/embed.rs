@@ -567,7 +567,7 @@ fn n1_model(nproc: usize, nb: usize, bs: usize) -> Vec<u8> {
     v
 }
 
-/// The issue's N-1 test: a job of 4 processes (forked and execed by a
+/// The N-1 test: a job of 4 processes (forked and execed by a
 /// python3 parent) writes one plfs file N-1 strided; a fifth embedded
 /// process reads it back byte-exact, and so does a `mapfs mount plfs` of
 /// the same backing directory.
@@ -819,7 +819,7 @@ PY
 }
 
 /// `MAPFS_PRELOAD_REPORT` counts the calls the embedded file systems
-/// served, per process, with the time spent in them (issue 10 item 7):
+/// served, per process, with the time spent in them:
 /// exactly the application's calls on prefixes, none of the host's.
 #[test]
 fn embedded_report_counts_served_calls_per_process() {
@@ -1027,7 +1027,7 @@ PY
 }
 
 /// What cannot be served on a plfs placeholder fails with a clear errno and
-/// one warning naming the call (issue 10 item 5): mmap, sendfile.
+/// one warning naming the call: mmap, sendfile.
 #[test]
 fn embedded_plfs_refuses_mmap_and_sendfile_with_one_warning() {
     let a = Area::new();

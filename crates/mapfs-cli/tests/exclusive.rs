@@ -113,7 +113,7 @@ fn exclusive_sees_its_own_changes_at_once() {
 /// and its attributes; whether the kernel keeps them that long is its own
 /// choice. It drops unused dentries, negative ones included, under memory
 /// pressure or `echo 2 > /proc/sys/vm/drop_caches`, and then asks again
-/// (README, `--exclusive`). So the names checked here are held open,
+/// (docs/cli.md, `--exclusive`). So the names checked here are held open,
 /// which pins their dentries and inodes: only an expired entry or attribute
 /// time can make the kernel ask for them again. A missing name cannot be
 /// pinned, and is not checked.
@@ -175,8 +175,8 @@ fn without_exclusive_changes_behind_the_mount_show_after_the_ttl() {
         assert_eq!(fs::read(m.join("new")).unwrap(), b"behind", "--data {mode}");
         assert!(fs::metadata(m.join("gone")).is_err(), "--data {mode}");
         // With the writeback cache (`--data daemon`) the kernel keeps the
-        // size of a file it has cached whatever the daemon says (see the
-        // README); only a mount without it shows the new size.
+        // size of a file it has cached whatever the daemon says (see
+        // docs/cli.md); only a mount without it shows the new size.
         if mode != DataMode::Daemon {
             assert_eq!(
                 fs::metadata(m.join("old")).unwrap().len(),

@@ -1046,7 +1046,7 @@ fn two_hosts(
 /// kernels keep names for 30 s): an `open(O_CREAT)` on host A of a file
 /// that host B removed after A's kernel had looked it up creates the file,
 /// and a plain open of such a name answers ENOENT. The first answered
-/// ENOENT (issue 14: fio lays an N-1 file out by removing and creating it
+/// ENOENT (fio lays an N-1 file out by removing and creating it
 /// again, and another host's fio, opening it with O_CREAT meanwhile, failed).
 fn open_creat_of_a_name_another_host_removed(mode: DataMode) {
     let test = format!("plfs open(O_CREAT) of a name another host removed --data {mode}");

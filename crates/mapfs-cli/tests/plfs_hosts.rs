@@ -1,4 +1,4 @@
-//! plfs across hosts (issue 14): one GlusterFS volume of two bricks on this
+//! plfs across hosts: one GlusterFS volume of two bricks on this
 //! machine, mounted twice as two "hosts" (`scripts/gluster.sh`, metadata
 //! caches off), each with its own plfs daemon and host id. Writers on both
 //! hosts, readers on either; every byte checked against a model. Skips

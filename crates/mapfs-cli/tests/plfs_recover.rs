@@ -1,4 +1,4 @@
-//! plfs writers killed mid-write leave no orphaned log (issue 9): the
+//! plfs writers killed mid-write leave no orphaned log: the
 //! daemon under SIGKILL, or a writer under `mapfs run` holding a lent open.
 //! The next open of the container, or `mapfs fsck BACKING`, recovers a dead
 //! writer's log up to its last flush (the bytes after it cut off) or

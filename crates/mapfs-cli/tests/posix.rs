@@ -2200,7 +2200,7 @@ macro_rules! posix_tests {
         #[test]
         #[ignore = "daemon mode's writeback cache: SEEK_DATA does not see dirty pages and \
                     writes past the backing file system's size limit fail only at writeback \
-                    (README, Consistency); checked by daemon_nowb"]
+                    (docs/cli.md, Safety and consistency); checked by daemon_nowb"]
         fn daemon() {
             super::compare(stringify!($check), super::$check, super::DataMode::Daemon, false)
         }

@@ -1,4 +1,4 @@
-//! The preload shim attached to a real mount (issue 3): the data path moves
+//! The preload shim attached to a real mount: the data path moves
 //! into the application, and everything it cannot serve still works through
 //! the mount.
 //!
@@ -764,7 +764,7 @@ fn time_spent_on_the_mount_adopts_from_the_fourth_call() {
 /// redirections) never contact the daemon: `posix_fadvise` is a hint, a few
 /// small calls are cheaper through the mount than an adoption, and a
 /// descriptor open across a `fork` is pinned to the mount rather than
-/// adopted (issue 15). Counted with the daemon's own connection counter.
+/// adopted. Counted with the daemon's own connection counter.
 #[test]
 fn small_file_readers_never_contact_the_daemon() {
     let test = "preload small-file readers";

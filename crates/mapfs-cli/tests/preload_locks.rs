@@ -1,4 +1,4 @@
-//! The open through the mount kept beside an adoption (issue 3): the file
+//! The open through the mount kept beside an adoption: the file
 //! system's `release` runs at the application's close, not at adoption, and
 //! locks of adopted descriptors are the mount's locks, seen by processes that
 //! use the mount without the shim.

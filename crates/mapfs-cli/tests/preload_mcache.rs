@@ -1,4 +1,4 @@
-//! The shim's map cache (issue 3, DeFUSE's M-Cache): re-opening an
+//! The shim's map cache (DeFUSE's M-Cache): re-opening an
 //! unchanged file is adopted without a daemon round trip; any change made
 //! by another process through the mount (rename, truncate, write+close,
 //! unlink and re-create) is seen at the next open, which asks the daemon

@@ -122,7 +122,7 @@ fn python_fsx_plfs_hand_back() {
 /// and io_uring programs do) on lent writers: each either fails the
 /// documented way on the placeholder (`EBADF`; `ESPIPE` for `pread`) or,
 /// on a descriptor that is not lent, returns the model's bytes; never a
-/// short or zero copy that contradicts the program's own writes (issue 16).
+/// short or zero copy that contradicts the program's own writes.
 /// Several seeds, a reopen every 8 operations.
 #[test]
 fn python_fsx_plfs_raw_calls() {

@@ -1,4 +1,4 @@
-//! What the shim costs process-heavy work (issue 15): a process that only
+//! What the shim costs process-heavy work: a process that only
 //! reads a small file never contacts the daemon, and an `exec`ed image
 //! carries on with the control connection its predecessor made instead of
 //! connecting again (falling back to a fresh connect when the descriptor

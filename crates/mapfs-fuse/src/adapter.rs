@@ -1940,7 +1940,7 @@ impl Filesystem for Adapter {
         // inode without O_CREAT, so only it can), and another open answers
         // ENOENT from that lookup or opens what the name holds by then.
         // ENOENT here failed fio's `open(O_CREAT)` of a file that another
-        // host's fio removed to lay it out again (issue 14). So is a name
+        // host's fio removed to lay it out again. So is a name
         // that holds another file by now (removed and made again: a retry
         // opens the new one; two plfs mounts of one store, one host
         // removing and creating a file while the other opened it with

@@ -94,3 +94,75 @@ fn cli_md_documents_every_command_and_option() {
         missing.join("\n")
     );
 }
+
+/// The man pages: a synopsis with option values, no page referred to that
+/// is not written (clap's `help` subcommand had a `mapfs-help(1)`), and
+/// the hand-written sections of mapfs(1) and mapfs-mount(1).
+#[test]
+fn man_pages_are_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(mapfs_bin())
+        .arg("manpages")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let pages: BTreeSet<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for want in [
+        "mapfs.1",
+        "mapfs-mount.1",
+        "mapfs-pack-check.1",
+        "mapfs-versions-diff.1",
+    ] {
+        assert!(pages.contains(want), "no {want} in {pages:?}");
+    }
+    let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+    for page in &pages {
+        let text = read(page);
+        // Every `mapfs-x(1)` named exists.
+        for (i, _) in text.match_indices("(1)") {
+            let start = text[..i]
+                .rfind(|c: char| c.is_whitespace() || c == ',')
+                .map_or(0, |s| s + 1);
+            let name = text[start..i].replace("\\-", "-");
+            if name.starts_with("mapfs") {
+                assert!(
+                    pages.contains(&format!("{name}.1")),
+                    "{page} names {name}(1), not written"
+                );
+            }
+        }
+    }
+    let mount = read("mapfs-mount.1");
+    assert!(
+        mount.contains("[\\-\\-data auto|daemon|passthrough]") && mount.contains("[\\-o OPTIONS"),
+        "garbled synopsis:\n{}",
+        &mount[..mount.find(".SH DESCRIPTION").unwrap_or(mount.len())]
+    );
+    for section in [
+        "FSTAB OPTIONS",
+        "EXAMPLES",
+        "FILES",
+        "ENVIRONMENT",
+        "EXIT STATUS",
+    ] {
+        assert!(
+            mount.contains(&format!(".SH \"{section}\"")),
+            "mapfs-mount(1) lacks {section}"
+        );
+    }
+    assert!(
+        mount.contains("writeback_cache=auto|on|off"),
+        "no fstab options"
+    );
+    let main = read("mapfs.1");
+    for section in ["EXAMPLES", "FILES", "ENVIRONMENT", "EXIT STATUS"] {
+        assert!(
+            main.contains(&format!(".SH \"{section}\"")),
+            "mapfs(1) lacks {section}"
+        );
+    }
+}

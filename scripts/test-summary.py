@@ -11,7 +11,10 @@ A test is named `PACKAGE/TARGET::TEST` (e.g.
 `mapfs-cli/exclusive::exclusive_keeps_positive_entries`, or
 `mapfs/doc::...` for doc tests). A skip is a line of a test's own output
 that contains the word SKIPPED; libtest shows that output only with
---show-output, under a `---- TEST stdout ----` header.
+--show-output, under a `---- TEST stdout ----` header. A line starting
+with SKIPPED elsewhere in a binary's output (printed by a program a test
+ran, whose stderr libtest does not capture) counts as a skip of
+`PACKAGE/TARGET::?`.
 
 ALLOWED_SKIPS: one entry a line, `PATTERN REASON`, PATTERN a shell glob
 matched against the name above; `#` starts a comment. A reason is
@@ -31,6 +34,7 @@ RESULT = re.compile(
 )
 HEADER = re.compile(r"^---- (.+) stdout ----$")
 SKIP = re.compile(r"\bSKIPPED\b")
+OUTSIDE_SKIP = re.compile(r"^\s*(?:!+\s*)?SKIPPED\b")
 
 
 def package_name(package_id):
@@ -117,6 +121,12 @@ def main():
             if test is not None and SKIP.search(line):
                 full = "%s::%s" % (cur[0], test)
                 if not any(full == s[0] for s in cur[5]):
+                    cur[5].append((full, line.strip()))
+            elif test is None and OUTSIDE_SKIP.match(line):
+                # Printed by a process a test ran (its stderr is not
+                # captured): the binary is known, the test is not.
+                full = "%s::?" % cur[0]
+                if not any(full == s[0] and line.strip() == s[1] for s in cur[5]):
                     cur[5].append((full, line.strip()))
 
     bad = int(cargo_status) != 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A GlusterFS volume on this one machine, mounted twice as two "hosts", for
-# plfs's cross-host tests and benchmarks (issue 14).
+# plfs's cross-host tests and benchmarks.
 #
 #   scripts/gluster.sh start    # glusterd, volume of two bricks, two mounts
 #   scripts/gluster.sh stop     # unmount both, stop and delete the volume

@@ -9,8 +9,10 @@
 #   PREFIX/lib/systemd/system/mapfs@.service
 # Builds a release first; MAPFS_BUILD_DIR=DIR installs binaries already
 # built there instead (the tests use their debug build).
-# With mapfs in root's PATH (PREFIX/bin for /usr/local), `mount -t fuse.mapfs`
-# and fstab lines work through mount.fuse3 (package fuse3).
+# Honours CARGO_TARGET_DIR (and a target-dir set in cargo's configuration).
+# `mount -t fuse.mapfs` and fstab lines work through mount.fuse3 (package
+# fuse3), which runs `mapfs` from root's default PATH: install with a PREFIX
+# whose bin/ is on it (/usr/local, /usr), or link PREFIX/bin/mapfs there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX="${1:-/usr/local}"
@@ -19,7 +21,10 @@ if [ -n "${MAPFS_BUILD_DIR:-}" ]; then
 else
     export PATH="$HOME/.cargo/bin:$PATH"
     cargo build --release -p mapfs-cli -p mapfs-preload -p mapfs-embed-builtins -p mapfs-embed-full
-    build=target/release
+    # Where cargo put the build: CARGO_TARGET_DIR or build.target-dir move it.
+    target_dir=$(cargo metadata --format-version 1 --no-deps |
+        sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    build="${target_dir:-target}/release"
 fi
 for f in mapfs libmapfs_preload.so; do
     [ -f "$build/$f" ] || { echo "install: $build/$f is missing (cargo build --workspace)" >&2; exit 1; }
@@ -43,3 +48,12 @@ sed "s|/usr/local/bin/mapfs|$PREFIX/bin/mapfs|" contrib/mapfs@.service \
     > "$PREFIX/lib/systemd/system/mapfs@.service"
 "$mapfs" --version
 echo "install: done; try \`$mapfs --help\`"
+# mount(8) runs mount.fuse3, which finds `mapfs` on root's default PATH
+# only (not the caller's): say so when PREFIX/bin is not on it.
+root_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+case ":$root_path:" in
+*":$PREFIX/bin:"*) ;;
+*) echo "install: $PREFIX/bin is not on root's default PATH ($root_path):" \
+        "\`mount -t fuse.mapfs\` and fstab lines will not find mapfs;" \
+        "link it there: ln -s $mapfs /usr/local/bin/mapfs" >&2 ;;
+esac

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# N-1 strided vs N-N checkpoint writes over two GlusterFS "hosts" (issue 14):
+# N-1 strided vs N-N checkpoint writes over two GlusterFS "hosts":
 # 4 writers (fio, psync), ranks 0 and 2 through host A, 1 and 3 through
 # host B, each writing IO bytes in blocks of BS, fsynced at the end.
 # Configurations, all on the same Gluster volume in the same run:

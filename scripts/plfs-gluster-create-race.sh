@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks that hosts creating one plfs file at once lose nothing (issue 14):
+# Checks that hosts creating one plfs file at once lose nothing:
 # the fio N-1 pattern of scripts/plfs-gluster-bench.sh, 4 writers over two
 # Gluster "hosts" (ranks 0 and 2 through host A, 1 and 3 through host B),
 # repeated ROUNDS times on a fresh file. Every writer creates the file when
@@ -19,7 +19,7 @@
 # job whose file is shorter than its region removes the file and creates
 # it again at its length (`open(O_CREAT)`, `fallocate`), so the two fio
 # processes remove and create the file under each other; only a failed
-# writer counts then (an `open(O_CREAT)` answered ENOENT, issue 14), since
+# writer counts then (an `open(O_CREAT)` answered ENOENT), since
 # one fio process can remove the other's longer layout (directly on
 # Gluster, with no plfs, 7 of 40 rounds ended shorter than the furthest
 # layout).

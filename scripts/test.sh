@@ -1,10 +1,35 @@
 #!/usr/bin/env bash
-# Builds everything and runs every test (unit, property, real FUSE mounts).
+# Builds everything and runs every test (unit, property, real FUSE mounts),
+# then prints one line per test binary and fails when any test failed, any
+# binary did not finish, or any test skipped without being listed in
+# tests/allowed-skips.txt.
+#
+# Extra arguments replace `--workspace` for a quicker run of part of the
+# suite, e.g. `bash scripts/test.sh -p mapfs-cli --test exclusive`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 bash scripts/deps.sh
+scope=(--workspace)
+[ $# -gt 0 ] && scope=("$@")
 # The preload shim (.so) and the exerciser binary must exist before the
 # integration tests start.
-cargo build --workspace --all-targets
-cargo test --workspace -- --test-threads="${MAPFS_TEST_THREADS:-4}"
+cargo build "${scope[@]}" --all-targets
+log_dir=${MAPFS_TEST_LOG_DIR:-$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')}
+mkdir -p "$log_dir"
+log=$log_dir/test.log
+map=$log_dir/test-binaries.json
+# Which package and target each test binary belongs to: two crates may both
+# have a tests/versions.rs, and the skip list names tests by package.
+cargo test "${scope[@]}" --no-run --message-format=json >"$map"
+echo "test.sh: full output in $log" >&2
+# libtest keeps what a passing test printed to itself unless asked:
+# --show-output prints it after the run under the test's name, which is
+# how a skip (a `SKIPPED <test>: <reason>` line) is seen and attributed.
+set +e
+cargo test "${scope[@]}" --no-fail-fast -- \
+    --show-output --test-threads="${MAPFS_TEST_THREADS:-4}" 2>&1 | tee "$log"
+cargo_status=${PIPESTATUS[0]}
+set -e
+python3 scripts/test-summary.py "$log" "$map" tests/allowed-skips.txt "$cargo_status"

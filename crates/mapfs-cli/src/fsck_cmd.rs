@@ -10,7 +10,8 @@ use mapfs_fs::plfs::Plfs;
 /// Arguments of `mapfs fsck`.
 #[derive(clap::Args, Debug)]
 pub struct FsckArgs {
-    /// The plfs backing directory.
+    /// The plfs mount (its mountpoint or its backing directory).
+    #[arg(value_name = "MOUNT_OR_BACKING")]
     pub backing: PathBuf,
     /// Host id to name droppings this check writes (default: the host name).
     #[arg(long)]
@@ -21,17 +22,22 @@ pub struct FsckArgs {
 /// summary line.
 pub fn run(args: FsckArgs) -> Result<()> {
     let host = args.hostid.unwrap_or_else(mapfs_fs::plfs::default_hostid);
-    let fs = Plfs::on_host(&args.backing, &host)
-        .with_context(|| format!("plfs over {}", args.backing.display()))?;
+    let backing = mapfs_cli::mounts::backing_of(&args.backing, "plfs")?;
+    let fs = Plfs::on_host(&backing, &host).with_context(|| {
+        format!(
+            "plfs over {} (expected the mountpoint of a plfs mount or its backing directory)",
+            args.backing.display()
+        )
+    })?;
     let found = fs
         .fsck()
-        .with_context(|| format!("checking {}", args.backing.display()))?;
+        .with_context(|| format!("checking {}", backing.display()))?;
     for f in &found {
         println!("{f}");
     }
     println!(
         "fsck {}: {} finding(s); every log has a live writer or records",
-        args.backing.display(),
+        backing.display(),
         found.len()
     );
     Ok(())

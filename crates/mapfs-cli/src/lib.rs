@@ -38,7 +38,7 @@
 //! - `list [--json]` (alias `status`): every mapfs mount, with its file
 //!   system, backing directory, executor, daemon pid and uptime.
 //! - `BACKING MOUNTPOINT -o fs=NAME,...`: the form `mount.fuse3` uses, so
-//!   `mount -t fuse.PROGRAM` and `/etc/fstab` lines work (see the README).
+//!   `mount -t fuse.PROGRAM` and `/etc/fstab` lines work (see docs/cli.md).
 //! - hidden `completions SHELL` and `manpages DIR`, for installers.
 //!
 //! Every mount, whatever the program, has type `fuse.mapfs` and the backing
@@ -51,6 +51,7 @@ pub mod embed_spec;
 mod helper;
 pub mod list;
 pub mod logline;
+mod manpage;
 pub mod mount_cmd;
 pub mod mounts;
 pub mod pack_cmd;
@@ -281,25 +282,41 @@ fn version_text(registry: &Registry) -> String {
     )
 }
 
-/// One roff page for the program and one per visible subcommand
-/// (`PROGRAM-SUB.1`), as `man` finds them.
+/// One roff page for the program and one per visible subcommand, nested
+/// ones included (`PROGRAM-SUB.1`, `PROGRAM-SUB-SUBSUB.1`), as `man` finds
+/// them. clap_mangen's synopsis drops option values (`[--data] [-o ]`), so
+/// the synopsis is written here; `mapfs(1)` and `PROGRAM-mount(1)` get
+/// hand-written EXAMPLES, FILES, ENVIRONMENT and EXIT STATUS sections (see
+/// [`manpage`]).
 fn write_manpages(app: clap::Command, dir: &std::path::Path) -> Result<()> {
     use anyhow::Context;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let name = app.get_name().to_string();
-    let mut pages = vec![(name.clone(), app.clone())];
-    for sub in app.get_subcommands().filter(|s| !s.is_hide_set()) {
-        let full = format!("{name}-{}", sub.get_name());
-        // clap names are `&'static str` without its "string" feature; this
-        // runs once per page in a process that exits right after.
-        let leaked: &'static str = Box::leak(full.clone().into_boxed_str());
-        pages.push((full, sub.clone().name(leaked)));
-    }
+    let program = app.get_name().to_string();
+    let mut pages = Vec::new();
+    collect_pages(app, &program, &mut pages);
     for (page, cmd) in pages {
-        let mut out = Vec::new();
-        clap_mangen::Man::new(cmd).render(&mut out)?;
+        let text = manpage::render(&program, &page, cmd)?;
         let path = dir.join(format!("{page}.1"));
-        std::fs::write(&path, out).with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// `cmd` as page `name`, and its visible subcommands after it. clap's own
+/// `help` subcommand is left out: there is no `PROGRAM-help(1)`.
+fn collect_pages(cmd: clap::Command, name: &str, pages: &mut Vec<(String, clap::Command)>) {
+    // clap names are `&'static str` without its "string" feature; this
+    // runs once per page in a process that exits right after.
+    let leaked: &'static str = Box::leak(name.to_string().into_boxed_str());
+    let cmd = cmd.name(leaked).disable_help_subcommand(true);
+    let subs: Vec<clap::Command> = cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set())
+        .cloned()
+        .collect();
+    pages.push((name.to_string(), cmd));
+    for sub in subs {
+        let full = format!("{name}-{}", sub.get_name());
+        collect_pages(sub, &full, pages);
+    }
 }

@@ -22,6 +22,11 @@ pub struct ListArgs {
 pub struct ListedMount {
     /// Where it is mounted.
     pub mountpoint: PathBuf,
+    /// `live` (its daemon runs and answers on its control socket),
+    /// `restarting` (its supervisor runs while no daemon answers: a
+    /// failover under way) or `dead` (nothing serves it: every access
+    /// fails with `ENOTCONN` until it is unmounted).
+    pub state: &'static str,
     /// File system name (`null` when its daemon left no record).
     pub fs: Option<String>,
     /// Backing directory (the mount's source).
@@ -81,33 +86,44 @@ pub fn listed() -> Vec<ListedMount> {
         .into_iter()
         .filter(|m| m.is_mapfs())
         .map(|m| {
-            let info = status(&m.mountpoint)
-                .or_else(|| mounts::read_info(&m.mountpoint))
-                // A record left by a dead daemon describes nothing.
-                .filter(|i| {
-                    rustix::process::Pid::from_raw(i.pid as i32)
-                        .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
-                });
-            let executor = info.as_ref().map(|i| {
+            // Live means both: a process that runs (a pidfd, so a zombie
+            // or a reused pid does not count) and a control socket that
+            // answers. The info file alone outlives a killed daemon.
+            let live = status(&m.mountpoint).filter(|i| crate::pidfd::running(i.pid));
+            let recorded = mounts::read_info(&m.mountpoint);
+            let state = if live.is_some() {
+                "live"
+            } else if recorded
+                .as_ref()
+                .and_then(|i| i.supervisor_pid)
+                .is_some_and(crate::pidfd::running)
+            {
+                "restarting"
+            } else {
+                "dead"
+            };
+            let running = live.as_ref();
+            let executor = running.map(|i| {
                 if i.passthrough_active {
                     "kernel passthrough".to_string()
                 } else {
                     "daemon".to_string()
                 }
             });
+            // What it serves is still worth showing for a dead mount.
+            let described = live.as_ref().or(recorded.as_ref());
             ListedMount {
-                backing: info
-                    .as_ref()
-                    .map_or(m.source.clone(), |i| i.backing.clone()),
-                fs: info.as_ref().map(|i| i.fs.clone()),
-                daemon_pid: info.as_ref().map(|i| i.pid),
-                supervisor_pid: info.as_ref().and_then(|i| i.supervisor_pid),
-                program: info.as_ref().map(|i| i.program.clone()),
-                data: info.as_ref().map(|i| i.data.clone()),
-                passthrough_active: info.as_ref().map(|i| i.passthrough_active),
-                writeback_cache: info.as_ref().map(|i| i.writeback_cache),
-                started_unix: info.as_ref().map(|i| i.started_unix),
-                uptime_secs: info.as_ref().map(|i| now.saturating_sub(i.started_unix)),
+                state,
+                backing: described.map_or(m.source.clone(), |i| i.backing.clone()),
+                fs: described.map(|i| i.fs.clone()),
+                daemon_pid: running.map(|i| i.pid),
+                supervisor_pid: running.and_then(|i| i.supervisor_pid),
+                program: described.map(|i| i.program.clone()),
+                data: described.map(|i| i.data.clone()),
+                passthrough_active: running.map(|i| i.passthrough_active),
+                writeback_cache: running.map(|i| i.writeback_cache),
+                started_unix: running.map(|i| i.started_unix),
+                uptime_secs: running.map(|i| now.saturating_sub(i.started_unix)),
                 executor,
                 mountpoint: m.mountpoint,
             }
@@ -120,7 +136,12 @@ pub fn list(args: ListArgs) -> Result<()> {
     let wanted: Vec<PathBuf> = args
         .mountpoints
         .iter()
-        .map(|m| std::fs::canonicalize(m).unwrap_or_else(|_| m.clone()))
+        // A dead mount cannot be canonicalized (stat fails).
+        .map(|m| {
+            std::fs::canonicalize(m)
+                .or_else(|_| std::path::absolute(m))
+                .unwrap_or_else(|_| m.clone())
+        })
         .collect();
     let mut all = listed();
     if !wanted.is_empty() {
@@ -135,19 +156,32 @@ pub fn list(args: ListArgs) -> Result<()> {
         return Ok(());
     }
     let unknown = || "?".to_string();
+    let none = || "-".to_string();
     println!("MOUNTPOINT\tFS\tBACKING\tEXECUTOR\tPID\tUPTIME");
-    for m in all {
+    let mut dead = Vec::new();
+    for m in &all {
+        let executor = match (m.state, &m.executor, &m.data) {
+            ("live", Some(e), Some(d)) => format!("{e} (--data {d})"),
+            ("live", ..) => unknown(),
+            (state, ..) => state.to_string(),
+        };
         println!(
             "{}\t{}\t{}\t{}\t{}\t{}",
             m.mountpoint.display(),
-            m.fs.unwrap_or_else(unknown),
+            m.fs.clone().unwrap_or_else(unknown),
             m.backing,
-            match (m.executor, m.data) {
-                (Some(e), Some(d)) => format!("{e} (--data {d})"),
-                _ => unknown(),
-            },
-            m.daemon_pid.map_or_else(unknown, |p| p.to_string()),
-            m.uptime_secs.map_or_else(unknown, uptime),
+            executor,
+            m.daemon_pid.map_or_else(none, |p| p.to_string()),
+            m.uptime_secs.map_or_else(none, uptime),
+        );
+        if m.state == "dead" {
+            dead.push(m.mountpoint.display().to_string());
+        }
+    }
+    for mnt in dead {
+        println!(
+            "dead: {mnt}: no daemon serves it (every access fails); clean up with \
+             `mapfs umount --lazy {mnt}` (or `fusermount3 -uz {mnt}`)"
         );
     }
     Ok(())

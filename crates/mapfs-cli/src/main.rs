@@ -12,9 +12,9 @@ mod versions_cmd;
 enum Extra {
     /// Benchmark native, FUSE daemon, kernel passthrough (and references) side by side.
     Bench(Box<bench::BenchArgs>),
-    /// Check a plfs backing directory: recover or reclaim the logs of writers that died.
+    /// Check a plfs mount or backing directory: recover or reclaim the logs of writers that died.
     Fsck(fsck_cmd::FsckArgs),
-    /// Compact, inspect and check the backing directory of a `pack` mount.
+    /// Compact, inspect and check a `pack` store (its mountpoint or backing directory).
     Pack(mapfs_cli::pack_cmd::PackArgs),
     /// History of a `versions` file system: list, show, diff, restore, prune, stats.
     Versions(versions_cmd::VersionsArgs),

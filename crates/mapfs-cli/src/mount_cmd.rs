@@ -38,7 +38,9 @@ pub struct MountArgs {
     pub backing: PathBuf,
     /// Empty directory to mount on (`-o nonempty` to mount over files).
     pub mountpoint: PathBuf,
-    /// Data executor: auto (kernel passthrough where possible), daemon, or passthrough.
+    /// Data executor: auto (kernel passthrough where possible, else the daemon), daemon,
+    /// or passthrough (as auto, but the mount is refused unless the kernel grants
+    /// passthrough and the file system has whole-file maps).
     #[arg(long, default_value = "auto", value_parser = ["auto", "daemon", "passthrough"])]
     pub data: String,
     /// Mount options, comma separated: allow_other, allow_root, default_permissions, ro,
@@ -167,6 +169,15 @@ fn check(reg: &Registry, args: &MountArgs, live: bool) -> Result<Checked> {
         );
     };
     let data: DataMode = args.data.parse().map_err(|e: String| anyhow!(e))?;
+    // A file system whose opens share one map has no whole-file maps
+    // (FsSpec::shared_opens), and only those can be passed to the kernel.
+    if data == DataMode::Passthrough && spec.shared_opens && !spec.whole_file_maps {
+        bail!(
+            "--data passthrough: the kernel can pass through only whole-file maps, and {} \
+             has none; use --data auto (the daemon serves its data)",
+            spec.name
+        );
+    }
     if args.exclusive && !spec.cacheable {
         bail!(
             "--exclusive: {} changes names or attributes by itself, so the kernel must not \
@@ -559,6 +570,20 @@ fn serve(
         }
     };
     let passthrough_active = c.data != DataMode::Daemon && mounted.passthrough_works();
+    if c.data == DataMode::Passthrough && !passthrough_active {
+        // What was asked for cannot be had: unmount rather than serve
+        // through the daemon under a name that promises otherwise.
+        let _ = mounted.unmounter().unmount();
+        drop(mounted);
+        let e = anyhow!(
+            "--data passthrough: the kernel refused kernel passthrough on {} (it needs \
+             Linux 6.9 or later with FUSE passthrough, and a daemon with CAP_SYS_ADMIN); \
+             use --data auto, which falls back to the daemon",
+            c.mountpoint.display()
+        );
+        report_err(&e);
+        return Err(e);
+    }
     tracing::info!(
         mountpoint = %c.mountpoint.display(),
         backing = %c.backing.display(),

@@ -76,6 +76,40 @@ pub fn mounted_at(path: &Path) -> Option<MountEntry> {
         .find(|m| m.mountpoint == path)
 }
 
+/// The backing directory a command about file system `fs` (`versions`,
+/// `pack`, `plfs`) works on, given `path` as the user gave it: the
+/// mountpoint of a mapfs mount of `fs` (its daemon says what it serves;
+/// the info file or the mount table's source when it does not answer), or
+/// else `path` itself, taken as a backing directory. A mountpoint of
+/// another file system is an error that says what was expected.
+pub fn backing_of(path: &Path, fs: &str) -> Result<PathBuf> {
+    // A dead mount cannot be canonicalized (stat fails): fall back to the
+    // absolute path as given, which is what the mount table holds then.
+    let abs = path
+        .canonicalize()
+        .or_else(|_| std::path::absolute(path))
+        .with_context(|| format!("bad path {}", path.display()))?;
+    let Some(m) = mounted_at(&abs).filter(MountEntry::is_mapfs) else {
+        return Ok(path.to_path_buf());
+    };
+    let (served, backing) =
+        match mapfs::control::status(&mapfs::control::socket_path(&m.mountpoint)) {
+            Ok(st) => (Some(st.fs), st.backing),
+            Err(_) => match read_info(&m.mountpoint) {
+                Some(i) => (Some(i.fs), i.backing),
+                None => (None, m.source.clone()),
+            },
+        };
+    if let Some(served) = served.filter(|s| s != fs) {
+        bail!(
+            "{} is a mount of `{served}`, not `{fs}`: expected the mountpoint of a \
+             `{fs}` mount or its backing directory",
+            abs.display()
+        );
+    }
+    Ok(PathBuf::from(backing))
+}
+
 /// Directory for daemon logs and pid files (see [`ensure_runtime_dir`]).
 pub fn runtime_dir() -> PathBuf {
     if rustix::process::geteuid().is_root() {

@@ -23,7 +23,8 @@ enum PackCmd {
     /// Move live slots into free ones toward the front, cut pack files after
     /// their last slot and punch out free slots (online: open files stay).
     Compact {
-        /// The backing directory of a pack file system.
+        /// The pack mount (its mountpoint or its backing directory).
+        #[arg(value_name = "MOUNT_OR_BACKING")]
         backing: PathBuf,
         /// Print the result as JSON.
         #[arg(long)]
@@ -31,7 +32,8 @@ enum PackCmd {
     },
     /// Files, bytes, slack and pack files of a pack backing directory.
     Stats {
-        /// The backing directory of a pack file system.
+        /// The pack mount (its mountpoint or its backing directory).
+        #[arg(value_name = "MOUNT_OR_BACKING")]
         backing: PathBuf,
         /// Print the result as JSON.
         #[arg(long)]
@@ -40,15 +42,18 @@ enum PackCmd {
     /// Check the database (PRAGMA integrity_check) and the slots and
     /// extents; exit status 1 on any problem.
     Check {
-        /// The backing directory of a pack file system.
+        /// The pack mount (its mountpoint or its backing directory).
+        #[arg(value_name = "MOUNT_OR_BACKING")]
         backing: PathBuf,
     },
 }
 
 /// Runs `mapfs pack ...`.
 pub fn run(args: PackArgs) -> Result<()> {
+    let backing_of = |given: &Path| crate::mounts::backing_of(given, "pack");
     match args.cmd {
         PackCmd::Compact { backing, json } => {
+            let backing = backing_of(&backing)?;
             let r: CompactReport = run_tool(
                 &backing,
                 mapfs_fs::pack::TOOL_COMPACT,
@@ -66,6 +71,7 @@ pub fn run(args: PackArgs) -> Result<()> {
             }
         }
         PackCmd::Stats { backing, json } => {
+            let backing = backing_of(&backing)?;
             let s: PackStats =
                 run_tool(&backing, mapfs_fs::pack::TOOL_STATS, mapfs_fs::pack::stats)
                     .with_context(|| format!("reading {}", backing.display()))?;
@@ -102,6 +108,7 @@ pub fn run(args: PackArgs) -> Result<()> {
             }
         }
         PackCmd::Check { backing } => {
+            let backing = backing_of(&backing)?;
             let r: CheckReport =
                 run_tool(&backing, mapfs_fs::pack::TOOL_CHECK, mapfs_fs::pack::check)
                     .with_context(|| format!("checking {}", backing.display()))?;

@@ -83,6 +83,20 @@ fn confirmed(pid: i32, mountpoint: &Path) -> Option<OwnedFd> {
     serves.then_some(fd)
 }
 
+/// Is process `pid` running? A pidfd turns readable when its process
+/// exits, zombie or not, where `kill(pid, 0)` still succeeds for a zombie
+/// nobody reaped; `kill` is the fallback for kernels without pidfds.
+pub fn running(pid: u32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return false;
+    };
+    match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => !wait_exit(&fd, Duration::ZERO),
+        Err(rustix::io::Errno::NOSYS) => rustix::process::test_kill_process(p).is_ok(),
+        Err(_) => false,
+    }
+}
+
 /// Waits until the process of `pidfd` exits (its pidfd turns readable);
 /// false if it is still running after `timeout`.
 pub fn wait_exit(pidfd: &OwnedFd, timeout: Duration) -> bool {

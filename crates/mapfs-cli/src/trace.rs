@@ -37,7 +37,9 @@ pub struct TraceArgs {
     pub count: Option<u64>,
 }
 
-/// One line of text for `e`.
+/// One line of text for `e`: local wall-clock time, the caller, the
+/// opcode, the node, the path it was about (for name operations the path
+/// named, not the parent's), the time in the daemon and the result.
 pub fn line(e: &TraceEvent) -> String {
     let result = if e.errno == 0 {
         "ok".to_string()
@@ -45,14 +47,36 @@ pub fn line(e: &TraceEvent) -> String {
         format!("{:?}", nix::errno::Errno::from_raw(e.errno))
     };
     format!(
-        "{:>12.6} pid={:<7} {:<12} node={:<6} {:<30} {:>9.1}µs {}",
-        e.at_ns as f64 / 1e9,
+        "{} pid={:<7} {:<12} node={:<6} {:<30} {:>9.1}µs {}",
+        wall_clock(e.at_unix_ns),
         e.pid,
         e.op,
         e.nodeid,
-        e.path.as_deref().unwrap_or("?"),
+        subject(e),
         e.latency_ns as f64 / 1e3,
         result
+    )
+}
+
+/// The path a request was about: the path it named for name operations,
+/// else its node's path.
+fn subject(e: &TraceEvent) -> &str {
+    e.target.as_deref().or(e.path.as_deref()).unwrap_or("?")
+}
+
+/// `HH:MM:SS.uuuuuu` in local time: traces are read next to logs and
+/// other programs' output, which use the wall clock.
+fn wall_clock(unix_ns: u64) -> String {
+    let secs = (unix_ns / 1_000_000_000) as libc::time_t;
+    let micros = unix_ns % 1_000_000_000 / 1000;
+    // SAFETY: localtime_r writes only into `tm`, which outlives the call.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
+        return format!("{secs}.{micros:06}");
+    }
+    format!(
+        "{:02}:{:02}:{:02}.{micros:06}",
+        tm.tm_hour, tm.tm_min, tm.tm_sec
     )
 }
 

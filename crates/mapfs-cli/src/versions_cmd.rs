@@ -29,21 +29,25 @@ pub struct VersionsArgs {
 enum VersionsCmd {
     /// List versions (all, or of PATH and the paths beneath it), oldest first.
     List {
-        /// Backing directory of the versions mount.
+        /// The versions mount (its mountpoint or its backing directory).
+        #[arg(value_name = "MOUNT_OR_BACKING")]
         backing: PathBuf,
         /// Only this path (a file, or a directory: everything beneath it).
         path: Option<String>,
     },
     /// Write the bytes of a version to standard output.
     Show {
-        /// Backing directory of the versions mount.
+        /// The versions mount (its mountpoint or its backing directory).
+        #[arg(value_name = "MOUNT_OR_BACKING")]
         backing: PathBuf,
         /// PATH@STAMP, or PATH for its newest version.
         version: String,
     },
-    /// `diff -u` of a version against another version or (by default) the current file.
+    /// `diff -u` of a version against another version or (by default) the
+    /// current file; exit status 0 when the same, 1 when different, 2 on trouble.
     Diff {
-        /// Backing directory of the versions mount.
+        /// The versions mount (its mountpoint or its backing directory).
+        #[arg(value_name = "MOUNT_OR_BACKING")]
         backing: PathBuf,
         /// PATH@STAMP, or PATH for its newest version.
         version: String,
@@ -52,7 +56,8 @@ enum VersionsCmd {
     },
     /// Make PATH hold a version again (the file it replaces becomes a version).
     Restore {
-        /// Backing directory of the versions mount.
+        /// The versions mount (its mountpoint or its backing directory).
+        #[arg(value_name = "MOUNT_OR_BACKING")]
         backing: PathBuf,
         /// PATH@STAMP, or PATH for its newest version (works for removed files).
         version: String,
@@ -62,7 +67,8 @@ enum VersionsCmd {
     },
     /// Apply retention now (the mount's limits, or those given).
     Prune {
-        /// Backing directory of the versions mount.
+        /// The versions mount (its mountpoint or its backing directory).
+        #[arg(value_name = "MOUNT_OR_BACKING")]
         backing: PathBuf,
         /// Versions kept per path.
         #[arg(long)]
@@ -76,19 +82,26 @@ enum VersionsCmd {
     },
     /// Versions, paths, and the bytes they keep.
     Stats {
-        /// Backing directory of the versions mount.
+        /// The versions mount (its mountpoint or its backing directory).
+        #[arg(value_name = "MOUNT_OR_BACKING")]
         backing: PathBuf,
     },
 }
 
-fn open_store(backing: &Path) -> Result<Store> {
-    let root = mapfs::backing::BackingRoot::new(backing)?;
-    Store::open(root.fd(), false).with_context(|| {
+/// The store of `given` (a mountpoint or a backing directory), and the
+/// backing directory it is in.
+fn open_store(given: &Path) -> Result<(Store, PathBuf)> {
+    let backing = mapfs_cli::mounts::backing_of(given, "versions")?;
+    let root = mapfs::backing::BackingRoot::new(&backing)
+        .with_context(|| format!("opening {}", backing.display()))?;
+    let store = Store::open(root.fd(), false).with_context(|| {
         format!(
-            "{} has no version store (was it mounted with `mapfs mount versions`?)",
-            backing.display()
+            "{} has no version store: expected the mountpoint of a `mapfs mount \
+             versions` mount or its backing directory",
+            given.display()
         )
-    })
+    })?;
+    Ok((store, backing))
 }
 
 fn fs_path(p: &str) -> Vec<u8> {
@@ -172,12 +185,45 @@ fn to_temp(store: &Store, v: &Version) -> Result<tempfile::NamedTempFile> {
     Ok(t)
 }
 
+/// `versions diff`: runs `diff -u` of `version` against `other` or the
+/// current file; true when they are the same.
+fn diff(given: &Path, version: &str, other: Option<&str>) -> Result<bool> {
+    let (store, backing) = open_store(given)?;
+    let seen = Seen::of(&backing)?;
+    let a = resolve(&store, &seen, version)?;
+    let ta = to_temp(&store, &a)?;
+    let (tb, label_b) = match other {
+        Some(o) => {
+            let b = resolve(&store, &seen, o)?;
+            (Some(to_temp(&store, &b)?), b.full_name())
+        }
+        None => (None, String::from_utf8_lossy(&a.path).into_owned()),
+    };
+    let current = backing.join(Path::new(std::ffi::OsStr::from_bytes(&a.path[1..])));
+    let b_path = tb.as_ref().map_or(current.as_path(), |t| t.path());
+    let status = Command::new("diff")
+        .arg("-u")
+        .arg("--label")
+        .arg(a.full_name())
+        .arg("--label")
+        .arg(&label_b)
+        .arg(ta.path())
+        .arg(b_path)
+        .status()
+        .context("cannot run diff (Debian: apt-get install diffutils)")?;
+    match status.code() {
+        Some(0) => Ok(true),
+        Some(1) => Ok(false),
+        _ => bail!("diff failed ({status})"),
+    }
+}
+
 /// Runs `mapfs versions`.
 pub fn run(args: VersionsArgs) -> Result<()> {
     match args.cmd {
         VersionsCmd::List { backing, path } => {
-            let store = open_store(&backing)?;
-            let seen = Seen::of(&backing)?;
+            let (store, real) = open_store(&backing)?;
+            let seen = Seen::of(&real)?;
             let list = seen.filter(store.list(path.as_deref().map(fs_path).as_deref(), true)?);
             let mut out = std::io::stdout().lock();
             for v in &list {
@@ -197,8 +243,8 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             Ok(())
         }
         VersionsCmd::Show { backing, version } => {
-            let store = open_store(&backing)?;
-            let v = resolve(&store, &Seen::of(&backing)?, &version)?;
+            let (store, real) = open_store(&backing)?;
+            let v = resolve(&store, &Seen::of(&real)?, &version)?;
             std::io::stdout().lock().write_all(&store.read_all(&v)?)?;
             Ok(())
         }
@@ -207,32 +253,21 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             version,
             other,
         } => {
-            let store = open_store(&backing)?;
-            let seen = Seen::of(&backing)?;
-            let a = resolve(&store, &seen, &version)?;
-            let ta = to_temp(&store, &a)?;
-            let (tb, label_b) = match other {
-                Some(o) => {
-                    let b = resolve(&store, &seen, &o)?;
-                    (Some(to_temp(&store, &b)?), b.full_name())
+            // diff(1)'s exit status: 0 same, 1 different, 2 trouble (not
+            // this program's usual 1 for an error, which would read as
+            // "different" to a script).
+            match diff(&backing, &version, other.as_deref()) {
+                Ok(same) => {
+                    if !same {
+                        std::io::stdout().flush()?;
+                        std::process::exit(1);
+                    }
+                    Ok(())
                 }
-                None => (None, String::from_utf8_lossy(&a.path).into_owned()),
-            };
-            let current = backing.join(Path::new(std::ffi::OsStr::from_bytes(&a.path[1..])));
-            let b_path = tb.as_ref().map_or(current.as_path(), |t| t.path());
-            let status = Command::new("diff")
-                .arg("-u")
-                .arg("--label")
-                .arg(a.full_name())
-                .arg("--label")
-                .arg(&label_b)
-                .arg(ta.path())
-                .arg(b_path)
-                .status()
-                .context("cannot run diff (Debian: apt-get install diffutils)")?;
-            match status.code() {
-                Some(0) | Some(1) => Ok(()),
-                _ => bail!("diff failed ({status})"),
+                Err(e) => {
+                    eprintln!("mapfs: error: {e:#}");
+                    std::process::exit(2);
+                }
             }
         }
         VersionsCmd::Restore {
@@ -240,8 +275,8 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             version,
             to,
         } => {
-            let store = open_store(&backing)?;
-            let v = resolve(&store, &Seen::of(&backing)?, &version)?;
+            let (store, real) = open_store(&backing)?;
+            let v = resolve(&store, &Seen::of(&real)?, &version)?;
             let target = to.as_deref().map_or(v.path.clone(), fs_path);
             let kept = store.restore(&v, &target)?;
             let kept = match kept.and_then(|id| store.get(id).ok().flatten()) {
@@ -261,7 +296,7 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             keep_days,
             keep_bytes,
         } => {
-            let store = open_store(&backing)?;
+            let (store, _) = open_store(&backing)?;
             let policy = if keep.is_none() && keep_days.is_none() && keep_bytes.is_none() {
                 store.load_policy()?
             } else {
@@ -279,7 +314,7 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             Ok(())
         }
         VersionsCmd::Stats { backing } => {
-            let store = open_store(&backing)?;
+            let (store, _) = open_store(&backing)?;
             let t = store.totals()?;
             let p = store.load_policy()?;
             let mut out = String::new();
@@ -303,11 +338,6 @@ pub fn run(args: VersionsArgs) -> Result<()> {
                 out,
                 "allocated:       {} (objects' blocks; shared extents counted in full)",
                 human(t.allocated_bytes)
-            )?;
-            writeln!(
-                out,
-                "skipped:         {} (versions over the byte limit, not kept)",
-                t.skipped
             )?;
             writeln!(
                 out,

@@ -8,7 +8,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{fuse_or_skip, have, mapfs_bin};
+use common::{fuse_or_skip, mapfs_bin, need};
 
 /// A finished `mapfs bench ARGS` run over a fresh backing directory in
 /// /var/tmp: its results.json, its stderr, and the backing directory (to
@@ -66,7 +66,7 @@ impl BenchRun {
 
 #[test]
 fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
-    if !fuse_or_skip("bench small-files / n1-strided") || !have("fio") {
+    if !fuse_or_skip("bench small-files / n1-strided") || !need("fio") {
         return;
     }
     let b = BenchRun::new(&[

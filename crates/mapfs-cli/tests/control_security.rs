@@ -1,4 +1,4 @@
-//! Attack regression tests of the control socket (issue 17), against the
+//! Attack regression tests of the control socket, against the
 //! real daemon on real FUSE mounts, with the hostile client `mapfs-attack`
 //! (crates/mapfs-testkit/src/bin/mapfs-attack.rs) run as user nobody.
 //!
@@ -85,16 +85,17 @@ fn ready(test: &str, progs: &[&str]) -> bool {
         return false;
     }
     if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "!!!!! SKIPPED {test}: needs root (attacks run as nobody against root's mount) !!!!!"
+        common::skip(
+            test,
+            "needs root (attacks run as nobody against root's mount)",
         );
         return false;
     }
     for p in progs {
-        if !Path::new(p).exists() {
-            eprintln!("!!!!! SKIPPED {test}: {p} is not installed !!!!!");
-            return false;
-        }
+        assert!(
+            Path::new(p).exists(),
+            "{test}: {p} is not installed (scripts/deps.sh and the build install it)"
+        );
     }
     true
 }
@@ -385,9 +386,9 @@ fn spawn_with_pid(want: i32, mut make: impl FnMut() -> Command) -> Option<Child>
 /// Says loudly that a pid could not be forced; the caller returns.
 fn pid_not_forced(test: &str, what: &str) {
     eprintln!(
-        "!!!!! SKIPPED {test}: could not give the attacker {what} \
+        "SKIPPED {test}: could not give the attacker {what} \
          (ns_last_pid not writable, or other processes took the pid 200 times); \
-         THIS ATTACK WAS NOT TRIED !!!!!"
+         this attack was not tried"
     );
 }
 
@@ -1368,7 +1369,7 @@ impl Drop for NsDaemon {
     }
 }
 
-/// What already held before issue 17 stays so: nobody opening root's 0600
+/// What already held before these tests stays so: nobody opening root's 0600
 /// file under `mapfs run` gets EACCES exactly as without the shim, whether
 /// directly, via `..`, via a symlink or by reopening an O_PATH descriptor.
 #[test]

@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{have, mapfs_bin};
+use common::{mapfs_bin, need};
 use preload_support::{fsx_bin, ok};
 
 /// The embedded library; panics with how to build it when missing or older
@@ -164,9 +164,7 @@ ls "$D"
 
 #[test]
 fn embedded_python_walk_io_copytree_match_native() {
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let a = Area::new();
     let py = r#"
 import os, sys, shutil, mmap
@@ -201,9 +199,8 @@ print(os.stat(os.path.basename(d) + "/q/a/b/y", dir_fd=pfd).st_size)
 
 #[test]
 fn embedded_sqlite_wal_and_git_match_native() {
-    if !have("sqlite3") || !have("git") {
-        return;
-    }
+    need("sqlite3");
+    need("git");
     let a = Area::new();
     let script = r#"
 set -e
@@ -344,9 +341,7 @@ except OSError as e: print("open=" + str(e.errno))' "$D/secret""#;
 
 #[test]
 fn embedded_refuses_a_static_binary_before_running_it() {
-    if !have("cc") {
-        return;
-    }
+    need("cc");
     let a = Area::new();
     let src = a.native.join("s.c");
     let exe = a.native.join("static-prog");
@@ -572,7 +567,7 @@ fn n1_model(nproc: usize, nb: usize, bs: usize) -> Vec<u8> {
     v
 }
 
-/// The issue's N-1 test: a job of 4 processes (forked and execed by a
+/// The N-1 test: a job of 4 processes (forked and execed by a
 /// python3 parent) writes one plfs file N-1 strided; a fifth embedded
 /// process reads it back byte-exact, and so does a `mapfs mount plfs` of
 /// the same backing directory.
@@ -694,10 +689,7 @@ ls -l "$D" | tail -n +2 | awk '{print $1, $5, $NF}'
 /// `seekdir`/`rewinddir`) works.
 #[test]
 fn embedded_plfs_directories_list_files_not_containers() {
-    if !have("python3") {
-        eprintln!("SKIPPED embedded_plfs_directories_list_files_not_containers: no python3");
-        return;
-    }
+    need("python3");
     let a = Area::new();
     let script = r#"
 set -e
@@ -827,7 +819,7 @@ PY
 }
 
 /// `MAPFS_PRELOAD_REPORT` counts the calls the embedded file systems
-/// served, per process, with the time spent in them (issue 10 item 7):
+/// served, per process, with the time spent in them:
 /// exactly the application's calls on prefixes, none of the host's.
 #[test]
 fn embedded_report_counts_served_calls_per_process() {
@@ -1035,7 +1027,7 @@ PY
 }
 
 /// What cannot be served on a plfs placeholder fails with a clear errno and
-/// one warning naming the call (issue 10 item 5): mmap, sendfile.
+/// one warning naming the call: mmap, sendfile.
 #[test]
 fn embedded_plfs_refuses_mmap_and_sendfile_with_one_warning() {
     let a = Area::new();

@@ -17,7 +17,7 @@ mod preload_support;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{fuse_or_skip, have, mapfs_bin, DataMode, MountSession};
+use common::{fuse_or_skip, mapfs_bin, need, DataMode, MountSession};
 use preload_support::{fsx_bin, ok};
 
 /// The library that serves `pack`; panics with how to build it when
@@ -226,9 +226,7 @@ fn embedded_pack_fsx_byte_model() {
 #[test]
 fn embedded_pack_release_frees_what_others_left_it() {
     let test = "embedded pack, left to a release";
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let a = Area::new();
     let script = r#"
 import os, subprocess, sys
@@ -265,9 +263,7 @@ print("ok")
 #[test]
 fn embedded_pack_processes_share_the_store() {
     let test = "embedded pack, processes sharing the store";
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let a = Area::new();
     let script = r#"
 import os, subprocess, sys
@@ -373,7 +369,7 @@ print("shared-ok")
 #[test]
 fn a_pack_mount_and_an_embedded_pack_job_exclude_each_other() {
     let test = "pack mount vs embedded job";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let a = Area::new();
@@ -439,10 +435,9 @@ fn a_pack_mount_and_an_embedded_pack_job_exclude_each_other() {
 #[test]
 fn embedded_pack_sqlite_git_and_working_directory() {
     let test = "embedded pack: sqlite3, git, cd";
-    if !have("sqlite3") || !have("git") || !have("python3") {
-        eprintln!("{test}: SKIPPED: sqlite3, git or python3 missing");
-        return;
-    }
+    need("sqlite3");
+    need("git");
+    need("python3");
     let a = Area::new();
     let script = r#"set -e
 cd "$D"
@@ -539,9 +534,7 @@ print("checked", n)
 #[test]
 fn embedded_pack_survives_killed_processes() {
     let test = "embedded pack, killed writers";
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let a = Area::new();
     ok(a.run("", "mkdir").arg(a.at("storm")));
     let dir = a.at("storm");

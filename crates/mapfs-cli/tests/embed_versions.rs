@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::{
-    fuse_or_skip, have, mapfs_bin, DataMode, MountSession, VERSIONS_EXPECTED, VERSIONS_SEQUENCE_PY,
+    fuse_or_skip, mapfs_bin, need, DataMode, MountSession, VERSIONS_EXPECTED, VERSIONS_SEQUENCE_PY,
 };
 use preload_support::{fsx_bin, ok};
 
@@ -98,9 +98,7 @@ for n in sorted(x for x in os.listdir(vd) if x.startswith("doc@")):
 
 #[test]
 fn embedded_overwrite_sequence_keeps_what_a_mount_keeps() {
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     // max-size=0 makes undo versions on a mount; embedded, every writer's
     // version is whole (other processes' instances cannot see its writes),
     // with the same bytes.
@@ -147,9 +145,7 @@ fn embedded_overwrite_sequence_keeps_what_a_mount_keeps() {
 /// before the change is a database with the old rows.
 #[test]
 fn embedded_unwritten_opens_keep_nothing_and_sqlite_wal_works() {
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let a = Area::new();
     let f = a.at("f");
     ok(a.run(KEEP_ALL, "python3").arg("-c").arg(
@@ -158,10 +154,7 @@ fn embedded_unwritten_opens_keep_nothing_and_sqlite_wal_works() {
          with open(f, 'r+') as h: h.read()\n",
     ).arg(&f));
     assert_eq!(a.listed("/f"), [], "opens that wrote nothing kept versions");
-    if !have("sqlite3") {
-        eprintln!("SKIPPED part of embedded versions: sqlite3 is not installed");
-        return;
-    }
+    need("sqlite3");
     let db = a.at("app.db");
     ok(a.run(KEEP_ALL, "sqlite3")
         .arg(&db)
@@ -199,9 +192,7 @@ fn embedded_unwritten_opens_keep_nothing_and_sqlite_wal_works() {
 /// process holds the open).
 #[test]
 fn embedded_forked_writer_keeps_its_parents_version() {
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let a = Area::new();
     let out = ok(a
         .run(KEEP_ALL, "python3")
@@ -233,9 +224,7 @@ fn embedded_forked_writer_keeps_its_parents_version() {
 /// before is kept.
 #[test]
 fn embedded_writers_in_two_processes_share_one_file() {
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let a = Area::new();
     let out = ok(a.run(KEEP_ALL, "python3").arg("-c").arg(
         "import os,subprocess,sys\nf=sys.argv[1]\nopen(f,'w').write('original\\n')\n\
@@ -290,7 +279,7 @@ fn embedded_fsx_byte_model_versions() {
 #[test]
 fn a_mount_and_an_embedded_job_of_one_backing_exclude_each_other() {
     let test = "versions mount vs embedded job";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let a = Area::new();

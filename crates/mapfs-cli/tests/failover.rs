@@ -798,7 +798,7 @@ fn pack_changes_kept_before_a_move_to_an_own_file_are_not_written_again() {
 fn copies_are_dropped_when_their_daemon_dies() {
     use std::os::unix::fs::{FileExt, PermissionsExt};
     let test = "failover: copies made by a dead daemon";
-    if !fuse_or_skip(test) || !preload_support::have("python3") {
+    if !fuse_or_skip(test) || !preload_support::need("python3") {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

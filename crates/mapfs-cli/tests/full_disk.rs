@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{fuse_or_skip, mapfs_bin, DataMode, MountSession};
-use preload_support::{attached, have, ok, pattern, report_path, totals};
+use preload_support::{attached, need, ok, pattern, report_path, totals};
 
 /// A tmpfs of a few MiB, unmounted (lazily, so a failed test cannot leave
 /// it behind) and removed on drop.
@@ -97,7 +97,7 @@ fn chunk() -> Vec<u8> {
 
 fn full_disk(mode: DataMode, shim: bool) {
     let test = format!("full disk ({mode}{})", if shim { ", shim" } else { "" });
-    if !fuse_or_skip(&test) || !have("python3") {
+    if !fuse_or_skip(&test) || !need("python3") {
         return;
     }
     let Some(disk) = SmallDisk::new(&test) else {

@@ -16,8 +16,9 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Installs the binaries of this test build into a fresh prefix.
-fn install() -> tempfile::TempDir {
+/// Installs the binaries of this test build into a fresh prefix; returns
+/// it and what install.sh said on stderr.
+fn install() -> (tempfile::TempDir, String) {
     let prefix = native_dir();
     let build = Path::new(mapfs_bin()).parent().unwrap();
     let out = run_captured(
@@ -34,14 +35,20 @@ fn install() -> tempfile::TempDir {
         out.stdout,
         out.stderr
     );
-    prefix
+    (prefix, out.stderr)
 }
 
 #[test]
 fn installed_mapfs_finds_its_shim_and_runs_programs() {
-    let prefix = install();
+    let (prefix, said) = install();
     let p = prefix.path();
     let mapfs = p.join("bin/mapfs");
+    // mount.fuse3 looks for `mapfs` on root's default PATH, which a
+    // temporary prefix is not on: install.sh must say so.
+    assert!(
+        said.contains("is not on root's default PATH") && said.contains("ln -s"),
+        "install.sh did not warn about PATH:\n{said}"
+    );
     let shim = p.join("lib/mapfs/libmapfs_preload.so");
     assert!(shim.is_file(), "no shim installed");
 

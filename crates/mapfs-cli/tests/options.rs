@@ -161,3 +161,86 @@ fn a_file_replaced_behind_the_mount_is_opened_anew() {
         }
     }
 }
+
+/// `--data passthrough` requires kernel passthrough: a file system whose
+/// maps are never whole-file (plfs) is refused before mounting; where the kernel grants
+/// passthrough (root, Linux 6.9+) the mount runs it; where it does not (a
+/// user namespace: its root lacks CAP_SYS_ADMIN where the kernel checks)
+/// the mount is refused and nothing stays mounted, while `--data auto`
+/// there falls back to the daemon.
+#[test]
+fn data_passthrough_is_kernel_passthrough_or_refused() {
+    let test = "data_passthrough_is_kernel_passthrough_or_refused";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let tmp = native_dir();
+    let (b, m) = (tmp.path().join("b"), tmp.path().join("m"));
+    fs::create_dir(&b).unwrap();
+    fs::create_dir(&m).unwrap();
+    let mapfs = |args: &[&std::ffi::OsStr]| {
+        mapfs_testkit::mount::run_captured(std::process::Command::new(mapfs_bin()).args(args))
+            .unwrap()
+    };
+    let (bs, ms) = (b.as_os_str(), m.as_os_str());
+    let out = mapfs(&[
+        "mount".as_ref(),
+        "plfs".as_ref(),
+        bs,
+        ms,
+        "--data".as_ref(),
+        "passthrough".as_ref(),
+    ]);
+    assert!(!out.success(), "plfs --data passthrough mounted");
+    assert!(
+        out.stderr
+            .contains("only whole-file maps, and plfs has none"),
+        "{}",
+        out.stderr
+    );
+    assert!(!mapfs_testkit::is_mounted(&m));
+
+    let s = MountSession::builder(mapfs_bin())
+        .fs("passthrough")
+        .data(DataMode::Passthrough)
+        .mount();
+    if rustix::process::geteuid().is_root() {
+        let s = s.expect("--data passthrough as root on Linux 6.9+");
+        let out = mapfs(&[
+            "list".as_ref(),
+            "--json".as_ref(),
+            s.mountpoint().as_os_str(),
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v[0]["executor"], "kernel passthrough", "{}", out.stdout);
+    }
+
+    need("unshare");
+    let script = format!(
+        "{bin} mount passthrough {b} {m} --data passthrough; echo rc=$?; \
+         grep -c ' {m} ' /proc/self/mountinfo; \
+         {bin} mount passthrough {b} {m} --data auto && {bin} list --json {m} && {bin} umount {m}",
+        bin = mapfs_bin(),
+        b = b.display(),
+        m = m.display()
+    );
+    let out = mapfs_testkit::mount::run_captured(
+        std::process::Command::new("unshare")
+            .args(["-Urm", "sh", "-c"])
+            .arg(&script),
+    )
+    .unwrap();
+    assert!(
+        out.stderr
+            .contains("--data passthrough: the kernel refused kernel passthrough"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let mut lines = out.stdout.lines();
+    assert_eq!(lines.next(), Some("rc=1"), "{}", out.stdout);
+    assert_eq!(lines.next(), Some("0"), "left mounted: {}", out.stdout);
+    let listed: serde_json::Value = serde_json::from_str(&lines.collect::<Vec<_>>().join("\n"))
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", out.stdout, out.stderr));
+    assert_eq!(listed[0]["executor"], "daemon", "{}", out.stdout);
+}

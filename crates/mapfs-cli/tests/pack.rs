@@ -60,6 +60,43 @@ fn pack_on(mode: DataMode, backing: Option<&Path>, opts: &[&str]) -> MountSessio
         .unwrap_or_else(|e| panic!("mounting pack --data {mode} -o {opts:?}: {e:#}"))
 }
 
+/// `mapfs pack` takes the mountpoint as well as the backing directory; a
+/// mountpoint of another file system is an error that says what was
+/// expected.
+#[test]
+fn pack_commands_take_the_mountpoint() {
+    let test = "pack commands take the mountpoint";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = pack_on(DataMode::Auto, None, &[]);
+    std::fs::write(s.mountpoint().join("f"), b"hello").unwrap();
+    let by_mount = pack_stats(s.mountpoint());
+    assert_eq!(by_mount.files, 1, "{by_mount:?}");
+    let json = |st: &mapfs_fs::pack::PackStats| serde_json::to_string(st).unwrap();
+    assert_eq!(json(&by_mount), json(&pack_stats(s.backing())));
+    assert_consistent(s.mountpoint(), test);
+    let other = MountSession::builder(mapfs_bin())
+        .fs("passthrough")
+        .mount()
+        .unwrap();
+    let out = run_captured(
+        Command::new(mapfs_bin())
+            .args(["pack", "check"])
+            .arg(other.mountpoint()),
+    )
+    .unwrap();
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains("a mount of `passthrough`, not `pack`")
+            && out
+                .stderr
+                .contains("expected the mountpoint of a `pack` mount"),
+        "{}",
+        out.stderr
+    );
+}
+
 /// [`pack_on`] without a supervisor: a killed daemon stays dead (the
 /// crash test checks what a remount recovers; failover.rs checks the
 /// supervised case).
@@ -82,16 +119,6 @@ fn umount_clean(mut s: MountSession, what: &str) {
         out.status,
         out.stdout,
         out.stderr
-    );
-}
-
-fn need(program: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).exists()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{program}` is not installed: the CI setup must install it"
     );
 }
 
@@ -335,7 +362,7 @@ print(f"files={len(names)} lent={lent} checked={checked} writers={wlent > 0}")
 /// and an empty model directory beside it; `None` (skipped, said why) where
 /// FUSE or python3 is missing.
 fn lent_session(test: &str) -> Option<(MountSession, PathBuf)> {
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return None;
     }
     let s = pack_on(DataMode::Auto, None, &[SMALL_THRESHOLD]);
@@ -480,7 +507,7 @@ fn mount_readers_keep_pages_only_while_nothing_writes_outside_them() {
     use preload_support::*;
     use std::io::{BufRead, BufReader, Write};
     let test = "pages kept by read-only opens of pack";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     // Where a read first differs from the model (the files are 4 KiB).
@@ -623,7 +650,7 @@ print(f"beside a writer: {lib.mapfs_preload_fd_status(fd)}", flush=True)
 fn other_users_read_copies_that_follow_every_change() {
     use preload_support::*;
     let test = "pack: nobody reads copies of slotted files under mapfs run";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = pack_on(
@@ -1506,7 +1533,7 @@ fuse_test!(crash_sigkill_during_write_storm => {
 fn shim_adopts_own_files_and_refuses_like_the_mount() {
     use preload_support::*;
     let test = "pack under mapfs run as nobody";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = MountSession::builder(mapfs_bin())

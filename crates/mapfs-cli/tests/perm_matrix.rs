@@ -1,4 +1,4 @@
-//! Permission matrix (issue 9): owner/group/other x r/w/x x regular file,
+//! Permission matrix: owner/group/other x r/w/x x regular file,
 //! directory, FIFO, socket and character device, checked as two non-root
 //! users through real mounts and compared errno by errno with the same
 //! operations on a native directory.
@@ -440,7 +440,7 @@ fn plfs_daemon() {
     matrix("plfs", DataMode::Daemon);
 }
 
-// ---- The plfs cases of issue 9 (each also on passthrough), compared with
+// ---- The plfs cases (each also on passthrough), compared with
 // native.
 
 /// Mounts `fs_name` in `mode` with `allow_other`.
@@ -617,7 +617,7 @@ fn fstat_after_unlink_matches_native() {
 }
 
 /// plfs has no hard links (a container directory cannot have two names):
-/// `link` is `EPERM`, documented in the README and plfs's module docs, and
+/// `link` is `EPERM`, documented in docs/cli.md and plfs's module docs, and
 /// changes nothing.
 #[test]
 fn plfs_link_is_eperm() {

@@ -4,8 +4,9 @@
 //! open and index droppings `index.<id>` merged at open).
 //!
 //! plfs maps are never whole-file, so the daemon executes all of its I/O in
-//! every data mode: `--data auto` and `--data passthrough` must behave like
-//! `--data daemon` (without the kernel's writeback cache). Everything is
+//! every data mode: `--data auto` must behave like `--data daemon` (without
+//! the kernel's writeback cache), and `--data passthrough` is refused
+//! (options.rs). Everything is
 //! checked byte for byte, against a model or against the same operations on a
 //! native directory.
 //!
@@ -466,14 +467,6 @@ fn fsx_daemon_writeback() {
 #[test]
 fn fsx_auto() {
     fsx_mode(DataMode::Auto);
-}
-
-/// `--data passthrough` on a file system whose maps are never whole-file:
-/// the CLI accepts it and the adapter falls back to the daemon for every open
-/// (as in auto mode); it must be just as correct.
-#[test]
-fn fsx_passthrough_falls_back_to_daemon() {
-    fsx_mode(DataMode::Passthrough);
 }
 
 /// O_DIRECT mixed with buffered and mapped operations.
@@ -1053,7 +1046,7 @@ fn two_hosts(
 /// kernels keep names for 30 s): an `open(O_CREAT)` on host A of a file
 /// that host B removed after A's kernel had looked it up creates the file,
 /// and a plain open of such a name answers ENOENT. The first answered
-/// ENOENT (issue 14: fio lays an N-1 file out by removing and creating it
+/// ENOENT (fio lays an N-1 file out by removing and creating it
 /// again, and another host's fio, opening it with O_CREAT meanwhile, failed).
 fn open_creat_of_a_name_another_host_removed(mode: DataMode) {
     let test = format!("plfs open(O_CREAT) of a name another host removed --data {mode}");

@@ -1,4 +1,4 @@
-//! plfs across hosts (issue 14): one GlusterFS volume of two bricks on this
+//! plfs across hosts: one GlusterFS volume of two bricks on this
 //! machine, mounted twice as two "hosts" (`scripts/gluster.sh`, metadata
 //! caches off), each with its own plfs daemon and host id. Writers on both
 //! hosts, readers on either; every byte checked against a model. Skips
@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 
 use common::{fuse_or_skip, mapfs_bin, DataMode, MountSession};
 use mapfs_testkit::fsx::{self, FsxConfig};
-use preload_support::have;
+use preload_support::need;
 
 fn gluster_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gluster.sh")
@@ -52,7 +52,7 @@ impl Drop for Bed {
 /// The two Gluster mounts (host A, host B) and this test's hold on them,
 /// or `None` after saying loudly why not.
 fn gluster_or_skip(test: &str) -> Option<(PathBuf, PathBuf, Bed)> {
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return None;
     }
     // Held while starting, so that no other test stops the bed meanwhile.
@@ -64,7 +64,7 @@ fn gluster_or_skip(test: &str) -> Option<(PathBuf, PathBuf, Bed)> {
         .expect("bash");
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.code() == Some(2) {
-        eprintln!("!!!!! SKIPPED {test}: {} !!!!!", stderr.trim());
+        common::skip(test, stderr.trim());
         return None;
     }
     assert!(out.status.success(), "{test}: gluster.sh start: {stderr}");
@@ -516,10 +516,7 @@ fn bench_hosts_measures_every_configuration_on_gluster() {
     let Some((ga, gb, _bed)) = gluster_or_skip(test) else {
         return;
     };
-    if !have("fio") {
-        eprintln!("!!!!! SKIPPED {test}: fio is not installed !!!!!");
-        return;
-    }
+    need("fio");
     let mut hosts = ga.into_os_string();
     hosts.push(",");
     hosts.push(gb);

@@ -1,4 +1,4 @@
-//! plfs writers killed mid-write leave no orphaned log (issue 9): the
+//! plfs writers killed mid-write leave no orphaned log: the
 //! daemon under SIGKILL, or a writer under `mapfs run` holding a lent open.
 //! The next open of the container, or `mapfs fsck BACKING`, recovers a dead
 //! writer's log up to its last flush (the bytes after it cut off) or
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use common::{fuse_or_skip, mapfs_bin, DataMode, MountSession};
-use preload_support::{attached, daemon_pid, eventually, have, report_path};
+use preload_support::{attached, daemon_pid, eventually, need, report_path};
 
 /// Writes `nblocks` blocks of `bs` bytes at block `i * nranks + rank`
 /// (`block(rank, i)` below), fsyncs after `sync_after` blocks (0: never)
@@ -107,6 +107,41 @@ fn fsck(backing: &Path) -> String {
     text
 }
 
+/// `mapfs fsck` takes the mountpoint as well as the backing directory, and
+/// refuses a mountpoint of another file system, saying what it expected.
+#[test]
+fn fsck_takes_the_mountpoint() {
+    let test = "fsck MOUNTPOINT";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let backing = tempfile::tempdir().unwrap();
+    let s = mount_plfs(backing.path());
+    std::fs::write(s.mountpoint().join("f"), b"x").unwrap();
+    let by_mount = fsck(s.mountpoint());
+    assert_eq!(by_mount, fsck(backing.path()), "{test}");
+    assert!(
+        by_mount.contains(&format!("fsck {}: 0 finding(s)", backing.path().display())),
+        "{by_mount}"
+    );
+    let other = MountSession::builder(mapfs_bin())
+        .fs("passthrough")
+        .mount()
+        .unwrap();
+    let out = Command::new(mapfs_bin())
+        .arg("fsck")
+        .arg(other.mountpoint())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a mount of `passthrough`, not `plfs`")
+            && err.contains("expected the mountpoint of a `plfs` mount"),
+        "{err}"
+    );
+}
+
 /// `(name, length)` of the container's entries starting with `prefix`.
 fn entries(container: &Path, prefix: &str) -> Vec<(String, u64)> {
     let mut v: Vec<_> = std::fs::read_dir(container)
@@ -138,7 +173,7 @@ enum Then {
 /// `nb` blocks flushed (0: none); the log is recovered (or reclaimed) by
 /// `then`, and the file equals the model of the flushed blocks.
 fn daemon_killed(test: &str, sync: u64, then: Then) {
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let (bs, nb) = (4096usize, 24u64);
@@ -237,7 +272,7 @@ fn daemon_killed_before_any_flush_next_open_reclaims() {
 #[test]
 fn lent_writer_killed_leaves_no_orphan() {
     let test = "plfs lent writer SIGKILL";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let (bs, nb, sync) = (4096usize, 24u64, 10u64);

@@ -10,17 +10,6 @@ use std::process::Command;
 
 use common::{fuse_or_skip, mapfs_bin, DataMode, MountSession};
 
-fn bindfs_available(test: &str) -> bool {
-    let ok = Command::new("sh")
-        .args(["-c", "command -v bindfs"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("!!!!! SKIPPED {test}: bindfs is not installed !!!!!");
-    }
-    ok
-}
-
 /// Unmounts the bindfs mount at the path on drop.
 struct Bindfs(std::path::PathBuf);
 
@@ -33,7 +22,7 @@ impl Drop for Bindfs {
 #[test]
 fn a_store_without_rename_is_refused_at_mount() {
     let test = "plfs refuses a store without rename";
-    if !fuse_or_skip(test) || !bindfs_available(test) {
+    if !fuse_or_skip(test) || !common::need("bindfs") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -2200,7 +2200,7 @@ macro_rules! posix_tests {
         #[test]
         #[ignore = "daemon mode's writeback cache: SEEK_DATA does not see dirty pages and \
                     writes past the backing file system's size limit fail only at writeback \
-                    (README, Consistency); checked by daemon_nowb"]
+                    (docs/cli.md, Safety and consistency); checked by daemon_nowb"]
         fn daemon() {
             super::compare(stringify!($check), super::$check, super::DataMode::Daemon, false)
         }
@@ -2296,7 +2296,7 @@ fn all_checks_pass_on_native() {
 fn a_write_by_another_user_never_keeps_setid_bits() {
     let test = "a_write_by_another_user_never_keeps_setid_bits";
     if !fuse_or_skip(test) || !rustix::process::getuid().is_root() {
-        eprintln!("{test}: SKIPPED: needs FUSE and root");
+        common::skip(test, "needs FUSE and root");
         return;
     }
     let s = mount(DataMode::Passthrough, &["allow_other"]);

@@ -1,4 +1,4 @@
-//! The preload shim attached to a real mount (issue 3): the data path moves
+//! The preload shim attached to a real mount: the data path moves
 //! into the application, and everything it cannot serve still works through
 //! the mount.
 //!
@@ -128,7 +128,7 @@ fn shim_read(
 /// growing and shrinking the file, in both directions.
 fn mixed_access(mode: DataMode, extra: &[&str]) {
     let test = format!("preload mixed access --data {mode} {extra:?}");
-    if !fuse_or_skip(&test) || !have("python3") {
+    if !fuse_or_skip(&test) || !need("python3") {
         return;
     }
     let mut b = mapfs_testkit::MountSession::builder(mapfs_bin()).data(mode);
@@ -194,7 +194,7 @@ fn mixed_access_daemon() {
 #[test]
 fn nobody_gets_eacces_like_through_the_mount() {
     let test = "preload EACCES as nobody";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(
@@ -357,7 +357,7 @@ print('done')
 #[test]
 fn fork_exec_dup_fcntl_threads() {
     let test = "preload fork/exec/dup/fcntl/threads";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -409,7 +409,7 @@ fn redirected_stdin_is_adopted_after_exec() {
 #[test]
 fn metadata_only_opens_are_not_adopted() {
     let test = "preload create-stat-unlink";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -434,7 +434,7 @@ fn metadata_only_opens_are_not_adopted() {
 #[test]
 fn daemon_killed_nothing_hangs() {
     let test = "preload daemon killed";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     // No supervisor to replace the daemon (that case: failover.rs).
@@ -520,7 +520,7 @@ fn daemon_killed_nothing_hangs() {
 #[test]
 fn client_killed_daemon_drops_its_state() {
     let test = "preload client killed";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -576,7 +576,7 @@ fn run_rejects_bad_mounts() {
 #[test]
 fn writer_stat_by_path_sees_its_writes() {
     let test = "preload stat of own writes";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -606,7 +606,7 @@ fn writer_stat_by_path_sees_its_writes() {
 #[test]
 fn shim_survives_close_all_and_dup2_over_its_socket() {
     let test = "preload close-all";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -688,7 +688,7 @@ fn policy_run(
 #[test]
 fn default_policy_adopts_busy_descriptors_only() {
     let test = "preload adoption policy";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -738,7 +738,7 @@ fn default_policy_adopts_busy_descriptors_only() {
 #[test]
 fn time_spent_on_the_mount_adopts_from_the_fourth_call() {
     let test = "preload adoption policy, time on the mount";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::DaemonNoWriteback, &[]);
@@ -764,7 +764,7 @@ fn time_spent_on_the_mount_adopts_from_the_fourth_call() {
 /// redirections) never contact the daemon: `posix_fadvise` is a hint, a few
 /// small calls are cheaper through the mount than an adoption, and a
 /// descriptor open across a `fork` is pinned to the mount rather than
-/// adopted (issue 15). Counted with the daemon's own connection counter.
+/// adopted. Counted with the daemon's own connection counter.
 #[test]
 fn small_file_readers_never_contact_the_daemon() {
     let test = "preload small-file readers";
@@ -805,7 +805,7 @@ fn small_file_readers_never_contact_the_daemon() {
 #[test]
 fn changes_by_others_are_seen_at_next_open() {
     let test = "preload changes by others";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -867,7 +867,7 @@ fn changes_by_others_are_seen_at_next_open() {
 #[test]
 fn signals_interrupting_calls() {
     let test = "preload signals";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -914,7 +914,7 @@ fn signals_interrupting_calls() {
 #[test]
 fn writeback_cache_mounts_stay_on_the_mount() {
     let test = "preload on a writeback-cache mount";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Daemon, &[]);
@@ -969,7 +969,7 @@ for fd in fds:
 #[test]
 fn shim_gives_descriptors_back_under_emfile() {
     let test = "preload EMFILE";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -1008,7 +1008,7 @@ fn shim_gives_descriptors_back_under_emfile() {
 #[test]
 fn isatty_of_mount_files_is_answered_without_the_daemon() {
     let test = "preload isatty";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);

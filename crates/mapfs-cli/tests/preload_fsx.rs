@@ -24,7 +24,7 @@ fn ops() -> u64 {
 
 fn exercise(mode: DataMode, extra: &[&str]) {
     let test = format!("preload python fsx --data {mode} {extra:?}");
-    if !fuse_or_skip(&test) || !have("python3") {
+    if !fuse_or_skip(&test) || !need("python3") {
         return;
     }
     let mut b = MountSession::builder(mapfs_bin()).data(mode);

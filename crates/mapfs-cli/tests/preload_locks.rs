@@ -1,4 +1,4 @@
-//! The open through the mount kept beside an adoption (issue 3): the file
+//! The open through the mount kept beside an adoption: the file
 //! system's `release` runs at the application's close, not at adoption, and
 //! locks of adopted descriptors are the mount's locks, seen by processes that
 //! use the mount without the shim.
@@ -108,7 +108,7 @@ fn try_flock(f: &File) -> std::io::Result<()> {
 
 fn locks_are_the_mounts(mode: DataMode) {
     let test = format!("preload locks ({mode})");
-    if !fuse_or_skip(&test) || !have("python3") {
+    if !fuse_or_skip(&test) || !need("python3") {
         return;
     }
     let s = mount(mode, &[]);
@@ -199,7 +199,7 @@ fn daemon_opens_of(daemon: i32, backing: &Path) -> usize {
 
 fn release_at_close(mode: DataMode) {
     let test = format!("preload release at close ({mode})");
-    if !fuse_or_skip(&test) || !have("python3") {
+    if !fuse_or_skip(&test) || !need("python3") {
         return;
     }
     let s = mount(mode, &[]);

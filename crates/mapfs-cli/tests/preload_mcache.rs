@@ -1,4 +1,4 @@
-//! The shim's map cache (issue 3, DeFUSE's M-Cache): re-opening an
+//! The shim's map cache (DeFUSE's M-Cache): re-opening an
 //! unchanged file is adopted without a daemon round trip; any change made
 //! by another process through the mount (rename, truncate, write+close,
 //! unlink and re-create) is seen at the next open, which asks the daemon
@@ -48,7 +48,7 @@ fn read(r: &mut Stepped, cmd: &str) -> (u64, Vec<u8>) {
 
 fn map_cache(mode: DataMode) {
     let test = format!("preload map cache ({mode})");
-    if !fuse_or_skip(&test) || !have("python3") {
+    if !fuse_or_skip(&test) || !need("python3") {
         return;
     }
     let s = mount(mode, &[]);
@@ -127,7 +127,7 @@ fn map_cache_daemon() {
 #[test]
 fn map_cache_off() {
     let test = "preload map cache off";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);

@@ -86,9 +86,7 @@ fn pyfsx_with(s: &MountSession, test: &str, seed: u64, skip: &str, raw: bool) ->
 fn python_fsx_plfs_lent() {
     let test = "preload python fsx plfs (lent)";
     let Some(s) = plfs(test) else { return };
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let (line, t) = pyfsx(&s, test, 20_261_122, "mapread,mapwrite,copy");
     eprintln!("{test}: shim {t:?}");
     assert!(
@@ -110,9 +108,7 @@ fn python_fsx_plfs_lent() {
 fn python_fsx_plfs_hand_back() {
     let test = "preload python fsx plfs (all operations)";
     let Some(s) = plfs(test) else { return };
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let (_, t) = pyfsx(&s, test, 20_261_123, "");
     eprintln!("{test}: shim {t:?}");
     assert!(t.adopted > 1 && t.native_calls > 0, "{test}: {t:?}");
@@ -126,15 +122,13 @@ fn python_fsx_plfs_hand_back() {
 /// and io_uring programs do) on lent writers: each either fails the
 /// documented way on the placeholder (`EBADF`; `ESPIPE` for `pread`) or,
 /// on a descriptor that is not lent, returns the model's bytes; never a
-/// short or zero copy that contradicts the program's own writes (issue 16).
+/// short or zero copy that contradicts the program's own writes.
 /// Several seeds, a reopen every 8 operations.
 #[test]
 fn python_fsx_plfs_raw_calls() {
     let test = "preload python fsx plfs (raw system calls)";
     let Some(s) = plfs(test) else { return };
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let mut refused = 0;
     for seed in [20_261_201, 20_261_202, 20_261_203] {
         let (line, t) = pyfsx_with(&s, test, seed, "", true);
@@ -158,9 +152,7 @@ fn python_fsx_plfs_raw_calls() {
 fn raw_calls_on_a_lent_writer_fail_the_documented_way() {
     let test = "preload plfs raw calls on a lent writer";
     let Some(s) = plfs(test) else { return };
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     const SCRIPT: &str = r#"
 import os, sys, ctypes, errno, fcntl
 libc = ctypes.CDLL(None, use_errno=True)
@@ -268,10 +260,7 @@ os.close(fd); os.close(fd2)
 fn io_uring_on_a_lent_writer_fails_the_documented_way() {
     let test = "preload plfs io_uring on a lent writer";
     let Some(s) = plfs(test) else { return };
-    if !have("cc") {
-        eprintln!("SKIPPED {test}: no C compiler (scripts/deps.sh installs gcc)");
-        return;
-    }
+    need("cc");
     let src =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload_support/uring_lent.c");
     let bin = s.scratch().unwrap().join("uring_lent");
@@ -349,9 +338,7 @@ fn shim_write(s: &MountSession, report: &std::path::Path, path: &std::path::Path
 fn mixed_access_plfs() {
     let test = "preload mixed access plfs";
     let Some(s) = plfs(test) else { return };
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let report = report_path(&s, "mixed");
     let f = s.mountpoint().join("shared.bin");
     for (round, len) in [100_000usize, 3_000, 0, 250_000, 17]
@@ -411,9 +398,7 @@ sys.stdin.readline()
 fn lent_open_close_to_open_and_killed_writer() {
     let test = "preload plfs lent writer";
     let Some(s) = plfs(test) else { return };
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let f = s.mountpoint().join("held.bin");
     std::fs::write(&f, b"A".repeat(1000)).unwrap();
     let report = report_path(&s, "held");
@@ -512,9 +497,7 @@ print('done')
 fn fork_dup_fcntl_threads_on_lent_open() {
     let test = "preload plfs fork/dup/fcntl/threads";
     let Some(s) = plfs(test) else { return };
-    if !have("python3") {
-        return;
-    }
+    need("python3");
     let f = s.mountpoint().join("forked.bin");
     let report = report_path(&s, "fork");
     let out = ok(attached(&s, &report, "python3")
@@ -541,7 +524,7 @@ fn fork_dup_fcntl_threads_on_lent_open() {
 #[test]
 fn nobody_gets_eacces_on_plfs() {
     let test = "preload plfs EACCES as nobody";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = MountSession::builder(mapfs_bin())
@@ -620,7 +603,7 @@ fn programs_on_plfs_match_native() {
     // the same second, and tar records mtimes.
     run("sh", &["-c", "mkdir -p t/s && cp in.bin t/s/x && echo hi > t/y && tar --mtime=@0 --sort=name --owner=0 --group=0 --numeric-owner -cf t.tar t && mkdir -p u && tar xf t.tar -C u && cat u/t/y && cmp u/t/s/x in.bin"]);
     same("t.tar");
-    if have("sqlite3") {
+    if need("sqlite3") {
         let sql = "PRAGMA journal_mode=WAL;
 CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);
 WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<3000)
@@ -670,7 +653,7 @@ print(lent)
 #[test]
 fn shrink_through_lent_open_undoes_other_growth() {
     let test = "preload plfs shrink through a lent open";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let native = native_dir();

@@ -203,7 +203,7 @@ print(repr(out))
 #[test]
 fn python_matches_native() {
     let test = "preload python3";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -236,7 +236,7 @@ PRAGMA integrity_check;
 #[test]
 fn sqlite_wal_matches_native() {
     let test = "preload sqlite3 WAL";
-    if !fuse_or_skip(test) || !have("sqlite3") {
+    if !fuse_or_skip(test) || !need("sqlite3") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -267,7 +267,7 @@ fn sqlite_wal_matches_native() {
 #[test]
 fn fio_psync_verifies() {
     let test = "preload fio psync";
-    if !fuse_or_skip(test) || !have("fio") {
+    if !fuse_or_skip(test) || !need("fio") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);
@@ -368,7 +368,7 @@ int main(int argc, char **argv) {
 #[test]
 fn c_stdio_matches_native() {
     let test = "preload C stdio";
-    if !fuse_or_skip(test) || !have("cc") {
+    if !fuse_or_skip(test) || !need("cc") {
         return;
     }
     let s = mount(DataMode::Passthrough, &[]);

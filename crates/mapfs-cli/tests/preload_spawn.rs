@@ -1,4 +1,4 @@
-//! What the shim costs process-heavy work (issue 15): a process that only
+//! What the shim costs process-heavy work: a process that only
 //! reads a small file never contacts the daemon, and an `exec`ed image
 //! carries on with the control connection its predecessor made instead of
 //! connecting again (falling back to a fresh connect when the descriptor
@@ -47,18 +47,6 @@ fn baseline(s: &MountSession) -> u64 {
     let before = accepted(s);
     ok(&mut attached_default(s, &report, "true"));
     accepted(s) - before
-}
-
-fn python_or_skip(test: &str) -> bool {
-    let ok = std::process::Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIPPED {test}: python3 is not installed (scripts/deps.sh installs it)");
-    }
-    ok
 }
 
 fn mount_fs(test: &str, fs: &str) -> MountSession {
@@ -224,7 +212,7 @@ fn exec_chain(s: &MountSession, test: &str, replace: bool, env: &[(&str, String)
 
 fn exec_keeps_connection(fs: &str) {
     let test = format!("an exec'ed image keeps the control connection ({fs})");
-    if !fuse_or_skip(&test) || !python_or_skip(&test) {
+    if !fuse_or_skip(&test) || !need("python3") {
         return;
     }
     let _counting = counting();
@@ -289,7 +277,7 @@ print("ok")
 #[test]
 fn the_client_waits_for_the_control_socket_to_come_back() {
     let test = "the client reconnects when the control socket comes back";
-    if !fuse_or_skip(test) || !python_or_skip(test) {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mapfs_testkit::MountSession::builder(common::mapfs_bin())
@@ -332,14 +320,7 @@ fn a_vfork_child_leaves_the_parents_tables_alone() {
     if !fuse_or_skip(test) {
         return;
     }
-    if !std::process::Command::new("cc")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        eprintln!("SKIPPED {test}: no C compiler (scripts/deps.sh installs gcc)");
-        return;
-    }
+    preload_support::need("cc");
     let s = mount_fs(test, "passthrough");
     std::fs::write(s.mountpoint().join("a"), pattern(4096, 9)).unwrap();
     std::fs::write(s.mountpoint().join("b"), pattern(4096, 11)).unwrap();

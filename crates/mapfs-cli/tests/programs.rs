@@ -42,16 +42,6 @@ fn sh_ok(dir: &Path, script: &str) -> String {
     out.stdout
 }
 
-fn need(program: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).exists()))
-        .unwrap_or(false);
-    assert!(
-        found,
-        "`{program}` is not installed: the CI setup must install it"
-    );
-}
-
 /// Deterministic pseudo-random bytes.
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

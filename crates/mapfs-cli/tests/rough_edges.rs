@@ -222,7 +222,7 @@ fn foreground_mount_stops_cleanly_on_sigterm() {
 #[test]
 fn dev_fuse_without_permission_names_the_fix() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("!!!!! SKIPPED dev_fuse_without_permission: needs root to switch users !!!!!");
+        common::skip("dev_fuse_without_permission", "needs root to switch users");
         return;
     }
     let tmp = native_dir();
@@ -338,4 +338,75 @@ fn a_daemon_out_of_descriptors_does_not_spin_on_a_waiting_client() {
         String::from_utf8_lossy(&out.stdout)
     );
     drop(s);
+}
+
+/// `mapfs list` tells a live daemon from a dead one: after a `kill -9` of
+/// an unsupervised daemon, the mount is listed `dead` (not with the pid and
+/// uptime of its leftover info file), with how to clean it up, and that
+/// clean-up works.
+#[test]
+fn list_shows_a_dead_daemon_as_dead() {
+    let test = "list_shows_a_dead_daemon_as_dead";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = MountSession::builder(mapfs_bin())
+        .fs("passthrough")
+        .arg("--no-supervisor")
+        .mount()
+        .unwrap();
+    let m = s.mountpoint().to_path_buf();
+    let mnt = m.to_str().unwrap();
+    let live = mapfs(&["list", "--json", mnt]);
+    assert!(live.success(), "{}", live.stderr);
+    let v: serde_json::Value = serde_json::from_str(&live.stdout).unwrap();
+    assert_eq!(v[0]["state"], "live", "{}", live.stdout);
+    let pid = v[0]["daemon_pid"].as_u64().expect("a live daemon's pid") as i32;
+
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::PidfdFlags::empty(),
+    )
+    .unwrap();
+    rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rustix::process::test_kill_process(rustix::process::Pid::from_raw(pid).unwrap()).is_ok()
+        && fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| !st.contains(") Z "))
+    {
+        assert!(Instant::now() < deadline, "daemon {pid} survived SIGKILL");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(is_mounted(&m), "the dead mount is still in the mount table");
+
+    let dead = mapfs(&["list", "--json", mnt]);
+    assert!(dead.success(), "{}", dead.stderr);
+    let v: serde_json::Value = serde_json::from_str(&dead.stdout).unwrap();
+    assert_eq!(v[0]["state"], "dead", "{}", dead.stdout);
+    assert!(v[0]["daemon_pid"].is_null(), "{}", dead.stdout);
+    assert!(v[0]["uptime_secs"].is_null(), "{}", dead.stdout);
+    assert_eq!(v[0]["fs"], "passthrough", "{}", dead.stdout);
+
+    let text = mapfs(&["list", mnt]);
+    assert!(text.success(), "{}", text.stderr);
+    let row = text
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{mnt}\t")))
+        .unwrap_or_else(|| panic!("no row for {mnt}:\n{}", text.stdout));
+    let cols: Vec<&str> = row.split('\t').collect();
+    assert_eq!(cols[3..], ["dead", "-", "-"], "{row}");
+    let hint = format!("mapfs umount --lazy {mnt}");
+    assert!(
+        text.stdout.contains(&hint),
+        "no clean-up hint:\n{}",
+        text.stdout
+    );
+
+    let out = mapfs(&["umount", "--lazy", mnt]);
+    assert!(
+        out.success(),
+        "the suggested clean-up failed: {}",
+        out.stderr
+    );
+    assert!(!is_mounted(&m), "still mounted after mapfs umount --lazy");
 }

@@ -452,7 +452,16 @@ fn trace_shows_the_requests_of_a_pid() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
     assert_eq!(events.len(), 3, "{out}");
+    let names: Vec<_> = events.iter().map(|e| e["target"].as_str()).collect();
+    assert_eq!(names, [Some("/x0"), Some("/x1"), Some("/x2")], "{out}");
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
     for e in &events {
+        // Wall-clock time, not time since the mount.
+        let at = e["at_unix_ns"].as_u64().unwrap();
+        assert!(now_ns - at < 60_000_000_000, "not the wall clock: {out}");
         assert_eq!(e["pid"].as_u64(), Some(pid as u64), "{out}");
         assert_eq!(e["op"].as_str(), Some("LOOKUP"), "{out}");
         assert_eq!(e["errno"].as_i64(), Some(0), "{out}");
@@ -460,6 +469,71 @@ fn trace_shows_the_requests_of_a_pid() {
         assert_eq!(e["nodeid"].as_u64(), Some(1), "{out}");
         assert_eq!(e["path"].as_str(), Some("/"), "{out}");
     }
+}
+
+/// The text trace names what a name operation was about (not only its
+/// parent directory) and shows the wall-clock time.
+#[test]
+fn trace_text_shows_names_and_the_time_of_day() {
+    if !fuse_or_skip("trace_text_shows_names_and_the_time_of_day") {
+        return;
+    }
+    let s = mount(DataMode::Auto);
+    let m = s.mountpoint();
+    let mut trace = Command::new(mapfs_bin())
+        .arg("trace")
+        .arg(m)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(trace.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.starts_with("tracing"), "mapfs trace: {line}");
+    let before = std::time::SystemTime::now();
+    let st = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("mkdir d && : > d/f && mv d/f d/g && rm d/g && rmdir d")
+        .current_dir(m)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // The trace reads the daemon's queue every 100 ms.
+    std::thread::sleep(Duration::from_millis(500));
+    trace.kill().unwrap();
+    trace.wait().unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut trace.stdout.take().unwrap(), &mut out).unwrap();
+    let has = |op: &str, what: &str| {
+        out.lines()
+            .any(|l| l.split_whitespace().nth(2) == Some(op) && l.contains(what))
+    };
+    for (op, what) in [
+        ("MKDIR", " /d "),
+        ("CREATE", " /d/f "),
+        ("RENAME", " /d/f -> /d/g "),
+        ("UNLINK", " /d/g "),
+        ("RMDIR", " /d "),
+    ] {
+        assert!(has(op, what), "no {op} of {what:?} in:\n{out}");
+    }
+    // The first column is the time of day (HH:MM:SS.uuuuuu), within the
+    // seconds this took.
+    let secs_of_day = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 86400
+    };
+    let first = out.lines().next().unwrap();
+    let hms: Vec<u64> = first[..8].split(':').map(|p| p.parse().unwrap()).collect();
+    assert_eq!(hms.len(), 3, "{first}");
+    // Local time: compare modulo whole hours (time zones), to the minute.
+    let shown = hms[1] * 60 + hms[2];
+    let want = secs_of_day(before) % 3600;
+    let diff = (shown + 3600 - want) % 3600;
+    assert!(
+        !(60..=3600 - 5).contains(&diff),
+        "time {first:?}, expected about {want} s past the hour"
+    );
 }
 
 #[test]

@@ -40,7 +40,7 @@ fn mount_t_fstab_findmnt_list_umount() {
         return;
     }
     if !is_root() {
-        eprintln!("!!!!! SKIPPED mount -t fuse.mapfs: needs root (mount(8), unshare) !!!!!");
+        common::skip("mount -t fuse.mapfs", "needs root (mount(8), unshare)");
         return;
     }
     for tool in ["unshare", "findmnt", "mount.fuse3"] {
@@ -132,18 +132,8 @@ umount "$M"
 
 #[test]
 fn systemd_unit_template_parses() {
-    let Some(analyze) = ["systemd-analyze"].into_iter().find(|t| {
-        Command::new(t)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    }) else {
-        eprintln!(
-            "!!!!! SKIPPED systemd unit check: systemd-analyze is not installed \
-             (apt-get install systemd) !!!!!"
-        );
-        return;
-    };
+    need("systemd-analyze");
+    let analyze = "systemd-analyze";
     let unit = fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/mapfs@.service"),
     )

@@ -18,7 +18,7 @@ use common::{
     VERSIONS_SEQUENCE_PY as SEQUENCE_PY,
 };
 use mapfs_testkit::fsx::{self, FsxConfig};
-use preload_support::{attached, fsx_bin, have, ok, report_path, totals};
+use preload_support::{attached, fsx_bin, need, ok, report_path, totals};
 
 /// Retention off, so every version must be there.
 const KEEP_ALL: &str = "keep=none,keep-days=none";
@@ -60,6 +60,15 @@ fn contents(v: &[(String, Vec<u8>)]) -> Vec<String> {
 fn mapfs(args: &[&str]) -> std::process::Output {
     Command::new(common::mapfs_bin())
         .args(args)
+        .output()
+        .expect("running mapfs")
+}
+
+/// `mapfs ARGS` run in `dir`.
+fn mapfs_in(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(common::mapfs_bin())
+        .args(args)
+        .current_dir(dir)
         .output()
         .expect("running mapfs")
 }
@@ -156,7 +165,7 @@ fn overwrite_sequences_make_exactly_the_expected_versions() {
 fn overwrite_sequences_under_mapfs_run_make_the_same_versions() {
     for opts in [KEEP_ALL.to_string(), format!("{KEEP_ALL},max-size=0")] {
         let test = format!("versions sequence under mapfs run -o {opts}");
-        if !fuse_or_skip(&test) || !have("python3") {
+        if !fuse_or_skip(&test) || !need("python3") {
             return;
         }
         let s = mount(DataMode::Auto, &opts);
@@ -200,7 +209,8 @@ fn real_programs_make_the_expected_versions() {
     run(Command::new("cp").args(["src", "dst"]));
     assert_eq!(contents(&listed(&s, "", "dst")), ["old bytes\n"]);
     // git checkout of an older revision replaces the work-tree file.
-    if have("git") {
+    need("git");
+    {
         fs::create_dir(m.join("repo")).unwrap();
         let git = |args: &[&str]| {
             run(Command::new("git")
@@ -224,12 +234,11 @@ fn real_programs_make_the_expected_versions() {
             ["revision 1\n", "revision 2\n"],
             "{test}: git's versions of file"
         );
-    } else {
-        eprintln!("SKIPPED part of {test}: git is not installed");
     }
     // sqlite3 changes its database in place: the version before the insert
     // is a database with the old rows.
-    if have("sqlite3") {
+    need("sqlite3");
+    {
         let db = "app.db";
         run(Command::new("sqlite3").args([db, "create table t(x); insert into t values (1);"]));
         run(Command::new("sqlite3").args([db, "insert into t values (2);"]));
@@ -251,8 +260,6 @@ fn real_programs_make_the_expected_versions() {
         );
         let out = run(Command::new("sqlite3").args([db, "select count(*) from t;"]));
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "2");
-    } else {
-        eprintln!("SKIPPED part of {test}: sqlite3 is not installed");
     }
 }
 
@@ -345,9 +352,21 @@ fn cli_restores_prunes_and_reports_while_mounted() {
         contents(&listed(&s, "d", "f")),
         ["one\n", "two\n", "three\n"]
     );
-    // diff against the current file.
-    let diff = cli_ok(&["versions", "diff", &b, &format!("/d/{}", v[1].0)]);
+    // diff against the current file: diff(1)'s exit status, 1 when they
+    // differ, 0 when not, 2 on trouble.
+    let out = mapfs(&["versions", "diff", &b, &format!("/d/{}", v[1].0)]);
+    let diff = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(diff.contains("-two") && diff.contains("+one"), "{diff}");
+    let out = mapfs(&["versions", "diff", &b, &format!("/d/{}", v[0].0)]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let out = mapfs(&["versions", "diff", &b, "/d/f@2000-01-01T00:00:00.000000Z"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no version"),
+        "{out:?}"
+    );
     // A removed file (and its directory) comes back.
     fs::remove_file(m.join("d/f")).unwrap();
     fs::remove_dir(m.join("d")).unwrap();
@@ -378,13 +397,62 @@ fn cli_restores_prunes_and_reports_while_mounted() {
     assert_eq!(listed(&s, "e", "f").len(), 2);
 }
 
+/// Every `mapfs versions` command takes the mountpoint as well as the
+/// backing directory; a mountpoint of another file system, or a directory
+/// that is neither, is an error that says what was expected.
+#[test]
+fn cli_takes_the_mountpoint_or_the_backing_directory() {
+    let test = "mapfs versions MOUNTPOINT";
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount(DataMode::Auto, KEEP_ALL);
+    let (m, b) = (s.mountpoint(), s.backing());
+    fs::write(m.join("f"), "one\n").unwrap();
+    fs::write(m.join("f"), "two\n").unwrap();
+    let by_mount = cli_ok(&["versions", "list", m.to_str().unwrap()]);
+    let by_backing = cli_ok(&["versions", "list", b.to_str().unwrap()]);
+    assert_eq!(by_mount, by_backing);
+    assert_eq!(by_mount.lines().count(), 1, "{by_mount}");
+    let shown = cli_ok(&["versions", "show", m.to_str().unwrap(), "/f"]);
+    assert_eq!(shown, "one\n");
+    let stats = cli_ok(&["versions", "stats", m.to_str().unwrap()]);
+    assert!(stats.contains("versions:        1"), "{stats}");
+    // A relative mountpoint too.
+    let out = mapfs_in(
+        m.parent().unwrap(),
+        &["versions", "list", m.file_name().unwrap().to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), by_mount);
+
+    let other = MountSession::builder(common::mapfs_bin())
+        .fs("passthrough")
+        .mount()
+        .unwrap();
+    let out = mapfs(&["versions", "list", other.mountpoint().to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a mount of `passthrough`, not `versions`")
+            && err
+                .contains("expected the mountpoint of a `versions` mount or its backing directory"),
+        "{err}"
+    );
+    let plain = tempfile::tempdir().unwrap();
+    let out = mapfs(&["versions", "list", plain.path().to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("expected the mountpoint"), "{err}");
+}
+
 /// `mapfs versions prune` runs in a process of its own: it must spare the
 /// versions a mount is still making (a writer has the file open), as the
 /// mount's own retention does, or the writer's undo history goes.
 #[test]
 fn cli_prune_spares_versions_being_made_by_the_mount() {
     let test = "mapfs versions prune while a writer is open";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     for opts in [KEEP_ALL.to_string(), format!("{KEEP_ALL},max-size=0")] {
@@ -581,7 +649,7 @@ fn a_new_version_shows_at_once_where_none_was_found_before() {
 #[test]
 fn undo_writers_under_mapfs_run_write_in_place_in_the_program() {
     let test = "versions undo writer under mapfs run";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = mount(DataMode::Auto, &format!("{KEEP_ALL},max-size=0"));

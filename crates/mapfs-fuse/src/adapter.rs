@@ -90,7 +90,9 @@ pub enum DataMode {
     Auto,
     /// Every read and write runs in the daemon.
     Daemon,
-    /// Kernel passthrough for whole-file maps (falls back like `Auto`).
+    /// Kernel passthrough for whole-file maps, required: `mapfs mount`
+    /// refuses a mount where the kernel does not grant it. An open the
+    /// kernel refuses later is still served by the daemon, as with `Auto`.
     Passthrough,
 }
 
@@ -616,6 +618,21 @@ impl Shared {
         self.inodes
             .path(ino.0)
             .ok_or_else(|| Error::from_errno(libc::ESTALE))
+    }
+
+    /// The path of `name` in directory `parent`, for a trace event: taken
+    /// when the request runs, since by the time the event is read the
+    /// directory may be gone (`#INO/NAME` when it has no path).
+    fn trace_path(&self, parent: INodeNo, name: &OsStr) -> Vec<u8> {
+        let mut p = self.inodes.path(parent.0).map_or_else(
+            || format!("#{}", parent.0).into_bytes(),
+            |p| p.as_os_str().as_bytes().to_vec(),
+        );
+        if !p.ends_with(b"/") {
+            p.push(b'/');
+        }
+        p.extend_from_slice(name.as_bytes());
+        p
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf> {
@@ -1388,8 +1405,15 @@ impl OpenRegistry for Shared {
                     .path(t.nodeid)
                     .map(|p| p.to_string_lossy().into_owned());
                 size += 64 + path.as_ref().map_or(0, |p| p.len());
+                let target = t
+                    .target
+                    .as_ref()
+                    .map(|n| String::from_utf8_lossy(n).into_owned());
+                size += target.as_ref().map_or(0, |n| n.len());
                 events.push(mapfs::stats::TraceEvent {
                     at_ns: t.at_ns,
+                    at_unix_ns: t.at_unix_ns,
+                    target,
                     op: crate::stats::OP_NAMES[t.op as usize].to_string(),
                     nodeid: t.nodeid,
                     path,
@@ -1573,7 +1597,10 @@ impl Filesystem for Adapter {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Lookup, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Lookup, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = match s.fs.getattr(&ctx(req), &path) {
@@ -1746,7 +1773,10 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Mknod, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Mknod, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mknod(&ctx(req), &path, mode, u64::from(rdev)));
@@ -1766,7 +1796,10 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Mkdir, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Mkdir, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mkdir(&ctx(req), &path, mode));
@@ -1775,13 +1808,19 @@ impl Filesystem for Adapter {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Unlink, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Unlink, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         s.remove_name(parent, name, reply, |path| s.fs.unlink(&ctx(req), path));
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Rmdir, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Rmdir, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         s.remove_name(parent, name, reply, |path| s.fs.rmdir(&ctx(req), path));
     }
 
@@ -1794,7 +1833,10 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Symlink, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Symlink, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, link_name));
         let _names = s.names.read();
         let path = tri!(reply, s.child(parent, link_name));
         let attr = tri!(reply, s.fs.symlink(&ctx(req), target.as_os_str(), &path));
@@ -1812,7 +1854,15 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Rename, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Rename, req.pid(), parent.0)
+            .target_with(|| {
+                let mut n = s.trace_path(parent, name);
+                n.extend_from_slice(b" -> ");
+                n.extend_from_slice(&s.trace_path(newparent, newname));
+                n
+            });
         if flags.contains(FuseRenameFlags::RENAME_WHITEOUT) {
             reply.error(fail(Errno::EINVAL));
             return;
@@ -1849,7 +1899,15 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Link, req.pid(), ino.0);
+        let _t = s.stats.timer(Op::Link, req.pid(), ino.0).target_with(|| {
+            let mut n = s.inodes.path(ino.0).map_or_else(
+                || format!("#{}", ino.0).into_bytes(),
+                |p| p.as_os_str().as_bytes().to_vec(),
+            );
+            n.extend_from_slice(b" -> ");
+            n.extend_from_slice(&s.trace_path(newparent, newname));
+            n
+        });
         let _names = s.names.read();
         let from = tri!(reply, s.path(ino));
         let to = tri!(reply, s.child(newparent, newname));
@@ -1911,7 +1969,7 @@ impl Filesystem for Adapter {
         // inode without O_CREAT, so only it can), and another open answers
         // ENOENT from that lookup or opens what the name holds by then.
         // ENOENT here failed fio's `open(O_CREAT)` of a file that another
-        // host's fio removed to lay it out again (issue 14). So is a name
+        // host's fio removed to lay it out again. So is a name
         // that holds another file by now (removed and made again: a retry
         // opens the new one; two plfs mounts of one store, one host
         // removing and creating a file while the other opened it with
@@ -2306,7 +2364,10 @@ impl Filesystem for Adapter {
         reply: ReplyCreate,
     ) {
         let s = &self.0;
-        let _t = s.stats.timer(Op::Create, req.pid(), parent.0);
+        let _t = s
+            .stats
+            .timer(Op::Create, req.pid(), parent.0)
+            .target_with(|| s.trace_path(parent, name));
         let _names = s.names.read();
         let c = ctx(req);
         let path = tri!(reply, s.child(parent, name));

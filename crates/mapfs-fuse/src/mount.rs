@@ -20,7 +20,7 @@
 //! the configuration without it. The adapter also asks for `FUSE_POSIX_ACL`
 //! so that the kernel's check honours POSIX ACLs as the backing file system
 //! would (the kernel then turns `default_permissions` on by itself; a kernel
-//! without it checks mode bits only; see the README's Safety section).
+//! without it checks mode bits only; see docs/cli.md, Safety and consistency).
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -196,6 +196,8 @@ pub struct Timer<'a> {
     nodeid: u64,
     /// `None` when counting is off.
     start: Option<Instant>,
+    /// The path a name operation is about, kept only while someone traces.
+    target: Option<Box<[u8]>>,
 }
 
 impl Drop for Timer<'_> {
@@ -216,6 +218,10 @@ impl Drop for Timer<'_> {
         if tracer.on.load(Ordering::Relaxed) {
             tracer.push(Traced {
                 at_ns: self.counters.origin.elapsed().as_nanos() as u64,
+                at_unix_ns: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64),
+                target: self.target.take(),
                 op: self.op,
                 nodeid: self.nodeid,
                 pid: self.pid,
@@ -223,6 +229,19 @@ impl Drop for Timer<'_> {
                 errno,
             });
         }
+    }
+}
+
+impl Timer<'_> {
+    /// Records the path a name operation (LOOKUP, CREATE, RENAME...) is
+    /// about, for `mapfs trace`: `make` runs only while someone traces, and
+    /// at request time, while the path is still known.
+    #[inline]
+    pub fn target_with(mut self, make: impl FnOnce() -> Vec<u8>) -> Self {
+        if self.start.is_some() && self.counters.tracer.on.load(Ordering::Relaxed) {
+            self.target = Some(make().into());
+        }
+        self
     }
 }
 
@@ -240,6 +259,7 @@ impl Counters {
             pid,
             nodeid,
             start: self.enabled.then(Instant::now),
+            target: None,
         }
     }
 
@@ -330,10 +350,15 @@ impl Counters {
 }
 
 /// A finished request, as queued for `mapfs trace`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Traced {
     /// When it finished, ns since the counters were made.
     pub at_ns: u64,
+    /// When it finished, ns since the Unix epoch (wall clock).
+    pub at_unix_ns: u64,
+    /// The path a name operation was about (LOOKUP, CREATE, MKDIR...);
+    /// `OLD -> NEW` for RENAME and LINK.
+    pub target: Option<Box<[u8]>>,
     /// Its type.
     pub op: Op,
     /// The node it was about.
@@ -373,7 +398,7 @@ impl Tracer {
             if sub.queue.len() >= TRACE_QUEUE {
                 sub.dropped += 1;
             } else {
-                sub.queue.push_back(ev);
+                sub.queue.push_back(ev.clone());
             }
         }
     }

@@ -19,12 +19,41 @@ pub use user::{
     command_as, command_as_nobody, run_as, run_as_nobody, sh_as_nobody, NOBODY_GID, NOBODY_UID,
 };
 
-/// Returns `true` when tests needing a real FUSE mount can run; otherwise prints
-/// loudly why `test` is skipped, so a skipped run is never mistaken for a pass.
+/// Returns `true` when tests needing a real FUSE mount can run; otherwise
+/// reports `test` as skipped ([`skip`]), so a skipped run is never
+/// mistaken for a pass.
 pub fn fuse_or_skip(test: &str) -> bool {
     if fuse_available() {
         return true;
     }
-    eprintln!("!!!!! SKIPPED {test}: /dev/fuse is missing, no FUSE mount possible !!!!!");
+    skip(test, "/dev/fuse is missing, no FUSE mount possible");
     false
+}
+
+/// Reports that `test` (or a part of it) did not run, and why.
+///
+/// libtest hides what a passing test prints, so `scripts/test.sh` runs with
+/// `--show-output` and fails on any line with the word `SKIPPED` whose test
+/// is not listed in `tests/allowed-skips.txt`. Every skip goes through here
+/// so that the line has one shape: `SKIPPED <test>: <reason>`.
+pub fn skip(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+}
+
+/// Panics unless the program `prog` is on `PATH`; returns `true` so that it
+/// reads as a condition next to [`fuse_or_skip`].
+///
+/// `scripts/deps.sh` installs every program the tests run, so a missing one
+/// is a broken setup to be fixed, not a reason to pass without testing.
+pub fn need(prog: &str) -> bool {
+    let found = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {prog}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "`{prog}` is not installed: run scripts/deps.sh, which installs every program the tests use"
+    );
+    true
 }

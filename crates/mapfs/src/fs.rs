@@ -214,8 +214,16 @@ pub struct Opened {
 }
 
 /// A stackable user-space file system, path-based like libfuse's high-level
-/// API. Every method has a default that answers `ENOSYS`, so a read-only or
-/// minimal file system implements only what it needs.
+/// API. Every method but `getattr` has a default, so a read-only or minimal
+/// file system implements only what it needs. The namespace calls
+/// (`setattr`, `readdir`, `readlink`, `mknod`, `mkdir`, `unlink`, `rmdir`,
+/// `symlink`, `rename`, `link`) and `open`/`create` answer `ENOSYS`; the
+/// xattr calls `ENOTSUP` (`listxattr` an empty list); `remap` `ENOSPC`.
+/// The others succeed doing nothing: `statfs` (zeros), `access`,
+/// `fsyncdir`, and `flush` and `release`. So a file system that keeps its
+/// maps anywhere but in the backing files themselves must implement
+/// `flush` (every `close(2)` and `fsync` of an open that wrote) and
+/// `release`, or what a program wrote is silently not persisted.
 ///
 /// Data calls (read, write, fsync, in-map truncate) are not here: they run in
 /// the [`engine`](crate::engine) against the [`DataMap`] returned by `open`.

@@ -7,11 +7,38 @@
 //! [`engine`] executes them against the map and the backing files. Executors
 //! (the FUSE daemon, kernel passthrough, the preload shim) live in other crates
 //! and call into this one; nothing here knows who calls it.
+//!
+//! The smallest file system, with only the one method that has no default:
+//!
+//! ```
+//! use std::path::Path;
+//! use mapfs::{Attr, Ctx, Error, FileSystem, Result};
+//!
+//! /// A file system in which nothing exists (not even its root).
+//! struct Nothing;
+//!
+//! impl FileSystem for Nothing {
+//!     fn getattr(&self, _ctx: &Ctx, _path: &Path) -> Result<Attr> {
+//!         Err(Error::not_found())
+//!     }
+//! }
+//! # let _: std::sync::Arc<dyn FileSystem> = std::sync::Arc::new(Nothing);
+//! ```
+//!
+//! To mount one, a program registers it in a `mapfs_cli::Registry` (crate
+//! `mapfs-cli`) and calls `mapfs_cli::main`, which gives it the whole
+//! `mapfs` command line (`mount`, `umount`, `run`, `list`...). The tutorial
+//! is `docs/writing-a-file-system.md` in the repository; the built-in file
+//! systems of crate `mapfs-fs` and the programs in `examples/` are complete
+//! ones. Modules hidden from these docs (`carry`, `control`, `lentsize`,
+//! `mapcache`) are shared by the mapfs crates and are not a stable API.
 
 #![warn(missing_docs)]
 
 pub mod backing;
+#[doc(hidden)] // shared by the mapfs crates, not a stable API
 pub mod carry;
+#[doc(hidden)] // shared by the mapfs crates, not a stable API
 pub mod control;
 pub mod creds;
 pub mod datamap;
@@ -19,7 +46,9 @@ pub mod engine;
 pub mod error;
 pub mod fs;
 pub mod housekeeping;
+#[doc(hidden)] // shared by the mapfs crates, not a stable API
 pub mod lentsize;
+#[doc(hidden)] // shared by the mapfs crates, not a stable API
 pub mod mapcache;
 pub mod preload_report;
 pub mod stats;

@@ -227,6 +227,8 @@ impl MountStats {
 pub struct TraceEvent {
     /// When it finished, in nanoseconds since the daemon started.
     pub at_ns: u64,
+    /// When it finished, in nanoseconds since the Unix epoch.
+    pub at_unix_ns: u64,
     /// The FUSE opcode's name.
     pub op: String,
     /// The FUSE node it was about (the parent directory for name
@@ -235,6 +237,10 @@ pub struct TraceEvent {
     /// That node's path in the mount when the daemon sent the event, if it
     /// still has one.
     pub path: Option<String>,
+    /// For name operations (LOOKUP, CREATE, MKDIR, UNLINK...), the path
+    /// they named, taken when the request ran; `OLD -> NEW` for RENAME
+    /// and LINK.
+    pub target: Option<String>,
     /// The calling process (0 for requests the kernel makes itself, such
     /// as writeback and release).
     pub pid: u32,

@@ -100,7 +100,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 
-    /// A demo-sized run (about a minute): small files, one run, two I/O sizes,
+    /// A demo-sized run (a few minutes on 2 cores): small files, one run, two I/O sizes,
     /// a subset of the workloads; explicit flags still win
     #[arg(long)]
     pub quick: bool,

@@ -25,7 +25,7 @@ pub enum FileSet {
     /// Each thread has its own file.
     PerThread,
     /// `--files` files of [`SMALL_FILE`] bytes, written first, all open at
-    /// once, each I/O on one picked at random (issue 12's "4 KiB random over
+    /// once, each I/O on one picked at random ("4 KiB random over
     /// many files": what a packed file system's reads cost per call).
     Small,
 }

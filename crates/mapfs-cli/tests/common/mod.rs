@@ -7,7 +7,9 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-pub use mapfs_testkit::{fuse_or_skip, DataMode, MountSession};
+// Not every test file uses every helper.
+#[allow(unused_imports)]
+pub use mapfs_testkit::{fuse_or_skip, need, skip, DataMode, MountSession};
 use rustix::io::Errno;
 
 /// Path of the `mapfs` binary under test.
@@ -172,19 +174,6 @@ pub fn op_count_now(mnt: &Path, op: &str) -> u64 {
     );
     let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("stats JSON");
     op_counts(&v).get(op).map_or(0, |c| c.0)
-}
-
-/// Is `prog` installed? Tests needing it skip loudly when not.
-pub fn have(prog: &str) -> bool {
-    let found = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {prog}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        eprintln!("SKIPPED: `{prog}` is not installed; the check that needs it did not run");
-    }
-    found
 }
 
 /// What the `versions` overwrite sequence keeps, oldest first (tests

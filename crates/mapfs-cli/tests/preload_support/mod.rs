@@ -192,20 +192,8 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Is `python3` (resp. another program) installed? Tests needing it skip
-/// loudly when not.
-pub fn have(prog: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {prog}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !found {
-        eprintln!("SKIPPED: `{prog}` is not installed; this preload check did not run");
-    }
-    found
-}
+#[allow(unused_imports)]
+pub use mapfs_testkit::need;
 
 /// Pid of the daemon serving `s`.
 pub fn daemon_pid(s: &mapfs_testkit::MountSession) -> i32 {

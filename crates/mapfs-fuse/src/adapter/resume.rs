@@ -194,7 +194,10 @@ impl Shared {
     /// once): the daemon kills itself once it has recorded the handle of an
     /// open or create of a file named `NAME` and before it answers, the
     /// window [`Shared::made_before`] closes. A request sent again never
-    /// triggers it, so the next daemon answers.
+    /// triggers it, so the next daemon answers. Only with the `test-hooks`
+    /// feature, which the tests of mapfs-cli turn on: an environment
+    /// variable must not be able to kill a daemon someone relies on.
+    #[cfg(feature = "test-hooks")]
     pub(super) fn test_die_before_answer(&self, req: &fuser::Request, path: &std::path::Path) {
         static NAME: std::sync::OnceLock<Option<OsString>> = std::sync::OnceLock::new();
         let Some(name) = NAME.get_or_init(|| std::env::var_os("MAPFS_TEST_DIE_BEFORE_ANSWER"))
@@ -212,6 +215,11 @@ impl Shared {
             );
         }
     }
+
+    /// Without the `test-hooks` feature the hook is not there.
+    #[cfg(not(feature = "test-hooks"))]
+    #[inline(always)]
+    pub(super) fn test_die_before_answer(&self, _req: &fuser::Request, _path: &std::path::Path) {}
 
     /// Under a supervisor, hands it the bytes a change (a write, or with
     /// `written` `None` an allocation, a hole, a copy) left in

@@ -99,7 +99,7 @@ fn within(space: &[Extent], e: &Extent) -> bool {
     let mut at = e.logical;
     let end = e.logical_end();
     // A guarded writer's space grows a piece per remap and every remap
-    // pushes every extent: a scan from the start made a session's checks
+    // pushes every extent: a scan from the start made an open's checks
     // quadratic (a sixth of the daemon's time in a 4 KiB random-write storm).
     let first = space.partition_point(|s| s.logical_end() <= at);
     for s in &space[first..] {

@@ -1,5 +1,5 @@
 //! `mapfs-attack`: a hostile client of a mount's control socket, for the
-//! security regression tests of issue 17
+//! security regression tests
 //! (`crates/mapfs-cli/tests/control_security.rs`).
 //!
 //! Every subcommand speaks the real protocol ([`mapfs::control`]) and prints

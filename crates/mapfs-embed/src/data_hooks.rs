@@ -285,6 +285,17 @@ fn duped(old: c_int, new: c_int) -> c_int {
     new
 }
 
+/// After `dup2`/`dup3` onto `new`: a standard descriptor's stream follows
+/// it ([`crate::streams::after_dup`]).
+fn standard_duped(new: c_int) -> c_int {
+    if (0..3).contains(&new) && engine_fd::any() {
+        if let Some(_g) = Guard::enter() {
+            crate::streams::after_dup(new);
+        }
+    }
+    new
+}
+
 /// The descriptor `mmap` of `fd` runs on, and what holds it open for the
 /// call: `fd` itself, unless it is a placeholder; then the backing file of
 /// its open if its map is that whole file ([`engine_fd::whole_backing`]),
@@ -744,14 +755,16 @@ hooks! {
         duped(fd, new)
     }
     fn dup2(fd: c_int, to: c_int) -> c_int = |real| {
+        crate::streams::before_replacing(to);
         // SAFETY: libc's call with the caller's arguments.
         let new = unsafe { real(fd, to) };
-        duped(fd, new)
+        standard_duped(duped(fd, new))
     }
     fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int = |real| {
+        crate::streams::before_replacing(to);
         // SAFETY: libc's call with the caller's arguments.
         let new = unsafe { real(fd, to, flags) };
-        duped(fd, new)
+        standard_duped(duped(fd, new))
     }
     fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int = |real| {
         if let Some((o, _g)) = open_of(fd) {

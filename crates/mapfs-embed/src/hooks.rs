@@ -744,12 +744,19 @@ hooks! {
     fn close(fd: c_int) -> c_int = |real| {
         state::untrack(fd);
         let flushed = if crate::engine_fd::any() {
+            // Outside the guard: the flush writes through the hooks.
+            crate::streams::before_replacing(fd);
             Guard::enter().and_then(|_g| crate::engine_fd::closed(fd))
         } else {
             None
         };
         // SAFETY: libc's close on the application's descriptor.
         let r = unsafe { real(fd) };
+        if (0..3).contains(&fd) && crate::engine_fd::any() {
+            if let Some(_g) = Guard::enter() {
+                crate::streams::after_dup(fd);
+            }
+        }
         match flushed {
             Some(Err(e)) if r == 0 => {
                 // The descriptor is gone, as the kernel does when a close

@@ -8,6 +8,7 @@
 //! buffering, `fseek`, `ftell`, `ungetc` and the rest stay glibc's.
 
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::{off64_t, size_t, ssize_t};
 
@@ -51,6 +52,104 @@ unsafe extern "C" fn cookie_seek(cookie: *mut c_void, off: *mut off64_t, whence:
 unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
     // SAFETY: the stream owned the descriptor; `fclose` ends both.
     unsafe { crate::hooks::close(fd_of(cookie)) }
+}
+
+/// The close of a standard stream put over a placeholder made standard by
+/// `dup2` ([`after_dup`]): the descriptor is not the stream's to close.
+unsafe extern "C" fn cookie_keep(_cookie: *mut c_void) -> c_int {
+    0
+}
+
+/// glibc's own standard streams, kept aside while a cookie stream stands
+/// in for one ([`after_dup`]).
+static ORIGINAL: [AtomicPtr<libc::FILE>; 3] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 3];
+/// The cookie stream standing in for each standard stream (null: none).
+static STANDING: [AtomicPtr<libc::FILE>; 3] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 3];
+
+fn std_stream(fd: c_int) -> *mut libc::FILE {
+    // SAFETY: reading glibc's standard stream variables.
+    unsafe {
+        match fd {
+            0 => stdin,
+            1 => stdout,
+            _ => stderr,
+        }
+    }
+}
+
+fn set_std_stream(fd: c_int, f: *mut libc::FILE) {
+    // SAFETY: glibc and the program read the standard streams through
+    // these variables; a shell changes its descriptors 0-2 from one thread.
+    unsafe {
+        match fd {
+            0 => stdin = f,
+            1 => stdout = f,
+            _ => stderr = f,
+        }
+    }
+}
+
+/// Before descriptor `fd` (0-2) is replaced or closed: what a stand-in
+/// stream buffered goes to the file it stands for. Called outside the
+/// guard (the flush writes through the hooks).
+pub fn before_replacing(fd: c_int) {
+    if let Some(slot) = usize::try_from(fd).ok().and_then(|i| STANDING.get(i)) {
+        let f = slot.load(Ordering::Acquire);
+        if !f.is_null() {
+            // SAFETY: a live stream of this library's.
+            unsafe { libc::fflush(f) };
+        }
+    }
+}
+
+/// After descriptor `fd` (0-2) became a duplicate of another (`dup2`,
+/// `dup3`) or was closed: a shell redirecting a builtin (`echo hi > f`,
+/// `exec 3>f; echo >&3`) puts a placeholder on 1 and writes through
+/// `stdout`, whose writes glibc makes with its internal `write`, out of
+/// the hooks' sight. While 0-2 is a placeholder, a cookie stream stands in
+/// for the standard stream; when it is not any more, glibc's is back.
+pub fn after_dup(fd: c_int) {
+    let Some(i) = usize::try_from(fd).ok().filter(|&i| i < 3) else {
+        return;
+    };
+    let standing = STANDING[i].load(Ordering::Acquire);
+    let placeholder = crate::engine_fd::get(fd);
+    match (placeholder, standing.is_null()) {
+        (Some(o), true) => {
+            let mode: &[u8] = match o.flags() & libc::O_ACCMODE {
+                libc::O_RDONLY => b"r\0",
+                libc::O_WRONLY => b"w\0",
+                _ => b"r+\0",
+            };
+            let funcs = CookieIoFunctions {
+                read: Some(cookie_read),
+                write: Some(cookie_write),
+                seek: Some(cookie_seek),
+                close: Some(cookie_keep),
+            };
+            // SAFETY: a NUL-terminated literal mode; the cookie is the
+            // descriptor's number, never dereferenced.
+            let f = unsafe { fopencookie(fd as usize as *mut c_void, mode.as_ptr().cast(), funcs) };
+            if f.is_null() {
+                return;
+            }
+            if fd == 2 {
+                // SAFETY: a fresh stream, before any I/O on it.
+                unsafe { libc::setvbuf(f, std::ptr::null_mut(), libc::_IONBF, 0) };
+            }
+            ORIGINAL[i].store(std_stream(fd), Ordering::Release);
+            STANDING[i].store(f, Ordering::Release);
+            set_std_stream(fd, f);
+        }
+        (None, false) => {
+            set_std_stream(fd, ORIGINAL[i].load(Ordering::Acquire));
+            STANDING[i].store(std::ptr::null_mut(), Ordering::Release);
+            // SAFETY: the stand-in, flushed by `before_replacing`; its
+            // close function leaves the descriptor alone.
+            unsafe { libc::fclose(standing) };
+        }
+        _ => {}
+    }
 }
 
 /// A stream of placeholder `fd` with stdio `mode` (`fopen`, `fdopen`); the

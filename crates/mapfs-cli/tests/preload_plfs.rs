@@ -755,7 +755,7 @@ fn a_lent_map_larger_than_a_packet_reaches_the_file() {
 #[test]
 fn a_lent_open_never_reads_bytes_a_truncate_dropped() {
     let test = "preload plfs truncated bytes";
-    if !fuse_or_skip(test) || !have("python3") {
+    if !fuse_or_skip(test) || !need("python3") {
         return;
     }
     let s = MountSession::builder(mapfs_bin())

@@ -978,6 +978,12 @@ fn next_sigaction() -> SigactionFn {
 /// forked shell subshell, `os._exit` in a forked child). stdio buffers are
 /// not flushed, as natively.
 fn at_quick_exit() {
+    if !crate::canary::intact() {
+        // Its descriptors were closed behind the library's back: nothing
+        // of the file systems' can run safely (see `canary`).
+        crate::report::write_at_quick_exit();
+        return;
+    }
     if let Some(_g) = Guard::enter() {
         engine_fd::close_all();
         crate::state::finish_all();
@@ -989,6 +995,9 @@ fn at_quick_exit() {
 /// its file systems hold goes back (a failed `exec` goes on without it).
 fn image_ends() {
     crate::report::before_exec();
+    if !crate::canary::intact() {
+        return;
+    }
     if let Some(_g) = Guard::enter() {
         crate::state::finish_all();
     }

@@ -139,7 +139,7 @@ fn placeholder() -> Result<OwnedFd, i32> {
 /// Lowest number for the descriptors an engine open holds for its life:
 /// programs take small numbers for themselves (a shell's `exec 3< f`
 /// closes whatever has number 3; dash keeps its own at 10 and up).
-pub(crate) const HIGH_FD: i32 = 100;
+pub const HIGH_FD: i32 = 100;
 
 /// `fd` moved to a number of [`HIGH_FD`] or more (kept when that fails).
 pub(crate) fn above_program_fd(fd: OwnedFd) -> OwnedFd {
@@ -562,6 +562,15 @@ pub fn closed(fd: i32) -> Option<Result<(), i32>> {
         if r.is_ok() {
             r = rel;
         }
+        if last.inner.read().gen != GEN.load(Ordering::Acquire) {
+            // An open a forked child inherited and never used: its
+            // backing descriptors are the parent's state, and the child
+            // may have closed their numbers already (subprocess's close_fds
+            // closes every descriptor in turn, through this hook, before
+            // `exec`); dropping them would close whatever has those
+            // numbers now. They close at `exec` (close-on-exec) or exit.
+            std::mem::forget(last);
+        }
     }
     Some(r)
 }
@@ -593,7 +602,7 @@ const CARRY: &str = "mapfs-embed-fd:";
 /// must leave the parent's table alone ([`foreign`]).
 pub fn before_exec() -> Vec<(i32, OwnedFd)> {
     let mut saved = Vec::new();
-    if !foreign() {
+    if !foreign() && crate::canary::intact() {
         flush_all();
     }
     let opens: HashMap<u64, Arc<EngineOpen>> = match TABLE.read().as_ref() {
@@ -877,8 +886,12 @@ extern "C" fn at_exit() {
         unsafe { libc::fflush(std::ptr::null_mut()) };
     }
     if let Some(_g) = crate::Guard::enter() {
-        close_all();
-        crate::state::finish_all();
+        // Not when the library's descriptors were closed behind its back
+        // (see `canary`).
+        if crate::canary::intact() {
+            close_all();
+            crate::state::finish_all();
+        }
         crate::report::write_at_exit();
     }
 }

@@ -34,6 +34,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+pub mod canary;
 pub mod data_hooks;
 pub mod desc;
 pub mod dirs;
@@ -105,6 +106,7 @@ pub fn start(registry: impl FnOnce() -> mapfs_cli::Registry) {
     state::init(&registry());
     hooks::install_fork_handlers();
     engine_fd::install();
+    canary::arm();
     mapfs_interpose::guard::Guard::leave_forced();
     READY.store(true, Ordering::Release);
 }

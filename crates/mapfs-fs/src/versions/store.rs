@@ -447,6 +447,45 @@ fn connect(path: &Path, flags: rusqlite::OpenFlags) -> Result<Connection> {
     Ok(conn)
 }
 
+/// Makes the index's tables if the store is new. An existing index is only
+/// read here: a process starting while another one writes versions (a
+/// program's child `exec`ed under embedded mode, the parent's threads
+/// writing) got "database is locked" from the schema's statements, which
+/// SQLite does not always wait out, and its image ran without the file
+/// system.
+fn init_schema(conn: &Connection) -> Result<()> {
+    let made: bool = conn
+        .query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sql)?;
+    let wal = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
+        .map_err(sql)?
+        .eq_ignore_ascii_case("wal");
+    if made && wal {
+        return conn
+            .execute_batch("PRAGMA synchronous=NORMAL;")
+            .map_err(sql);
+    }
+    // A new store, made by one process (the mount, or the job's first).
+    let mut tries = 0;
+    loop {
+        match conn.execute_batch(SCHEMA) {
+            Ok(()) => return Ok(()),
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && tries < 200 =>
+            {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(sql(e)),
+        }
+    }
+}
+
 impl Store {
     /// The index, through this process's own connection: a forked child
     /// (embedded mode builds the store in a program, which may fork) must
@@ -504,7 +543,7 @@ impl Store {
             flags |= rusqlite::OpenFlags::SQLITE_OPEN_CREATE;
         }
         let conn = connect(&db_path, flags)?;
-        conn.execute_batch(SCHEMA).map_err(sql)?;
+        init_schema(&conn)?;
         Ok(Store {
             root,
             dir,
@@ -897,23 +936,47 @@ impl Store {
     }
 
     /// Records the mount's retention policy, for `prune` without flags.
+    /// Every process of an embedded job starts the file system, so the
+    /// policy is written only when it changed, in one immediate
+    /// transaction: a child started while its parent's threads wrote
+    /// versions failed to start with "database is locked" (a deferred
+    /// write, which SQLite may refuse at once instead of waiting).
     pub fn save_policy(&self, p: &Policy) -> Result<()> {
-        let db = self.db()?;
-        let put = |k: &str, v: Option<String>| -> Result<()> {
+        let want = [
+            ("keep", p.keep.map(|v| v.to_string())),
+            ("keep_days", p.keep_days.map(|v| v.to_string())),
+            ("keep_bytes", p.keep_bytes.map(|v| v.to_string())),
+            ("policy", Some("1".into())),
+        ];
+        let mut db = self.db()?;
+        let get = |db: &Connection, k: &str| -> Result<Option<String>> {
+            db.query_row("SELECT value FROM meta WHERE key = ?1", params![k], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql)
+        };
+        let mut same = true;
+        for (k, v) in &want {
+            same &= get(&db, k)? == *v;
+        }
+        if same {
+            return Ok(());
+        }
+        let tx = db
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        for (k, v) in want {
             match v {
-                Some(v) => db.execute(
+                Some(v) => tx.execute(
                     "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)",
                     params![k, v],
                 ),
-                None => db.execute("DELETE FROM meta WHERE key = ?1", params![k]),
+                None => tx.execute("DELETE FROM meta WHERE key = ?1", params![k]),
             }
-            .map(|_| ())
-            .map_err(sql)
-        };
-        put("keep", p.keep.map(|v| v.to_string()))?;
-        put("keep_days", p.keep_days.map(|v| v.to_string()))?;
-        put("keep_bytes", p.keep_bytes.map(|v| v.to_string()))?;
-        put("policy", Some("1".into()))
+            .map_err(sql)?;
+        }
+        tx.commit().map_err(sql)
     }
 
     /// The policy the last mount recorded (the default if none did).

@@ -141,6 +141,33 @@ fn placeholder() -> Result<OwnedFd, i32> {
 /// closes whatever has number 3; dash keeps its own at 10 and up).
 pub const HIGH_FD: i32 = 100;
 
+/// Raw descriptor `fd` (or an error, -1) moved to a number of [`HIGH_FD`]
+/// or more, keeping its close-on-exec flag (kept where it is when that
+/// fails).
+pub fn above_program_raw(fd: i32) -> i32 {
+    if !(0..HIGH_FD).contains(&fd) {
+        return fd;
+    }
+    // SAFETY: the library's own descriptor, just opened, borrowed here.
+    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let cloexec =
+        rustix::io::fcntl_getfd(b).is_ok_and(|f| f.contains(rustix::io::FdFlags::CLOEXEC));
+    let moved = rustix::io::fcntl_dupfd_cloexec(b, HIGH_FD).and_then(|high| {
+        if !cloexec {
+            rustix::io::fcntl_setfd(&high, rustix::io::FdFlags::empty())?;
+        }
+        Ok(high)
+    });
+    match moved {
+        Ok(high) => {
+            // SAFETY: the low number is the library's and now unused.
+            unsafe { rustix::io::close(fd) };
+            std::os::fd::IntoRawFd::into_raw_fd(high)
+        }
+        Err(_) => fd,
+    }
+}
+
 /// `fd` moved to a number of [`HIGH_FD`] or more (kept when that fails).
 pub(crate) fn above_program_fd(fd: OwnedFd) -> OwnedFd {
     if std::os::fd::AsRawFd::as_raw_fd(&fd) >= HIGH_FD {

@@ -336,6 +336,13 @@ unsafe fn open_at(
     } else {
         Follow::Lazy
     };
+    if crate::inside() {
+        // The library's own open (a file system's database, index or log):
+        // above the program's numbers, where a shell's `exec 3> f` cannot
+        // replace it (pack's SQLite connection, opened lazily at number 3,
+        // was).
+        return crate::engine_fd::above_program_raw(real(path));
+    }
     // SAFETY: the caller's path.
     let out = unsafe { on_path(dirfd, path, follow, |e, p, _| ops::open(e, p, flags, mode)) };
     finish(path, out, real, |fd| fd, -1)

@@ -44,6 +44,7 @@ pub mod creds;
 pub mod datamap;
 pub mod engine;
 pub mod error;
+pub mod fdnum;
 pub mod fs;
 pub mod housekeeping;
 #[doc(hidden)] // shared by the mapfs crates, not a stable API

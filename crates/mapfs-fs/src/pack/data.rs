@@ -83,7 +83,7 @@ impl Pack {
             of,
             Mode::from_raw_mode(0o600),
         )?;
-        Ok(File::from(fd))
+        Ok(File::from(mapfs::fdnum::lasting(fd)))
     }
 
     /// A new handle for an open of `i` (whose slot, if any, the caller has

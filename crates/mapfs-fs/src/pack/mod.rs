@@ -1038,7 +1038,7 @@ impl FileSystem for Pack {
             OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )?;
-        Ok(Some(std::fs::File::from(fd)))
+        Ok(Some(std::fs::File::from(mapfs::fdnum::lasting(fd))))
     }
 
     fn fsyncdir(&self, _ctx: &Ctx, _path: &Path, _datasync: bool) -> Result<()> {

@@ -84,7 +84,9 @@ impl OpenLocks {
                 OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o600),
             )?;
-            *g = Some(File::from(fd));
+            // Opened at first use, in a program when embedded: above the
+            // numbers the program uses (see `mapfs::fdnum`).
+            *g = Some(File::from(mapfs::fdnum::lasting(fd)));
         }
         f(g.as_ref().expect("just opened"))
     }

@@ -171,7 +171,9 @@ impl Packs {
         if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
             return Err(Error::io().context(format!("{} is not a regular file", pack_name(id))));
         }
-        let f = Arc::new(File::from(fd));
+        // Kept for the store's life (above a program's numbers when
+        // embedded, see `mapfs::fdnum`).
+        let f = Arc::new(File::from(mapfs::fdnum::lasting(fd)));
         files.insert(id, f.clone());
         Ok(f)
     }

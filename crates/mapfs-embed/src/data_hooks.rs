@@ -57,6 +57,71 @@ fn count(r: Result<usize, i32>) -> ssize_t {
     }
 }
 
+/// `preadv2` on an engine open: `off` -1 is the description's offset, as
+/// for `readv`; `RWF_HIPRI` and `RWF_NOWAIT` change nothing here (the
+/// engine's read does not wait on anything a flag could skip); any other
+/// flag is refused as the kernel refuses flags it does not know.
+///
+/// # Safety
+/// `iov` points to `cnt` valid iovecs.
+unsafe fn readv2_at(
+    o: &EngineOpen,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: i64,
+    flags: c_int,
+) -> ssize_t {
+    if flags & !(libc::RWF_HIPRI | libc::RWF_NOWAIT) != 0 {
+        set_errno(libc::EOPNOTSUPP);
+        return -1;
+    }
+    // SAFETY: per the contract.
+    unsafe { readv_at(o, iov, cnt, (off != -1).then_some(off)) }
+}
+
+/// `pwritev2` on an engine open: `off` -1 is the description's offset;
+/// `RWF_APPEND` writes at the end of the file (leaving the description's
+/// offset alone, as Linux does), `RWF_DSYNC`/`RWF_SYNC` persist the write
+/// before it returns, `RWF_HIPRI`/`RWF_NOWAIT` change nothing here; any
+/// other flag is refused as the kernel refuses flags it does not know.
+///
+/// # Safety
+/// `iov` points to `cnt` valid iovecs.
+unsafe fn writev2_at(
+    o: &EngineOpen,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    off: i64,
+    flags: c_int,
+) -> ssize_t {
+    let known =
+        libc::RWF_HIPRI | libc::RWF_NOWAIT | libc::RWF_APPEND | libc::RWF_DSYNC | libc::RWF_SYNC;
+    if flags & !known != 0 {
+        set_errno(libc::EOPNOTSUPP);
+        return -1;
+    }
+    let at = if flags & libc::RWF_APPEND != 0 {
+        match o.size() {
+            Ok(end) => Some(end as i64),
+            Err(e) => {
+                set_errno(e);
+                return -1;
+            }
+        }
+    } else {
+        (off != -1).then_some(off)
+    };
+    // SAFETY: per the contract.
+    let n = unsafe { writev_at(o, iov, cnt, at) };
+    if n >= 0 && flags & (libc::RWF_DSYNC | libc::RWF_SYNC) != 0 {
+        if let Err(e) = o.fsync(flags & libc::RWF_SYNC == 0) {
+            set_errno(e);
+            return -1;
+        }
+    }
+    n
+}
+
 /// `fchmod`, `fchown`, `futimens` of an engine open: the file system's
 /// `setattr` of its file.
 fn set_attr(o: &EngineOpen, set: mapfs::SetAttr) -> c_int {
@@ -502,7 +567,7 @@ hooks! {
     fn preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
         match open_of(fd) {
             // SAFETY: the caller's iovecs.
-            Some((o, _g)) => unsafe { readv_at(&o, iov, cnt, Some(off)) },
+            Some((o, _g)) => unsafe { readv2_at(&o, iov, cnt, off, flags) },
             // SAFETY: libc's call with the caller's arguments.
             None => unsafe { real(fd, iov, cnt, off, flags) },
         }
@@ -510,7 +575,7 @@ hooks! {
     fn preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
         match open_of(fd) {
             // SAFETY: the caller's iovecs.
-            Some((o, _g)) => unsafe { readv_at(&o, iov, cnt, Some(off)) },
+            Some((o, _g)) => unsafe { readv2_at(&o, iov, cnt, off, flags) },
             // SAFETY: libc's call with the caller's arguments.
             None => unsafe { real(fd, iov, cnt, off, flags) },
         }
@@ -542,7 +607,7 @@ hooks! {
     fn pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
         match open_of(fd) {
             // SAFETY: the caller's iovecs.
-            Some((o, _g)) => unsafe { writev_at(&o, iov, cnt, Some(off)) },
+            Some((o, _g)) => unsafe { writev2_at(&o, iov, cnt, off, flags) },
             // SAFETY: libc's call with the caller's arguments.
             None => unsafe { real(fd, iov, cnt, off, flags) },
         }
@@ -550,7 +615,7 @@ hooks! {
     fn pwritev64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
         match open_of(fd) {
             // SAFETY: the caller's iovecs.
-            Some((o, _g)) => unsafe { writev_at(&o, iov, cnt, Some(off)) },
+            Some((o, _g)) => unsafe { writev2_at(&o, iov, cnt, off, flags) },
             // SAFETY: libc's call with the caller's arguments.
             None => unsafe { real(fd, iov, cnt, off, flags) },
         }

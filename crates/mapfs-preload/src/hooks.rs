@@ -19,7 +19,8 @@
 //!   stays the single authority on the namespace. (`stat` by path is hooked
 //!   only to show a writer the size and times of its own native writes.)
 //! - `execl*` (variadic with any number of arguments, which stable Rust
-//!   cannot define) and `posix_spawn*` (the parent keeps running, so its
+//!   cannot define), and the environment of `posix_spawn*` (hooked only to
+//!   hand lent opens back first: the parent keeps running, so its
 //!   environment cannot be edited safely): descriptors cross them as they
 //!   are. A pending (mount) descriptor is re-adopted by the new image at its
 //!   first data call when the pid is unchanged; an adopted one keeps working
@@ -27,9 +28,10 @@
 //!   shows the backing identity; the opener reports the close). `execve`,
 //!   `execv`, `execvp`, `execvpe` and `fexecve` hand adopted descriptors on
 //!   in `MAPFS_PRELOAD_ADOPTED` and the new image re-adopts them.
-//! - `close_range`/`closefrom`, `openat2` (no glibc wrapper), `io_uring`,
-//!   POSIX AIO: nothing to do for adopted descriptors; others go through
-//!   the mount. (A writably lent descriptor is a placeholder open with
+//! - `closefrom`, `openat2` (no glibc wrapper), `io_uring`, POSIX AIO:
+//!   nothing to do for adopted descriptors; others go through the mount.
+//!   (`close_range` is hooked: the shim's own sockets are cut out of the
+//!   range and the tracked descriptors in it forgotten.) (A writably lent descriptor is a placeholder open with
 //!   neither read nor write access, so such a call fails with `EBADF`
 //!   rather than miss or overwrite the shim's writes; see [`crate::lent`].)
 //!

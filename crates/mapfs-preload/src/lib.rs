@@ -1,5 +1,5 @@
 //! `libmapfs_preload.so`: the preload executor of mapfs, attached mode
-//! (DESIGN.md). Loaded with `LD_PRELOAD` (see `mapfs run`), it moves the data
+//! (docs/architecture.md). Loaded with `LD_PRELOAD` (see `mapfs run`), it moves the data
 //! path of files on mapfs mounts into the application: their reads and
 //! writes run on the backing files, not through the FUSE daemon.
 //!

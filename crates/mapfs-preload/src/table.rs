@@ -169,6 +169,11 @@ impl Direct {
                 s = self.seq.load(Ordering::Relaxed);
             }
         }
+        // The odd sequence number before the fields, on every CPU: the
+        // acquiring CAS alone lets weakly ordered ones make the fields
+        // visible first, so a reader could take new fields with the old
+        // even number (and read another file's bytes).
+        std::sync::atomic::fence(Ordering::Release);
         let (fd, base, size) = to.unwrap_or((-1, 0, 0));
         self.fd.store(fd, Ordering::Relaxed);
         self.base.store(base, Ordering::Relaxed);

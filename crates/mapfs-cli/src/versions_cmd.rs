@@ -341,6 +341,11 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             )?;
             writeln!(
                 out,
+                "skipped:         {} (versions over the byte limit, not kept)",
+                t.skipped
+            )?;
+            writeln!(
+                out,
                 "retention:       keep {} per path, {} days, {} in all",
                 p.keep.map_or("all".into(), |k| k.to_string()),
                 p.keep_days.map_or("any".into(), |d| d.to_string()),

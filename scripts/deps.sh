@@ -2,7 +2,7 @@
 # Installs what mapfs needs on a fresh Debian machine (idempotent).
 set -euo pipefail
 need=()
-for pair in fusermount3:fuse3 mkfs.xfs:xfsprogs mkfs.btrfs:btrfs-progs filefrag:e2fsprogs fio:fio bindfs:bindfs sqlite3:sqlite3 git:git python3:python3 tar:tar diff:diffutils setpriv:util-linux fincore:util-linux-extra make:make cc:gcc readelf:binutils glusterd:glusterfs-server glusterfs:glusterfs-client systemd-analyze:systemd; do
+for pair in fusermount3:fuse3 mkfs.xfs:xfsprogs mkfs.btrfs:btrfs-progs filefrag:e2fsprogs fio:fio bindfs:bindfs sqlite3:sqlite3 git:git python3:python3 tar:tar diff:diffutils setpriv:util-linux fincore:util-linux-extra make:make cc:gcc readelf:binutils glusterd:glusterfs-server glusterfs:glusterfs-client systemd-analyze:systemd gdb:gdb; do
     cmd=${pair%%:*}; pkg=${pair#*:}
     command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
 done

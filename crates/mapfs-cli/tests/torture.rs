@@ -433,3 +433,58 @@ int main(int argc, char **argv) {
     // (3: the append left it where the write put it).
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "abczY");
 }
+
+/// GNU make `-j4` of a small C project stored in the file system, built
+/// twice (the second run must find nothing to do, which needs make's
+/// stats of the targets: Debian 12's make calls the legacy `__xstat`
+/// family), and the program it built copied out and run.
+fn make_project(executor: &str, fs: &'static str) {
+    let test = format!("make -j4 {executor} {fs}");
+    if executor == "attached" && !fuse_or_skip(&test) {
+        return;
+    }
+    common::need("make");
+    let t = Target::new(executor, fs, &test);
+    let dir = t.dir("proj");
+    t.mkdir(&test, &dir);
+    let out_dir = tempfile::tempdir().unwrap();
+    let prog = out_dir.path().join("prog");
+    let script = r#"
+set -e
+cd "$1"
+for i in 1 2 3 4 5 6; do echo "int f$i(void){return $i;}" > f$i.c; done
+printf 'int f1(void);int f2(void);int f3(void);int f4(void);int f5(void);int f6(void);\nint main(void){return f1()+f2()+f3()+f4()+f5()+f6()==21?0:1;}\n' > main.c
+printf 'OBJS=main.o f1.o f2.o f3.o f4.o f5.o f6.o\nprog: $(OBJS)\n\tcc -o $@ $(OBJS)\n%%.o: %%.c\n\tcc -c -o $@ $<\n' > Makefile
+make -s -j4 -C "$1"
+make -C "$1" | grep -q "is up to date" || { echo "make rebuilt an up-to-date target" >&2; exit 1; }
+cat prog > "$2"
+"#;
+    let p = prog.display().to_string();
+    let out = watched(
+        t.command(&test, &["bash", "-c", script, "bash", &dir, &p]),
+        LIMIT,
+        &test,
+    );
+    succeeded(&out, &test);
+    std::fs::set_permissions(&prog, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let st = Command::new(&prog).status().unwrap();
+    assert!(st.success(), "{test}: the program make built does not work");
+}
+
+macro_rules! make_cases {
+    ($($name:ident: $executor:literal, $fs:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            make_project($executor, $fs);
+        }
+    )*};
+}
+
+make_cases! {
+    make_attached_passthrough: "attached", "passthrough";
+    make_attached_plfs: "attached", "plfs";
+    make_embedded_passthrough: "embedded", "passthrough";
+    make_embedded_plfs: "embedded", "plfs";
+    make_embedded_pack: "embedded", "pack";
+    make_embedded_versions: "embedded", "versions";
+}

@@ -804,61 +804,32 @@ hooks! {
         }
     }
     // The symbols programs built against glibc before 2.33 call for
-    // stat, lstat and fstatat (Debian 12's GNU make among them); `ver` is
-    // the structure's version, which on 64-bit Linux is the one layout.
-    fn __xstat(ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
+    // stat, lstat and fstatat (Debian 12's GNU make among them): `ver` is
+    // the structure's version, which on 64-bit Linux is the one layout, so
+    // each is its modern call (glibc 2.33 and later export those).
+    fn __xstat(_ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int = |_real| {
         // SAFETY: the application's path and buffer.
-        unsafe {
-            let out = on_path(libc::AT_FDCWD, path, Follow::Yes, attr_yes);
-            finish(path, out, |p| real(ver, p, buf), |(a, d)| { *buf = statbuf::stat(&a, d); 0 }, -1)
-        }
+        unsafe { stat(path, buf) }
     }
-    fn __xstat64(ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
-        // SAFETY: the application's path and buffer.
-        unsafe {
-            let out = on_path(libc::AT_FDCWD, path, Follow::Yes, attr_yes);
-            finish(path, out, |p| real(ver, p, buf), |(a, d)| { *buf = statbuf::stat64(&a, d); 0 }, -1)
-        }
+    fn __xstat64(_ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = |_real| {
+        // SAFETY: as in `__xstat`.
+        unsafe { stat64(path, buf) }
     }
-    fn __lxstat(ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
-        // SAFETY: the application's path and buffer.
-        unsafe {
-            let out = on_path(libc::AT_FDCWD, path, Follow::No, attr_no);
-            finish(path, out, |p| real(ver, p, buf), |(a, d)| { *buf = statbuf::stat(&a, d); 0 }, -1)
-        }
+    fn __lxstat(_ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int = |_real| {
+        // SAFETY: as in `__xstat`.
+        unsafe { lstat(path, buf) }
     }
-    fn __lxstat64(ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
-        // SAFETY: the application's path and buffer.
-        unsafe {
-            let out = on_path(libc::AT_FDCWD, path, Follow::No, attr_no);
-            finish(path, out, |p| real(ver, p, buf), |(a, d)| { *buf = statbuf::stat64(&a, d); 0 }, -1)
-        }
+    fn __lxstat64(_ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = |_real| {
+        // SAFETY: as in `__xstat`.
+        unsafe { lstat64(path, buf) }
     }
-    fn __fxstatat(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |real| {
-        // SAFETY: the application's path and buffer.
-        if let Some(r) = unsafe { crate::data_hooks::stat_empty_path(dirfd, path, flags, buf, statbuf::stat) } {
-            return r;
-        }
-        let follow = follow_if(flags, libc::AT_SYMLINK_NOFOLLOW);
-        let f = if follow == Follow::Yes { attr_yes } else { attr_no };
-        // SAFETY: the application's path and buffer.
-        unsafe {
-            let out = on_path(dirfd, path, follow, f);
-            finish(path, out, |p| real(ver, dirfd, p, buf, flags), |(a, d)| { *buf = statbuf::stat(&a, d); 0 }, -1)
-        }
+    fn __fxstatat(_ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |_real| {
+        // SAFETY: as in `__xstat`.
+        unsafe { fstatat(dirfd, path, buf, flags) }
     }
-    fn __fxstatat64(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = |real| {
-        // SAFETY: the application's path and buffer.
-        if let Some(r) = unsafe { crate::data_hooks::stat_empty_path(dirfd, path, flags, buf, statbuf::stat64) } {
-            return r;
-        }
-        let follow = follow_if(flags, libc::AT_SYMLINK_NOFOLLOW);
-        let f = if follow == Follow::Yes { attr_yes } else { attr_no };
-        // SAFETY: the application's path and buffer.
-        unsafe {
-            let out = on_path(dirfd, path, follow, f);
-            finish(path, out, |p| real(ver, dirfd, p, buf, flags), |(a, d)| { *buf = statbuf::stat64(&a, d); 0 }, -1)
-        }
+    fn __fxstatat64(_ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = |_real| {
+        // SAFETY: as in `__xstat`.
+        unsafe { fstatat64(dirfd, path, buf, flags) }
     }
     fn fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |real| {
         // SAFETY: the application's path and buffer.

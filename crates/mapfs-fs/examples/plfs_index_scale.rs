@@ -1,5 +1,5 @@
-//! Open time and index memory of a plfs file written by W writers
-//! (issue 14): W processes, each a plfs instance with its own host id,
+//! Open time and index memory of a plfs file written by W writers:
+//! W processes, each a plfs instance with its own host id,
 //! write `BLOCKS` strided blocks of `BS` bytes to one file (N-1), one
 //! dropping each; then a reader host opens the file (cold: every dropping
 //! read, merged, and compacted when there are more than `COMPACT_AFTER`),

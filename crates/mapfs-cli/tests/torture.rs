@@ -114,19 +114,6 @@ fn c_program(executor: &str, fs: &'static str) {
     let t = Target::new(executor, fs, &test);
     let bin = torture_bin().display().to_string();
     for mode in ["fork", "spawn", "signal"] {
-        if mode == "signal" && executor == "embedded" {
-            // A handler's read of a descriptor it dup'ed in an earlier
-            // handler fails now and then here: about once in 40 runs on
-            // plfs and versions, rarely on passthrough and only under load
-            // (the descriptor no longer reads the file it was dup'ed
-            // from). A bug of embedded mode under signals and threads,
-            // not found yet. Listed in tests/allowed-skips.txt.
-            mapfs_testkit::skip(
-                &format!("{test} signal"),
-                "a handler's dup is lost now and then under embedded mode",
-            );
-            continue;
-        }
         for run in 0..RUNS {
             let what = format!("{test} {mode} run {run}");
             let dir = t.dir(&format!("{mode}{run}"));

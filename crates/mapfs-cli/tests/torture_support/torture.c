@@ -78,12 +78,6 @@ static void read_all(int fd, void *b, size_t n, off_t off, const char *what) {
  * a second open, a dup and a stdio stream. */
 static void *worker(void *arg) {
     long id = (long)arg;
-    /* The main thread takes the timer's signals: a handler doing I/O
-     * through a daemon on every thread at once could starve them all. */
-    sigset_t alrm;
-    sigemptyset(&alrm);
-    sigaddset(&alrm, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &alrm, NULL);
     char path[4096];
     unsigned char buf[BLOCK], got[BLOCK];
     unsigned round = 0;
@@ -338,9 +332,19 @@ int main(int argc, char **argv) {
     if (threads > THREADS)
         threads = THREADS;
     pthread_t t[THREADS];
+    /* Only the main thread takes the timer's signals: the handler is not
+     * reentrant (one dup at a time), and a handler doing I/O through a
+     * daemon on every thread at once could starve them all. The workers
+     * inherit the blocked mask from their creation on (blocking it in the
+     * worker itself left a window in which a worker ran the handler). */
+    sigset_t alrm;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &alrm, NULL);
     for (long i = 0; i < threads; i++)
         if (pthread_create(&t[i], NULL, worker, (void *)i) != 0)
             die("pthread_create");
+    pthread_sigmask(SIG_UNBLOCK, &alrm, NULL);
     if (strcmp(argv[1], "fork") == 0)
         run_fork(rounds);
     else if (strcmp(argv[1], "spawn") == 0)

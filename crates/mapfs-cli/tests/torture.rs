@@ -476,3 +476,64 @@ make_cases! {
     make_embedded_pack: "embedded", "pack";
     make_embedded_versions: "embedded", "versions";
 }
+
+/// The clone ioctls on a file whose data runs in-process (a lent plfs
+/// open under `mapfs run`, an embedded plfs file) answer `EOPNOTSUPP`, as
+/// the mount answers them, not the placeholder's `EBADF`; and the file
+/// still reads what was written.
+#[test]
+fn clone_ioctls_on_engine_served_files_answer_eopnotsupp() {
+    const PROG: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <linux/fs.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int a = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
+    int b = open(argv[2], O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (a < 0 || b < 0) { perror("open"); return 1; }
+    char buf[4096];
+    memset(buf, 'q', sizeof buf);
+    if (pwrite(a, buf, sizeof buf, 0) != sizeof buf) return 2;
+    if (ioctl(b, FICLONE, a) != -1 || errno != EOPNOTSUPP) { printf("FICLONE errno %d\n", errno); return 3; }
+    struct file_clone_range r = {.src_fd = a, .src_offset = 0, .src_length = 4096, .dest_offset = 0};
+    if (ioctl(b, FICLONERANGE, &r) != -1 || errno != EOPNOTSUPP) { printf("FICLONERANGE errno %d\n", errno); return 4; }
+    char got[4096];
+    if (pread(a, got, sizeof got, 0) != sizeof got || memcmp(got, buf, sizeof got)) return 5;
+    printf("ok\n");
+    return 0;
+}
+"#;
+    let test = "clone ioctls";
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let src = dir.join(format!("mapfs-clone-{}.c", std::process::id()));
+    let bin = dir.join(format!("mapfs-clone-{}", std::process::id()));
+    std::fs::write(&src, PROG).unwrap();
+    assert!(Command::new("cc")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success());
+    let bin = bin.display().to_string();
+    let area = embed_support::Area::new("backing");
+    let out = watched(
+        embedded(&area, "plfs", &[&bin, &area.at("a"), &area.at("b")]),
+        LIMIT,
+        test,
+    );
+    succeeded(&out, "clone ioctls, embedded plfs");
+    if !fuse_or_skip(test) {
+        return;
+    }
+    let s = mount("plfs", test);
+    let a = s.mountpoint().join("a").display().to_string();
+    let b = s.mountpoint().join("b").display().to_string();
+    let out = watched(attached(&s, test, &[&bin, &a, &b]), LIMIT, test);
+    succeeded(&out, "clone ioctls, mapfs run on plfs");
+}

@@ -924,6 +924,17 @@ hooks! {
         // SAFETY: libc's call with the caller's arguments.
         unsafe { real(inp, ioff, out, ooff, n, flags) }
     }
+    // The clone ioctls on engine-served files: EOPNOTSUPP, as a mount
+    // answers (see `mapfs_interpose::clone`); every other ioctl goes on.
+    fn ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) -> c_int = |real| {
+        // SAFETY: the program's arguments for `req`.
+        if unsafe { mapfs_interpose::clone::involves(fd, req, arg, is_placeholder) } {
+            set_errno(libc::EOPNOTSUPP);
+            return -1;
+        }
+        // SAFETY: libc's call with the caller's arguments.
+        unsafe { real(fd, req, arg) }
+    }
     fn fork() -> libc::pid_t = |real| {
         // SAFETY: the next `fork`, no arguments.
         crate::hooks::fork_with(|| unsafe { real() })

@@ -28,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod clone;
 pub mod gate;
 pub mod guard;
 pub mod signal;

@@ -11,7 +11,9 @@
 //! otherwise get: Python asks it at every `open`.
 //!
 //! Deliberately *not* intercepted:
-//! - read/write-side calls that need no help: `ioctl`, `fstatfs`... On an
+//! - read/write-side calls that need no help: `ioctl` (but the clone
+//!   ioctls on lent opens, answered `EOPNOTSUPP` as the mount does),
+//!   `fstatfs`... On an
 //!   adopted descriptor they are native (it *is* the backing file); on a
 //!   pending or lent one they go to the mount's open, which is correct for
 //!   them.
@@ -481,6 +483,7 @@ unsafe fn empty_path(path: *const c_char, flags: c_int) -> bool {
 type OpenFn = unsafe extern "C" fn(*const c_char, c_int, ...) -> c_int;
 type OpenAtFn = unsafe extern "C" fn(c_int, *const c_char, c_int, ...) -> c_int;
 type FcntlFn = unsafe extern "C" fn(c_int, c_int, ...) -> c_int;
+type IoctlFn = unsafe extern "C" fn(c_int, c_ulong, ...) -> c_int;
 
 fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     match cmd {
@@ -839,6 +842,18 @@ hooks! {
     fn vfork() -> libc::pid_t = |_real| {
         // SAFETY: fork has no preconditions; the atfork handlers run.
         unsafe { libc::fork() }
+    }
+
+    // ---- clone ioctls on lent opens: EOPNOTSUPP, as the mount answers
+    // (see [`mapfs_interpose::clone`]); every other ioctl goes on ----
+    fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int as IoctlFn = |real| {
+        // SAFETY: the program's arguments for `req`.
+        if unsafe { mapfs_interpose::clone::involves(fd, req, arg, |f| table::state(f) == table::ENGINE) } {
+            sys::set_errno(libc::EOPNOTSUPP);
+            return -1;
+        }
+        // SAFETY: the real ioctl with the caller's arguments.
+        unsafe { real(fd, req, arg) }
     }
 
     // ---- fork: the gate closed and lent opens handed back first, see

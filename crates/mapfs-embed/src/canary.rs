@@ -22,7 +22,7 @@ pub fn arm() {
     else {
         return;
     };
-    let m = crate::engine_fd::above_program_fd(m);
+    let m = mapfs::fdnum::lasting(m);
     let Ok(st) = rustix::fs::fstat(&m) else {
         return;
     };

@@ -52,10 +52,7 @@ impl Desc {
         )
         .map_err(|e| e.raw_os_error())?;
         rustix::fs::ftruncate(&m, PAGE_AT + PAGE_LEN as u64).map_err(|e| e.raw_os_error())?;
-        let d = Self::map(
-            crate::engine_fd::above_program_fd(m),
-            name.map(str::to_string),
-        )?;
+        let d = Self::map(mapfs::fdnum::lasting(m), name.map(str::to_string))?;
         d.set_append(append);
         Ok(d)
     }

@@ -137,9 +137,8 @@ fn placeholder() -> Result<OwnedFd, i32> {
 }
 
 /// Lowest number for the descriptors an engine open holds for its life:
-/// programs take small numbers for themselves (a shell's `exec 3< f`
-/// closes whatever has number 3; dash keeps its own at 10 and up).
-pub const HIGH_FD: i32 = 100;
+/// programs take small numbers for themselves (see [`mapfs::fdnum`]).
+pub const HIGH_FD: i32 = mapfs::fdnum::LASTING_FROM;
 
 /// Raw descriptor `fd` (or an error, -1) moved to a number of [`HIGH_FD`]
 /// or more, keeping its close-on-exec flag (kept where it is when that
@@ -168,14 +167,6 @@ pub fn above_program_raw(fd: i32) -> i32 {
     }
 }
 
-/// `fd` moved to a number of [`HIGH_FD`] or more (kept when that fails).
-pub(crate) fn above_program_fd(fd: OwnedFd) -> OwnedFd {
-    if std::os::fd::AsRawFd::as_raw_fd(&fd) >= HIGH_FD {
-        return fd;
-    }
-    rustix::io::fcntl_dupfd_cloexec(&fd, HIGH_FD).unwrap_or(fd)
-}
-
 /// `f` moved to a descriptor number of [`HIGH_FD`] or more when nothing
 /// else holds it (kept as it is when that fails).
 fn above_program_fds(f: Arc<std::fs::File>) -> Arc<std::fs::File> {
@@ -184,10 +175,7 @@ fn above_program_fds(f: Arc<std::fs::File>) -> Arc<std::fs::File> {
         return f;
     }
     match Arc::try_unwrap(f) {
-        Ok(file) => match rustix::io::fcntl_dupfd_cloexec(&file, HIGH_FD) {
-            Ok(high) => Arc::new(std::fs::File::from(high)),
-            Err(_) => Arc::new(file),
-        },
+        Ok(file) => Arc::new(std::fs::File::from(mapfs::fdnum::lasting(file.into()))),
         Err(shared) => shared,
     }
 }
@@ -529,7 +517,7 @@ impl EngineOpen {
         let fd = self
             .locks
             .get_or_init(|| match self.fs().lock_file(&state::ctx(), &self.path) {
-                Ok(Some(f)) => Some(above_program_fd(OwnedFd::from(f))),
+                Ok(Some(f)) => Some(mapfs::fdnum::lasting(OwnedFd::from(f))),
                 Ok(None) => None,
                 Err(e) => {
                     crate::log(format_args!("lock file of {}: {e}", self.path.display()));

@@ -442,7 +442,7 @@ pub fn cwd_carrier() -> Option<std::os::fd::OwnedFd> {
     v.push(0);
     v.extend_from_slice(p.path.as_os_str().as_bytes());
     f.write_all(&v).ok()?;
-    let fd = crate::engine_fd::above_program_fd(std::os::fd::OwnedFd::from(f));
+    let fd = mapfs::fdnum::lasting(std::os::fd::OwnedFd::from(f));
     // Moved with close-on-exec: the new image must inherit it.
     rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).ok()?;
     Some(fd)

@@ -8,7 +8,7 @@
 //! pages and, asked with `FUSE_NOTIFY_RESEND` (Linux 6.9), sends again every
 //! request the dead daemon had read but not answered. A new daemon resumes
 //! the connection without INIT (a small addition to fuser, see
-//! `vendor/README.md`), rebuilds the inode table and the open handles from
+//! `crates/mapfs-fuser/README.md`), rebuilds the inode table and the open handles from
 //! the records the old one sent before each reply ([`records`], [`link`]),
 //! reopens each open file through the file system, and asks for the resend.
 //! Data is never in the records: it is in the backing files (plfs recovers

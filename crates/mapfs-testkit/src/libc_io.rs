@@ -157,7 +157,16 @@ pub fn copy_file_range(
     Ok(n)
 }
 
-/// `mmap(2)`.
+/// `mmap(2)`, of a mapping that children forked meanwhile do not inherit
+/// (`MADV_DONTFORK`).
+///
+/// Tests fork children from other threads of the same process
+/// ([`crate::run_as`]), which drop to another uid. A child holding a copy
+/// of a shared mapping of a file on a mount it may not use (no
+/// `allow_other`) writes the mapping's dirty pages back when it exits,
+/// with its own credentials: the kernel refuses them (`EACCES`) and
+/// records the error on the file, and the test's next `msync` or `fsync`
+/// returned it (a plfs fsx run failed so, about one CI run in three).
 ///
 /// # Safety
 /// As for `mmap(2)`: the caller owns the returned mapping and must unmap it.
@@ -181,10 +190,16 @@ pub unsafe fn mmap(
         )
     };
     if p == libc::MAP_FAILED {
-        Err(errno())
-    } else {
-        Ok(p)
+        return Err(errno());
     }
+    // SAFETY: advice on the mapping just made, which is `len` bytes long.
+    if unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) } != 0 {
+        let e = errno();
+        // SAFETY: the mapping just made, unused.
+        unsafe { libc::munmap(p, len) };
+        return Err(e);
+    }
+    Ok(p)
 }
 
 /// `munmap(2)`.

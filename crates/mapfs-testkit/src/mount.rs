@@ -442,8 +442,56 @@ impl MountSession {
     }
 }
 
+/// Prints the warnings and the last lines of the log of the daemon that
+/// served `mountpoint`, so that a test failing on a machine one cannot log
+/// into (CI) says what the daemon saw. The log is found by the
+/// `mountpoint=` field of its first line: its file name is the CLI's
+/// business.
+fn print_daemon_log(mountpoint: &Path) {
+    const TAIL: usize = 40;
+    let dir = if rustix::process::geteuid().is_root() {
+        PathBuf::from("/run/mapfs")
+    } else {
+        return;
+    };
+    let needle = format!("mountpoint={}", mountpoint.display());
+    let Ok(entries) = fs::read_dir(&dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "log") {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(&path) else {
+            continue;
+        };
+        if !text.lines().take(5).any(|l| l.contains(&needle)) {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        let tail_from = lines.len().saturating_sub(TAIL);
+        let notable = lines[..tail_from]
+            .iter()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .take(TAIL);
+        eprintln!(
+            "--- daemon log of {} ({}):",
+            mountpoint.display(),
+            path.display()
+        );
+        for l in notable.chain(&lines[tail_from..]) {
+            eprintln!("  {l}");
+        }
+        eprintln!("---");
+    }
+}
+
 impl Drop for MountSession {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            print_daemon_log(&self.mountpoint);
+        }
         if self.mounted || is_mounted(&self.mountpoint) {
             self.force_unmount();
         }

@@ -1155,8 +1155,10 @@ fn create_and_remove_race_across_hosts(mode: DataMode) {
         });
         let opener = sc.spawn(|| {
             let (mut ops, mut enoent, mut errors) = (0u32, 0u32, Vec::new());
-            let end = std::time::Instant::now() + std::time::Duration::from_secs(3);
-            while std::time::Instant::now() < end {
+            // Enough opens to see the race, however slow the machine: a
+            // count, with a time bound only against a hang.
+            let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while ops + enoent < 400 && std::time::Instant::now() < end {
                 let opened = fs::OpenOptions::new()
                     .write(true)
                     .create(true)
@@ -3066,3 +3068,107 @@ fuse_test!(
 );
 
 fuse_test!(permissions_as_nobody_auto => permissions(DataMode::Auto, &["allow_other"]));
+
+/// A directory's link count through plfs is 2 plus its real
+/// subdirectories (files are containers, directories in the store, and
+/// must not count) after every kind of change, in the same sequence of
+/// random changes made natively: this mount's own `mkdir`, `rmdir`,
+/// creates, unlinks and renames (which keep a cached count current rather
+/// than count again), and directories made and removed in the backing
+/// directory behind the mount's back (which must be counted again).
+fn dir_nlink_follows_changes(mode: DataMode) {
+    use rand::{Rng, SeedableRng};
+    let test = format!("plfs directory link counts --data {mode}");
+    // No attribute cache in the kernel: every stat asks the daemon.
+    let s_ttl0 = MountSession::builder(mapfs_bin())
+        .fs(FS)
+        .data(mode)
+        .arg("--ttl")
+        .arg("0")
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mounting with --ttl 0: {e:#}"));
+    let native = native_dir();
+    let sides = [native.path(), s_ttl0.mountpoint()];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(20261129);
+    let mut dirs: Vec<String> = Vec::new();
+    let mut files: Vec<String> = Vec::new();
+    for step in 0..400 {
+        let what = rng.random_range(0..7);
+        let n = rng.random_range(0..40u32);
+        let desc = match what {
+            0 | 1 => {
+                let d = format!("d{n}");
+                for side in sides {
+                    let _ = fs::create_dir(side.join(&d));
+                }
+                if !dirs.contains(&d) {
+                    dirs.push(d.clone());
+                }
+                format!("mkdir {d}")
+            }
+            2 if !dirs.is_empty() => {
+                let d = dirs.swap_remove(rng.random_range(0..dirs.len()));
+                for side in sides {
+                    fs::remove_dir_all(side.join(&d)).unwrap();
+                }
+                format!("rm -r {d}")
+            }
+            3 => {
+                let f = format!("f{n}");
+                for side in sides {
+                    fs::write(side.join(&f), b"x").unwrap();
+                }
+                if !files.contains(&f) {
+                    files.push(f.clone());
+                }
+                format!("create {f}")
+            }
+            4 if !files.is_empty() => {
+                let f = files.swap_remove(rng.random_range(0..files.len()));
+                for side in sides {
+                    fs::remove_file(side.join(&f)).unwrap();
+                }
+                format!("unlink {f}")
+            }
+            5 if !files.is_empty() && !dirs.is_empty() => {
+                let f = files.swap_remove(rng.random_range(0..files.len()));
+                let d = &dirs[rng.random_range(0..dirs.len())];
+                for side in sides {
+                    fs::rename(side.join(&f), side.join(d).join(&f)).unwrap();
+                }
+                format!("rename {f} into {d}")
+            }
+            6 => {
+                // Behind the mount's back: a real directory in the store.
+                let d = format!("b{n}");
+                let there = s_ttl0.backing().join(&d);
+                if there.exists() {
+                    fs::remove_dir_all(&there).unwrap();
+                    fs::remove_dir_all(native.path().join(&d)).unwrap();
+                    format!("rmdir {d} in the backing dir")
+                } else {
+                    fs::create_dir(&there).unwrap();
+                    fs::create_dir(native.path().join(&d)).unwrap();
+                    format!("mkdir {d} in the backing dir")
+                }
+            }
+            _ => continue,
+        };
+        let want = fs::metadata(native.path()).unwrap().nlink();
+        let got = fs::metadata(s_ttl0.mountpoint()).unwrap().nlink();
+        assert_eq!(
+            got, want,
+            "{test}: root's link count after step {step} ({desc})"
+        );
+        if let Some(d) = dirs.first() {
+            let want = fs::metadata(native.path().join(d)).unwrap().nlink();
+            let got = fs::metadata(s_ttl0.mountpoint().join(d)).unwrap().nlink();
+            assert_eq!(
+                got, want,
+                "{test}: {d}'s link count after step {step} ({desc})"
+            );
+        }
+    }
+}
+
+fuse_test!(dir_nlink_follows_changes_daemon => dir_nlink_follows_changes(DataMode::Daemon));

@@ -151,6 +151,7 @@
 mod attr;
 mod container;
 mod delta;
+mod dircount;
 mod format;
 mod merge;
 mod names;
@@ -197,9 +198,9 @@ pub struct Plfs {
     store: Store,
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_handle: AtomicU64,
-    /// Link counts of directories (a scan each), by backing (dev, ino),
-    /// valid while the directory's mtime/ctime are unchanged.
-    nlinks: Mutex<HashMap<Key, (store::Validator, u32)>>,
+    /// Link counts of directories (a scan each), kept through this
+    /// daemon's changes.
+    counts: dircount::DirCounts,
     /// Whether the store renames with `RENAME_NOREPLACE` (learned at the
     /// first create: [`NOREPLACE_UNKNOWN`], [`NOREPLACE_YES`] or
     /// [`NOREPLACE_NO`]); without it new containers are made in place.
@@ -359,7 +360,7 @@ impl Plfs {
             store: Store::new(hostid),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
-            nlinks: Mutex::new(HashMap::new()),
+            counts: dircount::DirCounts::new(),
             noreplace: std::sync::atomic::AtomicU8::new(NOREPLACE_UNKNOWN),
             leftovers: Mutex::new(Vec::new()),
         })
@@ -376,7 +377,7 @@ impl Plfs {
             store: Store::new(hostid),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
-            nlinks: Mutex::new(HashMap::new()),
+            counts: dircount::DirCounts::new(),
             noreplace: std::sync::atomic::AtomicU8::new(NOREPLACE_UNKNOWN),
             leftovers: Mutex::new(Vec::new()),
         })
@@ -613,8 +614,9 @@ impl FileSystem for Plfs {
     }
 
     fn mkdir(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<Attr> {
-        as_caller(ctx, || self.parent_for_new(path))?;
-        self.pt.mkdir(ctx, path, mode)
+        let (parent, _) = as_caller(ctx, || self.parent_for_new(path))?;
+        self.counts
+            .change(parent.as_fd(), 1, || self.pt.mkdir(ctx, path, mode))
     }
 
     fn unlink(&self, ctx: &Ctx, path: &Path) -> Result<()> {
@@ -625,13 +627,17 @@ impl FileSystem for Plfs {
         if let Some(Node::File(_)) = self.node(ctx, path)? {
             return Err(Error::from_errno(libc::ENOTDIR));
         }
-        match self.pt.rmdir(ctx, path) {
+        let rmdir = || match self.pt.rmdir(ctx, path) {
             // Containers whose removal a crash interrupted are hidden, so
             // they must not keep the directory from being removed.
             Err(e) if e.errno() == libc::ENOTEMPTY && self.remove_leftovers(path)? => {
                 self.pt.rmdir(ctx, path)
             }
             r => r,
+        };
+        match as_caller(ctx, || self.parent_of(path)) {
+            Ok((parent, _)) => self.counts.change(parent.as_fd(), -1, rmdir),
+            Err(_) => rmdir(),
         }
     }
 
@@ -787,53 +793,23 @@ impl Plfs {
         a
     }
 
-    /// This daemon added or removed a container in `dir`, which leaves
-    /// the count of real subdirectories alone: a cached count taken when
-    /// the directory was as `before` stays valid for it now (without this,
-    /// every create in a directory of n files would count n entries again
-    /// at the next `getattr` of the directory). Returns the directory's
-    /// validator now, the `before` of a next change.
-    fn nlink_kept(
-        &self,
-        dir: BorrowedFd<'_>,
-        before: Option<store::Validator>,
-    ) -> Option<store::Validator> {
-        let (key, now) = store::key_and_validator(dir).ok()?;
-        if let Some((v, _)) = self.nlinks.lock().get_mut(&key) {
-            if Some(*v) == before {
-                *v = now;
-            }
-        }
-        Some(now)
-    }
-
     fn dir_nlink(&self, path: &Path) -> Result<u32> {
         let fd = self.root().open(
             path,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
             Mode::empty(),
         )?;
-        let (key, v) = store::key_and_validator(fd.as_fd())?;
-        if let Some((cv, n)) = self.nlinks.lock().get(&key) {
-            if *cv == v {
-                return Ok(*n);
-            }
-        }
-        let mut dirs: Vec<std::ffi::OsString> = Vec::new();
-        container::each_entry(fd.as_fd(), |name, kind, _| {
-            if !format::reserved_name(name.as_bytes())
-                && matches!(kind, FileType::Directory | FileType::Unknown)
-            {
-                dirs.push(name.to_os_string());
-            }
-        })?;
-        let n = 2 + real_subdirs(fd.as_fd(), &dirs);
-        let mut c = self.nlinks.lock();
-        if c.len() >= 4096 {
-            c.clear();
-        }
-        c.insert(key, (v, n));
-        Ok(n)
+        self.counts.get(fd.as_fd(), || {
+            let mut dirs: Vec<std::ffi::OsString> = Vec::new();
+            container::each_entry(fd.as_fd(), |name, kind, _| {
+                if !format::reserved_name(name.as_bytes())
+                    && matches!(kind, FileType::Directory | FileType::Unknown)
+                {
+                    dirs.push(name.to_os_string());
+                }
+            })?;
+            Ok(2 + real_subdirs(fd.as_fd(), &dirs))
+        })
     }
 
     /// Removes `.plfs-gone.*` leftovers in directory `path` (as the daemon);

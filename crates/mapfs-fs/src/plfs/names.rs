@@ -57,16 +57,17 @@ impl Plfs {
             let f = self.find(path)?;
             match f.node {
                 Node::File(dir) => {
-                    let before = super::store::validator(f.parent.as_fd()).ok();
                     let gone = format!("{GONE_PREFIX}{}", format::new_id());
-                    container::rename_noreplace(
-                        f.parent.as_fd(),
-                        &f.name,
-                        f.parent.as_fd(),
-                        gone.as_ref(),
-                    )?;
-                    let after = self.nlink_kept(f.parent.as_fd(), before);
-                    Ok(Some((f.parent, gone, dir, after)))
+                    // A container is not a subdirectory: the count stays.
+                    self.counts.change(f.parent.as_fd(), 0, || {
+                        container::rename_noreplace(
+                            f.parent.as_fd(),
+                            &f.name,
+                            f.parent.as_fd(),
+                            gone.as_ref(),
+                        )
+                    })?;
+                    Ok(Some((f.parent, gone, dir)))
                 }
                 Node::Dir => Err(Error::from_errno(libc::EISDIR)),
                 Node::Other => Ok(None),
@@ -74,15 +75,9 @@ impl Plfs {
         })?;
         match gone {
             None => self.pt.unlink(ctx, path),
-            Some((parent, gone, dir, renamed)) => {
-                // Removing the renamed container changes the parent's times
-                // again: without this the cached link count taken before
-                // the unlink was lost, and the next getattr of the parent
-                // opened every subdirectory to count again (O(n) per unlink).
-                let res = self.remove_renamed(&parent, OsStr::new(&gone), &dir);
-                self.nlink_kept(parent.as_fd(), renamed);
-                res
-            }
+            Some((parent, gone, dir)) => self.counts.change(parent.as_fd(), 0, || {
+                self.remove_renamed(&parent, OsStr::new(&gone), &dir)
+            }),
         }
     }
 

@@ -141,21 +141,22 @@ impl Plfs {
         }
         let (parent, tmp, res) = as_caller(ctx, || {
             let (parent, name) = self.parent_for_new(path)?;
-            let before = super::store::validator(parent.as_fd()).ok();
             let tmp = container::new_name();
-            rustix::fs::mkdirat(&parent, tmp.as_str(), Mode::from_raw_mode(0o711))?;
-            let res = (|| -> Result<Option<(OwnedFd, Stat)>> {
-                let dir = container::open_dir(parent.as_fd(), tmp.as_ref())?;
-                let id = make_identity(dir.as_fd(), mode)?;
-                // The attributes of the new file, taken before anyone else
-                // can reach it (the rename below publishes it).
-                let st = rustix::fs::fstat(&id)?;
-                if !self.put_in_place(parent.as_fd(), tmp.as_ref(), &name)? {
-                    return Ok(None);
-                }
-                self.nlink_kept(parent.as_fd(), before);
-                Ok(Some((dir, st)))
-            })();
+            // A container is not a subdirectory: the count stays.
+            let res = self.counts.change(parent.as_fd(), 0, || {
+                rustix::fs::mkdirat(&parent, tmp.as_str(), Mode::from_raw_mode(0o711))?;
+                Ok((|| -> Result<Option<(OwnedFd, Stat)>> {
+                    let dir = container::open_dir(parent.as_fd(), tmp.as_ref())?;
+                    let id = make_identity(dir.as_fd(), mode)?;
+                    // The attributes of the new file, taken before anyone
+                    // else can reach it (the rename below publishes it).
+                    let st = rustix::fs::fstat(&id)?;
+                    if !self.put_in_place(parent.as_fd(), tmp.as_ref(), &name)? {
+                        return Ok(None);
+                    }
+                    Ok(Some((dir, st)))
+                })())
+            })?;
             Ok((parent, tmp, res))
         })?;
         if !matches!(res, Ok(Some(_))) {
@@ -208,26 +209,26 @@ impl Plfs {
     fn make_file_in_place(&self, ctx: &Ctx, path: &Path, mode: u32) -> Result<(OwnedFd, Stat)> {
         as_caller(ctx, || {
             let (parent, name) = self.parent_for_new(path)?;
-            let before = super::store::validator(parent.as_fd()).ok();
-            let _claim = container::Claim::take(parent.as_fd(), &name)?;
-            rustix::fs::mkdirat(&parent, name.as_os_str(), Mode::from_raw_mode(0o711))?;
-            let res = (|| -> Result<(OwnedFd, Stat)> {
-                let dir = container::open_dir(parent.as_fd(), &name)?;
-                let id = make_identity(dir.as_fd(), mode)?;
-                let st = rustix::fs::fstat(&id)?;
-                self.nlink_kept(parent.as_fd(), before);
-                Ok((dir, st))
-            })();
-            if res.is_err() {
-                // The directory is this creator's: made under its claim.
-                if let Err(e) = container::remove_tree(parent.as_fd(), &name) {
-                    warn!(
-                        "plfs: cannot remove half-created {}: {e}",
-                        name.to_string_lossy()
-                    );
+            self.counts.change(parent.as_fd(), 0, || {
+                let _claim = container::Claim::take(parent.as_fd(), &name)?;
+                rustix::fs::mkdirat(&parent, name.as_os_str(), Mode::from_raw_mode(0o711))?;
+                let res = (|| -> Result<(OwnedFd, Stat)> {
+                    let dir = container::open_dir(parent.as_fd(), &name)?;
+                    let id = make_identity(dir.as_fd(), mode)?;
+                    let st = rustix::fs::fstat(&id)?;
+                    Ok((dir, st))
+                })();
+                if res.is_err() {
+                    // The directory is this creator's: made under its claim.
+                    if let Err(e) = container::remove_tree(parent.as_fd(), &name) {
+                        warn!(
+                            "plfs: cannot remove half-created {}: {e}",
+                            name.to_string_lossy()
+                        );
+                    }
                 }
-            }
-            res
+                res
+            })
         })
     }
 

@@ -31,5 +31,6 @@
 pub mod clone;
 pub mod gate;
 pub mod guard;
+pub mod seqlock;
 pub mod signal;
 pub mod sync;

@@ -48,11 +48,12 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use mapfs::control::{Request, Response};
+use mapfs_interpose::seqlock::SeqLock;
 use mapfs_interpose::sync::{Mutex, RwLock};
 
 use crate::lent::Lent;
@@ -126,59 +127,26 @@ fn set_state(fd: RawFd, s: u8) {
 /// record and one system call, not the lent open and its locks, which sit
 /// in a different cache line per file (the first touch of the open was
 /// nine tenths of the shim's time in random reads over 5,000 packed
-/// files). A sequence lock: readers check it around the call and take the
-/// ordinary path if it moved.
-struct Direct {
-    seq: AtomicU32,
-    fd: AtomicI32,
-    base: AtomicU64,
-    size: AtomicU64,
-}
+/// files). A sequence lock (`mapfs_interpose::seqlock`, whose ordering is
+/// model-checked): readers check it around the call and take the ordinary
+/// path if it moved. Words: backing descriptor + 1 (0: none), offset of
+/// byte 0, size.
+struct Direct(SeqLock<3>);
 
 /// Descriptor numbers below this can read directly (1.5 MiB of address
 /// space; the application's numbers are small).
 const DIRECT_FDS: usize = 1 << 16;
 
-static DIRECT: [Direct; DIRECT_FDS] = [const {
-    Direct {
-        seq: AtomicU32::new(0),
-        fd: AtomicI32::new(-1),
-        base: AtomicU64::new(0),
-        size: AtomicU64::new(0),
-    }
-}; DIRECT_FDS];
+static DIRECT: [Direct; DIRECT_FDS] = [const { Direct(SeqLock::new()) }; DIRECT_FDS];
 
 impl Direct {
     /// Sets (`Some((backing descriptor, offset of byte 0, size))`) or
     /// clears the record.
     fn set(&self, to: Option<(RawFd, u64, u64)>) {
-        let mut s = self.seq.load(Ordering::Relaxed);
-        loop {
-            if s & 1 == 0 {
-                match self.seq.compare_exchange_weak(
-                    s,
-                    s.wrapping_add(1),
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => break,
-                    Err(now) => s = now,
-                }
-            } else {
-                std::hint::spin_loop();
-                s = self.seq.load(Ordering::Relaxed);
-            }
-        }
-        // The odd sequence number before the fields, on every CPU: the
-        // acquiring CAS alone lets weakly ordered ones make the fields
-        // visible first, so a reader could take new fields with the old
-        // even number (and read another file's bytes).
-        std::sync::atomic::fence(Ordering::Release);
-        let (fd, base, size) = to.unwrap_or((-1, 0, 0));
-        self.fd.store(fd, Ordering::Relaxed);
-        self.base.store(base, Ordering::Relaxed);
-        self.size.store(size, Ordering::Relaxed);
-        self.seq.store(s.wrapping_add(2), Ordering::Release);
+        self.0.write(match to {
+            Some((fd, base, size)) => [u64::from(fd.unsigned_abs()) + 1, base, size],
+            None => [0, 0, 0],
+        });
     }
 }
 
@@ -196,21 +164,13 @@ pub unsafe fn direct_pread(
     off: i64,
 ) -> Option<Result<usize, i32>> {
     let i = usize::try_from(fd).ok()?;
-    let d = DIRECT.get(i)?;
-    let s = d.seq.load(Ordering::Acquire);
-    let raw = d.fd.load(Ordering::Relaxed);
-    let (base, size) = (
-        d.base.load(Ordering::Relaxed),
-        d.size.load(Ordering::Relaxed),
-    );
-    std::sync::atomic::fence(Ordering::Acquire);
-    if s & 1 != 0
-        || raw < 0
-        || d.seq.load(Ordering::Relaxed) != s
-        || STATE[i].load(Ordering::Relaxed) != ENGINE
-    {
+    let d = &DIRECT.get(i)?.0;
+    let seen = d.read()?;
+    let [raw, base, size] = seen.words;
+    if raw == 0 || STATE[i].load(Ordering::Relaxed) != ENGINE {
         return None;
     }
+    let raw = RawFd::try_from(raw - 1).ok()?;
     let Ok(off) = u64::try_from(off) else {
         return Some(Err(libc::EINVAL));
     };
@@ -224,8 +184,7 @@ pub unsafe fn direct_pread(
             Ok(got) => done += got,
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => {
-                std::sync::atomic::fence(Ordering::Acquire);
-                if d.seq.load(Ordering::Relaxed) != s {
+                if !d.still(&seen) {
                     return None;
                 }
                 return Some(Err(e.raw_os_error()));
@@ -235,8 +194,7 @@ pub unsafe fn direct_pread(
     // A backing file shorter than its slot reads as zeros there, as the
     // engine's reads do.
     out[done..].fill(0);
-    std::sync::atomic::fence(Ordering::Acquire);
-    (d.seq.load(Ordering::Relaxed) == s).then_some(Ok(want))
+    d.still(&seen).then_some(Ok(want))
 }
 
 /// Makes `fd` a lent descriptor of `lent`.

@@ -57,10 +57,9 @@ pub unsafe fn by_hand(
                 }
             }
         }
+        // A short read is not the end (a mount may answer in parts): only
+        // a read of nothing is.
         done += got;
-        if got < want {
-            break;
-        }
     }
     if let (Some(e), 0) = (failed, done) {
         return Err(e);

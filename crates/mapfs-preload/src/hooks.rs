@@ -599,6 +599,11 @@ fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// The kept mount descriptor an adopted `fd`'s locks go to (see
 /// [`table::lock_target`]), or `None` to lock `fd` itself.
 fn lock_target(fd: c_int, posix: bool) -> Option<c_int> {
+    if posix && !matches!(table::state(fd), OTHER | table::UNKNOWN) {
+        if let Some(_g) = Guard::enter() {
+            sys::keep_errno(|| table::record_locking(fd));
+        }
+    }
     if table::state(fd) == table::ENGINE {
         // The mount's open (kept aside under a writable lending's
         // placeholder), but its offset (and the size its writes gave the

@@ -493,8 +493,9 @@ fn embedded_combines_with_an_attached_mount() {
 }
 
 /// The fsx exerciser on an embedded plfs prefix: every open is served by
-/// the data engine in-process on a placeholder descriptor. mmap and
-/// copy_file_range cannot be served there (refused, see docs/embedded.md).
+/// the data engine in-process on a placeholder descriptor, copy_file_range
+/// included. A shared mmap cannot be served there (refused, see
+/// docs/embedded.md).
 #[test]
 fn embedded_fsx_byte_model_plfs() {
     let a = Area::new();
@@ -508,7 +509,6 @@ fn embedded_fsx_byte_model_plfs() {
         .arg("--seed")
         .arg("20261124")
         .arg("--no-mmap")
-        .arg("--no-copy-range")
         .arg("--keep"));
     let summary = String::from_utf8_lossy(&out.stdout);
     eprintln!("{}", summary.trim());

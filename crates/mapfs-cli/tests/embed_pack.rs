@@ -194,9 +194,9 @@ truncate -s 100 "$D/src/sub/deeper/g"
 }
 
 /// The exerciser's byte model with a 4 KiB threshold, so files move
-/// between slot classes and to files of their own all the time (mmap and
-/// copy_file_range cannot be served on slotted files embedded; see
-/// docs/embedded.md).
+/// between slot classes and to files of their own all the time,
+/// copy_file_range included (a shared mmap cannot be served on slotted
+/// files embedded; see docs/embedded.md).
 #[test]
 fn embedded_pack_fsx_byte_model() {
     let a = Area::new();
@@ -210,7 +210,6 @@ fn embedded_pack_fsx_byte_model() {
         .arg("--seed")
         .arg("20261128")
         .arg("--no-mmap")
-        .arg("--no-copy-range")
         .arg("--keep"));
     let summary = String::from_utf8_lossy(&out.stdout);
     eprintln!("{}", summary.trim());

@@ -241,8 +241,8 @@ fn embedded_writers_in_two_processes_share_one_file() {
 }
 
 /// The exerciser's byte model on an embedded versions prefix, mapped
-/// reads and writes included, then every version it made reads back at
-/// its size.
+/// reads and writes and copy_file_range included, then every version it
+/// made reads back at its size.
 #[test]
 fn embedded_fsx_byte_model_versions() {
     let a = Area::new();
@@ -255,7 +255,6 @@ fn embedded_fsx_byte_model_versions() {
         .arg("3000")
         .arg("--seed")
         .arg("20261126")
-        .arg("--no-copy-range")
         .arg("--keep"));
     let summary = String::from_utf8_lossy(&out.stdout);
     eprintln!("{}", summary.trim());

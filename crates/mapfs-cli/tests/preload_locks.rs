@@ -235,3 +235,58 @@ fn release_runs_at_the_applications_close_passthrough() {
 fn release_runs_at_the_applications_close_daemon() {
     release_at_close(DataMode::DaemonNoWriteback);
 }
+
+/// Two opens of one file in one process, the first holding a record
+/// lock: the second open's data calls (which adopt or lend it, putting
+/// another file under its number) and its close must not drop the lock,
+/// which POSIX drops only when the process closes a descriptor of the
+/// file. SQLite's connections, one per thread, are such opens.
+const SECOND_OPEN_SCRIPT: &str = r#"
+import os, sys, fcntl
+def stage(name):
+    print(name, flush=True)
+    assert sys.stdin.readline().strip() == 'go'
+a = os.open(sys.argv[1], os.O_RDWR)
+os.pwrite(a, b'a' * 4096, 0)
+fcntl.lockf(a, fcntl.LOCK_EX | fcntl.LOCK_NB, 100, 0, 0)
+b = os.open(sys.argv[1], os.O_RDWR)
+for i in range(20):
+    os.pwrite(b, b'b', 200 + i)
+    assert os.pread(b, 1, 0) == b'a'
+stage('second-open-used')
+"#;
+
+fn second_open_keeps_locks(fs: &str) {
+    let test = format!("preload locks, second open ({fs})");
+    if !fuse_or_skip(&test) || !need("python3") {
+        return;
+    }
+    let s = mapfs_testkit::MountSession::builder(common::mapfs_bin())
+        .fs(fs)
+        .data(DataMode::Auto)
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"));
+    let path = s.mountpoint().join("two.db");
+    std::fs::write(&path, b"0123456789".repeat(500)).unwrap();
+    let mut p = Stepped::start(&s, "second-open", SECOND_OPEN_SCRIPT, &path);
+    let pid = p.child.id() as i32;
+    let mine = File::options().read(true).write(true).open(&path).unwrap();
+    p.reached("second-open-used");
+    assert_eq!(
+        holder(&mine, 0, 100),
+        Some(pid),
+        "{test}: the lock of the first open was dropped"
+    );
+    p.go();
+    p.finish();
+}
+
+#[test]
+fn a_second_open_keeps_the_first_opens_locks_passthrough() {
+    second_open_keeps_locks("passthrough");
+}
+
+#[test]
+fn a_second_open_keeps_the_first_opens_locks_plfs() {
+    second_open_keeps_locks("plfs");
+}

@@ -25,15 +25,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{fuse_or_skip, DataMode, MountSession};
-use torture_support::{succeeded, torture_bin, watched};
+use common::fuse_or_skip;
+use torture_support::{attached, embedded, mount, succeeded, torture_bin, watched, Target, LIMIT};
 
 /// Runs of each program per case (each a fresh process tree).
 const RUNS: usize = 20;
-
-/// Longest a run may take before it counts as a hang (a run takes about
-/// a second; the machines are shared).
-const LIMIT: Duration = Duration::from_secs(60);
 
 /// Rounds of the main thread's loop in one run of `torture.c`.
 fn rounds(mode: &str) -> &'static str {
@@ -41,67 +37,6 @@ fn rounds(mode: &str) -> &'static str {
         "fork" => "30",
         "spawn" => "20",
         _ => "40",
-    }
-}
-
-fn mount(fs: &str, test: &str) -> MountSession {
-    MountSession::builder(common::mapfs_bin())
-        .fs(fs)
-        .data(DataMode::Auto)
-        .mount()
-        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"))
-}
-
-/// `argv` under `mapfs run --mount` of `s`, adopting at the first call.
-fn attached(s: &MountSession, test: &str, argv: &[&str]) -> Command {
-    let report = preload_support::report_path(s, test);
-    let mut c = preload_support::attached(s, &report, argv[0]);
-    c.args(&argv[1..]);
-    c
-}
-
-/// `argv` under `mapfs run --embed` of `area`.
-fn embedded(area: &embed_support::Area, fs: &str, argv: &[&str]) -> Command {
-    let mut c = area.run_embedded(fs, "", argv[0]);
-    c.args(&argv[1..]);
-    c
-}
-
-/// Where a program of the case works, and how to start it there.
-enum Target {
-    Attached(MountSession),
-    Embedded(embed_support::Area, &'static str),
-}
-
-impl Target {
-    fn new(executor: &str, fs: &'static str, test: &str) -> Target {
-        match executor {
-            "attached" => Target::Attached(mount(fs, test)),
-            _ => Target::Embedded(embed_support::Area::new("backing"), fs),
-        }
-    }
-
-    /// The directory the programs work in (made fresh for each run).
-    fn dir(&self, name: &str) -> String {
-        let d = match self {
-            Target::Attached(s) => s.mountpoint().join(name).display().to_string(),
-            Target::Embedded(a, _) => a.at(name),
-        };
-        d
-    }
-
-    fn command(&self, test: &str, argv: &[&str]) -> Command {
-        match self {
-            Target::Attached(s) => attached(s, test, argv),
-            Target::Embedded(a, fs) => embedded(a, fs, argv),
-        }
-    }
-
-    /// `mkdir -p dir` done by a program of the target (the embedded
-    /// prefix exists only inside the job).
-    fn mkdir(&self, test: &str, dir: &str) {
-        let out = watched(self.command(test, &["mkdir", "-p", dir]), LIMIT, test);
-        succeeded(&out, &format!("{test}: mkdir {dir}"));
     }
 }
 

@@ -1,8 +1,8 @@
 //! The descriptor calls on placeholders of engine-served opens (see
 //! [`crate::engine_fd`]): the data calls, `fstat`, `dup`/`fcntl`, and the
-//! calls that cannot be served in-process (`mmap`, `sendfile`, `splice`,
-//! `copy_file_range`, stdio streams), which fail with a clear errno and one
-//! warning. Every hook costs one atomic load when no placeholder is open.
+//! calls that cannot be served in-process (a shared `mmap`, `sendfile`,
+//! `splice`), which fail with a clear errno and one warning.
+//! `copy_file_range` is served by reading and writing through the engine. Every hook costs one atomic load when no placeholder is open.
 //! `exec` and `posix_spawn` flush what this image's opens wrote first and
 //! carry the inherited opens to the new image (see
 //! [`engine_fd::before_exec`]).
@@ -183,6 +183,109 @@ unsafe fn write_at(o: &EngineOpen, buf: *const c_void, n: size_t, off: Option<i6
         None => o.write(b),
         Some(x) => offset(x).and_then(|x| o.pwrite(b, x)),
     })
+}
+
+/// One end of a [`copy_range`]: an engine open, or a descriptor of the
+/// kernel's.
+enum End {
+    Engine(Arc<EngineOpen>),
+    Kernel(c_int),
+}
+
+impl End {
+    fn of(fd: c_int) -> End {
+        match engine_fd::get(fd) {
+            Some(o) => End::Engine(o),
+            None => End::Kernel(fd),
+        }
+    }
+
+    /// Reads at `off` (`None`: at the description's offset, moving it).
+    fn read(&self, buf: &mut [u8], off: Option<u64>) -> Result<usize, i32> {
+        let sys = |r: libc::ssize_t| usize::try_from(r).map_err(|_| errno());
+        match (self, off) {
+            (End::Engine(o), Some(x)) => o.pread(buf, x),
+            (End::Engine(o), None) => o.read(buf),
+            // SAFETY: `buf` is valid for writes of its length; the guard is
+            // held, so libc's call goes to the kernel.
+            (End::Kernel(fd), Some(x)) => {
+                sys(unsafe { libc::pread(*fd, buf.as_mut_ptr().cast(), buf.len(), x as off_t) })
+            }
+            // SAFETY: as above.
+            (End::Kernel(fd), None) => {
+                sys(unsafe { libc::read(*fd, buf.as_mut_ptr().cast(), buf.len()) })
+            }
+        }
+    }
+
+    /// Writes at `off` (`None`: at the description's offset, moving it).
+    fn write(&self, data: &[u8], off: Option<u64>) -> Result<usize, i32> {
+        let sys = |r: libc::ssize_t| usize::try_from(r).map_err(|_| errno());
+        match (self, off) {
+            (End::Engine(o), Some(x)) => o.pwrite(data, x),
+            (End::Engine(o), None) => o.write(data),
+            // SAFETY: `data` is valid for reads of its length; the guard is
+            // held, so libc's call goes to the kernel.
+            (End::Kernel(fd), Some(x)) => {
+                sys(unsafe { libc::pwrite(*fd, data.as_ptr().cast(), data.len(), x as off_t) })
+            }
+            // SAFETY: as above.
+            (End::Kernel(fd), None) => {
+                sys(unsafe { libc::write(*fd, data.as_ptr().cast(), data.len()) })
+            }
+        }
+    }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// `copy_file_range` with an engine-served end: the engine reads and
+/// writes it, as a mount's `copy_file_range` serves it (programs take the
+/// `EXDEV` of a cross-device copy for "copy by hand", but a mount of the
+/// same file system copies). The kernel's rules hold: flags must be 0, and
+/// ranges of one file may not overlap.
+///
+/// # Safety
+/// `ioff` and `ooff` are NULL or valid for reading and writing an offset.
+unsafe fn copy_range(
+    inp: c_int,
+    ioff: *mut off64_t,
+    out: c_int,
+    ooff: *mut off64_t,
+    n: size_t,
+    flags: libc::c_uint,
+) -> Result<usize, i32> {
+    if flags != 0 {
+        return Err(libc::EINVAL);
+    }
+    let (src, dst) = (End::of(inp), End::of(out));
+    if let (End::Engine(a), End::Engine(b)) = (&src, &dst) {
+        let (fa, fb) = (a.attr()?, b.attr()?);
+        if fa.1 == fb.1 && fa.0.ino == fb.0.ino {
+            // SAFETY: per the contract.
+            let at = |p: *mut off64_t| (!p.is_null()).then(|| unsafe { *p } as u64);
+            let start_in = at(ioff).unwrap_or_else(|| a.offset_now());
+            let start_out = at(ooff).unwrap_or_else(|| b.offset_now());
+            let len = n as u64;
+            if start_in < start_out + len && start_out < start_in + len {
+                return Err(libc::EINVAL);
+            }
+        }
+    }
+    // SAFETY: per the contract.
+    unsafe {
+        mapfs_interpose::copy::by_hand(
+            ioff,
+            ooff,
+            n,
+            |b, at| src.read(b, at),
+            |d, at| dst.write(d, at),
+        )
+    }
 }
 
 /// The iovecs of a vectored call.
@@ -915,11 +1018,11 @@ hooks! {
         unsafe { real(inp, ioff, out, ooff, n, flags) }
     }
     fn copy_file_range(inp: c_int, ioff: *mut off64_t, out: c_int, ooff: *mut off64_t, n: size_t, flags: libc::c_uint) -> ssize_t = |real| {
-        // EXDEV: callers (cp, cat) copy by read/write instead, as across
-        // file systems; an ordinary answer, so no warning.
         if is_placeholder(out) || is_placeholder(inp) {
-            set_errno(libc::EXDEV);
-            return -1;
+            if let Some(_g) = Guard::enter() {
+                // SAFETY: the caller's offset pointers (NULL or valid).
+                return count(unsafe { copy_range(inp, ioff, out, ooff, n, flags) });
+            }
         }
         // SAFETY: libc's call with the caller's arguments.
         unsafe { real(inp, ioff, out, ooff, n, flags) }

@@ -4,7 +4,10 @@
 //! a placeholder, and the kernel would answer `EBADF`, which programs take
 //! for a real error. A mount answers them `EOPNOTSUPP`, the answer of every
 //! file system without shared extents, after which `cp --reflink=auto`,
-//! fsx and the like copy by hand; the libraries answer the same.
+//! fsx and the like copy by hand; the libraries answer the same. So does
+//! the preload shim for an adopted open, whose descriptor is the backing
+//! file: the kernel would answer for the backing file system (`EXDEV`
+//! beside a file of the mount, or a clone where extents are shared).
 
 use std::ffi::{c_int, c_ulong, c_void};
 

@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 pub mod clone;
+pub mod copy;
 pub mod gate;
 pub mod guard;
 pub mod seqlock;

@@ -201,6 +201,66 @@ fn data_final(fd: c_int, why: &str) {
     }
 }
 
+/// Both descriptors are files of mounts, one of them adopted (its
+/// descriptor the backing file), so that the kernel answered `EXDEV` for
+/// a copy the mount serves.
+fn both_mapfs(a: c_int, b: c_int) -> bool {
+    let st = (table::state(a), table::state(b));
+    matches!(st.0, ADOPTED | MOUNT) && matches!(st.1, ADOPTED | MOUNT) && st != (MOUNT, MOUNT)
+}
+
+/// `copy_file_range` between an adopted open and another file of a mount
+/// by reads and writes on the two kernel descriptors, as the mount serves
+/// it (`None`: the thread is inside the shim, the kernel's answer
+/// stands).
+///
+/// # Safety
+/// `off_in` and `off_out` are NULL or valid for reading and writing.
+unsafe fn copy_by_hand(
+    in_fd: c_int,
+    off_in: *mut off64_t,
+    out_fd: c_int,
+    off_out: *mut off64_t,
+    n: size_t,
+) -> Option<ssize_t> {
+    let _g = Guard::enter()?;
+    let res = |r: ssize_t| usize::try_from(r).map_err(|_| sys::errno());
+    // SAFETY: per the contract; the guard is held, so libc's calls go to
+    // the kernel, on buffers valid for their lengths.
+    let r = unsafe {
+        mapfs_interpose::copy::by_hand(
+            off_in,
+            off_out,
+            n,
+            |b, at| match at {
+                Some(x) => res(libc::pread64(
+                    in_fd,
+                    b.as_mut_ptr().cast(),
+                    b.len(),
+                    x as off64_t,
+                )),
+                None => res(libc::read(in_fd, b.as_mut_ptr().cast(), b.len())),
+            },
+            |d, at| match at {
+                Some(x) => res(libc::pwrite64(
+                    out_fd,
+                    d.as_ptr().cast(),
+                    d.len(),
+                    x as off64_t,
+                )),
+                None => res(libc::write(out_fd, d.as_ptr().cast(), d.len())),
+            },
+        )
+    };
+    Some(match r {
+        Ok(k) => k as ssize_t,
+        Err(e) => {
+            sys::set_errno(e);
+            -1
+        }
+    })
+}
+
 #[cold]
 #[inline(never)]
 fn data_slow(fd: c_int, len: usize) -> Option<MountCall> {
@@ -539,6 +599,11 @@ fn fcntl_hook(real: FcntlFn, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// The kept mount descriptor an adopted `fd`'s locks go to (see
 /// [`table::lock_target`]), or `None` to lock `fd` itself.
 fn lock_target(fd: c_int, posix: bool) -> Option<c_int> {
+    if posix && !matches!(table::state(fd), OTHER | table::UNKNOWN) {
+        if let Some(_g) = Guard::enter() {
+            sys::keep_errno(|| table::record_locking(fd));
+        }
+    }
     if table::state(fd) == table::ENGINE {
         // The mount's open (kept aside under a writable lending's
         // placeholder), but its offset (and the size its writes gave the
@@ -844,11 +909,16 @@ hooks! {
         unsafe { libc::fork() }
     }
 
-    // ---- clone ioctls on lent opens: EOPNOTSUPP, as the mount answers
-    // (see [`mapfs_interpose::clone`]); every other ioctl goes on ----
+    // ---- clone ioctls on lent or adopted opens: EOPNOTSUPP, as the
+    // mount answers (see [`mapfs_interpose::clone`]); an adopted
+    // descriptor is the backing file, on which the kernel would answer
+    // for another file system (EXDEV beside a file of the mount, or a
+    // real clone on a file system that shares extents); every other ioctl
+    // goes on ----
     fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int as IoctlFn = |real| {
+        let served = |f| matches!(table::state(f), table::ENGINE | table::ADOPTED);
         // SAFETY: the program's arguments for `req`.
-        if unsafe { mapfs_interpose::clone::involves(fd, req, arg, |f| table::state(f) == table::ENGINE) } {
+        if unsafe { mapfs_interpose::clone::involves(fd, req, arg, served) } {
             sys::set_errno(libc::EOPNOTSUPP);
             return -1;
         }
@@ -1307,7 +1377,14 @@ hooks! {
     fn copy_file_range(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
         data_final(in_fd, "copy_file_range");
         data_final(out_fd, "copy_file_range");
-        real(in_fd, off_in, out_fd, off_out, n, flags)
+        let r = real(in_fd, off_in, out_fd, off_out, n, flags);
+        if r < 0 && sys::errno() == libc::EXDEV && flags == 0 && both_mapfs(in_fd, out_fd) {
+            // SAFETY: the caller's offset pointers (NULL or valid).
+            if let Some(r) = unsafe { copy_by_hand(in_fd, off_in, out_fd, off_out, n) } {
+                return r;
+            }
+        }
+        r
     }
     fn splice(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
         data_final(in_fd, "splice");

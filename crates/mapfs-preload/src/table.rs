@@ -388,6 +388,67 @@ fn classify(fd: RawFd) -> u8 {
     PENDING
 }
 
+/// Why an open stays on the mount: the process holds record locks on the
+/// file through another open. POSIX drops all of a process's record locks
+/// on a file when any descriptor of it is closed, and adopting or lending
+/// puts another file under the application's number (`dup3` over it): the
+/// other open's locks would go (two SQLite connections of one process
+/// would both think they hold the database).
+pub const LOCKED: &str = "record locks on the file through another open";
+
+/// Files (mount index, inode) this process took record locks on, for the
+/// process's life: whether all its locks on one are gone cannot be known
+/// without a race with the threads taking them.
+static LOCKED_FILES: Mutex<Option<std::collections::HashSet<(usize, u64)>>> = Mutex::new(None);
+
+fn locked_file(mount: usize, ino: u64) -> bool {
+    LOCKED_FILES
+        .lock()
+        .as_ref()
+        .is_some_and(|l| l.contains(&(mount, ino)))
+}
+
+/// A record lock is about to be taken through `fd`: the file is noted
+/// (no open of it is adopted or lent from now on, see [`LOCKED`]),
+/// and its lent opens are handed back first, so that no descriptor of it
+/// is swapped out from under the lock.
+pub fn record_locking(fd: RawFd) {
+    let Some(e) = get(fd) else {
+        return;
+    };
+    LOCKED_FILES
+        .lock()
+        .get_or_insert_with(Default::default)
+        .insert((e.mount, e.ino));
+    // Not only when an open is lent now: taking each entry's lock waits
+    // for an adoption in progress (whose `dup3` must come before the
+    // lock), and one that starts later sees the file noted.
+    let mut all = siblings(&e);
+    all.push(e);
+    for s in all {
+        hand_back(&s, LOCKED);
+    }
+}
+
+/// The other entries of `entry`'s file in this process.
+fn siblings(entry: &Arc<Entry>) -> Vec<Arc<Entry>> {
+    let table = TABLE.read();
+    let Some(t) = table.as_ref() else {
+        return Vec::new();
+    };
+    let mut out: Vec<Arc<Entry>> = Vec::new();
+    for e in t.values() {
+        if e.mount == entry.mount
+            && e.ino == entry.ino
+            && !Arc::ptr_eq(e, entry)
+            && !out.iter().any(|o| Arc::ptr_eq(o, e))
+        {
+            out.push(e.clone());
+        }
+    }
+    out
+}
+
 /// The first call of a pending descriptor at which the time its calls spent
 /// on the mount may adopt it (see [`Policy`]).
 pub const TIMED_FROM: u32 = 4;
@@ -711,9 +772,16 @@ pub fn adopt(entry: &Arc<Entry>, engine: bool) {
     if inner.status != Status::Pending {
         return;
     }
-    let status = match try_adopt(entry, &mut inner, engine) {
-        Ok(s) => s,
-        Err(reason) => Status::Mount(reason),
+    // Checked under the entry's lock: a record lock taken meanwhile
+    // through another open either is noted by now, or waits for this
+    // adoption to end ([`record_locking`]).
+    let status = if locked_file(entry.mount, entry.ino) {
+        Status::Mount(LOCKED.into())
+    } else {
+        match try_adopt(entry, &mut inner, engine) {
+            Ok(s) => s,
+            Err(reason) => Status::Mount(reason),
+        }
     };
     let st = match &status {
         Status::Adopted { writable, .. } => {

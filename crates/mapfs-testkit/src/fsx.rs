@@ -2,7 +2,8 @@
 //!
 //! Creates a file in a directory and applies a seeded random sequence of data
 //! operations to it (write, read, truncate, mmap read/write, fallocate, punch
-//! hole, zero range, copy_file_range, fsync, close+reopen), checking every read
+//! hole, zero range, copy_file_range, the clone ioctls, fsync, close+reopen),
+//! checking every read
 //! and the file size against an in-memory byte model. The same seed always
 //! produces the same sequence, so a failure is reproduced by re-running with
 //! the printed seed.
@@ -41,6 +42,13 @@ pub struct FsxConfig {
     pub fallocate: bool,
     /// Run copy_file_range operations.
     pub copy_range: bool,
+    /// Run the clone ioctls (`FICLONERANGE` from the source file into the
+    /// data file, `FICLONE` of the data file into a fresh file). Off by
+    /// default: most file systems answer `EOPNOTSUPP`, which the report
+    /// counts as skipped.
+    pub clone: bool,
+    /// Close and reopen the data file now and then (checking all of it).
+    pub close_open: bool,
     /// How many recent operations a failure report shows.
     pub log_tail: usize,
     /// Keep the test files after a successful run.
@@ -65,6 +73,8 @@ impl FsxConfig {
             mmap: true,
             fallocate: true,
             copy_range: true,
+            clone: false,
+            close_open: true,
             log_tail: 32,
             keep: false,
             print_ops: false,
@@ -89,6 +99,8 @@ impl FsxConfig {
             | OpKind::ZeroRange => self.fallocate,
             OpKind::CopyWithin | OpKind::CopyFrom => self.copy_range,
             OpKind::DirectWrite | OpKind::DirectRead => self.direct,
+            OpKind::CloneRange | OpKind::CloneWhole => self.clone,
+            OpKind::Reopen => self.close_open,
             _ => true,
         }
     }
@@ -129,11 +141,16 @@ pub enum OpKind {
     DirectWrite,
     /// Block-aligned pread through an O_DIRECT descriptor.
     DirectRead,
+    /// `FICLONERANGE` of block-aligned bytes of the source file.
+    CloneRange,
+    /// `FICLONE` of the whole data file into a fresh file, which must then
+    /// read as the model.
+    CloneWhole,
 }
 
 impl OpKind {
     /// Every kind, in report order.
-    pub const ALL: [OpKind; 16] = [
+    pub const ALL: [OpKind; 18] = [
         OpKind::Write,
         OpKind::Read,
         OpKind::TruncateGrow,
@@ -150,6 +167,8 @@ impl OpKind {
         OpKind::Reopen,
         OpKind::DirectWrite,
         OpKind::DirectRead,
+        OpKind::CloneRange,
+        OpKind::CloneWhole,
     ];
 
     /// Short name used in logs and summaries.
@@ -171,6 +190,8 @@ impl OpKind {
             OpKind::Reopen => "reopen",
             OpKind::DirectWrite => "direct_write",
             OpKind::DirectRead => "direct_read",
+            OpKind::CloneRange => "clone_range",
+            OpKind::CloneWhole => "clone",
         }
     }
 }
@@ -328,6 +349,7 @@ pub fn run(cfg: &FsxConfig) -> Result<FsxReport, FsxFailure> {
                 fsx.fd = None;
                 let _ = std::fs::remove_file(&fsx.path);
                 let _ = std::fs::remove_file(src_path(cfg));
+                let _ = std::fs::remove_file(clone_path(cfg));
             }
             Ok(report)
         }
@@ -342,6 +364,11 @@ pub fn data_path(cfg: &FsxConfig) -> PathBuf {
 
 fn src_path(cfg: &FsxConfig) -> PathBuf {
     cfg.dir.join(format!("fsx-{}.src", cfg.seed))
+}
+
+/// Where `FICLONE` puts its copy of the data file.
+fn clone_path(cfg: &FsxConfig) -> PathBuf {
+    cfg.dir.join(format!("fsx-{}.clone", cfg.seed))
 }
 
 /// Alignment of O_DIRECT offsets, lengths and buffers (safe for 512-byte and
@@ -553,6 +580,8 @@ impl Fsx {
             (OpKind::Reopen, 2),
             (OpKind::DirectWrite, 8),
             (OpKind::DirectRead, 8),
+            (OpKind::CloneRange, 3),
+            (OpKind::CloneWhole, 2),
         ];
         let enabled = |k: OpKind| self.cfg.enables(k);
         let total: u32 = table
@@ -860,6 +889,8 @@ impl Fsx {
                 };
                 r.map_err(|e| sys("fsync", e))
             }
+            OpKind::CloneRange => self.clone_range(),
+            OpKind::CloneWhole => self.clone_whole(),
             OpKind::DirectWrite => self.direct_op(true),
             OpKind::DirectRead => self.direct_op(false),
             OpKind::Reopen => {
@@ -873,6 +904,60 @@ impl Fsx {
                     .map_err(|(m, o)| OpError::Fail(m, o))
             }
         }
+    }
+
+    /// `FICLONERANGE` of whole blocks of the source file to a
+    /// block-aligned offset of the data file (aligned, so a file system
+    /// that shares extents accepts it; a source shorter than a block is
+    /// read instead).
+    fn clone_range(&mut self) -> OpResult {
+        let blocks = self.src_model.len() as u64 / DIRECT_BLOCK;
+        let room = self.cfg.maxlen / DIRECT_BLOCK;
+        let most = blocks
+            .min(room)
+            .min((self.cfg.max_op_len / DIRECT_BLOCK).max(1));
+        if most == 0 {
+            let (off, len) = self.range_in_file();
+            self.log(format!(
+                "clone_range: source under a block; read {off:#x} len {len:#x} instead"
+            ));
+            return self.check_read(off, len);
+        }
+        let len = self.rng.random_range(1..=most) * DIRECT_BLOCK;
+        let src = self.rng.random_range(0..=blocks - len / DIRECT_BLOCK) * DIRECT_BLOCK;
+        let dst = self.rng.random_range(0..=room - len / DIRECT_BLOCK) * DIRECT_BLOCK;
+        self.log(format!("clone_range src {src:#x} -> {dst:#x} len {len:#x}"));
+        match crate::libc_io::ficlonerange(&self.src_fd, src, self.fd(), dst, len) {
+            Ok(()) => {}
+            Err(e) if is_unsupported(e) => return Err(OpError::Unsupported(e)),
+            Err(e) => return Err(sys("ioctl(FICLONERANGE)", e)),
+        }
+        let data = self.src_model[src as usize..(src + len) as usize].to_vec();
+        self.model_write(dst, &data);
+        Ok(())
+    }
+
+    /// `FICLONE` of the data file into a fresh, empty file, which must then
+    /// hold exactly the model.
+    fn clone_whole(&mut self) -> OpResult {
+        let path = clone_path(&self.cfg);
+        self.log("clone (whole file into a fresh file)".into());
+        let out = open_rw(&path, OFlags::CREATE | OFlags::TRUNC)
+            .map_err(|e| sys("creating the clone's file", e))?;
+        match crate::libc_io::ficlone(&out, self.fd()) {
+            Ok(()) => {}
+            Err(e) if is_unsupported(e) => return Err(OpError::Unsupported(e)),
+            Err(e) => return Err(sys("ioctl(FICLONE)", e)),
+        }
+        let mut got = vec![0u8; self.model.len() + 1];
+        let n = pread_full(&out, &mut got, 0).map_err(|e| sys("pread of the clone", e))?;
+        if let Some(d) = first_diff(&self.model, &got[..n]) {
+            return Err(OpError::Fail(
+                format!("the clone differs from the model at {d:#x} (read {n:#x} bytes)"),
+                Some(d as u64),
+            ));
+        }
+        Ok(())
     }
 
     /// Block-aligned O_DIRECT write or read.

@@ -157,6 +157,38 @@ pub fn copy_file_range(
     Ok(n)
 }
 
+/// `ioctl(fd_out, FICLONE, fd_in)`: all of `fd_in` into `fd_out`.
+pub fn ficlone(fd_out: impl AsFd, fd_in: impl AsFd) -> Result<(), Errno> {
+    // SAFETY: FICLONE takes the source descriptor by value.
+    check(unsafe {
+        libc::ioctl(
+            fd_out.as_fd().as_raw_fd(),
+            libc::FICLONE,
+            fd_in.as_fd().as_raw_fd(),
+        )
+    })
+}
+
+/// `ioctl(fd_out, FICLONERANGE, ..)`: `len` bytes of `fd_in` at `off_in`
+/// to `off_out`.
+pub fn ficlonerange(
+    fd_in: impl AsFd,
+    off_in: u64,
+    fd_out: impl AsFd,
+    off_out: u64,
+    len: u64,
+) -> Result<(), Errno> {
+    let range = libc::file_clone_range {
+        src_fd: fd_in.as_fd().as_raw_fd() as i64,
+        src_offset: off_in,
+        src_length: len,
+        dest_offset: off_out,
+    };
+    // SAFETY: `range` is a live `struct file_clone_range` the kernel only
+    // reads.
+    check(unsafe { libc::ioctl(fd_out.as_fd().as_raw_fd(), libc::FICLONERANGE, &range) })
+}
+
 /// `mmap(2)`, of a mapping that children forked meanwhile do not inherit
 /// (`MADV_DONTFORK`).
 ///

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+use crate::common::{DataMode, MountSession};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -137,4 +139,72 @@ pub fn succeeded(out: &Output, what: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Longest a run may take before it counts as a hang (a run takes about
+/// a second; the machines are shared).
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// A mount of `fs` (data mode auto) for the test `test`.
+pub fn mount(fs: &str, test: &str) -> MountSession {
+    MountSession::builder(crate::common::mapfs_bin())
+        .fs(fs)
+        .data(DataMode::Auto)
+        .mount()
+        .unwrap_or_else(|e| panic!("{test}: mount: {e:#}"))
+}
+
+/// `argv` under `mapfs run --mount` of `s`, adopting at the first call.
+pub fn attached(s: &MountSession, test: &str, argv: &[&str]) -> Command {
+    let report = crate::preload_support::report_path(s, test);
+    let mut c = crate::preload_support::attached(s, &report, argv[0]);
+    c.args(&argv[1..]);
+    c
+}
+
+/// `argv` under `mapfs run --embed` of `area`.
+pub fn embedded(area: &crate::embed_support::Area, fs: &str, argv: &[&str]) -> Command {
+    let mut c = area.run_embedded(fs, "", argv[0]);
+    c.args(&argv[1..]);
+    c
+}
+
+/// Where a program of the case works, and how to start it there.
+pub enum Target {
+    /// Programs under `mapfs run --mount`, attached to this mount.
+    Attached(MountSession),
+    /// Programs under `mapfs run --embed` of this file system on this area.
+    Embedded(crate::embed_support::Area, &'static str),
+}
+
+impl Target {
+    pub fn new(executor: &str, fs: &'static str, test: &str) -> Target {
+        match executor {
+            "attached" => Target::Attached(mount(fs, test)),
+            _ => Target::Embedded(crate::embed_support::Area::new("backing"), fs),
+        }
+    }
+
+    /// The directory the programs work in (made fresh for each run).
+    pub fn dir(&self, name: &str) -> String {
+        let d = match self {
+            Target::Attached(s) => s.mountpoint().join(name).display().to_string(),
+            Target::Embedded(a, _) => a.at(name),
+        };
+        d
+    }
+
+    pub fn command(&self, test: &str, argv: &[&str]) -> Command {
+        match self {
+            Target::Attached(s) => attached(s, test, argv),
+            Target::Embedded(a, fs) => embedded(a, fs, argv),
+        }
+    }
+
+    /// `mkdir -p dir` done by a program of the target (the embedded
+    /// prefix exists only inside the job).
+    pub fn mkdir(&self, test: &str, dir: &str) {
+        let out = watched(self.command(test, &["mkdir", "-p", dir]), LIMIT, test);
+        succeeded(&out, &format!("{test}: mkdir {dir}"));
+    }
 }

@@ -37,6 +37,12 @@ struct Args {
     /// Do not use copy_file_range.
     #[arg(long)]
     no_copy_range: bool,
+    /// Also run the clone ioctls (FICLONE, FICLONERANGE).
+    #[arg(long)]
+    clone: bool,
+    /// Never close and reopen the file.
+    #[arg(long)]
+    no_close_open: bool,
     /// Also run block-aligned O_DIRECT reads and writes.
     #[arg(long)]
     direct: bool,
@@ -56,6 +62,8 @@ fn main() -> ExitCode {
     cfg.mmap = !a.no_mmap;
     cfg.fallocate = !a.no_fallocate;
     cfg.copy_range = !a.no_copy_range;
+    cfg.clone = a.clone;
+    cfg.close_open = !a.no_close_open;
     cfg.keep = a.keep;
     cfg.print_ops = a.print_ops;
     cfg.direct = a.direct;

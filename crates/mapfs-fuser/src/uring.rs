@@ -356,11 +356,13 @@ pub(crate) fn serve_queue<FS: Filesystem>(
         let ring = new_ring((depth as u32 + 1).next_power_of_two())?;
         Ok::<_, io::Error>((queue, ring))
     })();
+    // A queue that cannot start leaves the ring unready, and the kernel
+    // then keeps sending to /dev/fuse: the session goes on without it.
     let (queue, mut ring) = match setup {
         Ok(x) => x,
         Err(e) => {
             registered(Err(io::Error::new(e.kind(), format!("queue {qid}: {e}"))));
-            return Err(e);
+            return Ok(());
         }
     };
     let fd = types::Fd(dev.as_raw_fd());
@@ -431,11 +433,20 @@ pub(crate) fn serve_queue<FS: Filesystem>(
         refused.map_or(Ok(()), Err)
     };
     if let Err(e) = register() {
-        registered(Err(io::Error::new(
-            e.kind(),
-            format!("registering the entries of queue {qid}: {e}"),
-        )));
-        return Err(e);
+        let ended = matches!(
+            e.raw_os_error(),
+            Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV)
+        );
+        if ended {
+            // Unmounted before the queues were up: nothing to serve.
+            debug!("queue {qid}: connection ended before registration");
+        } else {
+            registered(Err(io::Error::new(
+                e.kind(),
+                format!("registering the entries of queue {qid}: {e}"),
+            )));
+        }
+        return Ok(());
     }
     registered(Ok(()));
     let mut live = depth as usize;

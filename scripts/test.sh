@@ -6,6 +6,11 @@
 #
 # Extra arguments replace `--workspace` for a quicker run of part of the
 # suite, e.g. `bash scripts/test.sh -p mapfs-cli --test exclusive`.
+#
+# MAPFS_TRANSPORT=uring|dev in the environment is the transport of every
+# mount that names none (docs/transport.md): unset, supervised mounts (most
+# tests') use /dev/fuse and the others io_uring; `MAPFS_TRANSPORT=uring
+# bash scripts/test.sh -p mapfs-cli --test posix` runs them over io_uring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -23,7 +28,7 @@ map=$log_dir/test-binaries.json
 # Which package and target each test binary belongs to: two crates may both
 # have a tests/versions.rs, and the skip list names tests by package.
 cargo test "${scope[@]}" --no-run --message-format=json >"$map"
-echo "test.sh: full output in $log" >&2
+echo "test.sh: full output in $log; transport: ${MAPFS_TRANSPORT:-default}" >&2
 # libtest keeps what a passing test printed to itself unless asked:
 # --show-output prints it after the run under the test's name, which is
 # how a skip (a `SKIPPED <test>: <reason>` line) is seen and attributed.

@@ -45,7 +45,8 @@ pub struct MountArgs {
     pub data: String,
     /// Mount options, comma separated: allow_other, allow_root, default_permissions, ro,
     /// rw, exec, noexec, suid, nosuid, dev, nodev, atime, noatime, sync, async, dirsync,
-    /// nonempty, and the file system's own.
+    /// nonempty, transport=uring|dev (how requests reach the daemon; default uring where
+    /// the kernel offers it, or $MAPFS_TRANSPORT), and the file system's own.
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Stay in the foreground and log to stderr.

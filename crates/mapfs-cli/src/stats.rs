@@ -193,6 +193,19 @@ pub fn table(r: &StatsReport, interval: bool) -> String {
         "kernel cache invalidations sent: {}; map-cache token bumps: {}",
         s.invalidations, s.token_bumps
     );
+    if !s.transport.is_empty() {
+        let _ = writeln!(
+            out,
+            "transport: {}; requests taken from io_uring {}, from /dev/fuse {}",
+            if s.transport == "uring" {
+                "io_uring"
+            } else {
+                "/dev/fuse"
+            },
+            s.uring_requests,
+            s.dev_requests
+        );
+    }
     match &s.kernel {
         Some(k) => {
             let _ = writeln!(
@@ -297,6 +310,14 @@ pub fn prometheus(mountpoint: &Path, s: &MountStats) -> String {
         "mapfs_map_token_bumps_total",
         "Map-cache token bumps.",
         one(s.token_bumps),
+    );
+    counter(
+        "mapfs_requests_by_transport_total",
+        "FUSE requests, by the transport they came on.",
+        vec![
+            (",transport=\"uring\"".into(), s.uring_requests),
+            (",transport=\"dev\"".into(), s.dev_requests),
+        ],
     );
     let name = "mapfs_request_duration_seconds";
     let _ = writeln!(

@@ -339,6 +339,11 @@ fn housekeeping_loop(
 }
 
 impl Shared {
+    /// Gives the statistics the session's requests per transport.
+    pub fn set_transport(&self, t: Arc<fuser::TransportCounters>) {
+        self.stats.set_transport(t);
+    }
+
     /// Gives the adapter the session's notifier (for cache invalidation).
     pub fn set_notifier(&self, n: Notifier) {
         let _ = self.notifier.set(n);

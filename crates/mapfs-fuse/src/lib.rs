@@ -17,4 +17,7 @@ pub mod stats;
 pub mod sys;
 
 pub use adapter::{AdapterOptions, DataMode};
-pub use mount::{mount, parse_options, resume, MountOptions, Mounted, Unmounter, FSTYPE};
+pub use mount::{
+    mount, parse_options, resume, MountOptions, Mounted, Transport, Unmounter, FSTYPE,
+    TRANSPORT_ENV,
+};

@@ -53,7 +53,70 @@ pub const KNOWN_OPTIONS: &[&str] = &[
     "sync",
     "async",
     "dirsync",
+    "transport=uring",
+    "transport=dev",
 ];
+
+/// How the daemon takes requests from the kernel (`-o transport=`; see
+/// `docs/transport.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// FUSE over io_uring where the kernel offers it, else `/dev/fuse`.
+    Uring,
+    /// `/dev/fuse` alone.
+    Dev,
+}
+
+impl Transport {
+    /// Parses `uring` or `dev`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "uring" => Ok(Transport::Uring),
+            "dev" => Ok(Transport::Dev),
+            other => Err(format!("unknown transport {other:?} (known: uring, dev)")),
+        }
+    }
+
+    /// The transport [`TRANSPORT_ENV`] names for mounts without
+    /// `-o transport=` (so that a test suite can run on either); `None`
+    /// when unset.
+    pub fn from_env() -> Result<Option<Self>, String> {
+        match std::env::var(TRANSPORT_ENV) {
+            Ok(v) if !v.is_empty() => Transport::parse(&v)
+                .map(Some)
+                .map_err(|e| format!("{TRANSPORT_ENV}: {e}")),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// The environment variable that gives the default transport (`uring` or
+/// `dev`) of mounts without `-o transport=`.
+pub const TRANSPORT_ENV: &str = "MAPFS_TRANSPORT";
+
+/// The kernel's switch for FUSE over io_uring (off by default; root may
+/// turn it on at any time, and it is read at each mount's `INIT`).
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Turns [`ENABLE_URING`] on when it is off and this process may (root);
+/// otherwise says why the kernel will not offer io_uring.
+fn enable_uring() -> Result<(), String> {
+    let now = std::fs::read_to_string(ENABLE_URING)
+        .map_err(|e| format!("this kernel has no FUSE over io_uring ({ENABLE_URING}: {e})"))?;
+    if now.trim() == "Y" {
+        return Ok(());
+    }
+    match std::fs::write(ENABLE_URING, "Y") {
+        Ok(()) => {
+            tracing::info!("FUSE over io_uring turned on for this boot (Y > {ENABLE_URING})");
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "the kernel's FUSE over io_uring is off and this process cannot turn it on ({e}); \
+             as root: echo Y > {ENABLE_URING}"
+        )),
+    }
+}
 
 /// Parsed `-o` options.
 #[derive(Debug, Clone)]
@@ -62,6 +125,10 @@ pub struct MountOptions {
     pub kernel: Vec<MountOption>,
     /// Who may use the mount.
     pub acl: SessionACL,
+    /// How requests reach the daemon, if chosen (`-o transport=` or
+    /// [`TRANSPORT_ENV`]); by default io_uring for a mount without a
+    /// supervisor, `/dev/fuse` for a supervised one (see [`mount`]).
+    pub transport: Option<Transport>,
 }
 
 impl MountOptions {
@@ -81,6 +148,7 @@ impl MountOptions {
 pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
     let mut kernel = Vec::new();
     let mut acl = SessionACL::Owner;
+    let mut transport = None;
     for opt in opts
         .iter()
         .flat_map(|o| o.split(','))
@@ -109,6 +177,10 @@ pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
             "sync" => MountOption::Sync,
             "async" => MountOption::Async,
             "dirsync" => MountOption::DirSync,
+            t if t.starts_with("transport=") => {
+                transport = Some(Transport::parse(&t["transport=".len()..])?);
+                continue;
+            }
             other => {
                 return Err(format!(
                     "unknown mount option {other:?} (known: {})",
@@ -122,7 +194,15 @@ pub fn parse_options(opts: &[String]) -> Result<MountOptions, String> {
     if !kernel.contains(&MountOption::DefaultPermissions) {
         kernel.push(MountOption::DefaultPermissions);
     }
-    Ok(MountOptions { kernel, acl })
+    let transport = match transport {
+        Some(t) => Some(t),
+        None => Transport::from_env()?,
+    };
+    Ok(MountOptions {
+        kernel,
+        acl,
+        transport,
+    })
 }
 
 /// The mount type every mapfs mount shows in `/proc/self/mountinfo`: what
@@ -170,7 +250,30 @@ pub fn mount(
     let shared = adapter.shared();
     shared.describe(fs_name, backing);
     shared.set_mountpoint(mountpoint);
-    let cfg = session_config(opts, &source, link.is_some());
+    let mut cfg = session_config(opts, &source, link.is_some());
+    let mut uring_off = None;
+    match opts.transport {
+        Some(Transport::Dev) => cfg.io_uring = false,
+        // A supervised mount keeps /dev/fuse unless io_uring is asked for:
+        // at a daemon's death the kernel fails the requests it was handing
+        // to the ring (ECANCELED) and never sends again those the daemon
+        // had taken from it, so a failover could not go unseen.
+        None if link.is_some() => {
+            cfg.io_uring = false;
+            uring_off = Some(
+                "a supervised mount keeps /dev/fuse, whose requests a successor can take over \
+                 (-o transport=uring to choose io_uring; docs/transport.md)"
+                    .to_string(),
+            );
+        }
+        Some(Transport::Uring) | None => {
+            cfg.io_uring = true;
+            if let Err(why) = enable_uring() {
+                cfg.io_uring = false;
+                uring_off = Some(why);
+            }
+        }
+    }
     let (session, dev, own_mount) = match mount_as_root(&source, mountpoint, opts)? {
         Some(fd) => {
             let dev = fd.try_clone().ok();
@@ -189,6 +292,10 @@ pub fn mount(
         }
     };
     shared.set_notifier(session.notifier());
+    shared.set_transport(session.transport_counters());
+    if let Some(why) = uring_off.as_deref().or(session.uring_unavailable()) {
+        tracing::info!("transport: /dev/fuse, not io_uring: {why}");
+    }
     if let Some(link) = link {
         let Some(dev) = &dev else {
             return Err(io::Error::other(
@@ -196,7 +303,9 @@ pub fn mount(
             ));
         };
         shared.set_link(link.clone());
-        link.send_with(&ToSupervisor::Mounted(shared.init_state()), &[dev.as_fd()]);
+        let mut init = shared.init_state();
+        init.uring = session.uring().map(|u| (u.payload as u64, u.depth));
+        link.send_with(&ToSupervisor::Mounted(init), &[dev.as_fd()]);
     }
     Ok(Mounted {
         session,
@@ -230,9 +339,16 @@ pub fn resume(
     let cfg = session_config(opts, &source, true);
     let dev = state.dev.try_clone()?;
     let fd = state.dev.try_clone()?;
-    let session = Session::resume_from_fd(adapter, fd, opts.acl, cfg)?;
+    let mut session = Session::resume_from_fd(adapter, fd, opts.acl, cfg)?;
+    // The kernel sends every request of a connection that negotiated
+    // io_uring to its ring, whatever the transport asked now.
+    session.set_uring(state.init.uring.map(|(payload, depth)| fuser::UringParams {
+        payload: payload as usize,
+        depth,
+    }));
     shared.resume(&mut state, |id| session.backing_id_from_raw(id));
     shared.set_notifier(session.notifier());
+    shared.set_transport(session.transport_counters());
     shared.set_link(link);
     Ok(Mounted {
         session,
@@ -403,7 +519,45 @@ impl Mounted {
             }
         }
         self.shared.journal_serving();
+        if self.resumed && self.session.uring().is_some() {
+            kick_queues(self.session.transport_counters(), self.mountpoint.clone());
+        }
         self.session.run()
+    }
+}
+
+/// After a takeover of a connection served over io_uring: the requests the
+/// kernel queued while no entry was registered wait for the next request on
+/// their queue (a new entry takes only requests that come after it), so
+/// once the entries are registered, one `statfs` from each CPU starts every
+/// queue. (The requests the dead daemon had taken from its ring and not
+/// answered are another matter: see docs/transport.md.)
+fn kick_queues(counters: Arc<fuser::TransportCounters>, mountpoint: PathBuf) {
+    let spawned = std::thread::Builder::new()
+        .name("mapfs-kick".into())
+        .spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !counters
+                .uring_active
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                if std::time::Instant::now() > deadline {
+                    tracing::warn!("io_uring queues not registered after a takeover");
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            for cpu in 0..cpus {
+                let mut set = rustix::thread::CpuSet::new();
+                set.set(cpu);
+                if rustix::thread::sched_setaffinity(None, &set).is_ok() {
+                    let _ = rustix::fs::statfs(&mountpoint);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the queue kick after a takeover: {e}");
     }
 }
 
@@ -463,5 +617,11 @@ mod tests {
         assert!(o.kernel.contains(&MountOption::DefaultPermissions));
         let e = parse_options(&["bogus".into()]).unwrap_err();
         assert!(e.contains("bogus"), "{e}");
+        let o = parse_options(&["ro,transport=dev".into()]).unwrap();
+        assert_eq!(o.transport, Some(Transport::Dev));
+        let o = parse_options(&["transport=uring".into()]).unwrap();
+        assert_eq!(o.transport, Some(Transport::Uring));
+        let e = parse_options(&["transport=tcp".into()]).unwrap_err();
+        assert!(e.contains("tcp") && e.contains("uring"), "{e}");
     }
 }

@@ -37,7 +37,7 @@ use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -168,6 +168,8 @@ pub struct Counters {
     pub tracer: Tracer,
     /// Counting is on (see the module docs); fixed at start.
     enabled: bool,
+    /// The session's requests per transport.
+    transport: OnceLock<Arc<fuser::TransportCounters>>,
 }
 
 /// The environment variable that turns counting off (`off`).
@@ -183,6 +185,7 @@ impl Default for Counters {
             mountpoint: OnceLock::new(),
             tracer: Tracer::default(),
             enabled: true,
+            transport: OnceLock::new(),
         }
     }
 }
@@ -292,6 +295,11 @@ impl Counters {
         let _ = self.mountpoint.set(p.to_path_buf());
     }
 
+    /// The session's counters of requests per transport.
+    pub fn set_transport(&self, t: Arc<fuser::TransportCounters>) {
+        let _ = self.transport.set(t);
+    }
+
     /// The counters now; with `reset`, they start again from zero after
     /// being read.
     pub fn snapshot(&self, reset: bool) -> MountStats {
@@ -345,6 +353,13 @@ impl Counters {
             invalidations: e(Event::Invalidation),
             token_bumps: e(Event::TokenBump),
             kernel: self.mountpoint.get().and_then(|m| kernel_connection(m)),
+            transport: match self.transport.get() {
+                Some(t) if t.uring_active.load(Ordering::Acquire) => "uring".into(),
+                Some(_) => "dev".into(),
+                None => String::new(),
+            },
+            uring_requests: self.transport.get().map_or(0, |t| take(&t.uring)),
+            dev_requests: self.transport.get().map_or(0, |t| take(&t.dev)),
         }
     }
 }

@@ -80,6 +80,8 @@ use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Session;
 pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
+pub use crate::uring::TransportCounters;
+pub use crate::uring::UringParams;
 
 mod access_flags;
 mod bsd_file_flags;
@@ -102,6 +104,7 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

@@ -49,6 +49,8 @@ use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
+use crate::uring::TransportCounters;
+use crate::uring::UringParams;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -140,6 +142,11 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// Set when `INIT` negotiated FUSE over io_uring.
+    uring: Option<UringParams>,
+    /// Why io_uring was asked for but not negotiated.
+    uring_unavailable: Option<String>,
+    counters: Arc<TransportCounters>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -187,6 +194,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            uring: None,
+            uring_unavailable: None,
+            counters: Arc::default(),
         };
 
         session.handshake()?;
@@ -215,6 +225,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            uring: None,
+            uring_unavailable: None,
+            counters: Arc::default(),
         };
 
         session.handshake()?;
@@ -250,6 +263,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            uring: None,
+            uring_unavailable: None,
+            counters: Arc::default(),
         })
     }
 
@@ -260,6 +276,34 @@ impl<FS: Filesystem> Session<FS> {
         // Not memory-unsafe: the worst a wrong id does is close another
         // backing file of this connection when dropped.
         unsafe { self.ch.sender().wrap_backing(backing_id) }
+    }
+
+    /// The ring parameters if `INIT` negotiated FUSE over io_uring (see
+    /// [`Config::io_uring`]): a server that takes the connection over
+    /// ([`Session::resume_from_fd`]) is given them with
+    /// [`Session::set_uring`].
+    pub fn uring(&self) -> Option<UringParams> {
+        self.uring
+    }
+
+    /// Why the session serves `/dev/fuse` alone although
+    /// [`Config::io_uring`] asked for io_uring.
+    pub fn uring_unavailable(&self) -> Option<&str> {
+        self.uring_unavailable.as_deref()
+    }
+
+    /// Serve a resumed connection (see [`Session::resume_from_fd`]) that
+    /// negotiated io_uring over rings of these parameters. The kernel keeps
+    /// the connection's ring when its server dies, and sends every request
+    /// to it from then on (not to `/dev/fuse`): the successor must register
+    /// entries again.
+    pub fn set_uring(&mut self, params: Option<UringParams>) {
+        self.uring = params;
+    }
+
+    /// Requests served on each transport.
+    pub fn transport_counters(&self) -> Arc<TransportCounters> {
+        self.counters.clone()
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
@@ -293,6 +337,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring,
+            uring_unavailable: _,
+            counters,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -327,6 +374,7 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let ring_ch = uring.map(|_| ch.clone());
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -339,12 +387,54 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                counters: counters.clone(),
             };
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
                     .spawn(move || event_loop.event_loop())?,
             );
+        }
+        if let (Some(params), Some(ch)) = (uring, ring_ch) {
+            let (n, online) = crate::uring::possible_cpus()?;
+            let pending = Arc::new(std::sync::atomic::AtomicUsize::new(n));
+            for (qid, online) in online.into_iter().enumerate() {
+                let thread_name = format!("fuser-ring-{qid}");
+                let event_loop = SessionEventLoop {
+                    thread_name: thread_name.clone(),
+                    filesystem: filesystem.clone(),
+                    ch: ch.clone(),
+                    allowed,
+                    session_owner,
+                    counters: counters.clone(),
+                };
+                let pending = pending.clone();
+                let counters = counters.clone();
+                threads.push(thread::Builder::new().name(thread_name).spawn(move || {
+                    let dev = event_loop.ch.clone();
+                    crate::uring::serve_queue(
+                        &event_loop,
+                        dev.as_fd(),
+                        qid as u16,
+                        online,
+                        params,
+                        &counters,
+                        |res| match res {
+                            Ok(()) => {
+                                if pending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                                    counters
+                                        .uring_active
+                                        .store(true, std::sync::atomic::Ordering::Release);
+                                    info!("FUSE over io_uring: {n} queues registered");
+                                }
+                            }
+                            Err(e) => warn!(
+                                "FUSE over io_uring not in use, requests stay on /dev/fuse: {e}"
+                            ),
+                        },
+                    )
+                })?);
+            }
         }
 
         let mut reply: io::Result<()> = Ok(());
@@ -510,6 +600,25 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_write
             );
 
+            if self.config.io_uring {
+                if init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+                    let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+                    self.uring = Some(UringParams {
+                        payload: UringParams::payload_for(config.max_write, config.max_pages()),
+                        depth: self
+                            .config
+                            .uring_queue_depth
+                            .unwrap_or(crate::uring::DEFAULT_DEPTH),
+                    });
+                } else {
+                    self.uring_unavailable = Some(
+                        "the kernel did not offer FUSE_OVER_IO_URING at INIT (module parameter \
+                         fuse.enable_uring off, or a kernel without CONFIG_FUSE_IO_URING)"
+                            .into(),
+                    );
+                }
+            }
+
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);
@@ -559,6 +668,7 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    pub(crate) counters: Arc<TransportCounters>,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -571,7 +681,12 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match {
+                    self.counters
+                        .dev
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    RequestWithSender::new(self.ch.sender(), &buf[..size])
+                } {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {

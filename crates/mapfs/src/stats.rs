@@ -178,6 +178,14 @@ pub struct MountStats {
     pub token_bumps: u64,
     /// The kernel's view of the connection, when the daemon can read it.
     pub kernel: Option<KernelConnection>,
+    /// How requests reach the daemon now: `uring` (FUSE over io_uring) or
+    /// `dev` (`/dev/fuse`); empty for a registry that counts nothing.
+    pub transport: String,
+    /// Requests taken from the io_uring queues.
+    pub uring_requests: u64,
+    /// Requests read from `/dev/fuse` (with io_uring: those sent before the
+    /// ring was ready, `FORGET`s and `INTERRUPT`s).
+    pub dev_requests: u64,
 }
 
 impl MountStats {
@@ -218,6 +226,9 @@ impl MountStats {
             invalidations: d(self.invalidations, earlier.invalidations),
             token_bumps: d(self.token_bumps, earlier.token_bumps),
             kernel: self.kernel.clone(),
+            transport: self.transport.clone(),
+            uring_requests: d(self.uring_requests, earlier.uring_requests),
+            dev_requests: d(self.dev_requests, earlier.dev_requests),
         }
     }
 }

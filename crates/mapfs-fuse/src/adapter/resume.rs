@@ -535,6 +535,7 @@ impl Shared {
         InitState {
             passthrough_ok: self.passthrough_ok.load(Ordering::Relaxed),
             writeback: self.writeback.load(Ordering::Relaxed),
+            uring: None,
         }
     }
 

@@ -21,6 +21,10 @@ pub struct InitState {
     pub passthrough_ok: bool,
     /// The kernel's writeback cache is on.
     pub writeback: bool,
+    /// FUSE over io_uring was negotiated: the payload size and depth of the
+    /// ring entries (a successor must register entries again, see
+    /// `docs/transport.md`).
+    pub uring: Option<(u64, u16)>,
 }
 
 /// One change of the inode table (see [`crate::inodes`]), replayed by the

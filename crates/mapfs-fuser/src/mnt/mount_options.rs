@@ -18,6 +18,11 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Ask for FUSE over io_uring at `INIT` (`FUSE_OVER_IO_URING`) and, if
+    /// the kernel offers it, serve requests from per-CPU rings.
+    pub io_uring: bool,
+    /// Ring entries per queue (per CPU); the default when unset is 8.
+    pub uring_queue_depth: Option<u16>,
 }
 
 /// Mount options accepted by the FUSE filesystem type

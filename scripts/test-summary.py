@@ -9,7 +9,8 @@ test skipped without being listed in ALLOWED_SKIPS, or cargo failed.
 
 A test is named `PACKAGE/TARGET::TEST` (e.g.
 `mapfs-cli/exclusive::exclusive_keeps_positive_entries`, or
-`mapfs/doc::...` for doc tests). A skip is a line of a test's own output
+`mapfs/doc::...` for doc tests), prefixed `uring:` in the pass that
+scripts/test.sh runs on FUSE over io_uring. A skip is a line of a test's own output
 that contains the word SKIPPED; libtest shows that output only with
 --show-output, under a `---- TEST stdout ----` header. A line starting
 with SKIPPED elsewhere in a binary's output (printed by a program a test
@@ -34,6 +35,7 @@ RESULT = re.compile(
 )
 HEADER = re.compile(r"^---- (.+) stdout ----$")
 SKIP = re.compile(r"\bSKIPPED\b")
+PASS = re.compile(r"^test\.sh: pass transport=(\S+)$")
 OUTSIDE_SKIP = re.compile(r"^\s*(?:!+\s*)?SKIPPED\b")
 
 
@@ -86,13 +88,19 @@ def main():
     allowed = allowed_skips(allowed_path)
     runs = []  # [name, result or None, passed, failed, ignored, skips]
     cur, test = None, None
+    prefix = ""  # "uring:" in the second pass (scripts/test.sh)
     with open(log, encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.rstrip("\n")
+            m = PASS.match(line)
+            if m:
+                prefix = m.group(1) + ":"
+                cur, test = None, None
+                continue
             m = RUNNING.match(line)
             if m:
                 exe = os.path.basename(m.group(2))
-                cur = [bins.get(exe, "%s (%s)" % (m.group(1), exe)),
+                cur = [prefix + bins.get(exe, "%s (%s)" % (m.group(1), exe)),
                        None, 0, 0, 0, []]
                 runs.append(cur)
                 test = None

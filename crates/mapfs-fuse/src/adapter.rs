@@ -66,8 +66,8 @@ use fuser::{
 use mapfs::engine::{self, DataFile};
 use mapfs::housekeeping::Bell;
 use mapfs::{
-    Attr, Ctx, DataMap, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags, Result,
-    SetAttr, TimeSet,
+    Attr, Capabilities, Ctx, DataMap, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags,
+    Result, SetAttr, TimeSet,
 };
 use parking_lot::{Mutex, RwLock};
 use tracing::{debug, info, warn};
@@ -165,6 +165,8 @@ pub struct Shared {
     /// old inode (the kernel then shows one file's size with the other's
     /// bytes).
     names: RwLock<()>,
+    /// What the file system promises, asked once.
+    caps: Capabilities,
     /// Proofs of possession issued to shim clients (see
     /// [`crate::control::proofs`]).
     proofs: Proofs,
@@ -234,10 +236,11 @@ impl Adapter {
     pub fn new(fs: Arc<dyn FileSystem>, opts: AdapterOptions) -> Result<Self> {
         let root = fs.getattr(&Ctx::current(), Path::new("/"))?;
         let passthrough = opts.data != DataMode::Daemon;
-        let pages = crate::pagecache::KeptPages::new(fs.only_this_mount_writes());
-        let housekeeper = match housekeeping_every(fs.as_ref()) {
-            Some(every) => Some(spawn_housekeeping(&fs, every)?),
-            None => None,
+        let caps = fs.capabilities();
+        let pages = crate::pagecache::KeptPages::new(caps.only_this_mount_writes);
+        let housekeeper = match (&caps.housekeeping, housekeeping_every(&caps)) {
+            (Some(h), Some(every)) => Some(spawn_housekeeping(&fs, every, h.bell.as_deref())?),
+            _ => None,
         };
         Ok(Adapter(Arc::new(Shared {
             fs,
@@ -249,6 +252,7 @@ impl Adapter {
             notifier: OnceLock::new(),
             tokens: MapTokens::new(),
             names: RwLock::new(()),
+            caps,
             proofs: Proofs::default(),
             identity: OnceLock::new(),
             started: SystemTime::now(),
@@ -269,11 +273,11 @@ impl Adapter {
     }
 }
 
-/// How often `fs` wants its housekeeping, unless `MAPFS_HOUSEKEEPING_MS`
-/// says otherwise (milliseconds; 0: never, for tests of what a crash
-/// between two rounds leaves).
-fn housekeeping_every(fs: &dyn FileSystem) -> Option<std::time::Duration> {
-    let every = fs.housekeeping_every()?;
+/// How often the file system wants its housekeeping, unless
+/// `MAPFS_HOUSEKEEPING_MS` says otherwise (milliseconds; 0: never, for
+/// tests of what a crash between two rounds leaves).
+fn housekeeping_every(caps: &Capabilities) -> Option<std::time::Duration> {
+    let every = caps.housekeeping.as_ref()?.every;
     match std::env::var("MAPFS_HOUSEKEEPING_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -294,12 +298,16 @@ fn housekeeping_every(fs: &dyn FileSystem) -> Option<std::time::Duration> {
 const HOUSEKEEPING_NICE: i32 = 19;
 
 /// Starts the thread that calls `fs`'s [`FileSystem::housekeeping`]: when
-/// the file system rings the bell it took
-/// ([`FileSystem::housekeeping_bell`]), or else every `every`; until the
-/// bell is stopped or the file system dropped. Returns the bell.
-fn spawn_housekeeping(fs: &Arc<dyn FileSystem>, every: Duration) -> Result<Bell> {
+/// the file system rings the bell put in its `slot`
+/// ([`mapfs::Housekeeping::bell`]), or else every `every`; until the bell
+/// is stopped or the file system dropped. Returns the bell.
+fn spawn_housekeeping(
+    fs: &Arc<dyn FileSystem>,
+    every: Duration,
+    slot: Option<&OnceLock<Bell>>,
+) -> Result<Bell> {
     let bell = Bell::new();
-    let rung = fs.housekeeping_bell(bell.clone());
+    let rung = slot.is_some_and(|slot| slot.set(bell.clone()).is_ok());
     let fs = Arc::downgrade(fs);
     let waits = bell.clone();
     std::thread::Builder::new()
@@ -1184,7 +1192,7 @@ impl Shared {
     /// Before the file system releases `file`, the last writable open of
     /// its inode and run by kernel passthrough: if the file system moves
     /// such a file to a map the daemon runs
-    /// ([`mapfs::FileSystem::leaves_whole_file_at_close`]) and it is small
+    /// ([`Capabilities::leaves_whole_file_at_close`]) and it is small
     /// enough, its bytes go into the kernel's pages (`FUSE_NOTIFY_STORE`),
     /// which passthrough writes never filled, so that the next open keeps
     /// them instead of reading through the daemon. Done before the move:
@@ -1194,7 +1202,7 @@ impl Shared {
     fn fill_pages_at_close(&self, file: &OpenFile) {
         // A larger threshold would copy megabytes at a close for a read
         // that may never come.
-        let limit = self.fs.leaves_whole_file_at_close().min(1 << 20);
+        let limit = self.caps.leaves_whole_file_at_close.min(1 << 20);
         let writable = file.flags & libc::O_ACCMODE != libc::O_RDONLY;
         if limit == 0 || !writable || file.backing.is_none() || !self.pages.enabled() {
             return;
@@ -1547,7 +1555,7 @@ impl Filesystem for Adapter {
         if let Some(bell) = &self.0.housekeeper {
             bell.stop();
         }
-        if self.0.fs.housekeeping_every().is_some() {
+        if self.0.caps.housekeeping.is_some() {
             self.0.fs.housekeeping();
         }
         self.0.fs.finish();
@@ -1614,7 +1622,7 @@ impl Filesystem for Adapter {
             Err(e)
                 if e.errno() == libc::ENOENT
                     && !s.opts.entry_ttl.is_zero()
-                    && !s.fs.names_appear_by_themselves(&path) =>
+                    && !s.caps.name_may_appear(&path) =>
             {
                 reply.entry_with_ttls(
                     &Duration::ZERO,
@@ -2074,6 +2082,16 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.0.stats.timer(Op::Flush, _req.pid(), _ino.0);
+        if !self.0.caps.persists_at_close {
+            // No open of this file system ever has anything to persist at
+            // close: the kernel takes ENOSYS as "never send FLUSH again"
+            // on this connection (`fc->no_flush`; `close(2)` returns 0).
+            // Opens ask for no FLUSH already (`FOPEN_NOFLUSH`), but with
+            // the writeback cache the kernel sends it anyway, after
+            // writing the dirty pages back, which it goes on doing.
+            reply.error(fail(Errno::ENOSYS));
+            return;
+        }
         // Writes reach the backing files synchronously; only a map that is
         // not whole-file has something to persist (whole-file opens ask the
         // kernel for no FLUSH at all).

@@ -69,9 +69,10 @@ use mapfs::{
     Attr, Capabilities, Ctx, DataMap, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags,
     Result, SetAttr, TimeSet,
 };
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
+mod names;
 mod resume;
 
 use crate::control::proofs::Proofs;
@@ -157,14 +158,9 @@ pub struct Shared {
     notifier: OnceLock<Notifier>,
     /// Shim clients' map-cache tokens (see the module docs).
     tokens: MapTokens,
-    /// Held shared by every call that turns an inode into a path and acts
-    /// on it, exclusively by those that change what a name means (rename,
-    /// unlink, rmdir) from their file system call to the inode table's
-    /// update: otherwise a call racing a rename over `target` could find the
-    /// old inode's path still `target` and open or stat the new file as the
-    /// old inode (the kernel then shows one file's size with the other's
-    /// bytes).
-    names: RwLock<()>,
+    /// Held by every call that turns an inode into a path and acts on it,
+    /// for the directories its path ends with (see [`names`]).
+    names: names::NameLocks,
     /// What the file system promises, asked once.
     caps: Capabilities,
     /// Proofs of possession issued to shim clients (see
@@ -251,7 +247,7 @@ impl Adapter {
             writeback: AtomicBool::new(false),
             notifier: OnceLock::new(),
             tokens: MapTokens::new(),
-            names: RwLock::new(()),
+            names: names::NameLocks::default(),
             caps,
             proofs: Proofs::default(),
             identity: OnceLock::new(),
@@ -617,6 +613,48 @@ impl Shared {
             flags: 0,
             blksize: a.blksize,
         }
+    }
+
+    /// Holds the names `ino`'s path ends with, shared: its own (for a
+    /// directory, its entries) and its parent's (see [`names`]).
+    fn hold_node(&self, ino: u64) -> names::NamesHeld<'_> {
+        self.hold_node_and(ino, &[])
+    }
+
+    /// [`Shared::hold_node`], with the directories `also` held shared too.
+    fn hold_node_and(&self, ino: u64, also: &[u64]) -> names::NamesHeld<'_> {
+        // A file's parent changes when it is renamed, which holds its old
+        // directory: once that is held, it is checked again.
+        for _ in 0..8 {
+            let parent = self.inodes.parent(ino);
+            let mut shared = vec![ino, parent.unwrap_or(ino)];
+            shared.extend_from_slice(also);
+            let held = self.names.hold(&[], &shared);
+            if self.inodes.parent(ino) == parent {
+                return held;
+            }
+        }
+        // Renamed back and forth all along: nothing moves while all is held.
+        self.names.hold_all()
+    }
+
+    /// Holds directory `dir` for a call on a name in it: its entries
+    /// (`exclusive` for a call that removes one) and its own name, in its
+    /// parent. A directory moves only while all is held, so its parent
+    /// stays.
+    fn hold_dir(&self, dir: u64, exclusive: bool) -> names::NamesHeld<'_> {
+        let up = self.inodes.parent(dir).unwrap_or(dir);
+        if exclusive {
+            self.names.hold(&[dir], &[up])
+        } else {
+            self.names.hold(&[], &[dir, up])
+        }
+    }
+
+    /// Holds what `link` of `ino` as a name in `newparent` uses.
+    fn hold_link(&self, ino: u64, newparent: u64) -> names::NamesHeld<'_> {
+        let up = self.inodes.parent(newparent).unwrap_or(newparent);
+        self.hold_node_and(ino, &[newparent, up])
     }
 
     fn path(&self, ino: INodeNo) -> Result<PathBuf> {
@@ -1534,7 +1572,7 @@ impl Shared {
         reply: ReplyEmpty,
         remove: impl FnOnce(&Path) -> Result<()>,
     ) {
-        let _names = self.names.write();
+        let _names = self.hold_dir(parent.0, true);
         let path = tri!(reply, self.child(parent, name));
         let victim = self.ino_at(parent, name);
         let before = self.attrs_if_open(victim, &path);
@@ -1609,7 +1647,7 @@ impl Filesystem for Adapter {
             .stats
             .timer(Op::Lookup, req.pid(), parent.0)
             .target_with(|| s.trace_path(parent, name));
-        let _names = s.names.read();
+        let _names = s.hold_dir(parent.0, false);
         let path = tri!(reply, s.child(parent, name));
         let attr = match s.fs.getattr(&ctx(req), &path) {
             // A negative entry: the kernel caches that the name does not
@@ -1649,7 +1687,7 @@ impl Filesystem for Adapter {
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Getattr, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let attr = tri!(reply, s.getattr_inner(&ctx(req), ino, fh));
         reply.attr(&s.attr_ttl(ino.0), &s.fuse_attr(ino.0, &attr));
     }
@@ -1674,7 +1712,7 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Setattr, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let c = ctx(req);
         let path = s.path(ino);
         let mut set = SetAttr {
@@ -1764,7 +1802,7 @@ impl Filesystem for Adapter {
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Readlink, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let path = tri!(reply, s.path(ino));
         let target = tri!(reply, s.fs.readlink(&ctx(req), &path));
         reply.data(target.as_bytes());
@@ -1785,7 +1823,7 @@ impl Filesystem for Adapter {
             .stats
             .timer(Op::Mknod, req.pid(), parent.0)
             .target_with(|| s.trace_path(parent, name));
-        let _names = s.names.read();
+        let _names = s.hold_dir(parent.0, false);
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mknod(&ctx(req), &path, mode, u64::from(rdev)));
         let fa = s.enter(parent, name, &attr);
@@ -1808,7 +1846,7 @@ impl Filesystem for Adapter {
             .stats
             .timer(Op::Mkdir, req.pid(), parent.0)
             .target_with(|| s.trace_path(parent, name));
-        let _names = s.names.read();
+        let _names = s.hold_dir(parent.0, false);
         let path = tri!(reply, s.child(parent, name));
         let attr = tri!(reply, s.fs.mkdir(&ctx(req), &path, mode));
         s.entry(parent, name, &attr, reply);
@@ -1845,7 +1883,7 @@ impl Filesystem for Adapter {
             .stats
             .timer(Op::Symlink, req.pid(), parent.0)
             .target_with(|| s.trace_path(parent, link_name));
-        let _names = s.names.read();
+        let _names = s.hold_dir(parent.0, false);
         let path = tri!(reply, s.child(parent, link_name));
         let attr = tri!(reply, s.fs.symlink(&ctx(req), target.as_os_str(), &path));
         s.entry(parent, link_name, &attr, reply);
@@ -1875,7 +1913,7 @@ impl Filesystem for Adapter {
             reply.error(fail(Errno::EINVAL));
             return;
         }
-        let _names = s.names.write();
+        let _names = s.names.hold_all();
         let from = tri!(reply, s.child(parent, name));
         let to = tri!(reply, s.child(newparent, newname));
         let rf = RenameFlags {
@@ -1916,7 +1954,7 @@ impl Filesystem for Adapter {
             n.extend_from_slice(&s.trace_path(newparent, newname));
             n
         });
-        let _names = s.names.read();
+        let _names = s.hold_link(ino.0, newparent.0);
         let from = tri!(reply, s.path(ino));
         let to = tri!(reply, s.child(newparent, newname));
         let attr = tri!(reply, s.fs.link(&ctx(req), &from, &to));
@@ -1926,7 +1964,7 @@ impl Filesystem for Adapter {
     fn open(&self, req: &Request, ino: INodeNo, flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Open, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let c = ctx(req);
         let path = tri!(reply, s.path(ino));
         let reply = match s.made_before(req, ino.0) {
@@ -2163,7 +2201,7 @@ impl Filesystem for Adapter {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Opendir, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let path = tri!(reply, s.path(ino));
         if let Some(fh) = s.made_before(req, ino.0) {
             if s.handles.dir(fh).is_some() {
@@ -2220,7 +2258,7 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Readdirplus, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let c = ctx(req);
         let Some(dir) = s.handles.dir(fh.0) else {
             reply.error(fail(Errno::EBADF));
@@ -2295,7 +2333,7 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Fsyncdir, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.fsyncdir(&ctx(req), &path, datasync));
         reply.ok();
@@ -2304,7 +2342,7 @@ impl Filesystem for Adapter {
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Statfs, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let path = s.path(ino).unwrap_or_else(|_| PathBuf::from("/"));
         let st = tri!(reply, s.fs.statfs(&ctx(req), &path));
         reply.statfs(
@@ -2324,7 +2362,7 @@ impl Filesystem for Adapter {
     ) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Setxattr, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.setxattr(&ctx(req), &path, name, value, flags));
         reply.ok();
@@ -2333,7 +2371,7 @@ impl Filesystem for Adapter {
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Getxattr, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let path = tri!(reply, s.path(ino));
         let value = tri!(reply, s.fs.getxattr(&ctx(req), &path, name));
         xattr_reply(reply, &value, size);
@@ -2342,7 +2380,7 @@ impl Filesystem for Adapter {
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Listxattr, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let path = tri!(reply, s.path(ino));
         let names = tri!(reply, s.fs.listxattr(&ctx(req), &path));
         let mut buf = Vec::new();
@@ -2356,7 +2394,7 @@ impl Filesystem for Adapter {
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Removexattr, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.removexattr(&ctx(req), &path, name));
         reply.ok();
@@ -2365,7 +2403,7 @@ impl Filesystem for Adapter {
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let s = &self.0;
         let _t = s.stats.timer(Op::Access, req.pid(), ino.0);
-        let _names = s.names.read();
+        let _names = s.hold_node(ino.0);
         let path = tri!(reply, s.path(ino));
         tri!(reply, s.fs.access(&ctx(req), &path, mask.bits()));
         reply.ok();
@@ -2386,7 +2424,7 @@ impl Filesystem for Adapter {
             .stats
             .timer(Op::Create, req.pid(), parent.0)
             .target_with(|| s.trace_path(parent, name));
-        let _names = s.names.read();
+        let _names = s.hold_dir(parent.0, false);
         let c = ctx(req);
         let path = tri!(reply, s.child(parent, name));
         let reply = match s.create_again(req, &path, reply) {

@@ -1,0 +1,187 @@
+//! Namespace locks: what keeps a path the adapter resolved meaning the same
+//! file until its file-system call is done, without a lock over the whole
+//! mount.
+//!
+//! The danger is a call racing a change of names: a `getattr` that turned
+//! its inode into `/d/target` while a rename over `/d/target` ran would stat
+//! the new file as the old inode (the kernel then shows one file's size with
+//! the other's bytes). So:
+//!
+//! - every directory the kernel knows has a lock of its own, made when
+//!   first asked for and dropped when nobody holds it;
+//! - a call on an inode holds its own and its parent directory's locks
+//!   shared (a call on a name in a directory: that directory's and its
+//!   parent's), so the names its path ends with cannot change under it;
+//! - `unlink`, `rmdir` and the rename of a non-directory hold the locks of
+//!   the directories whose entries they change exclusively, the parents of
+//!   those shared;
+//! - the path of an inode also runs through its ancestors, which only the
+//!   rename of a directory changes: every call holds the rename lock
+//!   shared, and such a rename holds it exclusively, alone in the mount.
+//!
+//! Calls in different directories therefore run side by side (a slow
+//! `unlink` in a network store holds up only its own directory), and only
+//! a directory rename waits for every call in flight. Locks are taken in
+//! one order (the rename lock, then directories by increasing node id),
+//! so no two calls can wait for each other.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
+use parking_lot::{Mutex, RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The namespace locks of one mount (see the module docs).
+#[derive(Default)]
+pub(crate) struct NameLocks {
+    /// Shared by every call, exclusive for the rename of a directory.
+    renames: RwLock<()>,
+    /// Per-directory locks by node id, only while held.
+    dirs: Mutex<HashMap<u64, Arc<RwLock<()>>>>,
+}
+
+/// A directory lock as held.
+enum Held {
+    Shared(#[allow(dead_code)] ArcRwLockReadGuard<RawRwLock, ()>),
+    Exclusive(#[allow(dead_code)] ArcRwLockWriteGuard<RawRwLock, ()>),
+}
+
+/// The rename lock as held.
+enum Renames<'a> {
+    Shared(#[allow(dead_code)] RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] RwLockWriteGuard<'a, ()>),
+}
+
+/// Locks held for one call; released when dropped.
+pub(crate) struct NamesHeld<'a> {
+    locks: &'a NameLocks,
+    dirs: Vec<(u64, Held)>,
+    _renames: Renames<'a>,
+}
+
+impl Drop for NamesHeld<'_> {
+    fn drop(&mut self) {
+        for (id, held) in self.dirs.drain(..) {
+            drop(held);
+            self.locks.forget_unused(id);
+        }
+    }
+}
+
+impl NameLocks {
+    /// Holds the directories `exclusive` exclusively and `shared` shared
+    /// (a directory in both is held exclusively), with the rename lock
+    /// shared.
+    pub(crate) fn hold(&self, exclusive: &[u64], shared: &[u64]) -> NamesHeld<'_> {
+        let renames = Renames::Shared(self.renames.read());
+        let mut ids: Vec<(u64, bool)> = exclusive
+            .iter()
+            .map(|&i| (i, true))
+            .chain(shared.iter().map(|&i| (i, false)))
+            .collect();
+        // By id, exclusive first, then one of each id: the order every
+        // caller takes them in, and a lock never taken twice.
+        ids.sort_by_key(|&(i, excl)| (i, !excl));
+        ids.dedup_by_key(|&mut (i, _)| i);
+        let dirs = ids
+            .into_iter()
+            .map(|(id, excl)| {
+                let lock = self.lock_of(id);
+                let held = if excl {
+                    Held::Exclusive(lock.write_arc())
+                } else {
+                    Held::Shared(lock.read_arc())
+                };
+                (id, held)
+            })
+            .collect();
+        NamesHeld {
+            locks: self,
+            dirs,
+            _renames: renames,
+        }
+    }
+
+    /// Holds the whole namespace: no other call that resolves a path runs.
+    pub(crate) fn hold_all(&self) -> NamesHeld<'_> {
+        NamesHeld {
+            locks: self,
+            dirs: Vec::new(),
+            _renames: Renames::Exclusive(self.renames.write()),
+        }
+    }
+
+    fn lock_of(&self, id: u64) -> Arc<RwLock<()>> {
+        self.dirs.lock().entry(id).or_default().clone()
+    }
+
+    /// Drops `id`'s lock from the table if nobody holds or waits for it.
+    fn forget_unused(&self, id: u64) {
+        let mut dirs = self.dirs.lock();
+        if dirs.get(&id).is_some_and(|l| Arc::strong_count(l) == 1) {
+            dirs.remove(&id);
+        }
+    }
+
+    /// How many directory locks exist (held or waited for).
+    #[cfg(test)]
+    fn live(&self) -> usize {
+        self.dirs.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn other_directories_are_not_held_back() {
+        let locks = Arc::new(NameLocks::default());
+        let held = locks.hold(&[5], &[1]);
+        let (tx, rx) = mpsc::channel();
+        let l = locks.clone();
+        std::thread::spawn(move || {
+            let _g = l.hold(&[7], &[1]);
+            let _h = l.hold(&[], &[8, 1]);
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("a call in another directory waited");
+        drop(held);
+        assert_eq!(locks.live(), 0, "locks nobody holds are dropped");
+    }
+
+    #[test]
+    fn the_same_directory_waits_for_its_writer() {
+        let locks = Arc::new(NameLocks::default());
+        let held = locks.hold(&[5], &[]);
+        let (tx, rx) = mpsc::channel();
+        let l = locks.clone();
+        std::thread::spawn(move || {
+            let _g = l.hold(&[], &[5, 5, 1]);
+            tx.send(()).unwrap();
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        drop(held);
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("the reader never got the directory");
+    }
+
+    #[test]
+    fn a_directory_rename_waits_for_every_call() {
+        let locks = Arc::new(NameLocks::default());
+        let held = locks.hold(&[], &[3]);
+        let (tx, rx) = mpsc::channel();
+        let l = locks.clone();
+        std::thread::spawn(move || {
+            let _g = l.hold_all();
+            tx.send(()).unwrap();
+        });
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+        drop(held);
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("the rename never got the namespace");
+    }
+}

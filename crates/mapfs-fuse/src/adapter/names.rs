@@ -31,6 +31,8 @@ use std::sync::Arc;
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
 use parking_lot::{Mutex, RawRwLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::*;
+
 /// The namespace locks of one mount (see the module docs).
 #[derive(Default)]
 pub(crate) struct NameLocks {
@@ -130,6 +132,90 @@ impl NameLocks {
     }
 }
 
+impl Shared {
+    /// Holds the names `ino`'s path ends with, shared: its own (for a
+    /// directory, its entries) and its parent's (see the [module docs](self)).
+    pub(super) fn hold_node(&self, ino: u64) -> NamesHeld<'_> {
+        self.hold_node_and(ino, &[])
+    }
+
+    /// [`Shared::hold_node`], with the directories `also` held shared too.
+    pub(super) fn hold_node_and(&self, ino: u64, also: &[u64]) -> NamesHeld<'_> {
+        // A file's parent changes when it is renamed, which holds its old
+        // directory: once that is held, it is checked again.
+        for _ in 0..8 {
+            let parent = self.inodes.parent(ino);
+            let mut shared = vec![ino, parent.unwrap_or(ino)];
+            shared.extend_from_slice(also);
+            let held = self.names.hold(&[], &shared);
+            if self.inodes.parent(ino) == parent {
+                return held;
+            }
+        }
+        // Renamed back and forth all along: nothing moves while all is held.
+        self.names.hold_all()
+    }
+
+    /// Holds directory `dir` for a call on a name in it: its entries
+    /// (`exclusive` for a call that removes one) and its own name, in its
+    /// parent. A directory moves only while all is held, so its parent
+    /// stays.
+    pub(super) fn hold_dir(&self, dir: u64, exclusive: bool) -> NamesHeld<'_> {
+        let up = self.inodes.parent(dir).unwrap_or(dir);
+        if exclusive {
+            self.names.hold(&[dir], &[up])
+        } else {
+            self.names.hold(&[], &[dir, up])
+        }
+    }
+
+    /// Holds what `link` of `ino` as a name in `newparent` uses.
+    pub(super) fn hold_link(&self, ino: u64, newparent: u64) -> NamesHeld<'_> {
+        let up = self.inodes.parent(newparent).unwrap_or(newparent);
+        self.hold_node_and(ino, &[newparent, up])
+    }
+
+    pub(super) fn path(&self, ino: INodeNo) -> Result<PathBuf> {
+        // ESTALE, not ENOENT: the kernel holds an inode whose name was
+        // removed or replaced (a rename over it); for a path-based call
+        // the VFS then looks the name up again and finds what is there now.
+        self.inodes
+            .path(ino.0)
+            .ok_or_else(|| Error::from_errno(libc::ESTALE))
+    }
+
+    /// The path of `name` in directory `parent`, for a trace event: taken
+    /// when the request runs, since by the time the event is read the
+    /// directory may be gone (`#INO/NAME` when it has no path).
+    pub(super) fn trace_path(&self, parent: INodeNo, name: &OsStr) -> Vec<u8> {
+        let mut p = self.inodes.path(parent.0).map_or_else(
+            || format!("#{}", parent.0).into_bytes(),
+            |p| p.as_os_str().as_bytes().to_vec(),
+        );
+        if !p.ends_with(b"/") {
+            p.push(b'/');
+        }
+        p.extend_from_slice(name.as_bytes());
+        p
+    }
+
+    pub(super) fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf> {
+        if name.as_bytes().contains(&b'/') {
+            return Err(Error::invalid());
+        }
+        self.inodes
+            .child_path(parent.0, name)
+            .ok_or_else(Error::not_found)
+    }
+
+    /// The FUSE inode the kernel knows as `name` in `parent`, for bumping
+    /// its map-cache token around a namespace change (the kernel looks a
+    /// name up before it unlinks or renames it).
+    pub(super) fn ino_at(&self, parent: INodeNo, name: &OsStr) -> Option<u64> {
+        self.inodes.child(parent.0, name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,8 +229,9 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let l = locks.clone();
         std::thread::spawn(move || {
-            let _g = l.hold(&[7], &[1]);
-            let _h = l.hold(&[], &[8, 1]);
+            // One call at a time, as a request holds them.
+            drop(l.hold(&[7], &[1]));
+            drop(l.hold(&[], &[8, 1]));
             tx.send(()).unwrap();
         });
         rx.recv_timeout(Duration::from_secs(20))

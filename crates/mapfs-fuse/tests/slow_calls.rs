@@ -1,7 +1,7 @@
 //! A slow file-system call holds back only the names it changes: while an
 //! `unlink` in one directory is stopped inside the file system, lookups,
-//! creates, stats, a listing and a `mkdir` in another directory complete
-//! through the same mount.
+//! creates, stats, renames of files, a listing and a `mkdir` in another
+//! directory complete through the same mount.
 //!
 //! The file system under test is the passthrough file system with a gate in
 //! `unlink` of names under `/slow`: the call says it has entered, then waits
@@ -219,6 +219,9 @@ fn a_slow_unlink_holds_back_no_other_directory() {
         }
         std::fs::create_dir(fast.join("sub"))?;
         std::fs::write(fast.join("sub/deep"), b"deep")?;
+        // A file's rename holds only its directories.
+        std::fs::rename(fast.join("new0"), fast.join("renamed0"))?;
+        std::fs::rename(fast.join("sub/deep"), fast.join("sub/deeper"))?;
         let mut names: Vec<String> = std::fs::read_dir(&fast)?
             .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect::<std::io::Result<_>>()?;
@@ -236,8 +239,8 @@ fn a_slow_unlink_holds_back_no_other_directory() {
         }
     };
     assert!(still_blocked, "the unlink ended before the other calls did");
-    let mut want: Vec<String> = (0..20).map(|i| format!("new{i}")).collect();
-    want.extend(["old".to_string(), "sub".to_string()]);
+    let mut want: Vec<String> = (1..20).map(|i| format!("new{i}")).collect();
+    want.extend(["old", "renamed0", "sub"].map(String::from));
     want.sort();
     assert_eq!(names, want, "listing of /fast during the unlink");
 
@@ -252,8 +255,12 @@ fn a_slow_unlink_holds_back_no_other_directory() {
         .expect("the unlinking thread panicked");
     res.expect("the gated unlink failed");
     assert!(!backing.path().join("slow/victim").exists());
+    // A directory's rename holds the whole namespace, and its paths below
+    // follow it.
+    std::fs::rename(m.join("fast/sub"), m.join("slow/sub")).unwrap();
+    assert_eq!(std::fs::read(m.join("slow/sub/deeper")).unwrap(), b"deep");
     assert_eq!(
-        std::fs::read(backing.path().join("fast/sub/deep")).unwrap(),
+        std::fs::read(backing.path().join("slow/sub/deeper")).unwrap(),
         b"deep"
     );
     drop(guard);

@@ -14,7 +14,8 @@
 //!   parent's), so the names its path ends with cannot change under it;
 //! - `unlink`, `rmdir` and the rename of a non-directory hold the locks of
 //!   the directories whose entries they change exclusively, the parents of
-//!   those shared;
+//!   those shared (a rename asks the file system what its two names are,
+//!   once it holds their directories);
 //! - the path of an inode also runs through its ancestors, which only the
 //!   rename of a directory changes: every call holds the rename lock
 //!   shared, and such a rename holds it exclusively, alone in the mount.
@@ -166,6 +167,41 @@ impl Shared {
             self.names.hold(&[dir], &[up])
         } else {
             self.names.hold(&[], &[dir, up])
+        }
+    }
+
+    /// Holds what a rename of `name` in `parent` to `newname` in
+    /// `newparent` changes: the two directories, exclusively, when both
+    /// names are of non-directories (or missing); the whole namespace when
+    /// either is a directory, whose name is in the path of everything
+    /// below it. The kinds are asked once the directories are held, when
+    /// nothing through the mount can change them.
+    pub(super) fn hold_rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+    ) -> NamesHeld<'_> {
+        let up = |d: u64| self.inodes.parent(d).unwrap_or(d);
+        let held = self
+            .names
+            .hold(&[parent, newparent], &[up(parent), up(newparent)]);
+        let dir_or_unknown = |dir: u64, name: &OsStr| {
+            let Some(path) = self.inodes.child_path(dir, name) else {
+                return true;
+            };
+            match self.fs.getattr(&ROOT_CTX, &path) {
+                Ok(a) => a.kind == FileKind::Dir,
+                // Nothing there: the rename fails, or makes the name.
+                Err(e) => e.errno() != libc::ENOENT,
+            }
+        };
+        if dir_or_unknown(parent, name) || dir_or_unknown(newparent, newname) {
+            drop(held);
+            self.names.hold_all()
+        } else {
+            held
         }
     }
 

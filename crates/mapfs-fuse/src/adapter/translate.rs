@@ -502,7 +502,7 @@ impl Filesystem for Adapter {
             reply.error(fail(Errno::EINVAL));
             return;
         }
-        let _names = s.names.hold_all();
+        let _names = s.hold_rename(parent.0, name, newparent.0, newname);
         let from = tri!(reply, s.child(parent, name));
         let to = tri!(reply, s.child(newparent, newname));
         let rf = RenameFlags {

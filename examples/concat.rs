@@ -50,6 +50,11 @@ impl Concat {
 }
 
 impl FileSystem for Concat {
+    /// Files are read-only: a close has nothing to persist.
+    fn capabilities(&self) -> mapfs::Capabilities {
+        mapfs::Capabilities::default().with_nothing_to_persist_at_close()
+    }
+
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
         // Only the root and the directories right below it exist here.
         let depth = path.components().count();

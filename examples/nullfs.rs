@@ -98,6 +98,11 @@ fn empty_open() -> Result<Opened> {
 }
 
 impl FileSystem for NullFs {
+    /// Opens get an empty read-only map: a close has nothing to persist.
+    fn capabilities(&self) -> mapfs::Capabilities {
+        mapfs::Capabilities::default().with_nothing_to_persist_at_close()
+    }
+
     fn getattr(&self, _: &Ctx, path: &Path) -> Result<Attr> {
         let nodes = self.nodes.lock().unwrap();
         nodes.get(path).copied().ok_or_else(Error::not_found)

@@ -110,6 +110,12 @@ impl Union {
 }
 
 impl FileSystem for Union {
+    /// Every open is a layer's passthrough open, whole-file: a close has
+    /// nothing to persist.
+    fn capabilities(&self) -> mapfs::Capabilities {
+        mapfs::Capabilities::default().with_nothing_to_persist_at_close()
+    }
+
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
         self.layer(ctx, path)?.getattr(ctx, path)
     }

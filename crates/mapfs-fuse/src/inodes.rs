@@ -436,6 +436,13 @@ impl Inodes {
             .is_some_and(|n| table.per_fs.get(&n.fs_ino) == Some(&1))
     }
 
+    /// The directory `ino`'s path goes through last (the parent of its
+    /// first name), or `None` for the root and a node with no name left.
+    pub fn parent(&self, ino: u64) -> Option<u64> {
+        let table = self.table.read();
+        table.nodes.get(&ino)?.names.first().map(|(p, _)| *p)
+    }
+
     /// The inode known as `name` in `parent`, if the kernel looked it up.
     pub fn child(&self, parent: u64, name: &OsStr) -> Option<u64> {
         let table = self.table.read();

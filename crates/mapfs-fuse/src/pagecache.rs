@@ -11,7 +11,7 @@
 //!
 //! - another host or process writing the backing files, which only a file
 //!   system that owns its backing store can rule out
-//!   ([`mapfs::FileSystem::only_this_mount_writes`]);
+//!   ([`mapfs::Capabilities::only_this_mount_writes`]);
 //! - a shim client writing the backing file itself (a writable open lent
 //!   or adopted), and kernel passthrough writing it (the FUSE inode's own
 //!   pages are not updated).
@@ -88,7 +88,7 @@ pub struct KeptPages {
 
 impl KeptPages {
     /// The set of a mount whose file system says
-    /// [`mapfs::FileSystem::only_this_mount_writes`] (`enabled`); any other
+    /// [`mapfs::Capabilities::only_this_mount_writes`] (`enabled`); any other
     /// mount's pages are dropped at every open, and nothing is recorded.
     pub fn new(enabled: bool) -> Self {
         KeptPages {

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::capabilities::Capabilities;
 use crate::datamap::DataMap;
 use crate::error::{Error, Result};
 
@@ -285,60 +286,17 @@ pub trait FileSystem: Send + Sync + 'static {
         Err(Error::not_implemented())
     }
 
-    /// True when a name at `path` can come into being with no call to this
-    /// file system that makes it (a virtual directory whose entries follow
-    /// other changes, as `versions`' `.versions`): callers must then not
-    /// remember that such a name was missing. The default, false, lets a
-    /// mount remember missing names for its entry lifetime.
-    fn names_appear_by_themselves(&self, path: &Path) -> bool {
-        false
-    }
-
-    /// True when the bytes of this file system's files change only through
-    /// its own calls and the maps it hands out: nothing else (another host,
-    /// a process working in the backing directory) writes its backing files
-    /// while it is mounted. A mount then lets the kernel keep a file's
-    /// cached pages from one read-only open to the next, where it would
-    /// drop them and read the file through the daemon again. The default,
-    /// false, drops them at every open.
-    fn only_this_mount_writes(&self) -> bool {
-        false
-    }
-
-    /// Files up to this many bytes whose opens got a whole-file map (run by
-    /// kernel passthrough or a shim) leave it at their last release, for a
-    /// map only the daemon runs (`pack` moves a new file from a file of its
-    /// own into a slot). A mount whose kernel keeps pages
-    /// ([`FileSystem::only_this_mount_writes`]) then puts the bytes of such
-    /// a file, as its last writer closes, in the kernel's cache, so that
-    /// the reads that follow need not ask the daemon. The default, 0: no
-    /// file does.
-    fn leaves_whole_file_at_close(&self) -> u64 {
-        0
-    }
-
-    /// How often the daemon calls [`FileSystem::housekeeping`] while it
-    /// serves (with a [`FileSystem::housekeeping_bell`]: how long after the
-    /// bell rings); `None` (the default): never.
-    fn housekeeping_every(&self) -> Option<std::time::Duration> {
-        None
-    }
-
-    /// Takes the bell that wakes the daemon's housekeeping thread, before
-    /// the daemon serves. A file system that keeps it and rings it whenever
-    /// it leaves work ([`Bell::soon`](crate::housekeeping::Bell::soon)) gets
-    /// [`FileSystem::housekeeping`] only then, so an idle daemon sleeps;
-    /// one that answers false (the default) gets it every
-    /// [`FileSystem::housekeeping_every`] whether or not there is work.
-    fn housekeeping_bell(&self, bell: crate::housekeeping::Bell) -> bool {
-        let _ = bell;
-        false
+    /// What this file system promises about itself (see
+    /// [`Capabilities`]): asked once, when an instance starts serving. The
+    /// default promises nothing, which is always correct and costs round
+    /// trips a file system that can promise more would not need.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
     }
 
     /// Work a file system does between requests rather than in one, on a
-    /// thread of the daemon's own, about every
-    /// [`FileSystem::housekeeping_every`] or when rung for
-    /// ([`FileSystem::housekeeping_bell`]; `pack` moves the new files
+    /// thread of the daemon's own, as its [`Capabilities::housekeeping`]
+    /// asks (`pack` moves the new files
     /// released since the last call into slots, and commits the creates it
     /// answered before their commit). It runs beside requests: it takes
     /// the file system's own locks like any request.

@@ -3,7 +3,7 @@
 //!
 //! A daemon that woke its housekeeping thread on a timer woke it twenty
 //! times a second for a mount nobody used. A file system that takes the
-//! bell ([`FileSystem::housekeeping_bell`](crate::FileSystem::housekeeping_bell))
+//! bell ([`Housekeeping::bell`](crate::Housekeeping::bell))
 //! rings it as it queues work, and the thread sleeps until then.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -40,7 +40,7 @@ impl Bell {
     }
 
     /// Work is waiting: housekeeping runs within the file system's round
-    /// ([`FileSystem::housekeeping_every`](crate::FileSystem::housekeeping_every)),
+    /// ([`Housekeeping::every`](crate::Housekeeping::every)),
     /// and does in one call what else is queued by then. Cheap when already
     /// rung (no wake-up).
     pub fn soon(&self) {

@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod backing;
+pub mod capabilities;
 #[doc(hidden)] // shared by the mapfs crates, not a stable API
 pub mod carry;
 #[doc(hidden)] // shared by the mapfs crates, not a stable API
@@ -54,6 +55,7 @@ pub mod mapcache;
 pub mod preload_report;
 pub mod stats;
 
+pub use capabilities::{Capabilities, Housekeeping};
 pub use datamap::{DataMap, Extent, Extents, Growth, Placement, Segment};
 pub use error::{Error, Result};
 pub use fs::{

@@ -85,8 +85,8 @@ use std::sync::atomic::AtomicU64;
 
 use mapfs::housekeeping::Bell;
 use mapfs::{
-    Attr, Ctx, DataMap, DirEntry, Error, FileSystem, OpenFlags, Opened, RenameFlags, Result,
-    SetAttr, StatFs,
+    Attr, Capabilities, Ctx, DataMap, DirEntry, Error, FileSystem, Housekeeping, OpenFlags, Opened,
+    RenameFlags, Result, SetAttr, StatFs,
 };
 use parking_lot::Mutex;
 use rusqlite::{Connection, OptionalExtension};
@@ -294,7 +294,7 @@ pub struct Pack {
     /// The daemon's housekeeping bell, rung as work is queued for it (born
     /// files released, creates answered): without one, a full batch of
     /// born files moves in the release that fills it.
-    bell: std::sync::OnceLock<Bell>,
+    bell: std::sync::Arc<std::sync::OnceLock<Bell>>,
 }
 
 /// One open.
@@ -409,7 +409,7 @@ impl Pack {
             ),
             pending: Mutex::new(pending::Pending::default()),
             locks_dir: std::sync::OnceLock::new(),
-            bell: std::sync::OnceLock::new(),
+            bell: std::sync::Arc::default(),
         };
         // Before anything else reads the namespace, and on a successor
         // too: the creates a dead daemon answered are files its programs
@@ -802,29 +802,20 @@ impl Pack {
 
 impl FileSystem for Pack {
     /// One daemon per backing directory (`pack.lock`), and `mapfs pack
-    /// compact` moves slots without changing a byte.
-    fn only_this_mount_writes(&self) -> bool {
-        !self.shared
-    }
-
-    /// New files up to the threshold, born in a file of their own, move
-    /// into a slot at their last release (`born.rs`).
-    fn leaves_whole_file_at_close(&self) -> u64 {
+    /// compact` moves slots without changing a byte: only this mount
+    /// writes. New files up to the threshold, born in a file of their own,
+    /// move into a slot at their last release (`born.rs`), where a bell
+    /// rung as born files are released and creates answered calls for
+    /// housekeeping. Slotted files' maps are not whole-file: a close
+    /// persists them.
+    fn capabilities(&self) -> Capabilities {
+        let caps = Capabilities::default().with_only_this_mount_writing(!self.shared);
         if self.new_files_own {
-            self.threshold
+            caps.with_whole_file_left_at_close(self.threshold)
+                .with_housekeeping(Housekeeping::rung(HOUSEKEEPING_EVERY, self.bell.clone()))
         } else {
-            0
+            caps
         }
-    }
-
-    /// Where new files are born in files of their own (`born.rs`).
-    fn housekeeping_every(&self) -> Option<std::time::Duration> {
-        self.new_files_own.then_some(HOUSEKEEPING_EVERY)
-    }
-
-    /// Rung as born files are released and creates answered.
-    fn housekeeping_bell(&self, bell: Bell) -> bool {
-        self.new_files_own && self.bell.set(bell).is_ok()
     }
 
     /// Moves the born files released since into slots, and commits the

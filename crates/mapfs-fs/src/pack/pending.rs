@@ -290,7 +290,7 @@ impl Pack {
             pending.counter = Some(counted);
             let mut ino = counted.max(pending.files.keys().next_back().copied().unwrap_or(0));
             // A writer's close reads the file back into the kernel's pages
-            // (`FileSystem::leaves_whole_file_at_close`): through this
+            // (`Capabilities::leaves_whole_file_at_close`): through this
             // descriptor, rather than one opened again, when the creator,
             // its owner, may read it anyway (the kernel refuses reads of a
             // write-only open before they reach the backing file).

@@ -50,8 +50,8 @@ use std::path::{Component, Path};
 use mapfs::backing::BackingRoot;
 use mapfs::creds::as_caller;
 use mapfs::{
-    Attr, Ctx, DataMap, DirEntry, FileSystem, OpenFlags, Opened, RenameFlags, Result, SetAttr,
-    StatFs,
+    Attr, Capabilities, Ctx, DataMap, DirEntry, FileSystem, OpenFlags, Opened, RenameFlags, Result,
+    SetAttr, StatFs,
 };
 
 /// Mirror of a backing directory.
@@ -143,6 +143,12 @@ impl Loc<'_> {
 }
 
 impl FileSystem for Passthrough {
+    /// Every open's map is its backing file, whole: a close has nothing
+    /// to persist.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default().with_nothing_to_persist_at_close()
+    }
+
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
         as_caller(ctx, || attr::stat_loc(&self.loc(path)?))
     }

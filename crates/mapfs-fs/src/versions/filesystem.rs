@@ -7,8 +7,8 @@ use std::ffi::{OsStr, OsString};
 use std::path::Path;
 
 use mapfs::{
-    Attr, Ctx, DataMap, DirEntry, Error, FileKind, FileSystem, OpenFlags, Opened, RenameFlags,
-    Result, SetAttr, StatFs,
+    Attr, Capabilities, Ctx, DataMap, DirEntry, Error, FileKind, FileSystem, OpenFlags, Opened,
+    RenameFlags, Result, SetAttr, StatFs,
 };
 
 use super::virtual_dir::{self, Place};
@@ -157,8 +157,9 @@ impl FileSystem for Versions {
     }
 
     /// `.versions` entries appear whenever a version is made.
-    fn names_appear_by_themselves(&self, path: &Path) -> bool {
-        matches!(virtual_dir::place(path), Place::Virtual(_))
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+            .with_names_appearing(|path| matches!(virtual_dir::place(path), Place::Virtual(_)))
     }
 
     fn statfs(&self, ctx: &Ctx, path: &Path) -> Result<StatFs> {

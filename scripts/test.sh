@@ -8,9 +8,9 @@
 # suite, e.g. `bash scripts/test.sh -p mapfs-cli --test exclusive`.
 #
 # MAPFS_TRANSPORT=uring|dev in the environment is the transport of every
-# mount that names none (docs/transport.md): unset, supervised mounts (most
-# tests') use /dev/fuse and the others io_uring; `MAPFS_TRANSPORT=uring
-# bash scripts/test.sh -p mapfs-cli --test posix` runs them over io_uring.
+# mount that names none (docs/transport.md): unset, /dev/fuse;
+# `MAPFS_TRANSPORT=uring bash scripts/test.sh -p mapfs-cli --test posix`
+# runs those tests over io_uring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -38,9 +38,9 @@ cargo test "${scope[@]}" --no-fail-fast -- \
 cargo_status=${PIPESTATUS[0]}
 set -e
 if [ $# -eq 0 ] && [ -z "${MAPFS_TRANSPORT:-}" ]; then
-    # The main pass leaves supervised mounts (most tests') on /dev/fuse:
-    # the POSIX, exerciser, program and error-path tests again, every mount
-    # on FUSE over io_uring (docs/transport.md). Their lines in the summary
+    # The main pass serves mounts over /dev/fuse (the default): the POSIX,
+    # exerciser, program and error-path tests again, every mount on FUSE
+    # over io_uring (docs/transport.md). Their lines in the summary
     # are prefixed `uring:`.
     echo "test.sh: pass transport=uring" | tee -a "$log"
     set +e

@@ -126,8 +126,7 @@ pub struct MountOptions {
     /// Who may use the mount.
     pub acl: SessionACL,
     /// How requests reach the daemon, if chosen (`-o transport=` or
-    /// [`TRANSPORT_ENV`]); by default io_uring for a mount without a
-    /// supervisor, `/dev/fuse` for a supervised one (see [`mount`]).
+    /// [`TRANSPORT_ENV`]); by default `/dev/fuse` (see [`mount`]).
     pub transport: Option<Transport>,
 }
 
@@ -254,19 +253,24 @@ pub fn mount(
     let mut uring_off = None;
     match opts.transport {
         Some(Transport::Dev) => cfg.io_uring = false,
-        // A supervised mount keeps /dev/fuse unless io_uring is asked for:
-        // at a daemon's death the kernel fails the requests it was handing
-        // to the ring (ECANCELED) and never sends again those the daemon
-        // had taken from it, so a failover could not go unseen.
-        None if link.is_some() => {
+        // A mount keeps /dev/fuse unless io_uring is asked for. A queue
+        // serves its CPU's requests one at a time, so one slow call (a
+        // pack transaction, a network store's unlink) holds back every
+        // request of that CPU, where /dev/fuse's threads serve others
+        // meanwhile. And at a daemon's death the kernel fails the requests
+        // it was handing to the ring (ECANCELED) and never sends again
+        // those the daemon had taken from it, so a failover could not go
+        // unseen.
+        None => {
             cfg.io_uring = false;
             uring_off = Some(
-                "a supervised mount keeps /dev/fuse, whose requests a successor can take over \
-                 (-o transport=uring to choose io_uring; docs/transport.md)"
+                "io_uring is chosen with -o transport=uring (its queues serve one request at \
+                 a time per CPU, and a successor cannot take over its requests; \
+                 docs/transport.md)"
                     .to_string(),
             );
         }
-        Some(Transport::Uring) | None => {
+        Some(Transport::Uring) => {
             cfg.io_uring = true;
             if let Err(why) = enable_uring() {
                 cfg.io_uring = false;

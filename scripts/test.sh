@@ -44,7 +44,7 @@ if [ $# -eq 0 ] && [ -z "${MAPFS_TRANSPORT:-}" ]; then
     # are prefixed `uring:`.
     echo "test.sh: pass transport=uring" | tee -a "$log"
     set +e
-    MAPFS_TRANSPORT=uring cargo test -p mapfs-cli --no-fail-fast \
+    MAPFS_TRANSPORT=uring cargo test --workspace --no-fail-fast \
         --test posix --test fsx --test stats --test programs --test rough_edges -- \
         --show-output --test-threads="${MAPFS_TEST_THREADS:-4}" 2>&1 | tee -a "$log"
     uring_status=${PIPESTATUS[0]}

@@ -160,7 +160,7 @@ pub fn command<E: Subcommand>(registry: &Registry) -> clap::Command {
     }
     let app = clap::Command::new(registry.program)
         .about(registry.about)
-        .version(VERSION)
+        .version(registry.version.unwrap_or(VERSION))
         .subcommand_required(true)
         .arg_required_else_help(true)
         .after_help(format!(
@@ -265,21 +265,19 @@ fn clap_error(registry: &Registry, args: &[OsString], e: clap::Error) -> Result<
     bail!("{msg}")
 }
 
-/// `--version`: the version, the commit, and where the shim is.
+/// `--version`: the program's version, mapfs's and its commit, and where
+/// the shim is.
 fn version_text(registry: &Registry) -> String {
     let shim = match run::shim_path() {
         Ok(p) => format!("preload shim: {}", p.display()),
         Err(e) => format!("preload shim: NOT FOUND ({e:#}); `run` will not work"),
     };
-    let framework = if registry.program == "mapfs" {
-        String::new()
-    } else {
-        " (mapfs framework)".to_string()
+    let program = match (registry.program, registry.version) {
+        ("mapfs", _) => String::new(),
+        (p, Some(v)) => format!("{p} {v}\n"),
+        (p, None) => format!("{p} (built on mapfs)\n"),
     };
-    format!(
-        "{} {VERSION}{framework}\ncommit: {GIT_COMMIT}\n{shim}",
-        registry.program
-    )
+    format!("{program}mapfs {VERSION}\ncommit: {GIT_COMMIT}\n{shim}")
 }
 
 /// One roff page for the program and one per visible subcommand, nested

@@ -241,6 +241,7 @@ impl FsSpec {
 pub struct Registry {
     pub(crate) program: &'static str,
     pub(crate) about: &'static str,
+    pub(crate) version: Option<&'static str>,
     pub(crate) specs: Vec<FsSpec>,
     pub(crate) embed_library: Option<&'static str>,
 }
@@ -251,9 +252,23 @@ impl Registry {
         Registry {
             program,
             about,
+            version: None,
             specs: Vec::new(),
             embed_library: None,
         }
+    }
+
+    /// The program's own version, which `--version` prints first, with
+    /// mapfs's below it: `.version(env!("CARGO_PKG_VERSION"))` in the
+    /// program's crate. Without it the program shows mapfs's version.
+    pub fn version(mut self, version: &'static str) -> Self {
+        self.version = Some(version);
+        self
+    }
+
+    /// The version [`Registry::version`] set, if any.
+    pub fn program_version(&self) -> Option<&'static str> {
+        self.version
     }
 
     /// The embedded-mode library of this program: a `cdylib` made with

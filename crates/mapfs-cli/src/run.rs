@@ -19,14 +19,7 @@ const MOUNT_DEVS_ENV: &str = "MAPFS_MOUNT_DEVS";
 /// File name of the shim, built next to the `mapfs` binary.
 const SHIM: &str = "libmapfs_preload.so";
 
-/// File name of the embedded-mode library of `mapfs`'s own file systems
-/// (`--embed`, crates/mapfs-embed-builtins), built next to it.
-pub const EMBED_LIB: &str = "libmapfs_embed_builtins.so";
-
-/// File name of the embedded-mode library that serves `versions` as well
-/// as every file system of [`EMBED_LIB`] (it links SQLite, which every
-/// process of a job that does not embed `versions` is spared).
-pub const EMBED_FULL_LIB: &str = "libmapfs_embed_full.so";
+pub use mapfs_registry::{EMBED_FULL_LIB, EMBED_LIB};
 
 /// Arguments of `mapfs run`.
 #[derive(clap::Args, Debug)]
@@ -209,7 +202,7 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
         if !list.iter().any(|e| {
             registry
                 .get(&e.fs)
-                .is_some_and(|s| s.options.contains(&name))
+                .is_some_and(|s| s.declared_options().contains(&name))
         }) {
             bail!("-o {o}: no embedded file system takes option {name:?}");
         }
@@ -227,7 +220,7 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
     // needs its own (which serves the others too).
     let mut libs: Vec<&'static str> = list
         .iter()
-        .filter_map(|e| registry.get(&e.fs).and_then(|s| s.embed_library))
+        .filter_map(|e| registry.get(&e.fs).and_then(|s| s.own_embed_library()))
         .collect();
     libs.sort_unstable();
     libs.dedup();

@@ -6,6 +6,12 @@
 //! are set up before the first run and runs are interleaved (for each cell,
 //! run r goes through every configuration in turn) so that slow drift of the
 //! machine does not favour one configuration.
+//!
+//! The `mapfs` binary runs it as `mapfs bench` ([`BenchArgs`], [`run`]); it
+//! mounts with that binary (the running executable), so it is no library
+//! for other programs.
+
+#![warn(missing_docs)]
 
 mod config;
 mod fileserver;

@@ -33,6 +33,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
+use std::io::IsTerminal as _;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
 use config::{ConfigDef, Prepared, CONFIGS};
 use report::{Record, Table};
@@ -603,10 +606,80 @@ fn run_worker<T: serde::de::DeserializeOwned>(
         .with_context(|| format!("parsing the {what} worker's output"))
 }
 
+/// Where a run stands: a bar on a terminal; elsewhere (a CI log, `2>file`)
+/// one line per unit as it starts, since a bar is drawn only on a terminal
+/// and a run of several minutes would otherwise print nothing at all.
+struct Progress {
+    bar: Option<ProgressBar>,
+    len: u64,
+    done: AtomicU64,
+    start: Instant,
+}
+
+impl Progress {
+    fn new(len: u64) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+            pb.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} [{elapsed_precise} eta {eta}] {msg}",
+                )
+                .expect("valid progress template"),
+            );
+            pb
+        });
+        Progress {
+            bar,
+            len,
+            done: AtomicU64::new(0),
+            start: Instant::now(),
+        }
+    }
+
+    /// The unit starting now.
+    fn set_message(&self, msg: String) {
+        match &self.bar {
+            Some(pb) => pb.set_message(msg),
+            None => {
+                let secs = self.start.elapsed().as_secs();
+                eprintln!(
+                    "mapfs bench: {}/{} [{}:{:02}] {msg}",
+                    self.done.load(Ordering::Relaxed) + 1,
+                    self.len,
+                    secs / 60,
+                    secs % 60
+                );
+            }
+        }
+    }
+
+    /// A unit finished.
+    fn inc(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+        if let Some(pb) = &self.bar {
+            pb.inc(n);
+        }
+    }
+
+    /// Runs `f` (which prints) with the bar out of the way.
+    fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.bar {
+            Some(pb) => pb.suspend(f),
+            None => f(),
+        }
+    }
+
+    fn finish_and_clear(&self) {
+        if let Some(pb) = &self.bar {
+            pb.finish_and_clear();
+        }
+    }
+}
+
 /// Before one run of a workload on a configuration: says so on the progress
 /// bar and lets the machine settle; false once interrupted.
 fn begin_unit(
-    pb: &ProgressBar,
+    pb: &Progress,
     settler: &Settler,
     workload: &str,
     run: usize,
@@ -870,11 +943,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         })
         .sum::<usize>() as u64
         * (params.runs * ready.len()) as u64;
-    let pb = ProgressBar::with_draw_target(Some(units), ProgressDrawTarget::stderr());
-    pb.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise} eta {eta}] {msg}")
-            .expect("valid progress template"),
-    );
+    let pb = Progress::new(units);
 
     let mut records: Vec<Record> = vec![];
     'workloads: for w in &wls {

@@ -11,3 +11,5 @@
 //!
 //! Their tests (in `tests/`) mount each with its own binary and compare
 //! what they show with the same operations on a plain directory.
+
+#![forbid(unsafe_code)]

@@ -11,6 +11,8 @@
 //! Both the program (`main.rs`) and its embedded-mode library (`lib.rs`)
 //! include this module, so they serve the same file system.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

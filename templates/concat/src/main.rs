@@ -4,6 +4,8 @@
 //! concat:BACKING:/cat -- PROGRAM` serves `/cat` inside the program with
 //! no mount (the library `lib.rs` makes).
 
+#![forbid(unsafe_code)]
+
 mod fs;
 
 fn main() {

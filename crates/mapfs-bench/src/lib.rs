@@ -154,33 +154,18 @@ pub struct BenchArgs {
     pub fileserver_dir: Option<PathBuf>,
 }
 
-/// Parses a size such as `4k`, `256M`, `1G` or `512` (binary units).
+/// Parses a size such as `4k`, `256M`, `1G` or `512` ([`mapfs::size::parse`],
+/// the parser of every mapfs size); zero is refused.
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let shift = match unit
-        .to_ascii_lowercase()
-        .trim_end_matches("ib")
-        .trim_end_matches('b')
-    {
-        "" => 0,
-        "k" => 10,
-        "m" => 20,
-        "g" => 30,
-        "t" => 40,
-        _ => bail!("bad size {s:?} (examples: 4k, 256M, 1G)"),
-    };
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("bad size {s:?} (examples: 4k, 256M, 1G)"))?;
+    let n = mapfs::size::parse(s).map_err(|e| anyhow::anyhow!("{e} (examples: 4k, 256M, 1G)"))?;
     if n == 0 {
         bail!("size {s:?} must not be zero");
     }
-    n.checked_mul(1 << shift)
-        .with_context(|| format!("size {s:?} too large"))
+    Ok(n)
 }
 
-/// Formats a byte count the way I/O sizes are written in tables (`4k`, `1m`).
+/// An I/O size as a column label (`4k`, `1m`), which [`parse_size`] reads
+/// back (byte counts for people are [`mapfs::size::human`]).
 pub fn fmt_size(n: u64) -> String {
     for (shift, u) in [(30, "g"), (20, "m"), (10, "k")] {
         if n >= 1 << shift && n.is_multiple_of(1 << shift) {
@@ -338,8 +323,7 @@ fn backing_dir(arg: &Option<PathBuf>) -> Result<(PathBuf, Option<tempfile::TempD
         return Ok((p.canonicalize()?, None));
     }
     let is_tmpfs = |p: &Path| {
-        nix::sys::statfs::statfs(p)
-            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+        rustix::fs::statfs(p).is_ok_and(|s| s.f_type as i64 == libc::TMPFS_MAGIC as i64)
     };
     let parent = if Path::new("/var/tmp").is_dir() && !is_tmpfs(Path::new("/var/tmp")) {
         PathBuf::from("/var/tmp")

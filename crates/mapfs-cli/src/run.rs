@@ -47,6 +47,11 @@ pub struct RunArgs {
     /// not exist.
     #[arg(long = "embed", value_name = "FS:BACKING:PREFIX")]
     pub embed: Vec<String>,
+    /// Serve an --embed PREFIX even where the host has a non-empty
+    /// directory or a file: the program then sees the embedded file system
+    /// there, never the host's files (refused without this).
+    #[arg(long = "embed-over")]
+    pub embed_over: bool,
     /// Options of the embedded file systems (`name` or `name=value`,
     /// comma-separated or repeated); each file system gets those it declares.
     #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
@@ -197,6 +202,19 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
         .map(|e| Embedding::parse(e, registry, &args.options))
         .collect::<Result<Vec<_>>>()?;
     embed_spec::check_disjoint(&list)?;
+    if !args.embed_over {
+        for e in &list {
+            if let Some(what) = hidden_on_host(&e.prefix) {
+                bail!(
+                    "--embed {}: {} is {what} on the host, which the program would no longer \
+                     see (the embedded file system takes its place); choose a PREFIX that does \
+                     not exist or is an empty directory, or pass --embed-over",
+                    e.fs,
+                    e.prefix.display()
+                );
+            }
+        }
+    }
     for o in &args.options {
         let name = o.split_once('=').map_or(o.as_str(), |(k, _)| k);
         if !list.iter().any(|e| {
@@ -236,6 +254,21 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
         ),
     };
     Ok(Some((embed_spec::encode(&list), lib)))
+}
+
+/// What an embedding at `prefix` would hide from the program: `None` when
+/// nothing (no such path, or an empty directory).
+fn hidden_on_host(prefix: &Path) -> Option<&'static str> {
+    let st = std::fs::symlink_metadata(prefix).ok()?;
+    if !st.is_dir() {
+        return Some("an existing file");
+    }
+    match std::fs::read_dir(prefix) {
+        Ok(mut entries) => entries.next().map(|_| "a non-empty directory"),
+        // Unreadable to this user: what is in it cannot be known, and the
+        // program would lose access to whatever it is.
+        Err(_) => Some("a directory this user cannot list"),
+    }
 }
 
 /// The shim, found relative to the running binary: installed

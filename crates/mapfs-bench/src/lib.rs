@@ -322,9 +322,7 @@ fn backing_dir(arg: &Option<PathBuf>) -> Result<(PathBuf, Option<tempfile::TempD
         }
         return Ok((p.canonicalize()?, None));
     }
-    let is_tmpfs = |p: &Path| {
-        rustix::fs::statfs(p).is_ok_and(|s| s.f_type as i64 == libc::TMPFS_MAGIC as i64)
-    };
+    let is_tmpfs = |p: &Path| rustix::fs::statfs(p).is_ok_and(|s| s.f_type == libc::TMPFS_MAGIC);
     let parent = if Path::new("/var/tmp").is_dir() && !is_tmpfs(Path::new("/var/tmp")) {
         PathBuf::from("/var/tmp")
     } else {

@@ -17,6 +17,8 @@
 //! Files stay empty: writes fail (`ENOSPC`), truncation to a size above 0
 //! with `EFBIG`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

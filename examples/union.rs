@@ -12,6 +12,8 @@
 //! xattrs or hard links; keep both layers on one file system (inode numbers
 //! are the backing files').
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};

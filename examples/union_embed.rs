@@ -1,5 +1,5 @@
 //! `libunion_embed.so`: the `union` example's embedded-mode library (see
-//! `concat_embed.rs`, which explains the pattern). `union run --embed
+//! `templates/concat/src/lib.rs`, which explains the pattern). `union run --embed
 //! union:UPPER:LOWER:/u -- PROGRAM` preloads it.
 
 // The file system and its registry, shared with the `union` program (its

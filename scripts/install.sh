@@ -7,8 +7,9 @@
 #   PREFIX/share/man/man1/mapfs*.1
 #   PREFIX/share/{bash-completion,zsh,fish}/... completions
 #   PREFIX/lib/systemd/system/mapfs@.service
-# Builds a release first; MAPFS_BUILD_DIR=DIR installs binaries already
-# built there instead (the tests use their debug build).
+# Builds with the `dist` profile first (the release profile with
+# whole-program optimisation: Cargo.toml); MAPFS_BUILD_DIR=DIR installs
+# binaries already built there instead (the tests use their debug build).
 # Honours CARGO_TARGET_DIR (and a target-dir set in cargo's configuration).
 # `mount -t fuse.mapfs` and fstab lines work through mount.fuse3 (package
 # fuse3), which runs `mapfs` from root's default PATH: install with a PREFIX
@@ -20,11 +21,11 @@ if [ -n "${MAPFS_BUILD_DIR:-}" ]; then
     build="$MAPFS_BUILD_DIR"
 else
     export PATH="$HOME/.cargo/bin:$PATH"
-    cargo build --release -p mapfs-cli -p mapfs-preload -p mapfs-embed-builtins -p mapfs-embed-full
+    cargo build --profile dist -p mapfs-cli -p mapfs-preload -p mapfs-embed-builtins -p mapfs-embed-full
     # Where cargo put the build: CARGO_TARGET_DIR or build.target-dir move it.
     target_dir=$(cargo metadata --format-version 1 --no-deps |
         sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-    build="${target_dir:-target}/release"
+    build="${target_dir:-target}/dist"
 fi
 for f in mapfs libmapfs_preload.so; do
     [ -f "$build/$f" ] || { echo "install: $build/$f is missing (cargo build --workspace)" >&2; exit 1; }

@@ -39,7 +39,7 @@ pub fn helper_args(reg: &Registry, args: &[OsString]) -> Result<MountArgs> {
         anyhow!(
             "expected a subcommand, or BACKING MOUNTPOINT -o fs=NAME,... (got {} paths; see `{} --help`)",
             p.len(),
-            reg.program
+            reg.program()
         )
     })?;
     let mut m = MountArgs {

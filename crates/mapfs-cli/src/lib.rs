@@ -47,7 +47,6 @@
 
 #![warn(missing_docs)]
 
-pub mod embed_spec;
 mod helper;
 pub mod list;
 pub mod logline;
@@ -56,7 +55,6 @@ pub mod mount_cmd;
 pub mod mounts;
 pub mod pack_cmd;
 mod pidfd;
-pub mod registry;
 pub mod restart;
 pub mod run;
 pub mod stats;
@@ -68,7 +66,12 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{ArgMatches, FromArgMatches, Subcommand};
 
-pub use registry::{builtins, embeddable, embeddable_full, Build, FsOptions, FsSpec, Registry};
+// The registry lives in its own crate, which embedded-mode libraries use
+// without the command line; these keep the paths of this crate's API.
+pub use mapfs_registry::{
+    builtins, embeddable, embeddable_full, Build, FsOptions, FsSpec, Registry,
+};
+pub use mapfs_registry::{embed_spec, registry};
 
 /// The version of this framework.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -146,7 +149,7 @@ pub fn main_with<E: Subcommand>(registry: Registry, extra: impl FnOnce(E) -> Res
     let args: Vec<OsString> = std::env::args_os().collect();
     let res = run_args(&registry, args, extra);
     if let Err(e) = res {
-        eprintln!("{}: error: {e:#}", registry.program);
+        eprintln!("{}: error: {e:#}", registry.program());
         std::process::exit(1);
     }
     std::process::exit(0)
@@ -155,12 +158,12 @@ pub fn main_with<E: Subcommand>(registry: Registry, extra: impl FnOnce(E) -> Res
 /// The clap definition of the program, with `E`'s subcommands.
 pub fn command<E: Subcommand>(registry: &Registry) -> clap::Command {
     let mut fs_list = String::from("File systems:\n");
-    for s in &registry.specs {
-        fs_list.push_str(&format!("  {:<12} {}\n", s.name, s.about));
+    for s in registry.specs() {
+        fs_list.push_str(&format!("  {:<12} {}\n", s.name(), s.about()));
     }
-    let app = clap::Command::new(registry.program)
-        .about(registry.about)
-        .version(VERSION)
+    let app = clap::Command::new(registry.program())
+        .about(registry.about())
+        .version(registry.program_version().unwrap_or(VERSION))
         .subcommand_required(true)
         .arg_required_else_help(true)
         .after_help(format!(
@@ -170,12 +173,12 @@ pub fn command<E: Subcommand>(registry: &Registry) -> clap::Command {
              {p} run -- sqlite3 /mnt/data/db.sqlite 'select 1'\n  \
              {p} umount /mnt/data\n  \
              mount -t fuse.{p} /srv/data /mnt/data -o fs={fs}",
-            p = registry.program,
-            fs = registry.specs.first().map_or("FS", |s| s.name),
+            p = registry.program(),
+            fs = registry.specs().first().map_or("FS", |s| s.name()),
         ));
     let app = Command::augment_subcommands(app);
     // A derived `E` sets its own doc comment as the about: put ours back.
-    let app = E::augment_subcommands(app).about(registry.about);
+    let app = E::augment_subcommands(app).about(registry.about());
     app.mut_subcommand("mount", |c| c.after_help(fs_list))
 }
 
@@ -220,7 +223,7 @@ fn run_args<E: Subcommand>(
         Command::Trace(a) => trace::trace(a),
         Command::Completions { shell } => {
             let mut app = app;
-            clap_complete::generate(shell, &mut app, registry.program, &mut std::io::stdout());
+            clap_complete::generate(shell, &mut app, registry.program(), &mut std::io::stdout());
             Ok(())
         }
         Command::Manpages { dir } => write_manpages(app, &dir),
@@ -257,29 +260,27 @@ fn clap_error(registry: &Registry, args: &[OsString], e: clap::Error) -> Result<
     if args.get(1).is_some_and(|a| a == "run") && e.kind() == ErrorKind::UnknownArgument {
         msg.push_str(&format!(
             "; put `--` before the program: {} run -- CMD [ARGS...]",
-            registry.program
+            registry.program()
         ));
     } else {
-        msg.push_str(&format!(" (see `{} --help`)", registry.program));
+        msg.push_str(&format!(" (see `{} --help`)", registry.program()));
     }
     bail!("{msg}")
 }
 
-/// `--version`: the version, the commit, and where the shim is.
+/// `--version`: the program's version, mapfs's and its commit, and where
+/// the shim is.
 fn version_text(registry: &Registry) -> String {
     let shim = match run::shim_path() {
         Ok(p) => format!("preload shim: {}", p.display()),
         Err(e) => format!("preload shim: NOT FOUND ({e:#}); `run` will not work"),
     };
-    let framework = if registry.program == "mapfs" {
-        String::new()
-    } else {
-        " (mapfs framework)".to_string()
+    let program = match (registry.program(), registry.program_version()) {
+        ("mapfs", _) => String::new(),
+        (p, Some(v)) => format!("{p} {v}\n"),
+        (p, None) => format!("{p} (built on mapfs)\n"),
     };
-    format!(
-        "{} {VERSION}{framework}\ncommit: {GIT_COMMIT}\n{shim}",
-        registry.program
-    )
+    format!("{program}mapfs {VERSION}\ncommit: {GIT_COMMIT}\n{shim}")
 }
 
 /// One roff page for the program and one per visible subcommand, nested

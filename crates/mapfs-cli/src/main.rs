@@ -2,7 +2,6 @@
 //! daemon, run programs on them, and measure them. The built-in file systems
 //! on the library's command line ([`mapfs_cli::main_with`]), plus `bench`.
 
-mod bench;
 mod fsck_cmd;
 mod versions_cmd;
 
@@ -11,7 +10,7 @@ mod versions_cmd;
 #[allow(clippy::large_enum_variant)] // parsed once per run
 enum Extra {
     /// Benchmark native, FUSE daemon, kernel passthrough (and references) side by side.
-    Bench(Box<bench::BenchArgs>),
+    Bench(Box<mapfs_bench::BenchArgs>),
     /// Check a plfs mount or backing directory: recover or reclaim the logs of writers that died.
     Fsck(fsck_cmd::FsckArgs),
     /// Compact, inspect and check a `pack` store (its mountpoint or backing directory).
@@ -22,7 +21,7 @@ enum Extra {
 
 fn main() {
     mapfs_cli::main_with(mapfs_cli::builtins(), |e: Extra| match e {
-        Extra::Bench(args) => bench::run(*args),
+        Extra::Bench(args) => mapfs_bench::run(*args),
         Extra::Fsck(args) => fsck_cmd::run(args),
         Extra::Pack(args) => mapfs_cli::pack_cmd::run(args),
         Extra::Versions(args) => versions_cmd::run(args),

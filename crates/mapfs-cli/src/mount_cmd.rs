@@ -172,18 +172,18 @@ fn check(reg: &Registry, args: &MountArgs, live: bool) -> Result<Checked> {
     let data: DataMode = args.data.parse().map_err(|e: String| anyhow!(e))?;
     // A file system whose opens share one map has no whole-file maps
     // (FsSpec::shared_opens), and only those can be passed to the kernel.
-    if data == DataMode::Passthrough && spec.shared_opens && !spec.whole_file_maps {
+    if data == DataMode::Passthrough && spec.has_shared_opens() && !spec.has_whole_file_maps() {
         bail!(
             "--data passthrough: the kernel can pass through only whole-file maps, and {} \
              has none; use --data auto (the daemon serves its data)",
-            spec.name
+            spec.name()
         );
     }
-    if args.exclusive && !spec.cacheable {
+    if args.exclusive && !spec.is_cacheable() {
         bail!(
             "--exclusive: {} changes names or attributes by itself, so the kernel must not \
              keep them long; mount it without --exclusive",
-            spec.name
+            spec.name()
         );
     }
     let mut kernel_opts = Vec::new();
@@ -193,7 +193,7 @@ fn check(reg: &Registry, args: &MountArgs, live: bool) -> Result<Checked> {
         let key = o.split_once('=').map_or(o, |(k, _)| k);
         if o == "nonempty" {
             nonempty = true;
-        } else if spec.options.contains(&key) {
+        } else if spec.declared_options().contains(&key) {
             fs_opts.custom.push(o.to_string());
         } else {
             kernel_opts.push(o.to_string());
@@ -202,7 +202,7 @@ fn check(reg: &Registry, args: &MountArgs, live: bool) -> Result<Checked> {
     let opts = mapfs_fuse::parse_options(&kernel_opts).map_err(|e| anyhow!(e))?;
     fs_opts.read_only = opts.kernel.contains(&fuser::MountOption::RO);
     fs_opts.whole_files_native = data != DataMode::Daemon;
-    let layers: Vec<PathBuf> = if spec.layered {
+    let layers: Vec<PathBuf> = if spec.is_layered() {
         args.backing
             .as_os_str()
             .as_bytes()
@@ -212,7 +212,7 @@ fn check(reg: &Registry, args: &MountArgs, live: bool) -> Result<Checked> {
     } else {
         vec![args.backing.clone()]
     };
-    let what = if spec.layered {
+    let what = if spec.is_layered() {
         "layer"
     } else {
         "backing directory"
@@ -327,13 +327,13 @@ fn which(prog: &str) -> Option<PathBuf> {
 fn writeback_choice(spec: &FsSpec, asked: &str) -> Result<&'static str> {
     Ok(match asked {
         "off" => "off",
-        "on" if spec.whole_file_maps || spec.shared_opens => "on",
+        "on" if spec.has_whole_file_maps() || spec.has_shared_opens() => "on",
         "on" => bail!(
             "--writeback-cache on: {} cannot run under the kernel's writeback cache (its \
              maps are not whole-file and its opens cannot share one); use auto or off",
-            spec.name
+            spec.name()
         ),
-        _ if spec.whole_file_maps => "on",
+        _ if spec.has_whole_file_maps() => "on",
         _ => "off",
     })
 }
@@ -374,7 +374,7 @@ fn supervise(reg: &Registry) -> Result<()> {
     // The path, not /proc/self/exe: `mapfs restart` after an upgrade must
     // start the new binary.
     let exe = std::env::current_exe()
-        .with_context(|| format!("cannot find the {} executable", reg.program))?;
+        .with_context(|| format!("cannot find the {} executable", reg.program()))?;
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let current: Arc<Mutex<Option<OwnedFd>>> = Arc::default();
     forward_signals(current.clone())?;
@@ -418,7 +418,7 @@ fn start_background(reg: &Registry, args: &MountArgs, c: &Checked) -> Result<()>
     mounts::remove_stale();
     let (log, log_file) = mounts::new_log(&c.mountpoint)?;
     let exe = std::env::current_exe()
-        .with_context(|| format!("cannot find the {} executable", reg.program))?;
+        .with_context(|| format!("cannot find the {} executable", reg.program()))?;
     let mut cmd = Command::new(exe);
     cmd.arg("mount")
         .arg(&args.fs)
@@ -446,7 +446,7 @@ fn start_background(reg: &Registry, args: &MountArgs, c: &Checked) -> Result<()>
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log_file))
         .spawn()
-        .with_context(|| format!("cannot start the {} daemon", reg.program))?;
+        .with_context(|| format!("cannot start the {} daemon", reg.program()))?;
     let stdout = child.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();
     match lines.next() {
@@ -502,12 +502,12 @@ fn serve(
             println!("{e}");
         }
     };
-    let fs = match (c.spec.build)(&c.backing, &c.fs_opts) {
+    let fs = match c.spec.build(&c.backing, &c.fs_opts) {
         Ok(fs) => fs,
         Err(e) => {
             let e = anyhow!(
                 "cannot start {} on {}: {e}",
-                c.spec.name,
+                c.spec.name(),
                 c.backing.display()
             );
             report_err(&e);
@@ -527,7 +527,7 @@ fn serve(
             Duration::from_secs_f64(args.ttl_secs())
         },
         writeback_cache: args.writeback_cache == "on",
-        share_opens: args.writeback_cache == "on" && !c.spec.whole_file_maps,
+        share_opens: args.writeback_cache == "on" && !c.spec.has_whole_file_maps(),
     };
     let resumed = matches!(supervised, Some((_, Start::Resume(_))));
     let supervisor_pid = supervised
@@ -536,7 +536,7 @@ fn serve(
     let mounted = match supervised {
         Some((link, Start::Resume(state))) => mapfs_fuse::resume(
             fs,
-            c.spec.name,
+            c.spec.name(),
             &c.backing,
             &c.mountpoint,
             adapter,
@@ -545,7 +545,7 @@ fn serve(
         ),
         Some((link, Start::Fresh)) => mapfs_fuse::mount(
             fs,
-            c.spec.name,
+            c.spec.name(),
             &c.backing,
             &c.mountpoint,
             adapter,
@@ -554,7 +554,7 @@ fn serve(
         ),
         None => mapfs_fuse::mount(
             fs,
-            c.spec.name,
+            c.spec.name(),
             &c.backing,
             &c.mountpoint,
             adapter,
@@ -591,7 +591,7 @@ fn serve(
         data = %args.data,
         "{} {}; {}",
         if resumed { "took over" } else { "mounted" },
-        c.spec.name,
+        c.spec.name(),
         executor_line(c.data, passthrough_active)
     );
     let files = RuntimeFiles::write(reg, args, &c, passthrough_active, supervisor_pid);
@@ -626,10 +626,10 @@ fn serve(
     } else {
         eprintln!(
             "{}: {} mounted on {}; Ctrl-C or `{} umount` to stop",
-            reg.program,
-            c.spec.name,
+            reg.program(),
+            c.spec.name(),
             c.mountpoint.display(),
-            reg.program
+            reg.program()
         );
     }
     let res = mounted.run();
@@ -677,8 +677,8 @@ impl RuntimeFiles {
         };
         let info = mounts::MountInfo {
             pid: std::process::id(),
-            program: reg.program.to_string(),
-            fs: c.spec.name.to_string(),
+            program: reg.program().to_string(),
+            fs: c.spec.name().to_string(),
             backing: c.backing.to_string_lossy().into_owned(),
             data: args.data.clone(),
             passthrough_active,

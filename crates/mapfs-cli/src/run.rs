@@ -19,14 +19,7 @@ const MOUNT_DEVS_ENV: &str = "MAPFS_MOUNT_DEVS";
 /// File name of the shim, built next to the `mapfs` binary.
 const SHIM: &str = "libmapfs_preload.so";
 
-/// File name of the embedded-mode library of `mapfs`'s own file systems
-/// (`--embed`, crates/mapfs-embed-builtins), built next to it.
-pub const EMBED_LIB: &str = "libmapfs_embed_builtins.so";
-
-/// File name of the embedded-mode library that serves `versions` as well
-/// as every file system of [`EMBED_LIB`] (it links SQLite, which every
-/// process of a job that does not embed `versions` is spared).
-pub const EMBED_FULL_LIB: &str = "libmapfs_embed_full.so";
+pub use mapfs_registry::{EMBED_FULL_LIB, EMBED_LIB};
 
 /// Arguments of `mapfs run`.
 #[derive(clap::Args, Debug)]
@@ -54,6 +47,11 @@ pub struct RunArgs {
     /// not exist.
     #[arg(long = "embed", value_name = "FS:BACKING:PREFIX")]
     pub embed: Vec<String>,
+    /// Serve an --embed PREFIX even where the host has a non-empty
+    /// directory or a file: the program then sees the embedded file system
+    /// there, never the host's files (refused without this).
+    #[arg(long = "embed-over")]
+    pub embed_over: bool,
     /// Options of the embedded file systems (`name` or `name=value`,
     /// comma-separated or repeated); each file system gets those it declares.
     #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
@@ -204,12 +202,25 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
         .map(|e| Embedding::parse(e, registry, &args.options))
         .collect::<Result<Vec<_>>>()?;
     embed_spec::check_disjoint(&list)?;
+    if !args.embed_over {
+        for e in &list {
+            if let Some(what) = hidden_on_host(&e.prefix) {
+                bail!(
+                    "--embed {}: {} is {what} on the host, which the program would no longer \
+                     see (the embedded file system takes its place); choose a PREFIX that does \
+                     not exist or is an empty directory, or pass --embed-over",
+                    e.fs,
+                    e.prefix.display()
+                );
+            }
+        }
+    }
     for o in &args.options {
         let name = o.split_once('=').map_or(o.as_str(), |(k, _)| k);
         if !list.iter().any(|e| {
             registry
                 .get(&e.fs)
-                .is_some_and(|s| s.options.contains(&name))
+                .is_some_and(|s| s.declared_options().contains(&name))
         }) {
             bail!("-o {o}: no embedded file system takes option {name:?}");
         }
@@ -227,7 +238,7 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
     // needs its own (which serves the others too).
     let mut libs: Vec<&'static str> = list
         .iter()
-        .filter_map(|e| registry.get(&e.fs).and_then(|s| s.embed_library))
+        .filter_map(|e| registry.get(&e.fs).and_then(|s| s.own_embed_library()))
         .collect();
     libs.sort_unstable();
     libs.dedup();
@@ -243,6 +254,21 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
         ),
     };
     Ok(Some((embed_spec::encode(&list), lib)))
+}
+
+/// What an embedding at `prefix` would hide from the program: `None` when
+/// nothing (no such path, or an empty directory).
+fn hidden_on_host(prefix: &Path) -> Option<&'static str> {
+    let st = std::fs::symlink_metadata(prefix).ok()?;
+    if !st.is_dir() {
+        return Some("an existing file");
+    }
+    match std::fs::read_dir(prefix) {
+        Ok(mut entries) => entries.next().map(|_| "a non-empty directory"),
+        // Unreadable to this user: what is in it cannot be known, and the
+        // program would lose access to whatever it is.
+        Err(_) => Some("a directory this user cannot list"),
+    }
 }
 
 /// The shim, found relative to the running binary: installed

@@ -128,22 +128,6 @@ fn duration(ns: u64) -> String {
     }
 }
 
-/// `512 B`, `4.0 KiB`, `1.5 GiB`.
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 /// The human table.
 pub fn table(r: &StatsReport, interval: bool) -> String {
     let s = &r.raw;
@@ -180,8 +164,8 @@ pub fn table(r: &StatsReport, interval: bool) -> String {
     let _ = writeln!(
         out,
         "daemon engine: read {}, written {}",
-        bytes(s.daemon_read_bytes),
-        bytes(s.daemon_write_bytes)
+        mapfs::size::human(s.daemon_read_bytes),
+        mapfs::size::human(s.daemon_write_bytes)
     );
     let _ = writeln!(
         out,

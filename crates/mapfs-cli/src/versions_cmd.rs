@@ -163,21 +163,6 @@ fn resolve(store: &Store, seen: &Seen, spec: &str) -> Result<Version> {
         .with_context(|| format!("no versions of {spec}"))
 }
 
-fn human(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 /// Writes a version's bytes to a temporary file (for `diff`).
 fn to_temp(store: &Store, v: &Version) -> Result<tempfile::NamedTempFile> {
     let mut t = tempfile::NamedTempFile::new()?;
@@ -327,17 +312,17 @@ pub fn run(args: VersionsArgs) -> Result<()> {
             writeln!(
                 out,
                 "version bytes:   {} (their sizes added up)",
-                human(t.logical_bytes)
+                mapfs::size::human(t.logical_bytes)
             )?;
             writeln!(
                 out,
                 "bytes kept:      {} (added to the store; reflinks count 0)",
-                human(t.stored_bytes)
+                mapfs::size::human(t.stored_bytes)
             )?;
             writeln!(
                 out,
                 "allocated:       {} (objects' blocks; shared extents counted in full)",
-                human(t.allocated_bytes)
+                mapfs::size::human(t.allocated_bytes)
             )?;
             writeln!(
                 out,
@@ -349,7 +334,7 @@ pub fn run(args: VersionsArgs) -> Result<()> {
                 "retention:       keep {} per path, {} days, {} in all",
                 p.keep.map_or("all".into(), |k| k.to_string()),
                 p.keep_days.map_or("any".into(), |d| d.to_string()),
-                p.keep_bytes.map_or("any size".into(), human)
+                p.keep_bytes.map_or("any size".into(), mapfs::size::human)
             )?;
             std::io::stdout().lock().write_all(out.as_bytes())?;
             Ok(())

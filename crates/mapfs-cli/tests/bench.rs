@@ -64,6 +64,27 @@ impl BenchRun {
     }
 }
 
+/// With stderr not a terminal, `mapfs bench` prints a line as each of its
+/// `units` starts (`mapfs bench: K/UNITS [M:SS] WORKLOAD ...`), in order.
+fn assert_progress_lines(stderr: &str, units: u64, workload: &str) {
+    let seen: Vec<u64> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("mapfs bench: "))
+        .filter_map(|l| {
+            let (k, rest) = l.split_once('/')?;
+            let (len, rest) = rest.split_once(" [")?;
+            assert_eq!(len.parse::<u64>().ok(), Some(units), "{l}");
+            assert!(rest.contains(&format!("] {workload} ")), "{l}");
+            k.parse().ok()
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        (1..=units).collect::<Vec<_>>(),
+        "progress lines:\n{stderr}"
+    );
+}
+
 #[test]
 fn bench_runs_small_files_and_n1_strided_on_pack_and_embedded_plfs() {
     if !fuse_or_skip("bench small-files / n1-strided") || !need("fio") {
@@ -164,6 +185,9 @@ fn bench_overwrite_reports_what_versions_keeps() {
         "--runs",
         "1",
     ]);
+    // stderr is no terminal here: one progress line per unit (one round
+    // of overwrite per configuration), numbered, each naming its cell.
+    assert_progress_lines(&b.stderr, 5, "overwrite");
     let json = &b.json;
     let record = |c: &str, col: &str| {
         let r = b.cell("overwrite", c, col);

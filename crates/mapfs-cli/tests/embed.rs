@@ -25,7 +25,7 @@ fn embed_lib() -> PathBuf {
         &[
             "mapfs-embed/src",
             "mapfs-embed-builtins/src",
-            "mapfs-cli/src",
+            "mapfs-registry/src",
             "mapfs-fs/src/passthrough",
             "mapfs-fs/src/plfs",
             "mapfs/src",

@@ -28,7 +28,7 @@ fn full_lib() -> PathBuf {
         &[
             "mapfs-embed/src",
             "mapfs-embed-full/src",
-            "mapfs-cli/src",
+            "mapfs-registry/src",
             "mapfs-fs/src/pack",
             "mapfs/src",
         ],

@@ -29,7 +29,7 @@ fn full_lib() -> PathBuf {
         &[
             "mapfs-embed/src",
             "mapfs-embed-full/src",
-            "mapfs-cli/src",
+            "mapfs-registry/src",
             "mapfs-fs/src/versions",
             "mapfs-fs/src/passthrough",
             "mapfs/src",

@@ -28,7 +28,7 @@
 //!   every permission exactly as for the caller.
 //!
 //! Environment: `MAPFS_EMBED` (written by `mapfs run`, see
-//! `mapfs_cli::embed_spec`), `MAPFS_PRELOAD_LOG=1` (diagnostics on stderr).
+//! `mapfs_registry::embed_spec`), `MAPFS_PRELOAD_LOG=1` (diagnostics on stderr).
 
 #![warn(missing_docs)]
 
@@ -95,7 +95,7 @@ pub fn warn(msg: std::fmt::Arguments<'_>) {
 /// Starts embedded mode in this process image with the file systems of
 /// `registry`: what [`library!`]'s constructor calls before `main`. Serves
 /// nothing until it returns; calling it twice is a no-op.
-pub fn start(registry: impl FnOnce() -> mapfs_cli::Registry) {
+pub fn start(registry: impl FnOnce() -> mapfs_registry::Registry) {
     if READY.load(Ordering::Acquire) {
         return;
     }
@@ -113,7 +113,7 @@ pub fn start(registry: impl FnOnce() -> mapfs_cli::Registry) {
 
 /// Makes the `cdylib` it is written in an embedded-mode library serving the
 /// embeddable file systems of a registry (an expression of type
-/// `mapfs_cli::Registry`, evaluated once per process image, before
+/// `mapfs_registry::Registry`, which `mapfs_cli::Registry` is, evaluated once per process image, before
 /// `main`). The program that registers the same file systems names the
 /// library with `Registry::embed_library`, and its `run --embed` preloads
 /// it:

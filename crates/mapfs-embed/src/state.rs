@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use mapfs::{Ctx, FileSystem};
-use mapfs_cli::embed_spec;
 use mapfs_interpose::sync::Mutex;
+use mapfs_registry::embed_spec;
 
 /// One embedded file system.
 pub struct Emb {
@@ -110,7 +110,7 @@ pub fn set_umask(m: u32) {
 /// Builds the file systems named in `MAPFS_EMBED`. A file system that cannot
 /// be built is reported once on stderr and left out (its paths then do not
 /// exist for this process).
-pub fn init(registry: &mapfs_cli::Registry) {
+pub fn init(registry: &mapfs_registry::Registry) {
     LOG.store(
         std::env::var_os("MAPFS_PRELOAD_LOG").is_some(),
         Ordering::Relaxed,

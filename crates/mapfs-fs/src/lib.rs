@@ -4,6 +4,7 @@
 //! any outside file system registers itself.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod pack;
 pub mod passthrough;

@@ -11,7 +11,7 @@ use rustix::mm::{MapFlags, ProtFlags};
 /// close-on-exec so that it goes no further.
 pub fn inherited_socket(fd: i32) -> io::Result<OwnedFd> {
     inherited(fd, "a socket", |st| {
-        st.st_mode & libc::S_IFMT == libc::S_IFSOCK
+        st.st_mode & libc::S_IFMT == libc::S_IFSOCK as _
     })
 }
 
@@ -20,9 +20,9 @@ pub fn inherited_socket(fd: i32) -> io::Result<OwnedFd> {
 fn inherited(
     fd: i32,
     what: &str,
-    check: impl FnOnce(&nix::sys::stat::FileStat) -> bool,
+    check: impl FnOnce(&rustix::fs::Stat) -> bool,
 ) -> io::Result<OwnedFd> {
-    let st = nix::sys::stat::fstat(
+    let st = rustix::fs::fstat(
         // SAFETY: borrowed only for this call; fstat fails with EBADF on a
         // number that is not open.
         unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
@@ -44,7 +44,7 @@ fn inherited(
 /// An inherited regular file (a memfd) of exactly `size` bytes.
 pub fn inherited_memfd(fd: i32, size: u64) -> io::Result<OwnedFd> {
     inherited(fd, &format!("a file of {size} bytes"), |st| {
-        st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_size as u64 == size
+        st.st_mode & libc::S_IFMT == libc::S_IFREG as _ && st.st_size as u64 == size
     })
 }
 

@@ -53,6 +53,7 @@ pub mod lentsize;
 #[doc(hidden)] // shared by the mapfs crates, not a stable API
 pub mod mapcache;
 pub mod preload_report;
+pub mod size;
 pub mod stats;
 
 pub use capabilities::{Capabilities, Housekeeping};

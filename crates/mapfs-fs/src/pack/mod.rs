@@ -153,19 +153,13 @@ impl Default for PackOptions {
 }
 
 impl PackOptions {
-    /// Reads `threshold=BYTES` (a size with an optional `k`/`m` suffix,
+    /// Reads `threshold=BYTES` (a size as [`mapfs::size::parse`] takes it,
     /// 512 to 64 MiB) and `sync=normal|full`.
     pub fn parse(threshold: Option<&str>, sync: Option<&str>) -> Result<Self> {
         let mut o = PackOptions::default();
         if let Some(t) = threshold {
-            let bad = || Error::invalid().context(format!("pack: bad threshold {t:?}"));
-            let (num, mul) = match t.char_indices().last() {
-                Some((i, 'k' | 'K')) => (&t[..i], 1024),
-                Some((i, 'm' | 'M')) => (&t[..i], 1024 * 1024),
-                _ => (t, 1),
-            };
-            let v: u64 = num.parse().map_err(|_| bad())?;
-            let v = v.checked_mul(mul).ok_or_else(bad)?;
+            let v = mapfs::size::parse(t)
+                .map_err(|e| Error::invalid().context(format!("pack: threshold: {e}")))?;
             if !(slots::MIN_SLOT..=64 << 20).contains(&v) {
                 return Err(Error::invalid().context(format!(
                     "pack: threshold {t:?} out of range (512 bytes to 64 MiB)"

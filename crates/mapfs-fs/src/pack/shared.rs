@@ -121,12 +121,14 @@ pub fn try_write(file: &File, start: u64, len: u64) -> Result<bool> {
 
 /// An OFD lock of type `ty` on `len` bytes at `start` of `file`.
 pub fn lock(file: &File, start: u64, len: u64, ty: i32, wait: bool) -> Result<()> {
-    // SAFETY: `flock` is plain data; all-zero is a valid value.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = ty as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = start as libc::off_t;
-    fl.l_len = len as libc::off_t;
+    let fl = libc::flock {
+        l_type: ty as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: start as libc::off_t,
+        l_len: len as libc::off_t,
+        // An OFD lock has no owning process: the kernel wants 0 here.
+        l_pid: 0,
+    };
     loop {
         let arg = if wait {
             FcntlArg::F_OFD_SETLKW(&fl)

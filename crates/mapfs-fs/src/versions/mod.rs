@@ -178,26 +178,10 @@ impl Config {
     }
 }
 
-/// A size with an optional `K`, `M`, `G` or `T` suffix (powers of 1024).
+/// A size with an optional `K`, `M`, `G` or `T` unit (powers of 1024):
+/// [`mapfs::size::parse`], the parser of every mapfs size.
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(format!("bad size {s:?}: unit must be K, M, G or T")),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("bad size {s:?}: expected a number with an optional K/M/G/T"))
+    mapfs::size::parse(s)
 }
 
 /// The key of a backing inode.

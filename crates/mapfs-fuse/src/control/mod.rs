@@ -777,6 +777,8 @@ fn start_tool(
 /// The peer's credentials. The pid is 0 for a peer in a pid namespace the
 /// daemon cannot see into; it is only logged.
 fn peer_of(sock: BorrowedFd<'_>) -> Option<Peer> {
+    // nix, not rustix: rustix's `UCred` holds the pid as a non-zero `Pid`,
+    // and the kernel reports 0 for such a peer.
     let c = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials).ok()?;
     Some(Peer {
         pid: c.pid(),

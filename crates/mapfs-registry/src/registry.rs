@@ -201,6 +201,31 @@ impl FsSpec {
         self.backing_dirs
     }
 
+    /// Whether [`FsSpec::shared_opens`] was said.
+    pub fn has_shared_opens(&self) -> bool {
+        self.shared_opens
+    }
+
+    /// Whether [`FsSpec::layered`] was said.
+    pub fn is_layered(&self) -> bool {
+        self.layered
+    }
+
+    /// Whether [`FsSpec::cacheable`] was said.
+    pub fn is_cacheable(&self) -> bool {
+        self.cacheable
+    }
+
+    /// The `-o` option names [`FsSpec::options`] declared.
+    pub fn declared_options(&self) -> &'static [&'static str] {
+        self.options
+    }
+
+    /// The library [`FsSpec::embeddable_by`] named, if any.
+    pub fn own_embed_library(&self) -> Option<&'static str> {
+        self.embed_library
+    }
+
     /// Whether [`FsSpec::whole_file_maps`] was said.
     pub fn has_whole_file_maps(&self) -> bool {
         self.whole_file_maps
@@ -241,6 +266,7 @@ impl FsSpec {
 pub struct Registry {
     pub(crate) program: &'static str,
     pub(crate) about: &'static str,
+    pub(crate) version: Option<&'static str>,
     pub(crate) specs: Vec<FsSpec>,
     pub(crate) embed_library: Option<&'static str>,
 }
@@ -251,9 +277,23 @@ impl Registry {
         Registry {
             program,
             about,
+            version: None,
             specs: Vec::new(),
             embed_library: None,
         }
+    }
+
+    /// The program's own version, which `--version` prints first, with
+    /// mapfs's below it: `.version(env!("CARGO_PKG_VERSION"))` in the
+    /// program's crate. Without it the program shows mapfs's version.
+    pub fn version(mut self, version: &'static str) -> Self {
+        self.version = Some(version);
+        self
+    }
+
+    /// The version [`Registry::version`] set, if any.
+    pub fn program_version(&self) -> Option<&'static str> {
+        self.version
     }
 
     /// The embedded-mode library of this program: a `cdylib` made with
@@ -301,9 +341,19 @@ impl Registry {
     pub fn program(&self) -> &'static str {
         self.program
     }
+
+    /// The program's one-line description.
+    pub fn about(&self) -> &'static str {
+        self.about
+    }
+
+    /// Every registered file system, in registration order.
+    pub fn specs(&self) -> &[FsSpec] {
+        &self.specs
+    }
 }
 
-/// `versions`, embeddable by [`crate::run::EMBED_FULL_LIB`] (it links
+/// `versions`, embeddable by [`crate::EMBED_FULL_LIB`] (it links
 /// SQLite, which the lean library leaves out).
 fn versions() -> FsSpec {
     FsSpec::new(
@@ -318,10 +368,10 @@ fn versions() -> FsSpec {
     )
     .options(&["max-size", "keep", "keep-days", "keep-bytes"])
     .keeps_writers()
-    .embeddable_by(crate::run::EMBED_FULL_LIB)
+    .embeddable_by(crate::EMBED_FULL_LIB)
 }
 
-/// `pack`, embeddable by [`crate::run::EMBED_FULL_LIB`] (it links SQLite);
+/// `pack`, embeddable by [`crate::EMBED_FULL_LIB`] (it links SQLite);
 /// embedded, every process of the job runs a shared instance
 /// (`PackOptions::shared`).
 fn pack() -> FsSpec {
@@ -340,14 +390,14 @@ fn pack() -> FsSpec {
     .options(&["threshold", "sync"])
     .cacheable()
     .own_inode_numbers()
-    .embeddable_by(crate::run::EMBED_FULL_LIB)
+    .embeddable_by(crate::EMBED_FULL_LIB)
 }
 
-/// The registry of `libmapfs_embed_full.so` ([`crate::run::EMBED_FULL_LIB`]):
+/// The registry of `libmapfs_embed_full.so` ([`crate::EMBED_FULL_LIB`]):
 /// [`embeddable`], `pack` and `versions`.
 pub fn embeddable_full() -> Registry {
     embeddable()
-        .embed_library(crate::run::EMBED_FULL_LIB)
+        .embed_library(crate::EMBED_FULL_LIB)
         .register(pack())
         .register(versions())
 }
@@ -369,7 +419,7 @@ pub fn embeddable() -> Registry {
         "mapfs",
         "mapfs: user-space file systems as fast as the file system underneath.",
     )
-    .embed_library(crate::run::EMBED_LIB)
+    .embed_library(crate::EMBED_LIB)
     .register(
         FsSpec::new("passthrough", "a 1-to-1 mirror of BACKING", |b, _| {
             Ok(Arc::new(Passthrough::new(b)?))
@@ -426,22 +476,16 @@ mod tests {
             .map(|s| s.name)
             .collect();
         assert_eq!(embeddable_builtins, embeddable_full().names());
-        assert_eq!(r.embed_library_file(), Some(crate::run::EMBED_LIB));
+        assert_eq!(r.embed_library_file(), Some(crate::EMBED_LIB));
         // versions links SQLite: only the full library serves it, and that
         // one serves every embeddable file system.
-        assert_eq!(r.embed_library_for("plfs"), Some(crate::run::EMBED_LIB));
-        assert_eq!(
-            r.embed_library_for("versions"),
-            Some(crate::run::EMBED_FULL_LIB)
-        );
+        assert_eq!(r.embed_library_for("plfs"), Some(crate::EMBED_LIB));
+        assert_eq!(r.embed_library_for("versions"), Some(crate::EMBED_FULL_LIB));
         assert_eq!(
             embeddable_full().names(),
             ["passthrough", "plfs", "pack", "versions"]
         );
-        assert_eq!(
-            r.embed_library_for("pack"),
-            Some(crate::run::EMBED_FULL_LIB)
-        );
+        assert_eq!(r.embed_library_for("pack"), Some(crate::EMBED_FULL_LIB));
         assert!(r.get("versions").unwrap().has_kept_writers());
         assert!(r.get("passthrough").unwrap().whole_file_maps);
         assert!(!r.get("plfs").unwrap().whole_file_maps);

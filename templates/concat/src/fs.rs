@@ -1,14 +1,17 @@
-//! `concat`: every directory `D` of BACKING shows as one read-only file `D`
-//! whose bytes are the regular files of `D`, in name order, end to end.
-//! `concat mount concat BACKING MNT`; every other command of `mapfs` too,
-//! and embedded: `concat run --embed concat:BACKING:/cat -- PROGRAM` serves
-//! `/cat` inside the program with no mount (`concat_embed.rs`).
+//! The `concat` file system: every directory `D` of BACKING shows as one
+//! read-only file `D` whose bytes are the regular files of `D`, in name
+//! order, end to end.
 //!
 //! The point is the map: one extent per part, each in its own backing file,
 //! so nothing is copied and no index is kept. Reads run in the daemon (or
 //! in the program, under `concat run`); writes are refused (`EROFS`). The
 //! parts are listed and sized at `open`: an open sees the parts as they
 //! were then (close-to-open), and `stat` sums their sizes now.
+//!
+//! Both the program (`main.rs`) and its embedded-mode library (`lib.rs`)
+//! include this module, so they serve the same file system.
+
+#![forbid(unsafe_code)]
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -135,7 +138,7 @@ fn build(backing: &Path, _: &FsOptions) -> Result<Arc<dyn FileSystem>> {
 
 /// The program's file systems: `concat` itself, which keeps no state of its
 /// own (every answer comes from the backing directory), so it can also run
-/// inside the application, from the library `concat_embed.rs` makes.
+/// inside the application, from the library `lib.rs` makes.
 pub fn registry() -> Registry {
     let spec = FsSpec::new(
         "concat",
@@ -143,10 +146,8 @@ pub fn registry() -> Registry {
         build,
     );
     Registry::new("concat", "concat: files made of files, on mapfs")
+        // `concat --version` prints this first, mapfs's own below it.
+        .version(env!("CARGO_PKG_VERSION"))
         .embed_library("libconcat_embed.so")
         .register(spec.embeddable())
-}
-
-fn main() {
-    mapfs_cli::main(registry())
 }

@@ -6,6 +6,12 @@
 //! are set up before the first run and runs are interleaved (for each cell,
 //! run r goes through every configuration in turn) so that slow drift of the
 //! machine does not favour one configuration.
+//!
+//! The `mapfs` binary runs it as `mapfs bench` ([`BenchArgs`], [`run`]); it
+//! mounts with that binary (the running executable), so it is no library
+//! for other programs.
+
+#![warn(missing_docs)]
 
 mod config;
 mod fileserver;
@@ -27,6 +33,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
+use std::io::IsTerminal as _;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
 use config::{ConfigDef, Prepared, CONFIGS};
 use report::{Record, Table};
@@ -145,33 +154,18 @@ pub struct BenchArgs {
     pub fileserver_dir: Option<PathBuf>,
 }
 
-/// Parses a size such as `4k`, `256M`, `1G` or `512` (binary units).
+/// Parses a size such as `4k`, `256M`, `1G` or `512` ([`mapfs::size::parse`],
+/// the parser of every mapfs size); zero is refused.
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let shift = match unit
-        .to_ascii_lowercase()
-        .trim_end_matches("ib")
-        .trim_end_matches('b')
-    {
-        "" => 0,
-        "k" => 10,
-        "m" => 20,
-        "g" => 30,
-        "t" => 40,
-        _ => bail!("bad size {s:?} (examples: 4k, 256M, 1G)"),
-    };
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("bad size {s:?} (examples: 4k, 256M, 1G)"))?;
+    let n = mapfs::size::parse(s).map_err(|e| anyhow::anyhow!("{e} (examples: 4k, 256M, 1G)"))?;
     if n == 0 {
         bail!("size {s:?} must not be zero");
     }
-    n.checked_mul(1 << shift)
-        .with_context(|| format!("size {s:?} too large"))
+    Ok(n)
 }
 
-/// Formats a byte count the way I/O sizes are written in tables (`4k`, `1m`).
+/// An I/O size as a column label (`4k`, `1m`), which [`parse_size`] reads
+/// back (byte counts for people are [`mapfs::size::human`]).
 pub fn fmt_size(n: u64) -> String {
     for (shift, u) in [(30, "g"), (20, "m"), (10, "k")] {
         if n >= 1 << shift && n.is_multiple_of(1 << shift) {
@@ -328,10 +322,7 @@ fn backing_dir(arg: &Option<PathBuf>) -> Result<(PathBuf, Option<tempfile::TempD
         }
         return Ok((p.canonicalize()?, None));
     }
-    let is_tmpfs = |p: &Path| {
-        nix::sys::statfs::statfs(p)
-            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
-    };
+    let is_tmpfs = |p: &Path| rustix::fs::statfs(p).is_ok_and(|s| s.f_type == libc::TMPFS_MAGIC);
     let parent = if Path::new("/var/tmp").is_dir() && !is_tmpfs(Path::new("/var/tmp")) {
         PathBuf::from("/var/tmp")
     } else {
@@ -597,10 +588,80 @@ fn run_worker<T: serde::de::DeserializeOwned>(
         .with_context(|| format!("parsing the {what} worker's output"))
 }
 
+/// Where a run stands: a bar on a terminal; elsewhere (a CI log, `2>file`)
+/// one line per unit as it starts, since a bar is drawn only on a terminal
+/// and a run of several minutes would otherwise print nothing at all.
+struct Progress {
+    bar: Option<ProgressBar>,
+    len: u64,
+    done: AtomicU64,
+    start: Instant,
+}
+
+impl Progress {
+    fn new(len: u64) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+            pb.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} [{elapsed_precise} eta {eta}] {msg}",
+                )
+                .expect("valid progress template"),
+            );
+            pb
+        });
+        Progress {
+            bar,
+            len,
+            done: AtomicU64::new(0),
+            start: Instant::now(),
+        }
+    }
+
+    /// The unit starting now.
+    fn set_message(&self, msg: String) {
+        match &self.bar {
+            Some(pb) => pb.set_message(msg),
+            None => {
+                let secs = self.start.elapsed().as_secs();
+                eprintln!(
+                    "mapfs bench: {}/{} [{}:{:02}] {msg}",
+                    self.done.load(Ordering::Relaxed) + 1,
+                    self.len,
+                    secs / 60,
+                    secs % 60
+                );
+            }
+        }
+    }
+
+    /// A unit finished.
+    fn inc(&self, n: u64) {
+        self.done.fetch_add(n, Ordering::Relaxed);
+        if let Some(pb) = &self.bar {
+            pb.inc(n);
+        }
+    }
+
+    /// Runs `f` (which prints) with the bar out of the way.
+    fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.bar {
+            Some(pb) => pb.suspend(f),
+            None => f(),
+        }
+    }
+
+    fn finish_and_clear(&self) {
+        if let Some(pb) = &self.bar {
+            pb.finish_and_clear();
+        }
+    }
+}
+
 /// Before one run of a workload on a configuration: says so on the progress
 /// bar and lets the machine settle; false once interrupted.
 fn begin_unit(
-    pb: &ProgressBar,
+    pb: &Progress,
     settler: &Settler,
     workload: &str,
     run: usize,
@@ -864,11 +925,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         })
         .sum::<usize>() as u64
         * (params.runs * ready.len()) as u64;
-    let pb = ProgressBar::with_draw_target(Some(units), ProgressDrawTarget::stderr());
-    pb.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise} eta {eta}] {msg}")
-            .expect("valid progress template"),
-    );
+    let pb = Progress::new(units);
 
     let mut records: Vec<Record> = vec![];
     'workloads: for w in &wls {

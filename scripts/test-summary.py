@@ -28,7 +28,7 @@ import os
 import re
 import sys
 
-RUNNING = re.compile(r"^\s*Running (\S+) \((.+)\)\s*$")
+RUNNING = re.compile(r"^\s*Running (.+?) \((.+)\)\s*$")
 DOCTESTS = re.compile(r"^\s*Doc-tests (\S+)\s*$")
 RESULT = re.compile(
     r"^test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored;"

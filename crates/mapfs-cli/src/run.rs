@@ -94,6 +94,11 @@ pub fn run(registry: &Registry, args: RunArgs) -> Result<()> {
     // every process of the job the mount table (measured: one such stale
     // mount on the machine made `spawn-read` under the shim 0.57x the
     // mount without it).
+    // Mounts the user did not name are the program's business only if it
+    // touches them (the shim connects to a mount at its first open there):
+    // nothing is said of them, so a program's stderr carries no line about
+    // other users' or other jobs' mounts.
+    let named = !args.mounts.is_empty();
     let mut chosen_devs = Vec::new();
     let mut devs = Vec::new();
     for m in chosen {
@@ -102,7 +107,8 @@ pub fn run(registry: &Registry, args: RunArgs) -> Result<()> {
                 devs.push(std::os::unix::fs::MetadataExt::dev(&st).to_string());
                 chosen_devs.push(m);
             }
-            Err(e) => eprintln!("mapfs run: not attaching to {} ({e})", m.display()),
+            Err(e) if named => eprintln!("mapfs run: not attaching to {} ({e})", m.display()),
+            Err(_) => {}
         }
     }
     let chosen = chosen_devs;
@@ -119,7 +125,7 @@ pub fn run(registry: &Registry, args: RunArgs) -> Result<()> {
         );
     }
     let joined = std::env::join_paths(&chosen).context("joining mountpoints")?;
-    for m in chosen.iter().filter(|m| uses_writeback_cache(m)) {
+    for m in chosen.iter().filter(|m| named && uses_writeback_cache(m)) {
         eprintln!(
             "mapfs run: {} is a --data daemon mount with the kernel writeback cache on: the \
              kernel would keep stale sizes of files written natively, so its files stay on the \

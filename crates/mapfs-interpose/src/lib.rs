@@ -12,7 +12,9 @@
 //!   else (the locks they take are never held by the interrupted thread);
 //!   `close`, `dup2` and the like do only lock-free bookkeeping (atomic
 //!   stores) and the plain system call, and work that needs the daemon
-//!   waits for the next entry outside a handler.
+//!   waits for the next entry outside a handler. Nothing allocates or
+//!   frees (the handler may have interrupted `malloc`): a last reference
+//!   let go is parked in [`retire`], and tables grow only outside handlers.
 //! - **Already inside the library on this thread** (a handler that
 //!   interrupted it, or the library's own call): no lock, no allocation;
 //!   the plain system call on the program's descriptor.
@@ -32,6 +34,7 @@ pub mod clone;
 pub mod copy;
 pub mod gate;
 pub mod guard;
+pub mod retire;
 pub mod seqlock;
 pub mod signal;
 pub mod sync;

@@ -431,8 +431,17 @@ fn closed(note: Option<table::Closed>) {
 
 /// Before `dup2`/`dup3` replace `new`: a lent descriptor's map goes to the
 /// daemon first, as before a `close`, since the replacement closes it.
+/// In a signal handler, which cannot talk to the daemon, a tracked `new`
+/// moves aside instead and is closed later ([`table::move_aside`]).
 fn replacing(old: c_int, new: c_int) {
-    if old != new && table::state(new) == table::ENGINE {
+    if old == new || matches!(table::state(new), UNKNOWN | OTHER) {
+        return;
+    }
+    if mapfs_interpose::signal::in_handler() {
+        if let Some(_g) = Guard::enter() {
+            sys::keep_errno(|| table::move_aside(new));
+        }
+    } else if table::state(new) == table::ENGINE {
         if let Some(_g) = Guard::enter() {
             sys::keep_errno(|| table::sync_lent(new));
         }

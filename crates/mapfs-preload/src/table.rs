@@ -53,6 +53,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use mapfs::control::{Request, Response};
+use mapfs_interpose::retire::Retired;
 use mapfs_interpose::seqlock::SeqLock;
 use mapfs_interpose::sync::{Mutex, RwLock};
 
@@ -116,7 +117,7 @@ fn set_state(fd: RawFd, s: u8) {
             if let Some(d) = DIRECT.get(i) {
                 d.set(None);
             }
-            LENT[i].store(None);
+            let_go_lent(LENT[i].swap(None));
         }
     }
 }
@@ -204,7 +205,7 @@ fn set_engine(fd: RawFd, lent: &Arc<Lent>) {
     }
     if let Some(i) = index(fd) {
         // Before the state: a data call that sees ENGINE finds it.
-        LENT[i].store(Some(lent.clone()));
+        let_go_lent(LENT[i].swap(Some(lent.clone())));
         if let Some(d) = DIRECT.get(i) {
             d.set(lent.direct());
         }
@@ -316,7 +317,7 @@ fn new_entry(
         mount_ns: AtomicU64::new(0),
         slow_big_call: std::sync::atomic::AtomicBool::new(false),
         inner: Mutex::new(Inner {
-            fds: vec![fd],
+            fds: with_room(fd),
             status,
             kept,
             locked: false,
@@ -325,19 +326,88 @@ fn new_entry(
     })
 }
 
+/// Room the table and an entry's descriptor list keep free for the
+/// `dup`s of a signal handler, which must not allocate (see [`in_handler`]).
+const HANDLER_ROOM: usize = 4;
+
+/// A descriptor list of one, with room for more.
+fn with_room(fd: RawFd) -> Vec<RawFd> {
+    let mut fds = Vec::with_capacity(HANDLER_ROOM);
+    fds.push(fd);
+    fds
+}
+
+/// This thread runs a signal handler of the program. The handler
+/// interrupted the program outside the shim (the signal layer delays it
+/// otherwise), so the shim's locks may be taken; but it may have
+/// interrupted `malloc`, so nothing here allocates or frees memory, and
+/// nothing talks to a daemon (which allocates): no classification, no
+/// adoption, no hand-back; closes are deferred ([`closing_lock_free`]),
+/// and references let go of are parked ([`RETIRED`]).
+#[inline]
+fn in_handler() -> bool {
+    mapfs_interpose::signal::in_handler()
+}
+
+/// Entries and lent opens a signal handler let go of, dropped at the next
+/// entry into the shim outside a handler ([`run_deferred_closes`]).
+static RETIRED: Retired<Entry, 32> = Retired::new();
+/// See [`RETIRED`].
+static RETIRED_LENT: Retired<Lent, 32> = Retired::new();
+
+/// Drops `e` now, or parks it if this is a signal handler.
+fn let_go(e: Option<Arc<Entry>>) {
+    match e {
+        Some(e) if in_handler() => RETIRED.park(e),
+        e => drop(e),
+    }
+}
+
+/// [`let_go`] for a lent open.
+fn let_go_lent(l: Option<Arc<Lent>>) {
+    match l {
+        Some(l) if in_handler() => RETIRED_LENT.park(l),
+        l => drop(l),
+    }
+}
+
 fn get(fd: RawFd) -> Option<Arc<Entry>> {
     TABLE.read().as_ref()?.get(&fd).cloned()
 }
 
-fn insert(fd: RawFd, e: Arc<Entry>) {
-    TABLE
-        .write()
-        .get_or_insert_with(Table::default)
-        .insert(fd, e);
+/// Files `e` under `fd`. In a signal handler only if the table has room
+/// (false if not); elsewhere the table then makes room for the handler's.
+fn insert(fd: RawFd, e: Arc<Entry>) -> bool {
+    let mut t = TABLE.write();
+    let t = t.get_or_insert_with(Table::default);
+    if in_handler() {
+        if t.len() >= t.capacity() && !t.contains_key(&fd) {
+            return false;
+        }
+        let_go(t.insert(fd, e));
+        return true;
+    }
+    let old = t.insert(fd, e);
+    if t.capacity() - t.len() < HANDLER_ROOM {
+        t.reserve(4 * HANDLER_ROOM);
+    }
+    drop(old);
+    true
 }
 
 fn remove(fd: RawFd) -> Option<Arc<Entry>> {
     TABLE.write().as_mut()?.remove(&fd)
+}
+
+/// Drops a stale entry filed under `fd` (its descriptor was closed behind
+/// the shim's back, e.g. by a raw system call), and takes `fd` off that
+/// entry's list, so an adoption never puts a file under the number's new
+/// owner.
+fn forget_stale(fd: RawFd) {
+    if let Some(e) = remove(fd) {
+        e.inner.lock().fds.retain(|&f| f != fd);
+        let_go(Some(e));
+    }
 }
 
 /// The mount identity to report for an adopted descriptor.
@@ -356,7 +426,13 @@ pub fn opened(fd: RawFd) {
     }
     undefer(fd);
     // A stale entry (descriptor closed behind our back, e.g. close_range).
-    drop(remove(fd));
+    forget_stale(fd);
+    if in_handler() {
+        // Classifying allocates: the descriptor, the kernel's own open,
+        // stays unknown until a call outside a handler looks at it.
+        set_state(fd, UNKNOWN);
+        return;
+    }
     classify(fd);
 }
 
@@ -382,7 +458,7 @@ fn classify(fd: RawFd) -> u8 {
         }
     };
     let entry = new_entry(mount, id.dev, id.ino, fd, Status::Pending, None);
-    insert(fd, entry);
+    let _ = insert(fd, entry);
     set_state(fd, PENDING);
     report::count_tracked();
     PENDING
@@ -516,6 +592,10 @@ fn policy() -> &'static Policy {
 /// unknown descriptor and adopts a pending one when the [`Policy`] says so.
 /// Called on the slow path only.
 pub fn serve(fd: RawFd, len: usize) {
+    if in_handler() {
+        // Served by the kernel as it is (see `in_handler`).
+        return;
+    }
     let mut s = state(fd);
     if s == UNKNOWN {
         // Inherited across exec, or made by a call the shim does not hook:
@@ -561,6 +641,9 @@ pub fn mount_time(fd: RawFd, took: std::time::Duration, len: usize) {
 /// adopted if its map is whole-file (else served through the mount), and a
 /// lent one is handed back to the mount.
 pub fn serve_final(fd: RawFd, why: &str) {
+    if in_handler() {
+        return;
+    }
     let mut s = state(fd);
     if s == UNKNOWN {
         s = classify(fd);
@@ -718,6 +801,11 @@ pub fn sync_lent(fd: RawFd) -> bool {
 /// wrote to the daemon, so an open of the file through the mount sees
 /// their bytes, as it would see a local file's.
 pub fn push_lent_of(dev: u64, ino: u64) {
+    if in_handler() {
+        // No daemon from a handler: its open sees the file as of the
+        // lent opens' last push.
+        return;
+    }
     let lent: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
         Some(t) => distinct(t)
             .into_iter()
@@ -1326,45 +1414,62 @@ pub fn reclaim() -> bool {
 }
 
 /// `new` now refers to what `old` refers to (`dup`, `dup2`, `fcntl(F_DUPFD)`).
+/// In a signal handler, `new` joins `old`'s entry only if the table and the
+/// entry have room without allocating (they keep some); otherwise it is
+/// served by the kernel as the copy it is (a lent one still by its map).
 pub fn duped(old: RawFd, new: RawFd) {
     if new < 0 || old == new {
         return;
     }
     undefer(new);
-    drop(remove(new));
+    forget_stale(new);
+    let handler = in_handler();
     let mut s = state(old);
-    if s == UNKNOWN {
+    if s == UNKNOWN && !handler {
         s = classify(old);
     }
-    match get(old) {
-        Some(e) if s == PENDING || s == ADOPTED || s == MOUNT || s == ENGINE => {
-            let mut inner = e.inner.lock();
-            inner.fds.push(new);
-            if (s == ENGINE || s == MOUNT)
-                && inner.lent.is_none()
-                && matches!(inner.status, Status::Mount(_))
-                && placeholder(new)
-            {
-                // Handed back to the mount (by another thread's fork or
-                // spawn) between the application's dup and now: `new` is a
-                // copy of the placeholder the hand-back replaced under
-                // `old` only. It gets the mount's open too.
-                if let Err(err) = sys::dup_over(sys::fd(old), new, sys::cloexec(new)) {
-                    sys::log(format_args!(
-                        "fd {new}: cannot put the mount's open back ({err}); it stays a placeholder"
-                    ));
-                }
-                s = MOUNT;
-            }
-            let lent = inner.lent.clone();
-            drop(inner);
-            insert(new, e);
-            match lent {
-                Some(l) if s == ENGINE => set_engine(new, &l),
-                _ => set_state(new, s),
-            }
+    let tracked = matches!(s, PENDING | ADOPTED | MOUNT | ENGINE);
+    let Some(e) = get(old).filter(|_| tracked) else {
+        set_state(new, if s == OTHER { OTHER } else { UNKNOWN });
+        return;
+    };
+    // The table's lock before the entry's (the lock order).
+    let filed = insert(new, e.clone());
+    let mut inner = e.inner.lock();
+    let listed = filed && (!handler || inner.fds.len() < inner.fds.capacity());
+    if listed {
+        inner.fds.push(new);
+        if !handler {
+            inner.fds.reserve(HANDLER_ROOM / 2);
         }
-        _ => set_state(new, if s == OTHER { OTHER } else { UNKNOWN }),
+    }
+    if (s == ENGINE || s == MOUNT)
+        && inner.lent.is_none()
+        && matches!(inner.status, Status::Mount(_))
+        && placeholder(new)
+    {
+        // Handed back to the mount (by another thread's fork or
+        // spawn) between the application's dup and now: `new` is a
+        // copy of the placeholder the hand-back replaced under
+        // `old` only. It gets the mount's open too.
+        if let Err(err) = sys::dup_over(sys::fd(old), new, sys::cloexec(new)) {
+            sys::log(format_args!(
+                "fd {new}: cannot put the mount's open back ({err}); it stays a placeholder"
+            ));
+        }
+        s = MOUNT;
+    }
+    let lent = inner.lent.clone();
+    drop(inner);
+    if filed && !listed {
+        let_go(remove(new));
+    }
+    match lent {
+        Some(l) if s == ENGINE => set_engine(new, &l),
+        // Not on the entry's list, a pending copy would miss the entry's
+        // adoption: it stays on the mount.
+        _ if s == PENDING && !listed => set_state(new, MOUNT),
+        _ => set_state(new, s),
     }
 }
 
@@ -1488,18 +1593,18 @@ pub fn closing_lock_free(fd: RawFd) -> bool {
         return false;
     }
     match state(fd) {
-        ENGINE => {
-            for slot in &DEFERRED {
-                if slot
-                    .compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    DEFERRED_N.fetch_add(1, Ordering::Release);
-                    return true;
-                }
+        PENDING | ADOPTED | MOUNT | ENGINE => {
+            if defer_close(fd) {
+                return true;
             }
-            // No slot left: the close happens now; the map reaches the
-            // daemon at the mount's flush only as far as it had before.
+            if state(fd) == ENGINE {
+                // No slot left: the close happens now; the map reaches the
+                // daemon at the mount's flush only as far as it had before.
+                return false;
+            }
+            if let Some(i) = index(fd) {
+                STATE[i].store(UNKNOWN, Ordering::Release);
+            }
             false
         }
         UNKNOWN => false,
@@ -1513,6 +1618,78 @@ pub fn closing_lock_free(fd: RawFd) -> bool {
         }
     }
 }
+
+/// Puts `fd` on the [`DEFERRED`] list; false if it is full.
+fn defer_close(fd: RawFd) -> bool {
+    for slot in &DEFERRED {
+        if slot
+            .compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            DEFERRED_N.fetch_add(1, Ordering::Release);
+            return true;
+        }
+    }
+    false
+}
+
+/// In a signal handler, before `dup2`/`dup3` replace tracked descriptor
+/// `fd`: its open moves to a number of the shim's, whose close is deferred
+/// like a handler's `close` (the bookkeeping of a tracked close needs the
+/// daemon), so the replacement closes nothing the shim still has to see.
+/// False (nothing moved) if `fd` is not tracked or there is no room.
+pub fn move_aside(fd: RawFd) -> bool {
+    let s = state(fd);
+    if !matches!(s, PENDING | ADOPTED | MOUNT | ENGINE) || crate::in_vfork_child() {
+        return false;
+    }
+    // A slot is claimed first (CLAIMED, which no one else takes) and
+    // filled last: another thread running the deferred closes must not
+    // close the new number before its bookkeeping is done.
+    let Some(slot) = DEFERRED.iter().find(|slot| {
+        slot.compare_exchange(-1, CLAIMED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }) else {
+        return false;
+    };
+    let aside = match sys::dup_high(fd) {
+        Ok(a) => std::os::fd::IntoRawFd::into_raw_fd(a),
+        Err(_) => {
+            slot.store(-1, Ordering::Release);
+            return false;
+        }
+    };
+    if index(aside).is_none() {
+        // SAFETY: the duplicate made above, known to no one else.
+        unsafe { rustix::io::close(aside) };
+        slot.store(-1, Ordering::Release);
+        return false;
+    }
+    if let Some(e) = remove(fd) {
+        // The removal made the room the insertion needs.
+        let _ = insert(aside, e.clone());
+        let mut inner = e.inner.lock();
+        for f in inner.fds.iter_mut().filter(|f| **f == fd) {
+            *f = aside;
+        }
+        let lent = inner.lent.clone();
+        drop(inner);
+        match lent {
+            Some(l) if s == ENGINE => set_engine(aside, &l),
+            _ => set_state(aside, s),
+        }
+        let_go(Some(e));
+    } else {
+        set_state(aside, s);
+    }
+    set_state(fd, UNKNOWN);
+    slot.store(aside, Ordering::Release);
+    DEFERRED_N.fetch_add(1, Ordering::Release);
+    true
+}
+
+/// A [`DEFERRED`] slot taken by [`move_aside`] but not filled yet.
+const CLAIMED: RawFd = -2;
 
 /// The descriptor numbers closed while deferred are taken out of the list
 /// when the program reuses them first (a `dup2` onto one, see
@@ -1533,12 +1710,18 @@ pub fn undefer(fd: RawFd) {
 
 /// Runs the closes deferred by [`closing_lock_free`] (with the guard held).
 pub fn run_deferred_closes() {
+    RETIRED.drain();
+    RETIRED_LENT.drain();
     if DEFERRED_N.load(Ordering::Acquire) == 0 {
         return;
     }
     for slot in &DEFERRED {
-        let fd = slot.swap(-1, Ordering::AcqRel);
-        if fd < 0 {
+        let fd = slot.load(Ordering::Acquire);
+        if fd < 0
+            || slot
+                .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
             continue;
         }
         DEFERRED_N.fetch_sub(1, Ordering::Release);

@@ -55,10 +55,10 @@ loom_status=0
 if [ $# -eq 0 ]; then
     # The model checks of the lock-free code (mapfs-interpose's seqlock):
     # a build of their own, with loom's atomics in place of the CPU's.
-    echo "test.sh: loom model checks (mapfs-interpose seqlock)" >&2
+    echo "test.sh: loom model checks (mapfs-interpose seqlock, fdslots)" >&2
     set +e
     RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$log_dir/loom" \
-        cargo test -p mapfs-interpose --release --lib seqlock 2>&1 | tee "$log_dir/loom.log"
+        cargo test -p mapfs-interpose --release --lib -- seqlock fdslots 2>&1 | tee "$log_dir/loom.log"
     loom_status=${PIPESTATUS[0]}
     set -e
     [ "$loom_status" -eq 0 ] || echo "test.sh: loom model checks FAILED (status $loom_status)" >&2

@@ -32,6 +32,7 @@
 
 pub mod clone;
 pub mod copy;
+pub mod fdslots;
 pub mod gate;
 pub mod guard;
 pub mod retire;

@@ -43,19 +43,25 @@
 //! ([`pin_all_pending`], also across `exec`), so parent and child keep
 //! sharing the mount's description without a daemon round trip.
 //!
-//! Lock order: the table lock, then an entry's lock, then the map cache's
+//! The table itself takes no lock: an entry is found by one atomic load
+//! ([`TABLE`]). Lock order: an entry's lock, then the map cache's
 //! ([`mcache`]), then a mount's connection lock.
+//!
+//! In a signal handler (see [`in_handler`]) nothing allocates or talks to
+//! the daemon: opens stay unclassified, closes are deferred, a `dup2` onto
+//! a tracked descriptor first moves its open aside, and a lent open's
+//! writes (whose map update allocates) are the one exception.
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use mapfs::control::{Request, Response};
+use mapfs_interpose::fdslots::FdSlots;
 use mapfs_interpose::retire::Retired;
 use mapfs_interpose::seqlock::SeqLock;
-use mapfs_interpose::sync::{Mutex, RwLock};
+use mapfs_interpose::sync::Mutex;
 
 use crate::lent::Lent;
 use crate::{mcache, mounts, report, sys};
@@ -291,14 +297,11 @@ pub enum Status {
     Mount(String),
 }
 
-/// Keyed by descriptor numbers, which no one can choose to collide: a
-/// fixed hasher, so the first table costs no `getrandom` (std's default
-/// seeds each map from the kernel), and a fast one (foldhash), as every
-/// data call on a lent descriptor looks its entry up (SipHash was 5% of a
-/// program's time in 4 KiB reads of lent files).
-type Table = HashMap<RawFd, Arc<Entry>, foldhash::fast::FixedState>;
-
-static TABLE: RwLock<Option<Table>> = RwLock::new(None);
+/// The entry of each tracked descriptor, by number. A lookup is one
+/// atomic load that never waits for a writer, and filing never allocates
+/// (a signal handler's `dup` files one): see `mapfs_interpose::fdslots`.
+/// 8 MiB of address space, touched only around the numbers in use.
+static TABLE: FdSlots<Entry, MAX_FD> = FdSlots::new();
 
 /// A new entry for descriptor `fd` of file `(dev, ino)` on mount `mount`.
 fn new_entry(
@@ -326,8 +329,8 @@ fn new_entry(
     })
 }
 
-/// Room the table and an entry's descriptor list keep free for the
-/// `dup`s of a signal handler, which must not allocate (see [`in_handler`]).
+/// Room an entry's descriptor list keeps free for the `dup`s of a signal
+/// handler, which must not allocate (see [`in_handler`]).
 const HANDLER_ROOM: usize = 4;
 
 /// A descriptor list of one, with room for more.
@@ -372,31 +375,30 @@ fn let_go_lent(l: Option<Arc<Lent>>) {
 }
 
 fn get(fd: RawFd) -> Option<Arc<Entry>> {
-    TABLE.read().as_ref()?.get(&fd).cloned()
+    TABLE.get(index(fd)?)
 }
 
-/// Files `e` under `fd`. In a signal handler only if the table has room
-/// (false if not); elsewhere the table then makes room for the handler's.
-fn insert(fd: RawFd, e: Arc<Entry>) -> bool {
-    let mut t = TABLE.write();
-    let t = t.get_or_insert_with(Table::default);
-    if in_handler() {
-        if t.len() >= t.capacity() && !t.contains_key(&fd) {
-            return false;
-        }
-        let_go(t.insert(fd, e));
-        return true;
+/// Files `e` under `fd` (never allocates).
+fn insert(fd: RawFd, e: Arc<Entry>) {
+    if let Some(i) = index(fd) {
+        let_go(TABLE.swap(i, Some(e)));
     }
-    let old = t.insert(fd, e);
-    if t.capacity() - t.len() < HANDLER_ROOM {
-        t.reserve(4 * HANDLER_ROOM);
-    }
-    drop(old);
-    true
 }
 
 fn remove(fd: RawFd) -> Option<Arc<Entry>> {
-    TABLE.write().as_mut()?.remove(&fd)
+    TABLE.swap(index(fd)?, None)
+}
+
+/// The distinct entries of the table (several descriptors may share one),
+/// each with the first number filed under it.
+fn entries() -> Vec<(RawFd, Arc<Entry>)> {
+    let mut out: Vec<(RawFd, Arc<Entry>)> = Vec::new();
+    TABLE.for_each(|fd, e| {
+        if !out.iter().any(|(_, o)| Arc::ptr_eq(o, &e)) {
+            out.push((fd as RawFd, e));
+        }
+    });
+    out
 }
 
 /// Drops a stale entry filed under `fd` (its descriptor was closed behind
@@ -458,7 +460,7 @@ fn classify(fd: RawFd) -> u8 {
         }
     };
     let entry = new_entry(mount, id.dev, id.ino, fd, Status::Pending, None);
-    let _ = insert(fd, entry);
+    insert(fd, entry);
     set_state(fd, PENDING);
     report::count_tracked();
     PENDING
@@ -508,21 +510,11 @@ pub fn record_locking(fd: RawFd) {
 
 /// The other entries of `entry`'s file in this process.
 fn siblings(entry: &Arc<Entry>) -> Vec<Arc<Entry>> {
-    let table = TABLE.read();
-    let Some(t) = table.as_ref() else {
-        return Vec::new();
-    };
-    let mut out: Vec<Arc<Entry>> = Vec::new();
-    for e in t.values() {
-        if e.mount == entry.mount
-            && e.ino == entry.ino
-            && !Arc::ptr_eq(e, entry)
-            && !out.iter().any(|o| Arc::ptr_eq(o, e))
-        {
-            out.push(e.clone());
-        }
-    }
-    out
+    entries()
+        .into_iter()
+        .map(|(_, e)| e)
+        .filter(|e| e.mount == entry.mount && e.ino == entry.ino && !Arc::ptr_eq(e, entry))
+        .collect()
 }
 
 /// The first call of a pending descriptor at which the time its calls spent
@@ -806,15 +798,10 @@ pub fn push_lent_of(dev: u64, ino: u64) {
         // lent opens' last push.
         return;
     }
-    let lent: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
-        Some(t) => distinct(t)
-            .into_iter()
-            .filter(|e| e.dev == dev && e.ino == ino)
-            .cloned()
-            .collect(),
-        None => return,
-    };
-    for e in lent {
+    for (_, e) in entries() {
+        if e.dev != dev || e.ino != ino {
+            continue;
+        }
         let inner = e.inner.lock();
         if let (Some(l), Some(m)) = (&inner.lent, mounts::all().get(e.mount)) {
             if l.writable() {
@@ -839,15 +826,7 @@ pub fn hand_back_all(why: &str) {
     if LENT_OPEN.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let entries: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
-        Some(t) => distinct(t)
-            .into_iter()
-            .filter(|e| e.inner.lock().lent.is_some())
-            .cloned()
-            .collect(),
-        None => return,
-    };
-    for e in entries {
+    for (_, e) in entries() {
         hand_back(&e, why);
     }
 }
@@ -1393,12 +1372,8 @@ pub fn reclaim() -> bool {
     if mcache::clear() > 0 {
         return true;
     }
-    let entries: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
-        Some(t) => distinct(t).into_iter().cloned().collect(),
-        None => return false,
-    };
     let mut freed = false;
-    for e in entries {
+    for (_, e) in entries() {
         let mut inner = e.inner.lock();
         // A lent open's kept descriptor is the open itself (the
         // application's number holds a placeholder).
@@ -1414,9 +1389,9 @@ pub fn reclaim() -> bool {
 }
 
 /// `new` now refers to what `old` refers to (`dup`, `dup2`, `fcntl(F_DUPFD)`).
-/// In a signal handler, `new` joins `old`'s entry only if the table and the
-/// entry have room without allocating (they keep some); otherwise it is
-/// served by the kernel as the copy it is (a lent one still by its map).
+/// In a signal handler, `new` joins `old`'s entry only if the entry's list
+/// has room without allocating (it keeps some); otherwise it is served by
+/// the kernel as the copy it is (a lent one still by its map).
 pub fn duped(old: RawFd, new: RawFd) {
     if new < 0 || old == new {
         return;
@@ -1433,10 +1408,8 @@ pub fn duped(old: RawFd, new: RawFd) {
         set_state(new, if s == OTHER { OTHER } else { UNKNOWN });
         return;
     };
-    // The table's lock before the entry's (the lock order).
-    let filed = insert(new, e.clone());
     let mut inner = e.inner.lock();
-    let listed = filed && (!handler || inner.fds.len() < inner.fds.capacity());
+    let listed = !handler || inner.fds.len() < inner.fds.capacity();
     if listed {
         inner.fds.push(new);
         if !handler {
@@ -1461,8 +1434,8 @@ pub fn duped(old: RawFd, new: RawFd) {
     }
     let lent = inner.lent.clone();
     drop(inner);
-    if filed && !listed {
-        let_go(remove(new));
+    if listed {
+        insert(new, e);
     }
     match lent {
         Some(l) if s == ENGINE => set_engine(new, &l),
@@ -1490,15 +1463,7 @@ pub const SHARED: &str = "shared with a forked process";
 /// pay a daemon round trip. The pin follows the descriptors across `exec`
 /// ([`export_adopted`]).
 pub fn pin_all_pending() {
-    let pending: Vec<Arc<Entry>> = match TABLE.read().as_ref() {
-        Some(t) => t
-            .values()
-            .filter(|e| e.inner.lock().status == Status::Pending)
-            .cloned()
-            .collect(),
-        None => return,
-    };
-    for e in pending {
+    for (_, e) in entries() {
         let mut inner = e.inner.lock();
         if inner.status != Status::Pending {
             continue;
@@ -1513,17 +1478,8 @@ pub fn pin_all_pending() {
 
 /// Messages for every writable adoption still open (at exit).
 pub fn all_open_writable() -> Vec<Closed> {
-    let t = TABLE.read();
-    let Some(t) = t.as_ref() else {
-        return Vec::new();
-    };
-    let mut seen: Vec<*const Entry> = Vec::new();
     let mut out = Vec::new();
-    for e in t.values() {
-        if seen.contains(&Arc::as_ptr(e)) {
-            continue;
-        }
-        seen.push(Arc::as_ptr(e));
+    for (_, e) in entries() {
         let inner = e.inner.lock();
         if let Some(notice) = closed_notice(&inner.status) {
             // The kept open proves a handle-less change; the process is
@@ -1559,18 +1515,7 @@ pub fn describe(fd: RawFd) -> (u8, Option<String>) {
 /// No descriptor of this process is a mapfs file the shim knows
 /// (nothing pending, adopted, lent or pinned).
 pub fn is_empty() -> bool {
-    TABLE.read().as_ref().is_none_or(|t| t.is_empty())
-}
-
-/// The distinct entries of the table (several descriptors may share one).
-fn distinct(t: &Table) -> Vec<&Arc<Entry>> {
-    let mut out: Vec<&Arc<Entry>> = Vec::new();
-    for e in t.values() {
-        if !out.iter().any(|o| Arc::ptr_eq(o, e)) {
-            out.push(e);
-        }
-    }
-    out
+    TABLE.is_empty()
 }
 
 /// Closes of lent descriptors made where the shim may not lock (a signal
@@ -1666,8 +1611,7 @@ pub fn move_aside(fd: RawFd) -> bool {
         return false;
     }
     if let Some(e) = remove(fd) {
-        // The removal made the room the insertion needs.
-        let _ = insert(aside, e.clone());
+        insert(aside, e.clone());
         let mut inner = e.inner.lock();
         for f in inner.fds.iter_mut().filter(|f| **f == fd) {
             *f = aside;
@@ -1761,8 +1705,7 @@ pub fn own_written_attrs(dev: u64, ino: u64) -> Option<rustix::fs::Stat> {
         return None;
     }
     let (fd, lent) = {
-        let t = TABLE.read();
-        let found = t.as_ref()?.values().find(|e| {
+        let (_, found) = entries().into_iter().find(|(_, e)| {
             e.dev == dev && e.ino == ino && {
                 let inner = e.inner.lock();
                 matches!(inner.status, Status::Adopted { writable: true, .. })
@@ -1808,17 +1751,15 @@ pub fn export_adopted() -> (String, Vec<RawFd>) {
     if !crate::in_vfork_child() {
         hand_back_all("exec");
     }
-    let guard = TABLE.read();
-    let Some(t) = guard.as_ref() else {
-        return (String::new(), Vec::new());
-    };
     // Each export: the descriptor, the identity of the object it refers to
     // (the backing file of an adoption, the mount file of a pinned one),
     // and the rest of its description.
     let mut exports: Vec<(RawFd, (u64, u64), String)> = Vec::new();
     let mut handed = Vec::new();
     let vfork_child = crate::in_vfork_child();
-    for (&fd, e) in t {
+    let mut filed = Vec::new();
+    TABLE.for_each(|fd, e| filed.push((fd as RawFd, e)));
+    for (fd, e) in filed {
         let (writable, kept) = {
             let inner = e.inner.lock();
             match &inner.status {
@@ -1855,7 +1796,6 @@ pub fn export_adopted() -> (String, Vec<RawFd>) {
             ),
         ));
     }
-    drop(guard);
     if vfork_child && !exports.is_empty() {
         exports = in_vfork_child_numbers(exports);
     }
@@ -1923,7 +1863,8 @@ pub fn exec_failed(handed: &[RawFd]) {
 /// ([`export_adopted`]); each is checked to still be the same backing file.
 /// Descriptors that shared a kept mount open share one entry again.
 pub fn import_adopted(spec: &str) {
-    let mut by_kept: HashMap<RawFd, Arc<Entry>> = HashMap::new();
+    let mut by_kept: std::collections::HashMap<RawFd, Arc<Entry>> =
+        std::collections::HashMap::new();
     for part in spec.split(';').filter(|p| !p.is_empty()) {
         let v: Vec<u64> = part.split(',').filter_map(|x| x.parse().ok()).collect();
         if let [fd, dev, ino] = v[..] {

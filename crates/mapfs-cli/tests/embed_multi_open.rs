@@ -7,7 +7,8 @@
 //!   same rows and the same file bytes read through a `mapfs mount` of the
 //!   backing directory;
 //! - two opens of one file: writes through one read at once through the
-//!   other, against a byte model; POSIX record locks that are the
+//!   other, against a byte model; another process's write seen by a new
+//!   open and by the opens held (close-to-open); POSIX record locks that are the
 //!   process's (no conflict between its opens, seen by another process of
 //!   the job, all dropped at the close of any descriptor of the file), OFD
 //!   locks that stay the open's; the file's bytes through a mount;
@@ -226,6 +227,16 @@ model[5:9] = b"seen"
 assert os.pread(fd4, len(model) + 10, 0) == bytes(model)
 os.close(fd4)
 print("fsync", os.fsync(fd2) is None)
+# Another process writes and closes; a new open here sees its bytes
+# (close-to-open), and so do the opens held already, which share its state.
+subprocess.run([sys.executable, "-c",
+                "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY); "
+                "os.pwrite(fd, b'other process', 7); os.close(fd)", p], check=True)
+model[7:20] = b"other process"
+fd6 = os.open(p, os.O_RDONLY)
+print("new open sees the other process:", os.pread(fd6, 13, 7) == b"other process")
+print("held open sees the other process:", os.pread(fd1, 13, 7) == b"other process")
+os.close(fd6)
 
 # POSIX record locks are the process's, whatever descriptor took them.
 setlk(fd1, fcntl.F_WRLCK, 0, 100)
@@ -267,6 +278,8 @@ fn two_opens(fs: &str) {
     let got = run_python(&a, fs, &test, &script, &[]);
     let want = "\
 fsync True
+new open sees the other process: True
+held open sees the other process: True
 other while fd1 holds 0+100: locked 0+100 EAGAIN
 fd2 takes 0+100 too
 F_GETLK via fd2: unlocked

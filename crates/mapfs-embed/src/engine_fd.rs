@@ -13,10 +13,20 @@
 //! the open and by the processes that inherit it across `fork` and `exec`
 //! ([`crate::desc`]), as the kernel shares a description's.
 //!
-//! Persistence follows the file system's close-to-open rule: an open that
-//! wrote is flushed (`FileSystem::flush`) at every close of one of its
-//! descriptors, at `fsync`, before a shrinking `ftruncate`, before `exec`
-//! and at exit; it is released at its last close (or at exit).
+//! Every open of one file (file system and path) in a process shares one
+//! [`SharedFile`]: one open of the file system's and one map, as a kernel
+//! file system shares the inode, so that writes through one open are read
+//! at once through the others (SQLite with a connection per thread). Each
+//! [`EngineOpen`] keeps what POSIX keeps per open file description (offset,
+//! `O_APPEND`, access mode). A new open of a held file persists the shared
+//! state and opens the file again (close-to-open: it sees what other
+//! processes persisted before it).
+//!
+//! Persistence follows the file system's close-to-open rule: a file that
+//! was written is flushed (`FileSystem::flush`) at every close of one of
+//! its descriptors, at `fsync`, before a shrinking `ftruncate`, before
+//! `exec` and at exit; it is released at the last close of its last open
+//! in the process (or at exit).
 //!
 //! `fork`: the child's copy of an open shares the offset, and keeps the
 //! parent's map (copied at the fork) but not its handle: at its first data
@@ -279,6 +289,15 @@ fn join(
         match m.get(&key).and_then(Weak::upgrade) {
             Some(s) => s,
             None => {
+                // A state whose last open is closing now (its entry goes at
+                // the end of its release) was persisted before it died, maybe
+                // after `opened` was made: the file is opened again.
+                let dying = m.contains_key(&key);
+                let opened = if dying && fsflags & libc::O_TRUNC == 0 {
+                    reopen(idx, path, fsflags, opened)
+                } else {
+                    opened
+                };
                 // Made under the registry's lock: two opens racing make one.
                 let s = Arc::new(SharedFile {
                     idx,
@@ -301,6 +320,21 @@ fn join(
     };
     let took = found.take(opened, fsflags);
     (found, took)
+}
+
+/// `opened` replaced by a new open of the file (released), or kept when
+/// the file system refuses.
+fn reopen(idx: usize, path: &std::path::Path, fsflags: i32, opened: Opened) -> Opened {
+    let fs = &embs()[idx].fs;
+    let ctx = state::ctx();
+    match fs.open(&ctx, path, OpenFlags(fsflags)) {
+        Ok(mut o) => {
+            o.files = o.files.into_iter().map(above_program_fds).collect();
+            let _ = fs.release(&ctx, path, opened.handle, &opened.map);
+            o
+        }
+        Err(_) => opened,
+    }
 }
 
 /// Takes `opened` (not whole-file 1-to-1, or a file the process holds
@@ -376,30 +410,17 @@ pub fn adopt(
 
 impl SharedFile {
     /// Joins the file system's open `opened` (flags `fsflags`) to this
-    /// state: kept as the state when this one is a forked parent's or
-    /// cannot serve the new open's access (after a flush, reopened with
-    /// both accesses when `opened` has only the new one), released
-    /// otherwise. Returns whether `opened` became the state.
+    /// state. In a forked child that has not used the state yet (the
+    /// parent's), `opened` becomes it. Otherwise, as an open must see what
+    /// other processes persisted before it (close-to-open), the state is
+    /// persisted and opened again from the file system, with every access
+    /// its opens need, and `opened` (made before that) is released.
+    /// Returns whether `opened` became the state.
     fn take(&self, opened: Opened, fsflags: i32) -> bool {
         let now = GEN.load(Ordering::Acquire);
         let ctx = state::ctx();
         let mut g = self.inner.write();
-        let cur = self.fsflags.load(Ordering::Acquire);
-        let stale = g.gen != now;
-        let want = union_access(cur, fsflags);
-        let covered = cur & libc::O_ACCMODE == want;
-        if !stale && covered {
-            let _ = self
-                .fs()
-                .release(&ctx, &self.path, opened.handle, &opened.map);
-            return false;
-        }
-        if stale || fsflags & libc::O_ACCMODE == want {
-            let flags = if stale {
-                fsflags
-            } else {
-                (cur & !libc::O_ACCMODE) | want
-            };
+        if g.gen != now {
             let old = std::mem::replace(
                 &mut *g,
                 Inner {
@@ -410,29 +431,32 @@ impl SharedFile {
                 },
             );
             self.fsflags
-                .store(flags & !libc::O_TRUNC, Ordering::Release);
-            if stale {
-                // The parent's state is the parent's to release.
-                std::mem::forget(old);
-            } else {
-                self.retire(old);
-            }
+                .store(fsflags & !libc::O_TRUNC, Ordering::Release);
+            // The parent's state is the parent's to release.
+            std::mem::forget(old);
             return true;
         }
-        // Neither the state nor the new open serves both accesses: the
-        // file is opened again with both, from what the state persists.
-        let _ = self
-            .fs()
-            .release(&ctx, &self.path, opened.handle, &opened.map);
-        let both = (cur & !(libc::O_ACCMODE | libc::O_TRUNC)) | want;
+        let cur = self.fsflags.load(Ordering::Acquire);
+        let both = (cur & !(libc::O_ACCMODE | libc::O_TRUNC)) | union_access(cur, fsflags);
         if g.dirty {
             g.dirty = false;
             if let Err(err) = self.fs().flush(&ctx, &self.path, g.handle, &g.data.map()) {
+                // Not opened again: that would lose this process's writes.
+                g.dirty = true;
                 crate::log(format_args!("flush of {}: {err}", self.path.display()));
             }
         }
+        // Released first: a file system that persists a map at release
+        // (an `O_TRUNC` done by this open) has it in the open below.
+        let _ = self
+            .fs()
+            .release(&ctx, &self.path, opened.handle, &opened.map);
+        if g.dirty {
+            return false;
+        }
         match self.fs().open(&ctx, &self.path, OpenFlags(both)) {
-            Ok(o) => {
+            Ok(mut o) => {
+                o.files = o.files.into_iter().map(above_program_fds).collect();
                 let old = std::mem::replace(
                     &mut *g,
                     Inner {
@@ -446,21 +470,26 @@ impl SharedFile {
                 self.retire(old);
             }
             Err(err) => {
-                // The new open's calls fail on the access the state lacks
-                // (`EBADF`, from the engine).
+                // The state stays; the new open's calls that need an access
+                // it lacks fail (`EBADF`, from the engine).
                 crate::log(format_args!("reopen of {}: {err}", self.path.display()));
             }
         }
         false
     }
 
-    /// Releases a state replaced by [`SharedFile::take`] (flushed first).
+    /// Releases a state replaced by [`SharedFile::take`] (flushed first),
+    /// unless a forked child may still write through it (see
+    /// [`SharedFile::release`]).
     fn retire(&self, old: Inner) {
         let ctx = state::ctx();
         if old.dirty {
             let _ = self
                 .fs()
                 .flush(&ctx, &self.path, old.handle, &old.data.map());
+        }
+        if self.forked.load(Ordering::Acquire) && embs()[self.idx].keeps_writers {
+            return;
         }
         let _ = self
             .fs()
@@ -479,7 +508,7 @@ impl SharedFile {
         }
         let mut g = self.inner.write();
         if g.gen != now {
-            let o = self
+            let mut o = self
                 .fs()
                 .open(
                     &state::ctx(),
@@ -487,6 +516,7 @@ impl SharedFile {
                     OpenFlags(self.fsflags.load(Ordering::Acquire)),
                 )
                 .map_err(|e| e.errno())?;
+            o.files = o.files.into_iter().map(above_program_fds).collect();
             let old = std::mem::replace(
                 &mut *g,
                 Inner {
@@ -872,6 +902,12 @@ pub fn closed(fd: i32) -> Option<Result<(), i32>> {
         let rel = s.release();
         if r.is_ok() {
             r = rel;
+        }
+        if let Some(m) = FILES.lock().as_mut() {
+            let key = (s.idx, s.path.clone());
+            if m.get(&key).is_some_and(|w| w.strong_count() == 0) {
+                m.remove(&key);
+            }
         }
         if s.inner.read().gen != GEN.load(Ordering::Acquire) {
             // A file a forked child inherited and never used: its backing

@@ -8,7 +8,8 @@
 //!   backing directory;
 //! - two opens of one file: writes through one read at once through the
 //!   other, against a byte model; another process's write seen by a new
-//!   open and by the opens held (close-to-open); POSIX record locks that are the
+//!   open and by the opens held (close-to-open), an `O_TRUNC` open seen by
+//!   the opens held; POSIX record locks that are the
 //!   process's (no conflict between its opens, seen by another process of
 //!   the job, all dropped at the close of any descriptor of the file), OFD
 //!   locks that stay the open's; the file's bytes through a mount;
@@ -264,6 +265,13 @@ except OSError as e:
     print("ofd: second open", errno.errorcode[e.errno])
 print("ofd: F_OFD_GETLK via fd5:", getlk(fd5, 0, 10, fcntl.F_OFD_GETLK))
 os.close(fd5)
+# O_TRUNC by a new open empties the file for the opens held too.
+fd7 = os.open(p, os.O_WRONLY | os.O_TRUNC)
+print("truncated for the held open:", os.fstat(fd1).st_size, os.pread(fd1, 10, 0))
+model = bytearray(rng.randbytes(70000))
+os.pwrite(fd7, model, 0)
+assert os.pread(fd1, 80000, 0) == bytes(model)
+os.close(fd7)
 os.close(fd1)
 print("model", hashlib.sha256(model).hexdigest())
 r = subprocess.run(["sha256sum", p], capture_output=True, text=True)
@@ -290,6 +298,7 @@ after closing fd2, other at 200+50: unlocked free
 after closing fd2, other at 300+10: unlocked free
 ofd: second open EAGAIN
 ofd: F_OFD_GETLK via fd5: locked 0+10
+truncated for the held open: 0 b''
 ";
     let (head, tail) = got.split_at(got.find("model ").unwrap_or(got.len()));
     assert_eq!(head, want, "{test}: {got}");

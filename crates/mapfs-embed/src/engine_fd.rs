@@ -13,10 +13,20 @@
 //! the open and by the processes that inherit it across `fork` and `exec`
 //! ([`crate::desc`]), as the kernel shares a description's.
 //!
-//! Persistence follows the file system's close-to-open rule: an open that
-//! wrote is flushed (`FileSystem::flush`) at every close of one of its
-//! descriptors, at `fsync`, before a shrinking `ftruncate`, before `exec`
-//! and at exit; it is released at its last close (or at exit).
+//! Every open of one file (file system and path) in a process shares one
+//! [`SharedFile`]: one open of the file system's and one map, as a kernel
+//! file system shares the inode, so that writes through one open are read
+//! at once through the others (SQLite with a connection per thread). Each
+//! [`EngineOpen`] keeps what POSIX keeps per open file description (offset,
+//! `O_APPEND`, access mode). A new open of a held file persists the shared
+//! state and opens the file again (close-to-open: it sees what other
+//! processes persisted before it).
+//!
+//! Persistence follows the file system's close-to-open rule: a file that
+//! was written is flushed (`FileSystem::flush`) at every close of one of
+//! its descriptors, at `fsync`, before a shrinking `ftruncate`, before
+//! `exec` and at exit; it is released at the last close of its last open
+//! in the process (or at exit).
 //!
 //! `fork`: the child's copy of an open shares the offset, and keeps the
 //! parent's map (copied at the fork) but not its handle: at its first data
@@ -27,8 +37,8 @@
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use mapfs::engine::DataFile;
 use mapfs::{OpenFlags, Opened};
@@ -37,32 +47,48 @@ use mapfs_interpose::sync::{Mutex, RwLock};
 use crate::desc::Desc;
 use crate::state::{self, embs};
 
-/// One open of an engine-served file, shared by its `dup`s.
-pub struct EngineOpen {
+/// What a process holds of one engine-served file (a file system and a
+/// path), shared by every open of it in the process, as a kernel file
+/// system shares the inode: writes through one open are read at once
+/// through the others, and the process's record locks on it are one set.
+pub struct SharedFile {
     idx: usize,
     path: PathBuf,
-    /// The flags given to the file system at open, for a forked child's
-    /// reopen (without `O_TRUNC`).
-    fsflags: i32,
+    /// The flags given to the file system at open (without `O_TRUNC`), for
+    /// a forked child's reopen: the widest access any open asked.
+    fsflags: AtomicI32,
+    inner: RwLock<Inner>,
+    /// The process's POSIX record locks on the file (see [`crate::locks`]):
+    /// a description of the file system's lock file, opened at the first
+    /// lock call, with the fork generation that opened it (a forked child
+    /// opens its own: POSIX locks are not inherited).
+    posix_locks: Mutex<Option<(u64, OwnedFd)>>,
+    /// A child was forked while this process held the file (see
+    /// [`crate::state::Emb::keeps_writers`]).
+    forked: std::sync::atomic::AtomicBool,
+}
+
+/// One open of an engine-served file, shared by its `dup`s: what POSIX
+/// keeps per open file description (offset, `O_APPEND`, access mode).
+pub struct EngineOpen {
+    shared: Arc<SharedFile>,
     /// The flags of the application's open (carried across `exec`).
     flags: i32,
     /// The placeholder's inode: recognises its descriptors however they
     /// were duplicated (see [`before_exec`]).
     ph_ino: u64,
-    inner: RwLock<Inner>,
+    /// The fork generation that made this open (see [`GEN`]).
+    gen: u64,
     /// Offset and `O_APPEND`, shared like a description's.
     desc: Desc,
-    /// Where the program's locks on the file are kept (see
-    /// [`EngineOpen::lock_fd`]), opened at the first lock call.
+    /// Where this open's `flock`s and open-file-description locks are kept
+    /// (see [`EngineOpen::ofd_lock_fd`]), opened at the first such call.
     locks: std::sync::OnceLock<Option<OwnedFd>>,
     readable: bool,
     writable: bool,
-    /// A child was forked while this process held the open (see
-    /// [`crate::state::Emb::keeps_writers`]).
-    forked: std::sync::atomic::AtomicBool,
 }
 
-/// What one process image holds of an open.
+/// What one process image holds of a file.
 struct Inner {
     handle: u64,
     data: DataFile,
@@ -78,6 +104,26 @@ static GEN: AtomicU64 = AtomicU64::new(0);
 
 static TABLE: RwLock<Option<HashMap<i32, Arc<EngineOpen>>>> = RwLock::new(None);
 static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// The files this process holds open through the engine, by file system
+/// and path: every open of one joins its [`SharedFile`].
+type Files = HashMap<(usize, PathBuf), Weak<SharedFile>>;
+static FILES: Mutex<Option<Files>> = Mutex::new(None);
+
+/// Whether this process holds `path` of file system `idx` open through the
+/// engine already: a new open of it joins that state (see [`adopt`]), so
+/// the file system's open must not truncate (the caller truncates through
+/// the joined state instead).
+pub fn held(idx: usize, path: &std::path::Path) -> bool {
+    if !any() {
+        return false;
+    }
+    FILES
+        .lock()
+        .as_ref()
+        .and_then(|m| m.get(&(idx, path.to_path_buf())))
+        .is_some_and(|w| w.strong_count() != 0)
+}
 
 /// Whether any placeholder is open (the hooks' fast path).
 #[inline]
@@ -204,10 +250,99 @@ pub fn foreign() -> bool {
     PID.load(Ordering::Relaxed) != own_pid()
 }
 
-/// Takes `opened` (not whole-file 1-to-1) as an engine open and returns its
+/// Whether open flags `f` allow writing.
+fn writes(f: i32) -> bool {
+    f & libc::O_ACCMODE != libc::O_RDONLY
+}
+
+/// Whether open flags `f` allow reading.
+fn reads(f: i32) -> bool {
+    f & libc::O_ACCMODE != libc::O_WRONLY
+}
+
+/// The access mode that serves opens of modes `a` and `b` both.
+fn union_access(a: i32, b: i32) -> i32 {
+    if (reads(a) || reads(b)) && (writes(a) || writes(b)) {
+        libc::O_RDWR
+    } else if writes(a) || writes(b) {
+        libc::O_WRONLY
+    } else {
+        libc::O_RDONLY
+    }
+}
+
+/// The process's state of `idx`:`path`, made from `opened` (the file
+/// system's open just done) or joined when the process holds the file
+/// already. Returns it and whether `opened` became its state (else it was
+/// released, or kept by [`SharedFile::take`]'s reopen).
+fn join(
+    idx: usize,
+    path: &std::path::Path,
+    fsflags: i32,
+    opened: Opened,
+) -> (Arc<SharedFile>, bool) {
+    let now = GEN.load(Ordering::Acquire);
+    let found = {
+        let mut g = FILES.lock();
+        let m = g.get_or_insert_with(HashMap::new);
+        let key = (idx, path.to_path_buf());
+        match m.get(&key).and_then(Weak::upgrade) {
+            Some(s) => s,
+            None => {
+                // A state whose last open is closing now (its entry goes at
+                // the end of its release) was persisted before it died, maybe
+                // after `opened` was made: the file is opened again.
+                let dying = m.contains_key(&key);
+                let opened = if dying && fsflags & libc::O_TRUNC == 0 {
+                    reopen(idx, path, fsflags, opened)
+                } else {
+                    opened
+                };
+                // Made under the registry's lock: two opens racing make one.
+                let s = Arc::new(SharedFile {
+                    idx,
+                    path: path.to_path_buf(),
+                    fsflags: AtomicI32::new(fsflags & !libc::O_TRUNC),
+                    inner: RwLock::new(Inner {
+                        handle: opened.handle,
+                        data: DataFile::new(opened),
+                        gen: now,
+                        dirty: fsflags & libc::O_TRUNC != 0,
+                    }),
+                    posix_locks: Mutex::new(None),
+                    forked: std::sync::atomic::AtomicBool::new(false),
+                });
+                m.retain(|_, w| w.strong_count() != 0);
+                m.insert(key, Arc::downgrade(&s));
+                return (s, true);
+            }
+        }
+    };
+    let took = found.take(opened, fsflags);
+    (found, took)
+}
+
+/// `opened` replaced by a new open of the file (released), or kept when
+/// the file system refuses.
+fn reopen(idx: usize, path: &std::path::Path, fsflags: i32, opened: Opened) -> Opened {
+    let fs = &embs()[idx].fs;
+    let ctx = state::ctx();
+    match fs.open(&ctx, path, OpenFlags(fsflags)) {
+        Ok(mut o) => {
+            o.files = o.files.into_iter().map(above_program_fds).collect();
+            let _ = fs.release(&ctx, path, opened.handle, &opened.map);
+            o
+        }
+        Err(_) => opened,
+    }
+}
+
+/// Takes `opened` (not whole-file 1-to-1, or a file the process holds
+/// through the engine already) as an engine open and returns its
 /// placeholder, `FD_CLOEXEC` set (the caller applies the open's flags).
 /// `desc`: the description carried from a previous image, or `None` for a
-/// new one.
+/// new one. An `O_TRUNC` in `flags` that `fsflags` lacks (see [`held`]) is
+/// done here, on the joined state.
 pub fn adopt(
     idx: usize,
     path: PathBuf,
@@ -220,6 +355,10 @@ pub fn adopt(
     let mut opened = opened;
     opened.files = opened.files.into_iter().map(above_program_fds).collect();
     let handle = opened.handle;
+    let fail = |opened: &Opened, n: i32| {
+        let _ = e.fs.release(&state::ctx(), &path, handle, &opened.map);
+        n
+    };
     let desc = match desc {
         Some(d) => Ok(d),
         None => {
@@ -236,56 +375,128 @@ pub fn adopt(
             )
         }
     };
-    let desc = match desc {
-        Ok(d) => d,
-        Err(n) => {
-            let _ = e.fs.release(&state::ctx(), &path, handle, &opened.map);
-            return Err(n);
-        }
-    };
-    let fd = match placeholder() {
-        Ok(fd) => fd,
-        Err(n) => {
-            let _ = e.fs.release(&state::ctx(), &path, handle, &opened.map);
-            return Err(n);
-        }
-    };
-    let ph_ino = match rustix::fs::fstat(&fd) {
-        Ok(st) => st.st_ino,
-        Err(err) => {
-            let _ = e.fs.release(&state::ctx(), &path, handle, &opened.map);
-            return Err(err.raw_os_error());
-        }
-    };
-    let access = flags & libc::O_ACCMODE;
-    let open = EngineOpen {
-        ph_ino,
-        idx,
-        path,
-        fsflags: fsflags & !libc::O_TRUNC,
+    let desc = desc.map_err(|n| fail(&opened, n))?;
+    let fd = placeholder().map_err(|n| fail(&opened, n))?;
+    let ph_ino = rustix::fs::fstat(&fd)
+        .map_err(|err| fail(&opened, err.raw_os_error()))?
+        .st_ino;
+    let readable = reads(flags) && flags & libc::O_PATH == 0;
+    let writable = writes(flags) && flags & libc::O_PATH == 0;
+    let (shared, took) = join(idx, &path, fsflags, opened);
+    let open = Arc::new(EngineOpen {
+        shared,
         flags,
-        inner: RwLock::new(Inner {
-            handle,
-            data: DataFile::new(opened),
-            gen: GEN.load(Ordering::Acquire),
-            dirty: flags & libc::O_TRUNC != 0,
-        }),
+        ph_ino,
+        gen: GEN.load(Ordering::Acquire),
         desc,
         locks: std::sync::OnceLock::new(),
-        readable: access != libc::O_WRONLY && flags & libc::O_PATH == 0,
-        writable: access != libc::O_RDONLY && flags & libc::O_PATH == 0,
-        forked: std::sync::atomic::AtomicBool::new(false),
-    };
+        readable,
+        writable,
+    });
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
     // An open whose descriptor was closed unseen (`close_range`, a raw
     // system call) ends now that its number is reused.
     let _ = closed(raw);
-    insert(raw, Arc::new(open));
+    insert(raw, open.clone());
+    let truncated = took && fsflags & libc::O_TRUNC != 0;
+    if flags & libc::O_TRUNC != 0 && writable && !truncated {
+        if let Err(n) = open.truncate(0) {
+            let _ = closed(raw);
+            return Err(n);
+        }
+    }
     Ok(fd)
 }
 
-impl EngineOpen {
-    /// Runs `f` on this image's state of the open, reopening it first in a
+impl SharedFile {
+    /// Joins the file system's open `opened` (flags `fsflags`) to this
+    /// state. In a forked child that has not used the state yet (the
+    /// parent's), `opened` becomes it. Otherwise, as an open must see what
+    /// other processes persisted before it (close-to-open), the state is
+    /// persisted and opened again from the file system, with every access
+    /// its opens need, and `opened` (made before that) is released.
+    /// Returns whether `opened` became the state.
+    fn take(&self, opened: Opened, fsflags: i32) -> bool {
+        let now = GEN.load(Ordering::Acquire);
+        let ctx = state::ctx();
+        let mut g = self.inner.write();
+        if g.gen != now {
+            let old = std::mem::replace(
+                &mut *g,
+                Inner {
+                    handle: opened.handle,
+                    data: DataFile::new(opened),
+                    gen: now,
+                    dirty: fsflags & libc::O_TRUNC != 0,
+                },
+            );
+            self.fsflags
+                .store(fsflags & !libc::O_TRUNC, Ordering::Release);
+            // The parent's state is the parent's to release.
+            std::mem::forget(old);
+            return true;
+        }
+        let cur = self.fsflags.load(Ordering::Acquire);
+        let both = (cur & !(libc::O_ACCMODE | libc::O_TRUNC)) | union_access(cur, fsflags);
+        if g.dirty {
+            g.dirty = false;
+            if let Err(err) = self.fs().flush(&ctx, &self.path, g.handle, &g.data.map()) {
+                // Not opened again: that would lose this process's writes.
+                g.dirty = true;
+                crate::log(format_args!("flush of {}: {err}", self.path.display()));
+            }
+        }
+        // Released first: a file system that persists a map at release
+        // (an `O_TRUNC` done by this open) has it in the open below.
+        let _ = self
+            .fs()
+            .release(&ctx, &self.path, opened.handle, &opened.map);
+        if g.dirty {
+            return false;
+        }
+        match self.fs().open(&ctx, &self.path, OpenFlags(both)) {
+            Ok(mut o) => {
+                o.files = o.files.into_iter().map(above_program_fds).collect();
+                let old = std::mem::replace(
+                    &mut *g,
+                    Inner {
+                        handle: o.handle,
+                        data: DataFile::new(o),
+                        gen: now,
+                        dirty: false,
+                    },
+                );
+                self.fsflags.store(both, Ordering::Release);
+                self.retire(old);
+            }
+            Err(err) => {
+                // The state stays; the new open's calls that need an access
+                // it lacks fail (`EBADF`, from the engine).
+                crate::log(format_args!("reopen of {}: {err}", self.path.display()));
+            }
+        }
+        false
+    }
+
+    /// Releases a state replaced by [`SharedFile::take`] (flushed first),
+    /// unless a forked child may still write through it (see
+    /// [`SharedFile::release`]).
+    fn retire(&self, old: Inner) {
+        let ctx = state::ctx();
+        if old.dirty {
+            let _ = self
+                .fs()
+                .flush(&ctx, &self.path, old.handle, &old.data.map());
+        }
+        if self.forked.load(Ordering::Acquire) && embs()[self.idx].keeps_writers {
+            return;
+        }
+        let _ = self
+            .fs()
+            .release(&ctx, &self.path, old.handle, &old.data.map());
+    }
+
+    /// Runs `f` on this image's state of the file, reopening it first in a
     /// forked child.
     fn with<T>(&self, f: impl FnOnce(&Inner) -> Result<T, i32>) -> Result<T, i32> {
         let now = GEN.load(Ordering::Acquire);
@@ -297,17 +508,26 @@ impl EngineOpen {
         }
         let mut g = self.inner.write();
         if g.gen != now {
-            let e = &embs()[self.idx];
-            let o =
-                e.fs.open(&state::ctx(), &self.path, OpenFlags(self.fsflags))
-                    .map_err(|e| e.errno())?;
+            let mut o = self
+                .fs()
+                .open(
+                    &state::ctx(),
+                    &self.path,
+                    OpenFlags(self.fsflags.load(Ordering::Acquire)),
+                )
+                .map_err(|e| e.errno())?;
+            o.files = o.files.into_iter().map(above_program_fds).collect();
+            let old = std::mem::replace(
+                &mut *g,
+                Inner {
+                    handle: o.handle,
+                    data: DataFile::new(o),
+                    gen: now,
+                    dirty: false,
+                },
+            );
             // The parent's handle is the parent's to release.
-            *g = Inner {
-                handle: o.handle,
-                data: DataFile::new(o),
-                gen: now,
-                dirty: false,
-            };
+            std::mem::forget(old);
         }
         f(&g)
     }
@@ -316,7 +536,7 @@ impl EngineOpen {
         self.inner.write().dirty = true;
     }
 
-    /// The file system and the path of this open.
+    /// The file system of this file.
     fn fs(&self) -> &dyn mapfs::FileSystem {
         &*embs()[self.idx].fs
     }
@@ -333,7 +553,8 @@ impl EngineOpen {
             .map_err(|e| e.errno())
     }
 
-    /// Ends the open in this image (its last close).
+    /// Ends the file's state in this image (the last close of its last
+    /// open in the process).
     fn release(&self) -> Result<(), i32> {
         let g = self.inner.read();
         if g.gen != GEN.load(Ordering::Acquire) {
@@ -351,7 +572,84 @@ impl EngineOpen {
             .map_err(|e| e.errno())
     }
 
-    /// The size as this open sees it.
+    /// The description of the file system's lock file that holds this
+    /// process's POSIX record locks on the file (one for every open of it
+    /// in the process, as POSIX locks belong to the process), opened at
+    /// the first call. `ENOLCK` when the file system has none.
+    pub fn posix_lock_fd(&self) -> Result<i32, i32> {
+        use std::os::fd::AsRawFd;
+        let now = GEN.load(Ordering::Acquire);
+        let mut g = self.posix_locks.lock();
+        if let Some((gen, fd)) = g.as_ref() {
+            if *gen == now {
+                return Ok(fd.as_raw_fd());
+            }
+        }
+        let fd = open_lock_file(self)?;
+        let raw = fd.as_raw_fd();
+        *g = Some((now, fd));
+        Ok(raw)
+    }
+
+    /// Drops the process's POSIX record locks on the file (at the close of
+    /// any of its descriptors, as POSIX says).
+    fn unlock_posix(&self) {
+        use std::os::fd::AsRawFd;
+        let g = self.posix_locks.lock();
+        let Some((gen, fd)) = g.as_ref() else {
+            return;
+        };
+        if *gen != GEN.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: `flock` is plain data; all-zero is a valid value.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_UNLCK as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        // SAFETY: libc's fcntl on the process's lock description with a
+        // valid `struct flock` (whole file: start 0, length 0).
+        unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_OFD_SETLK,
+                &mut fl as *mut libc::flock,
+            )
+        };
+    }
+}
+
+/// The file system's lock file for `s` (`FileSystem::lock_file`), above
+/// the program's descriptor numbers.
+fn open_lock_file(s: &SharedFile) -> Result<OwnedFd, i32> {
+    match s.fs().lock_file(&state::ctx(), &s.path) {
+        Ok(Some(f)) => Ok(mapfs::fdnum::lasting(OwnedFd::from(f))),
+        Ok(None) => Err(libc::ENOLCK),
+        Err(e) => {
+            crate::log(format_args!("lock file of {}: {e}", s.path.display()));
+            Err(libc::ENOLCK)
+        }
+    }
+}
+
+impl EngineOpen {
+    fn with<T>(&self, f: impl FnOnce(&Inner) -> Result<T, i32>) -> Result<T, i32> {
+        self.shared.with(f)
+    }
+
+    fn mark(&self) {
+        self.shared.mark();
+    }
+
+    fn fs(&self) -> &dyn mapfs::FileSystem {
+        self.shared.fs()
+    }
+
+    /// The process's state of this open's file.
+    pub fn shared(&self) -> &SharedFile {
+        &self.shared
+    }
+
+    /// The size as this process sees it.
     pub fn size(&self) -> Result<u64, i32> {
         self.with(|i| i.data.size().map_err(|e| e.errno()))
     }
@@ -400,7 +698,7 @@ impl EngineOpen {
             let fs = self.fs();
             let ctx = state::ctx();
             let mut remap = |map: &mapfs::DataMap, o: u64, l: u64| {
-                fs.remap(&ctx, &self.path, i.handle, map, o, l)
+                fs.remap(&ctx, &self.shared.path, i.handle, map, o, l)
             };
             let n = i.data.write(at, data, &mut remap).map_err(|e| e.errno())?;
             Ok((n, at + n as u64))
@@ -480,12 +778,24 @@ impl EngineOpen {
             return Err(libc::EINVAL);
         }
         if self.size()? > size {
-            self.flush()?;
+            self.shared.flush()?;
         }
         self.with(|i| i.data.truncate(size).map_err(|e| e.errno()))?;
-        if self.desc.append() {
-            // The offset stands for the end of appends (see `write_at`).
-            let _ = self.desc.offset().fetch_min(size, Ordering::AcqRel);
+        // The offset of an appending open stands for the end of its appends
+        // (see `write_at`): every open of the file in the process sees the
+        // new end.
+        let opens: Vec<Arc<EngineOpen>> = match TABLE.read().as_ref() {
+            Some(m) => m
+                .values()
+                .filter(|o| Arc::ptr_eq(&o.shared, &self.shared))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        for o in opens.iter().map(|o| &**o).chain([self]) {
+            if o.desc.append() {
+                let _ = o.desc.offset().fetch_min(size, Ordering::AcqRel);
+            }
         }
         self.mark();
         Ok(())
@@ -504,26 +814,19 @@ impl EngineOpen {
     /// `fsync`/`fdatasync`: the backing files, then the map.
     pub fn fsync(&self, datasync: bool) -> Result<(), i32> {
         self.with(|i| i.data.fsync(datasync).map_err(|e| e.errno()))?;
-        self.flush()
+        self.shared.flush()
     }
 
     /// The file system's lock file for this file
-    /// (`FileSystem::lock_file`), opened once per open: every process of
-    /// the job using the same backing directory locks the same file, and
-    /// `dup`s and forked children share the open's description of it, as
-    /// they share the file's. `ENOLCK` when the file system has none.
-    pub fn lock_fd(&self) -> Result<std::os::fd::BorrowedFd<'_>, i32> {
+    /// (`FileSystem::lock_file`) as this open's own description, opened at
+    /// its first `flock` or open-file-description lock: those locks belong
+    /// to the open (its `dup`s and forked children share them, two opens
+    /// conflict), and every process of the job using the same backing
+    /// directory locks the same file. `ENOLCK` when the file system has
+    /// none.
+    pub fn ofd_lock_fd(&self) -> Result<std::os::fd::BorrowedFd<'_>, i32> {
         use std::os::fd::AsFd;
-        let fd = self
-            .locks
-            .get_or_init(|| match self.fs().lock_file(&state::ctx(), &self.path) {
-                Ok(Some(f)) => Some(mapfs::fdnum::lasting(OwnedFd::from(f))),
-                Ok(None) => None,
-                Err(e) => {
-                    crate::log(format_args!("lock file of {}: {e}", self.path.display()));
-                    None
-                }
-            });
+        let fd = self.locks.get_or_init(|| open_lock_file(&self.shared).ok());
         fd.as_ref().map(|f| f.as_fd()).ok_or(libc::ENOLCK)
     }
 
@@ -548,14 +851,14 @@ impl EngineOpen {
         &self,
         f: impl FnOnce(&dyn mapfs::FileSystem, &mapfs::Ctx, &std::path::Path) -> mapfs::Result<T>,
     ) -> Result<T, i32> {
-        f(self.fs(), &state::ctx(), &self.path).map_err(|e| e.errno())
+        f(self.fs(), &state::ctx(), &self.shared.path).map_err(|e| e.errno())
     }
 
     /// The file's attributes, with the size this open sees.
     pub fn attr(&self) -> Result<(mapfs::Attr, u64), i32> {
-        let e = &embs()[self.idx];
+        let e = &embs()[self.shared.idx];
         let mut a =
-            e.fs.getattr(&state::ctx(), &self.path)
+            e.fs.getattr(&state::ctx(), &self.shared.path)
                 .map_err(|e| e.errno())?;
         a.size = self.size()?;
         a.blocks = a.size.div_ceil(512);
@@ -571,20 +874,45 @@ pub fn closed(fd: i32) -> Option<Result<(), i32>> {
         return None;
     }
     let o = remove(fd)?;
-    let mut r = o.flush();
-    if let Some(last) = Arc::into_inner(o) {
-        let rel = last.release();
+    let mut r = o.shared.flush();
+    // POSIX: closing any descriptor of a file drops the process's record
+    // locks on it, whichever descriptor took them.
+    o.shared.unlock_posix();
+    let Some(last) = Arc::into_inner(o) else {
+        return Some(r);
+    };
+    let EngineOpen {
+        shared,
+        gen,
+        desc,
+        locks,
+        ..
+    } = last;
+    if gen != GEN.load(Ordering::Acquire) {
+        // An open a forked child inherited: its descriptors (the
+        // description's memfd, its lock file) are numbers the child may
+        // have closed already (subprocess's close_fds closes every
+        // descriptor in turn, through this hook, before `exec`); dropping
+        // them would close whatever has those numbers now. They close at
+        // `exec` (close-on-exec) or exit.
+        std::mem::forget(desc);
+        std::mem::forget(locks);
+    }
+    if let Some(s) = Arc::into_inner(shared) {
+        let rel = s.release();
         if r.is_ok() {
             r = rel;
         }
-        if last.inner.read().gen != GEN.load(Ordering::Acquire) {
-            // An open a forked child inherited and never used: its
-            // backing descriptors are the parent's state, and the child
-            // may have closed their numbers already (subprocess's close_fds
-            // closes every descriptor in turn, through this hook, before
-            // `exec`); dropping them would close whatever has those
-            // numbers now. They close at `exec` (close-on-exec) or exit.
-            std::mem::forget(last);
+        if let Some(m) = FILES.lock().as_mut() {
+            let key = (s.idx, s.path.clone());
+            if m.get(&key).is_some_and(|w| w.strong_count() == 0) {
+                m.remove(&key);
+            }
+        }
+        if s.inner.read().gen != GEN.load(Ordering::Acquire) {
+            // A file a forked child inherited and never used: its backing
+            // descriptors are the parent's state (see above).
+            std::mem::forget(s);
         }
     }
     Some(r)
@@ -659,7 +987,7 @@ pub fn before_exec() -> Vec<(i32, OwnedFd)> {
         }
         crate::log(format_args!(
             "exec: descriptor {fd} carried ({})",
-            o.path.display()
+            o.shared.path.display()
         ));
         // SAFETY: `fd` is the table's descriptor, replaced in place (and
         // not closed: the `OwnedFd` is forgotten).
@@ -812,13 +1140,13 @@ pub fn flush_all() {
         None => return,
     };
     for o in opens {
-        if let Err(n) = o.flush() {
+        if let Err(n) = o.shared.flush() {
             crate::warn(format_args!(
                 "flush of {}: errno {n}",
                 String::from_utf8_lossy(
                     &state::Place {
-                        idx: o.idx,
-                        path: o.path.clone()
+                        idx: o.shared.idx,
+                        path: o.shared.path.clone()
                     }
                     .host_path()
                 )
@@ -863,7 +1191,7 @@ pub fn refuse(call: &'static str, errno: i32) -> i32 {
 pub fn forked_parent() {
     if let Some(t) = TABLE.read().as_ref() {
         for o in t.values() {
-            o.forked.store(true, Ordering::Release);
+            o.shared.forked.store(true, Ordering::Release);
         }
     }
 }
@@ -890,6 +1218,22 @@ pub fn whole_backing(fd: i32) -> Option<OwnedFd> {
 pub fn forked_child() {
     GEN.fetch_add(1, Ordering::AcqRel);
     PID.store(own_pid(), Ordering::Relaxed);
+    // POSIX locks are not inherited: the parent's lock descriptions close
+    // here (no thread of the parent was inside the library at the fork, so
+    // the numbers are still theirs), and the child opens its own at its
+    // first lock call.
+    let files: Vec<Arc<SharedFile>> = match FILES.lock().as_ref() {
+        Some(m) => m.values().filter_map(Weak::upgrade).collect(),
+        None => return,
+    };
+    for s in files {
+        let _ = s.posix_locks.lock().take();
+        if Arc::strong_count(&s) == 1 {
+            // Held by no open of the child: its backing descriptors are the
+            // parent's state.
+            std::mem::forget(s);
+        }
+    }
 }
 
 extern "C" fn at_exit() {

@@ -1,15 +1,24 @@
 //! Record locks and `flock` on placeholders (files served by the data
-//! engine): kept on the file system's lock file for the file
-//! ([`crate::engine_fd::EngineOpen::lock_fd`]), so that the processes of a
-//! job, each with its own placeholder, see each other's locks.
+//! engine): kept on the file system's lock file for the file, so that the
+//! processes of a job, each with its own placeholders, see each other's
+//! locks.
 //!
-//! Record locks are taken as open-file-description locks (`F_OFD_*`) on
-//! that file: a process's classic POSIX locks on a file would all go the
+//! Every lock is taken as an open-file-description lock (`F_OFD_*`) on
+//! that file (a process's classic POSIX locks on a file would all go the
 //! first time the process closes *any* descriptor of it, and the file
-//! system opens and closes its backing files freely. So, as with `F_OFD_*`
-//! locks, two opens of one file in one process conflict, and a forked
-//! child shares its parent's locks (POSIX locks do neither), and `F_GETLK`
-//! reports `l_pid` -1.
+//! system opens and closes its backing files freely), on one of two
+//! descriptions of it:
+//! - POSIX record locks (`F_SETLK`, `F_SETLKW`, `F_GETLK`, `lockf`) on the
+//!   process's description ([`crate::engine_fd::SharedFile::posix_lock_fd`]),
+//!   one for every open of the file in the process: they are one set
+//!   whatever descriptor took them, two opens of the process never
+//!   conflict, `F_GETLK` does not report the process's own locks, closing
+//!   any descriptor of the file drops them all, and a forked child does
+//!   not inherit them, as POSIX says. `F_GETLK` reports `l_pid` -1 for
+//!   another process's lock.
+//! - `F_OFD_*` locks and `flock` on the open's own description
+//!   ([`crate::engine_fd::EngineOpen::ofd_lock_fd`]): they belong to the
+//!   open, shared by its `dup`s and forked children.
 
 use std::ffi::c_int;
 use std::os::fd::AsRawFd;
@@ -18,9 +27,14 @@ use libc::off_t;
 
 use crate::engine_fd::EngineOpen;
 
-/// The descriptor the lock calls on `o` go to, or errno.
+/// The descriptor `o`'s `F_OFD_*` locks and `flock`s go to, or errno.
 fn lock_raw(o: &EngineOpen) -> Result<c_int, c_int> {
-    o.lock_fd().map(|f| f.as_raw_fd())
+    o.ofd_lock_fd().map(|f| f.as_raw_fd())
+}
+
+/// The descriptor the process's POSIX locks on `o`'s file go to, or errno.
+fn posix_raw(o: &EngineOpen) -> Result<c_int, c_int> {
+    o.shared().posix_lock_fd()
 }
 
 /// `fcntl(fd, cmd, arg)` when `cmd` is a lock command: `Some(result)` with
@@ -35,17 +49,18 @@ pub unsafe fn fcntl(
     arg: libc::c_ulong,
     real: impl FnOnce(c_int, c_int, libc::c_ulong) -> c_int,
 ) -> Option<c_int> {
-    let ofd = match cmd {
-        libc::F_GETLK | libc::F_OFD_GETLK => libc::F_OFD_GETLK,
-        libc::F_SETLK | libc::F_OFD_SETLK => libc::F_OFD_SETLK,
-        libc::F_SETLKW | libc::F_OFD_SETLKW => libc::F_OFD_SETLKW,
+    let (ofd, posix) = match cmd {
+        libc::F_GETLK => (libc::F_OFD_GETLK, true),
+        libc::F_SETLK => (libc::F_OFD_SETLK, true),
+        libc::F_SETLKW => (libc::F_OFD_SETLKW, true),
+        libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => (cmd, false),
         _ => return None,
     };
     let user = arg as *mut libc::flock;
     if user.is_null() {
         return Some(fail(libc::EFAULT));
     }
-    let lfd = match lock_raw(o) {
+    let lfd = match if posix { posix_raw(o) } else { lock_raw(o) } {
         Ok(f) => f,
         Err(e) => return Some(fail(e)),
     };
@@ -74,7 +89,7 @@ pub fn flock(o: &EngineOpen, op: c_int, real: impl FnOnce(c_int, c_int) -> c_int
 
 /// `lockf(fd, cmd, len)`: the range from the description's offset.
 pub fn lockf(o: &EngineOpen, cmd: c_int, len: off_t) -> c_int {
-    let lfd = match lock_raw(o) {
+    let lfd = match posix_raw(o) {
         Ok(f) => f,
         Err(e) => return fail(e),
     };

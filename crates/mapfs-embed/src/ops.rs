@@ -150,6 +150,13 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
     // a mirror's own `O_EXCL` decides in one call.
     let exists =
         flags & libc::O_CREAT != 0 && !e.native_dirs && e.fs.getattr(&ctx, &place.path).is_ok();
+    // A file the process holds through the engine already: the new open
+    // joins that state (one per file per process, see `engine_fd`), which
+    // does the truncation the file system's open would do on its own map.
+    let joins = engine_served(e) && crate::engine_fd::held(place.idx, &place.path);
+    if joins {
+        fsflags &= !libc::O_TRUNC;
+    }
     if exists && flags & libc::O_EXCL != 0 {
         return Err(libc::EEXIST);
     }
@@ -185,7 +192,7 @@ pub fn open(e: &Emb, place: &Place, flags: i32, mode: u32) -> Result<i32, i32> {
     };
     let whole = opened.map.is_whole_file() && opened.files.len() == 1;
     let kept_writer = e.keeps_writers && flags & (libc::O_ACCMODE | libc::O_TRUNC) != 0;
-    if (!whole || kept_writer || e.own_inos) && engine_served(e) {
+    if (!whole || kept_writer || e.own_inos || joins) && engine_served(e) {
         let fd =
             crate::engine_fd::adopt(place.idx, place.path.clone(), flags, fsflags, opened, None)?;
         if flags & libc::O_DIRECTORY != 0 {

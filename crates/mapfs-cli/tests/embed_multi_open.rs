@@ -335,6 +335,11 @@ c = sqlite3.connect(db)
 c.execute("create table t (k integer primary key, v text)")
 c.commit()
 c.close()
+# Enough entries that plfs counts the directory's links on threads of its
+# own (from 32 subdirectories), which the workers' stats below ask for.
+for k in range(40):
+    with open(os.path.join(sys.argv[1], "pre%d" % k), "wb") as o:
+        o.write(b"%d" % k)
 stop = threading.Event()
 errors = []
 def worker(w):
@@ -347,6 +352,7 @@ def worker(w):
                 c.execute("insert into t values (?, ?)", (w * 1000000 + n, "x" * (n % 300)))
             with open(f, "ab") as o:
                 o.write(b"%d\n" % n)
+            os.stat(sys.argv[1])
             n += 1
         c.close()
     except Exception as e:
@@ -378,6 +384,54 @@ print("check", c.execute("pragma integrity_check").fetchone()[0])
 print("children", sum(1 for n in os.listdir(sys.argv[1]) if n.startswith("child")))
 "#;
 
+/// Threads stat directories of 40 entries that another process made
+/// (this process has no count of their links, so plfs counts them on
+/// threads of its own) while the main thread forks and a plfs file is
+/// held open. The library's threads must never wait for the fork gate:
+/// before they were its own, this hung at the first fork that met a count
+/// (3 runs of 3).
+const FORK_WHILE_LIBRARY_THREADS: &str = r#"
+import os, subprocess, sys, threading
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+subprocess.run([sys.executable, "-c", """
+import os, sys
+d = sys.argv[1]
+for i in range(60):
+    p = os.path.join(d, "big%d" % i)
+    os.makedirs(p, exist_ok=True)
+    for k in range(40):
+        with open(os.path.join(p, "f%d" % k), "wb") as o:
+            o.write(b"x")
+""", d], check=True)
+keep = open(os.path.join(d, "keep"), "wb")
+keep.write(b"x")
+links = {}
+def worker(w):
+    for i in range(w, 60, 3):
+        links[i] = os.stat(os.path.join(d, "big%d" % i)).st_nlink
+ts = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
+for t in ts: t.start()
+for i in range(60):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if os.path.isdir(os.path.join(d, "big0")) else 1)
+    _, st = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(st) == 0, (i, st)
+for t in ts: t.join()
+keep.close()
+print("links", sorted(set(links.values())), len(links))
+"#;
+
+#[test]
+fn fork_while_plfs_counts_on_threads_of_its_own() {
+    let test = "fork while plfs counts a directory on its threads, embedded";
+    let a = Area::new("backing");
+    let got = run_python(&a, "plfs", test, FORK_WHILE_LIBRARY_THREADS, &[]);
+    // Each directory holds 40 files and no subdirectory: 2 links.
+    assert_eq!(got, "links [2] 60\n", "{test}");
+}
+
 fn fork_while_threads(fs: &str) {
     let test = format!("fork while threads use the file system, embedded {fs}");
     let a = Area::new("backing");
@@ -403,6 +457,7 @@ cases! {
     two_opens_plfs: two_opens, "plfs";
     two_opens_pack: two_opens, "pack";
     two_opens_versions: two_opens, "versions";
+    fork_while_threads_plfs: fork_while_threads, "plfs";
     fork_while_threads_pack: fork_while_threads, "pack";
     fork_while_threads_versions: fork_while_threads, "versions";
 }

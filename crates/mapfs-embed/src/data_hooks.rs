@@ -571,6 +571,15 @@ fn spawn_now(call: impl FnOnce() -> c_int) -> c_int {
 }
 
 hooks! {
+    fn pthread_create(
+        thread: *mut libc::pthread_t,
+        attr: *const libc::pthread_attr_t,
+        start: extern "C" fn(*mut c_void) -> *mut c_void,
+        arg: *mut c_void,
+    ) -> c_int = |real| {
+        // SAFETY: libc's call with the caller's arguments.
+        unsafe { mapfs_interpose::threads::create(real, thread, attr, start, arg) }
+    }
     fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t = |real| {
         match open_of(fd) {
             // SAFETY: the caller's buffer.

@@ -24,6 +24,9 @@
 //!   ([`gate::close_for_fork`]) so that no lock is held at the real
 //!   `fork`; any daemon round trip happens there, before the real `fork`,
 //!   never in a `pthread_atfork` handler.
+//! - **On a thread the library started** ([`threads`]): every hook
+//!   passes its calls straight on, as inside the library, and never waits
+//!   for the fork gate; such threads take no signal.
 //! - **In `_exit`:** nothing: what a process hands back, it hands back at
 //!   `exit` or at its last close; what a child that `_exit`s held is
 //!   reclaimed as after a `SIGKILL`.
@@ -39,3 +42,4 @@ pub mod retire;
 pub mod seqlock;
 pub mod signal;
 pub mod sync;
+pub mod threads;

@@ -44,8 +44,12 @@ pub struct RunArgs {
     /// Serve file system FS over BACKING under PREFIX inside every process
     /// of the command: no mount, no daemon, no privilege (repeatable; see
     /// docs/embedded.md). FS: passthrough, plfs, pack or versions. PREFIX need
-    /// not exist.
-    #[arg(long = "embed", value_name = "FS:BACKING:PREFIX")]
+    /// not exist. FS:BACKING:PREFIX:exclusive declares that no process
+    /// outside the command changes BACKING's directories (as a mount's
+    /// --exclusive): passthrough's processes then keep the directories
+    /// they resolved, checked against a generation all of them share,
+    /// for faster stat, create and unlink below the top level.
+    #[arg(long = "embed", value_name = "FS:BACKING:PREFIX[:exclusive]")]
     pub embed: Vec<String>,
     /// Serve an --embed PREFIX even where the host has a non-empty
     /// directory or a file: the program then sees the embedded file system

@@ -69,6 +69,8 @@ struct Namespace {
     gen: Arc<NsGen>,
     /// `None` unless exclusive: the generation is then only moved (other
     /// processes of the job may keep directories of the same backing).
+    /// Embedded, file-system code runs only inside the library's guard,
+    /// which holds the fork gate, so this lock is never held at `fork`.
     kept: Option<parking_lot::Mutex<Kept>>,
 }
 

@@ -169,7 +169,7 @@ impl BackingRoot {
         if self.keeps_dirs() {
             let mut comps = components(path)?;
             if let Some(n) = comps.pop().filter(|n| *n != "..") {
-                if let Some(d) = self.kept_dir(&comps) {
+                if let Some(d) = self.kept_dir(&comps)? {
                     return Ok((d, n.to_os_string()));
                 }
             }
@@ -183,21 +183,28 @@ impl BackingRoot {
     }
 
     /// The directory `comps` (no `..`, at least one), kept or resolved to
-    /// be kept; `None` when it cannot be kept (reached through a symlink or
-    /// a mount, a change in progress, an error): the caller resolves it
-    /// the usual way, which also gives the error to report.
-    fn kept_dir(&self, comps: &[&OsStr]) -> Option<DirFd> {
-        let ns = self.ns.as_ref()?;
-        let kept = ns.kept.as_ref()?;
+    /// be kept; `Ok(None)` when it cannot be kept (reached through a
+    /// symlink or a mount, a change in progress): the caller resolves it
+    /// the usual way. An error is the one the usual way would give too
+    /// (no such directory, no permission), found with one `openat2`.
+    fn kept_dir(&self, comps: &[&OsStr]) -> Result<Option<DirFd>> {
+        let Some(ns) = self.ns.as_ref() else {
+            return Ok(None);
+        };
+        let Some(kept) = ns.kept.as_ref() else {
+            return Ok(None);
+        };
         if comps.is_empty() || comps.iter().any(|c| *c == "..") {
-            return None;
+            return Ok(None);
         }
         let len = comps.iter().map(|c| c.len() + 1).sum::<usize>();
         if len > CHUNK_BYTES {
-            return None;
+            return Ok(None);
         }
         // Read before resolving: see `nsgen`'s argument.
-        let word = ns.gen.quiet()?;
+        let Some(word) = ns.gen.quiet() else {
+            return Ok(None);
+        };
         let mut key = Vec::with_capacity(len);
         for c in comps {
             if !key.is_empty() {
@@ -211,7 +218,7 @@ impl BackingRoot {
                 if word < k.word {
                     // Read before another thread's newer read: resolved
                     // the usual way rather than winding the cache back.
-                    return None;
+                    return Ok(None);
                 }
                 k.dirs.clear();
                 k.word = word;
@@ -220,17 +227,25 @@ impl BackingRoot {
             let tick = k.tick;
             if let Some(d) = k.dirs.iter_mut().find(|d| d.key == key) {
                 d.used = tick;
-                return Some(DirFd::Kept(d.fd.clone(), word));
+                return Ok(Some(DirFd::Kept(d.fd.clone(), word)));
             }
         }
-        let fd = openat2_with(
+        let fd = match openat2_with(
             self.root.as_fd(),
             OsStr::from_bytes(&key),
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
             RESOLVE_KEPT,
-        )
-        .ok()?;
+        ) {
+            Ok(fd) => fd,
+            // A symlink or a mount on the way (or renames racing a `..`,
+            // which a kept path never has): resolved the usual way, which
+            // follows what is allowed beneath the root.
+            Err(rustix::io::Errno::LOOP | rustix::io::Errno::XDEV | rustix::io::Errno::AGAIN) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e.into()),
+        };
         // Above the program's descriptor numbers, as the file systems'
         // other long-lived descriptors.
         let fd = Arc::new(crate::fdnum::lasting(fd));
@@ -248,7 +263,7 @@ impl BackingRoot {
                 used,
             });
         }
-        Some(DirFd::Kept(fd, word))
+        Ok(Some(DirFd::Kept(fd, word)))
     }
 
     /// The root directory fd (`O_PATH`: usable as a `*at` dirfd, for
@@ -272,7 +287,7 @@ impl BackingRoot {
         if comps.len() >= 2 && flags.contains(OFlags::NOFOLLOW) && self.keeps_dirs() {
             let (name, parent) = comps.split_last().expect("two or more");
             if *name != ".." {
-                if let Some(d) = self.kept_dir(parent) {
+                if let Some(d) = self.kept_dir(parent)? {
                     let flags = flags | OFlags::CLOEXEC;
                     let mode = if flags.intersects(OFlags::CREATE | OFlags::TMPFILE) {
                         mode

@@ -23,7 +23,11 @@
 //!
 //! Nothing is cached: every call goes to the backing directory, so changes
 //! made behind the mount (by other programs on the backing directory) are
-//! seen by the next call. Executors may still cache attributes and names for
+//! seen by the next call. The one exception is asked for: embedded with an
+//! exclusive backing directory (`--embed passthrough:B:P:exclusive`), the
+//! root keeps parent directories ([`BackingRoot::with_dir_cache`]), and
+//! renames and rmdirs move the job's namespace generation around the
+//! change so that no process of the job uses a stale one. Executors may still cache attributes and names for
 //! their configured timeouts; a file replaced behind the mount keeps serving
 //! the old inode to opens that already hold it (as with any local file).
 //!

@@ -489,6 +489,87 @@ mod tests {
         assert_eq!(chunk(&[]), vec![OsString::from(".")]);
     }
 
+    fn kept_root(dir: &Path) -> (BackingRoot, Arc<NsGen>) {
+        let page = dir.join("gen");
+        crate::nsgen::create(&page).unwrap();
+        let gen = Arc::new(NsGen::open(&page).unwrap());
+        let root = BackingRoot::new(&dir.join("root"))
+            .unwrap()
+            .with_dir_cache(gen.clone(), true);
+        (root, gen)
+    }
+
+    fn kept(d: &DirFd) -> &Arc<OwnedFd> {
+        match d {
+            DirFd::Kept(fd, _) => fd,
+            DirFd::Owned(_) => panic!("not kept"),
+        }
+    }
+
+    #[test]
+    fn kept_directories_are_reused_until_a_change_and_bounded() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path().join("root");
+        std::fs::create_dir_all(r.join("a/b")).unwrap();
+        std::fs::write(r.join("a/b/f"), b"x").unwrap();
+        let (root, gen) = kept_root(t.path());
+
+        let (d1, name) = root.parent_dir(Path::new("/a/b/f")).unwrap();
+        assert_eq!(name, "f");
+        let (d2, _) = root.parent_dir(Path::new("/a/b/g")).unwrap();
+        assert!(Arc::ptr_eq(kept(&d1), kept(&d2)), "one resolution kept");
+        assert!(std::os::fd::AsRawFd::as_raw_fd(&**kept(&d1)) >= crate::fdnum::LASTING_FROM);
+        assert!(!root.changed_since(&d1));
+
+        // A change of the job's: in progress, nothing kept is trusted;
+        // after it, the new name resolves and the old one is gone.
+        root.namespace_change(|| {
+            assert!(root.changed_since(&d1));
+            std::fs::rename(r.join("a/b"), r.join("a/c")).unwrap();
+        });
+        assert!(root.changed_since(&d1));
+        let err = root.parent_dir(Path::new("/a/b/f")).unwrap_err();
+        assert_eq!(err.errno(), libc::ENOENT);
+        let (d3, _) = root.parent_dir(Path::new("/a/c/f")).unwrap();
+        assert!(rustix::fs::statat(&d3, "f", AtFlags::SYMLINK_NOFOLLOW).is_ok());
+        // A file opened (not followed) from the kept directory.
+        let f = root
+            .open(
+                Path::new("/a/c/f"),
+                OFlags::RDONLY | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )
+            .unwrap();
+        assert_eq!(rustix::fs::fstat(&f).unwrap().st_size, 1);
+
+        // A parent reached through a symlink is never kept.
+        std::os::unix::fs::symlink("a/c", r.join("s")).unwrap();
+        let (d4, _) = root.parent_dir(Path::new("/s/f")).unwrap();
+        assert!(matches!(d4, DirFd::Owned(_)));
+        // Nor one with `..`.
+        let (d5, _) = root.parent_dir(Path::new("/a/../a/c/f")).unwrap();
+        assert!(matches!(d5, DirFd::Owned(_)));
+
+        // At most KEPT_DIRS at once.
+        for i in 0..KEPT_DIRS + 8 {
+            std::fs::create_dir(r.join(format!("d{i}"))).unwrap();
+            let (d, _) = root.parent_dir(Path::new(&format!("/d{i}/x"))).unwrap();
+            kept(&d);
+        }
+        let n = root
+            .ns
+            .as_ref()
+            .unwrap()
+            .kept
+            .as_ref()
+            .unwrap()
+            .lock()
+            .dirs
+            .len();
+        assert_eq!(n, KEPT_DIRS);
+        assert!(gen.quiet().is_some());
+    }
+
     #[test]
     fn components_drop_root_and_dot() {
         let c = components(Path::new("//a/./b/../c/")).unwrap();

@@ -35,6 +35,10 @@ pub enum Setup {
         /// versions mount of the backing directory refuses other
         /// instances there).
         own_store: bool,
+        /// `FS:BACKING:DIR:exclusive`: the job keeps resolved directories.
+        /// Sound in a benchmark for the same reason as
+        /// [`Setup::Exclusive`].
+        exclusive: bool,
     },
     /// `mapfs mount <fs> BACKING MNT --data <data>`: another file system
     /// than passthrough.
@@ -206,6 +210,17 @@ pub const CONFIGS: &[ConfigDef] = &[
         setup: Setup::Embedded {
             fs: "passthrough",
             own_store: false,
+            exclusive: false,
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "embedded-excl",
+        about: "no mount: mapfs passthrough run inside the workload's processes, backing declared the job's own (mapfs run --embed passthrough:B:P:exclusive)",
+        setup: Setup::Embedded {
+            fs: "passthrough",
+            own_store: false,
+            exclusive: true,
         },
         wrap: Wrap::None,
     },
@@ -215,6 +230,7 @@ pub const CONFIGS: &[ConfigDef] = &[
         setup: Setup::Embedded {
             fs: "plfs",
             own_store: false,
+            exclusive: false,
         },
         wrap: Wrap::None,
     },
@@ -224,6 +240,7 @@ pub const CONFIGS: &[ConfigDef] = &[
         setup: Setup::Embedded {
             fs: "versions",
             own_store: true,
+            exclusive: false,
         },
         wrap: Wrap::None,
     },
@@ -233,6 +250,7 @@ pub const CONFIGS: &[ConfigDef] = &[
         setup: Setup::Embedded {
             fs: "pack",
             own_store: true,
+            exclusive: false,
         },
         wrap: Wrap::None,
     },
@@ -428,7 +446,11 @@ pub fn prepare(
     let mut made: Option<RemoveOnDrop> = None;
     let (root, guard) = match def.setup {
         Setup::Native => (backing.to_path_buf(), None),
-        Setup::Embedded { fs, own_store } => {
+        Setup::Embedded {
+            fs,
+            own_store,
+            exclusive,
+        } => {
             let store = if own_store {
                 let s = backing.join(work).join(format!(".{}-store", def.name));
                 std::fs::create_dir_all(&s)?;
@@ -445,6 +467,9 @@ pub fn prepare(
             spec.push(&store);
             spec.push(":");
             spec.push(&dir);
+            if exclusive {
+                spec.push(":exclusive");
+            }
             prefix = vec![
                 mapfs.into(),
                 "run".into(),

@@ -44,8 +44,12 @@ pub struct RunArgs {
     /// Serve file system FS over BACKING under PREFIX inside every process
     /// of the command: no mount, no daemon, no privilege (repeatable; see
     /// docs/embedded.md). FS: passthrough, plfs, pack or versions. PREFIX need
-    /// not exist.
-    #[arg(long = "embed", value_name = "FS:BACKING:PREFIX")]
+    /// not exist. FS:BACKING:PREFIX:exclusive declares that no process
+    /// outside the command changes BACKING's directories (as a mount's
+    /// --exclusive): passthrough's processes then keep the directories
+    /// they resolved, checked against a generation all of them share,
+    /// for faster stat, create and unlink below the top level.
+    #[arg(long = "embed", value_name = "FS:BACKING:PREFIX[:exclusive]")]
     pub embed: Vec<String>,
     /// Serve an --embed PREFIX even where the host has a non-empty
     /// directory or a file: the program then sees the embedded file system
@@ -240,6 +244,16 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
             .with_context(|| format!("--embed {}: {}", e.fs, e.backing.display()))?;
         e.options.push(embed_spec::STORE_CHECKED.to_string());
     }
+    if list.iter().any(|e| e.exclusive) {
+        // Every embedding gets the page, exclusive or not: a rename made
+        // through any of them must move the generation, as another
+        // embedding may keep directories of the same backing.
+        let page = nsgen_page()?;
+        let opt = format!("{}={}", embed_spec::NSGEN, page.display());
+        for e in &mut list {
+            e.options.push(opt.clone());
+        }
+    }
     // One library serves the whole job: the lean one, unless a file system
     // needs its own (which serves the others too).
     let mut libs: Vec<&'static str> = list
@@ -260,6 +274,38 @@ fn embeddings(registry: &Registry, args: &RunArgs) -> Result<Option<(String, &'s
         ),
     };
     Ok(Some((embed_spec::encode(&list), lib)))
+}
+
+/// Makes the job's namespace generation page (`mapfs::nsgen`) in the
+/// runtime directory, named by this process's id, which the job keeps
+/// (`run` execs the program). Pages of jobs whose first process is gone are
+/// removed first: nothing else removes them, since no process of a job
+/// knows it is the last.
+fn nsgen_page() -> Result<PathBuf> {
+    let dir = crate::mounts::ensure_runtime_dir()?;
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for ent in entries.flatten() {
+            let name = ent.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("embed-"))
+                .and_then(|n| n.strip_suffix(".gen"))
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let gone = rustix::process::Pid::from_raw(pid).is_none_or(|p| {
+                rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH)
+            });
+            if gone || pid == std::process::id() as i32 {
+                let _ = std::fs::remove_file(ent.path());
+            }
+        }
+    }
+    let page = dir.join(format!("embed-{}.gen", std::process::id()));
+    mapfs::nsgen::create(&page)
+        .with_context(|| format!("making the namespace generation page {}", page.display()))?;
+    Ok(page)
 }
 
 /// What an embedding at `prefix` would hide from the program: `None` when

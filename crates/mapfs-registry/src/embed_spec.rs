@@ -20,6 +20,21 @@ pub const EMBED_ENV: &str = "MAPFS_EMBED";
 /// check it again. Not a declared option: `-o` cannot pass it.
 pub const STORE_CHECKED: &str = "mapfs-store-checked";
 
+/// The option naming the job's namespace generation page
+/// (`mapfs-nsgen=PATH`, see `mapfs::nsgen`): added by `mapfs run --embed`
+/// to every embedding of a job in which some embedding is exclusive. Not a
+/// declared option: `-o` cannot pass it.
+pub const NSGEN: &str = "mapfs-nsgen";
+
+/// The option an exclusive embedding (`FS:BACKING:PREFIX:exclusive`)
+/// travels with to the job's processes: its file system may keep resolved
+/// directories, checked against the job's namespace generation.
+pub const EXCLUSIVE: &str = "mapfs-exclusive";
+
+/// The suffix of an `--embed` spec that declares its backing directory
+/// changed by no process outside the job.
+pub const EXCLUSIVE_SUFFIX: &str = "exclusive";
+
 /// Separates embeddings in [`EMBED_ENV`].
 const REC: char = '\n';
 /// Separates the fields of one embedding.
@@ -36,18 +51,25 @@ pub struct Embedding {
     pub backing: PathBuf,
     /// Absolute, normalized path under which the file system appears.
     pub prefix: PathBuf,
-    /// The `-o` options this file system declares (`name` or `name=value`).
+    /// The `-o` options this file system declares (`name` or `name=value`),
+    /// and those `mapfs run` adds ([`STORE_CHECKED`], [`NSGEN`]).
     pub options: Vec<String>,
+    /// `FS:BACKING:PREFIX:exclusive`: no process outside the job changes
+    /// the backing directory's namespace, so the job's processes may keep
+    /// directories they resolved (docs/embedded.md, "Exclusive backing
+    /// directories").
+    pub exclusive: bool,
 }
 
 impl Embedding {
-    /// Parses and checks one `--embed FS:BACKING:PREFIX` argument against
-    /// `registry`; `options` are every `-o` given (each file system gets the
-    /// ones it declares).
+    /// Parses and checks one `--embed FS:BACKING:PREFIX[:exclusive]`
+    /// argument against `registry`; `options` are every `-o` given (each
+    /// file system gets the ones it declares).
     pub fn parse(arg: &str, registry: &Registry, options: &[String]) -> Result<Embedding> {
         let (fs, rest) = arg
             .split_once(':')
             .with_context(|| format!("--embed {arg:?}: expected FS:BACKING:PREFIX"))?;
+        let (rest, exclusive) = split_suffix(arg, rest)?;
         let Some((backing, prefix)) = rest.rsplit_once(':') else {
             bail!("--embed {arg:?}: expected FS:BACKING:PREFIX (no PREFIX)");
         };
@@ -119,6 +141,7 @@ impl Embedding {
             backing: canon,
             prefix,
             options,
+            exclusive,
         };
         e.check_encodable()?;
         Ok(e)
@@ -138,10 +161,14 @@ impl Embedding {
         } else {
             vec![self.backing.clone()]
         };
+        let mut custom = self.options.clone();
+        if self.exclusive {
+            custom.push(EXCLUSIVE.to_string());
+        }
         FsOptions {
             read_only: false,
             layers,
-            custom: self.options.clone(),
+            custom,
             resumed: false,
             embedded: true,
             whole_files_native: false,
@@ -166,6 +193,29 @@ impl Embedding {
         }
         Ok(())
     }
+}
+
+/// `rest` (after `FS:`) without a final `:SUFFIX`, and whether the suffix
+/// was `exclusive`. A PREFIX is absolute, so a last field that does not
+/// start with `/` after a field that does is a suffix; anything else is
+/// left for the PREFIX checks to judge.
+fn split_suffix<'a>(arg: &str, rest: &'a str) -> Result<(&'a str, bool)> {
+    let Some((head, last)) = rest.rsplit_once(':') else {
+        return Ok((rest, false));
+    };
+    let prefix_before = head
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.starts_with('/'));
+    if last.starts_with('/') || !prefix_before {
+        return Ok((rest, false));
+    }
+    if last != EXCLUSIVE_SUFFIX {
+        bail!(
+            "--embed {arg:?}: unknown suffix {last:?} after PREFIX (the only one is \
+             `:{EXCLUSIVE_SUFFIX}`: FS:BACKING:PREFIX:{EXCLUSIVE_SUFFIX})"
+        );
+    }
+    Ok((head, true))
 }
 
 /// An absolute prefix with no `.`, `..`, repeated or trailing `/`; not `/`.
@@ -219,7 +269,11 @@ pub fn encode(list: &[Embedding]) -> String {
         s.push(FIELD);
         s.push_str(&e.prefix.to_string_lossy());
         s.push(FIELD);
-        s.push_str(&e.options.join(&OPT.to_string()));
+        let mut opts = e.options.clone();
+        if e.exclusive {
+            opts.push(EXCLUSIVE.to_string());
+        }
+        s.push_str(&opts.join(&OPT.to_string()));
     }
     s
 }
@@ -233,15 +287,19 @@ pub fn decode(s: &str) -> Result<Vec<Embedding>> {
             let [fs, backing, prefix, opts] = f[..] else {
                 bail!("{EMBED_ENV}: malformed record {r:?}");
             };
+            let mut options: Vec<String> = opts
+                .split(OPT)
+                .filter(|o| !o.is_empty())
+                .map(str::to_string)
+                .collect();
+            let before = options.len();
+            options.retain(|o| o != EXCLUSIVE);
             Ok(Embedding {
                 fs: fs.to_string(),
                 backing: PathBuf::from(backing),
                 prefix: PathBuf::from(prefix),
-                options: opts
-                    .split(OPT)
-                    .filter(|o| !o.is_empty())
-                    .map(str::to_string)
-                    .collect(),
+                exclusive: options.len() != before,
+                options,
             })
         })
         .collect()
@@ -333,15 +391,45 @@ mod tests {
                 backing: "/tmp/a b".into(),
                 prefix: "/data".into(),
                 options: vec![],
+                exclusive: false,
             },
             Embedding {
                 fs: "plfs".into(),
                 backing: "/x:y".into(),
                 prefix: "/ckpt/z".into(),
                 options: vec!["hostid=h1".into(), "flag".into()],
+                exclusive: false,
+            },
+            Embedding {
+                fs: "passthrough".into(),
+                backing: "/b".into(),
+                prefix: "/own".into(),
+                options: vec![format!("{NSGEN}=/run/g")],
+                exclusive: true,
             },
         ];
         assert_eq!(decode(&encode(&list)).unwrap(), list);
+    }
+
+    #[test]
+    fn the_exclusive_suffix_is_split_off_and_others_are_refused() {
+        fn ok(r: &str) -> (&str, bool) {
+            split_suffix("arg", r).unwrap()
+        }
+        assert_eq!(ok("/b:/p:exclusive"), ("/b:/p", true));
+        assert_eq!(ok("/b:/p"), ("/b:/p", false));
+        // A layered BACKING's colons are not a suffix.
+        assert_eq!(ok("/u:/l:/p"), ("/u:/l:/p", false));
+        assert_eq!(ok("/u:/l:/p:exclusive"), ("/u:/l:/p", true));
+        // A relative PREFIX is left to the PREFIX checks.
+        assert_eq!(ok("/b:rel"), ("/b:rel", false));
+        let err = split_suffix("arg", "/b:/p:exclusiv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown suffix \"exclusiv\"") && err.contains(":exclusive"),
+            "{err}"
+        );
     }
 
     #[test]

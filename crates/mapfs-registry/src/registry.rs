@@ -421,7 +421,18 @@ pub fn embeddable() -> Registry {
     )
     .embed_library(crate::EMBED_LIB)
     .register(
-        FsSpec::new("passthrough", "a 1-to-1 mirror of BACKING", |b, _| {
+        FsSpec::new("passthrough", "a 1-to-1 mirror of BACKING", |b, o| {
+            // In an embedded job with a namespace generation (some
+            // embedding is `:exclusive`), renames and rmdirs move it, and
+            // an exclusive embedding keeps parent directories open.
+            if let Some(page) = o.get(crate::embed_spec::NSGEN) {
+                let gen = mapfs::nsgen::NsGen::open(std::path::Path::new(page)).map_err(|e| {
+                    mapfs::Error::from(e).context(format!("namespace generation page {page}"))
+                })?;
+                let keep = o.get(crate::embed_spec::EXCLUSIVE).is_some();
+                let root = mapfs::backing::BackingRoot::new(b)?.with_dir_cache(Arc::new(gen), keep);
+                return Ok(Arc::new(Passthrough::with_root(root)));
+            }
             Ok(Arc::new(Passthrough::new(b)?))
         })
         .whole_file_maps()

@@ -52,6 +52,7 @@ pub mod housekeeping;
 pub mod lentsize;
 #[doc(hidden)] // shared by the mapfs crates, not a stable API
 pub mod mapcache;
+pub mod nsgen;
 pub mod preload_report;
 pub mod size;
 pub mod stats;

@@ -73,13 +73,17 @@ impl Passthrough {
         stat_loc(&loc)
     }
 
+    /// A namespace change for an embedded job's kept directories (the
+    /// directory, or one below it, may be kept by another process).
     pub(super) fn do_rmdir(&self, path: &Path) -> Result<()> {
-        let loc = self.loc(path)?;
-        Ok(rustix::fs::unlinkat(
-            loc.dir(),
-            loc.name(),
-            AtFlags::REMOVEDIR,
-        )?)
+        self.changing(|| {
+            let loc = self.loc(path)?;
+            Ok(rustix::fs::unlinkat(
+                loc.dir(),
+                loc.name(),
+                AtFlags::REMOVEDIR,
+            )?)
+        })
     }
 
     pub(super) fn do_fsyncdir(&self, path: &Path, datasync: bool) -> Result<()> {

@@ -23,7 +23,11 @@
 //!
 //! Nothing is cached: every call goes to the backing directory, so changes
 //! made behind the mount (by other programs on the backing directory) are
-//! seen by the next call. Executors may still cache attributes and names for
+//! seen by the next call. The one exception is asked for: embedded with an
+//! exclusive backing directory (`--embed passthrough:B:P:exclusive`), the
+//! root keeps parent directories ([`BackingRoot::with_dir_cache`]), and
+//! renames and rmdirs move the job's namespace generation around the
+//! change so that no process of the job uses a stale one. Executors may still cache attributes and names for
 //! their configured timeouts; a file replaced behind the mount keeps serving
 //! the old inode to opens that already hold it (as with any local file).
 //!
@@ -44,10 +48,10 @@ pub(crate) mod xattr;
 pub(crate) use node::backing_rename_flags;
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Component, Path};
 
-use mapfs::backing::BackingRoot;
+use mapfs::backing::{BackingRoot, DirFd};
 use mapfs::creds::as_caller;
 use mapfs::{
     Attr, Capabilities, Ctx, DataMap, DirEntry, FileSystem, OpenFlags, Opened, RenameFlags, Result,
@@ -97,11 +101,41 @@ impl Passthrough {
                 name: name.to_os_string(),
             });
         }
-        let (dir, name) = self.root.parent(path)?;
+        let (dir, name) = self.root.parent_dir(path)?;
         Ok(Loc {
-            dir: Dir::Owned(dir),
+            dir: Dir::Parent(dir),
             name,
         })
+    }
+
+    /// [`Passthrough::loc`] resolved again, never from a kept directory
+    /// (a read-only call redoes its work so when a namespace change began
+    /// while it used one).
+    fn loc_fresh(&self, path: &Path) -> Result<Loc<'_>> {
+        let (dir, name) = self.root.parent(path)?;
+        Ok(Loc {
+            dir: Dir::Parent(DirFd::Owned(dir)),
+            name,
+        })
+    }
+
+    /// A read-only call `f` on `path`'s location, made again on a fresh
+    /// resolution if a namespace change began while it used a kept
+    /// directory (see `mapfs::nsgen`).
+    fn read_at<T>(&self, path: &Path, f: impl Fn(&Loc<'_>) -> Result<T>) -> Result<T> {
+        let loc = self.loc(path)?;
+        let r = f(&loc);
+        match &loc.dir {
+            Dir::Parent(d) if self.root.changed_since(d) => f(&self.loc_fresh(path)?),
+            _ => r,
+        }
+    }
+
+    /// Runs `f`, a change that can make a directory another process of an
+    /// embedded job resolved stale, between the moves of the job's
+    /// namespace generation.
+    fn changing<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.root.namespace_change(f)
     }
 }
 
@@ -111,10 +145,11 @@ fn is_root(path: &Path) -> bool {
         .all(|c| matches!(c, Component::RootDir | Component::CurDir))
 }
 
-/// A directory fd that is either the root's (borrowed) or an opened parent.
+/// A directory fd that is either the root's (borrowed) or a parent, opened
+/// for the call or kept.
 enum Dir<'a> {
     Root(BorrowedFd<'a>),
-    Owned(OwnedFd),
+    Parent(DirFd),
 }
 
 /// A file named by `(dir, name)`, the form every `*at` call takes.
@@ -127,7 +162,7 @@ impl Loc<'_> {
     fn dir(&self) -> BorrowedFd<'_> {
         match &self.dir {
             Dir::Root(fd) => *fd,
-            Dir::Owned(fd) => fd.as_fd(),
+            Dir::Parent(fd) => fd.as_fd(),
         }
     }
 
@@ -150,7 +185,7 @@ impl FileSystem for Passthrough {
     }
 
     fn getattr(&self, ctx: &Ctx, path: &Path) -> Result<Attr> {
-        as_caller(ctx, || attr::stat_loc(&self.loc(path)?))
+        as_caller(ctx, || self.read_at(path, attr::stat_loc))
     }
 
     fn setattr(&self, ctx: &Ctx, path: &Path, set: &SetAttr) -> Result<Attr> {

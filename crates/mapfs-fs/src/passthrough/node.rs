@@ -56,16 +56,22 @@ impl Passthrough {
         stat_loc(&loc)
     }
 
+    /// A namespace change for an embedded job's kept directories: any
+    /// rename (knowing whether it moves a directory would take one more
+    /// system call), its own resolution included, so that it never acts
+    /// from a kept directory itself.
     pub(super) fn do_rename(&self, from: &Path, to: &Path, flags: RenameFlags) -> Result<()> {
-        let a = self.loc(from)?;
-        let b = self.loc(to)?;
-        Ok(rustix::fs::renameat_with(
-            a.dir(),
-            a.name(),
-            b.dir(),
-            b.name(),
-            backing_rename_flags(flags),
-        )?)
+        self.changing(|| {
+            let a = self.loc(from)?;
+            let b = self.loc(to)?;
+            Ok(rustix::fs::renameat_with(
+                a.dir(),
+                a.name(),
+                b.dir(),
+                b.name(),
+                backing_rename_flags(flags),
+            )?)
+        })
     }
 
     /// No `AT_SYMLINK_FOLLOW`: linking a symlink links the symlink, as

@@ -40,6 +40,19 @@ fn rounds(mode: &str) -> &'static str {
     }
 }
 
+/// What `torture.c`'s signal handler may see the library allocate (see
+/// `TORTURE_ALLOC_CHECK` there): nothing under `mapfs run`, but a lent plfs
+/// open's writes (their in-process map update); embedded, the file system
+/// itself runs in the handler, made safe by the allocator's exports
+/// instead (`handlers_never_run_over_the_allocator_*`).
+fn alloc_check(executor: &str, fs: &str) -> &'static str {
+    match (executor, fs) {
+        ("attached", "plfs") => "writes",
+        ("attached", _) => "all",
+        _ => "off",
+    }
+}
+
 /// `torture.c` in each mode, [`RUNS`] times each.
 fn c_program(executor: &str, fs: &'static str) {
     let test = format!("torture.c {executor} {fs}");
@@ -53,11 +66,9 @@ fn c_program(executor: &str, fs: &'static str) {
             let what = format!("{test} {mode} run {run}");
             let dir = t.dir(&format!("{mode}{run}"));
             t.mkdir(&what, &dir);
-            let out = watched(
-                t.command(&what, &[&bin, mode, &dir, rounds(mode)]),
-                LIMIT,
-                &what,
-            );
+            let mut cmd = t.command(&what, &[&bin, mode, &dir, rounds(mode)]);
+            cmd.env("TORTURE_ALLOC_CHECK", alloc_check(executor, fs));
+            let out = watched(cmd, LIMIT, &what);
             succeeded(&out, &what);
             let said = String::from_utf8_lossy(&out.stdout);
             assert!(
@@ -308,6 +319,57 @@ fn the_watchdog_reports_a_hang_with_stacks() {
 /// (embedded plfs): `RWF_APPEND` writes at the end, an offset of -1 is
 /// the description's, `RWF_DSYNC` is accepted, an unknown flag is refused
 /// with `EOPNOTSUPP`, as the kernel answers them for a local file.
+/// `alloc_signal.c`: a handler that allocates, every 50 us, while the
+/// main thread allocates in a loop. Natively it deadlocks on the
+/// allocator's lock; under either executor no handler runs on top of an
+/// allocator call (the libraries delay it until the call returns).
+fn handler_over_allocator(executor: &str) {
+    let test = format!("alloc_signal.c {executor}");
+    if executor == "attached" && !fuse_or_skip(&test) {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/torture_support/alloc_signal.c");
+    let bin = dir.join(format!(
+        "mapfs-alloc-signal-{}-{executor}",
+        std::process::id()
+    ));
+    assert!(Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success());
+    let t = Target::new(executor, "passthrough", &test);
+    for run in 0..5 {
+        let what = format!("{test} run {run}");
+        let out = watched(
+            t.command(&what, &[&bin.display().to_string(), "1000000"]),
+            LIMIT,
+            &what,
+        );
+        succeeded(&out, &what);
+        let said = String::from_utf8_lossy(&out.stdout);
+        let handled: u64 = said
+            .trim()
+            .strip_prefix("ok ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: {said}"));
+        assert!(handled > 0, "{what}: no signal was handled");
+    }
+}
+
+#[test]
+fn handlers_never_run_over_the_allocator_attached() {
+    handler_over_allocator("attached");
+}
+
+#[test]
+fn handlers_never_run_over_the_allocator_embedded() {
+    handler_over_allocator("embedded");
+}
+
 #[test]
 fn rwf_flags_on_an_engine_served_file() {
     const PROG: &str = r#"

@@ -35,6 +35,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod canary;
+
+// The malloc family, seen by the signal layer: a program's handler never
+// runs on top of an allocator call (see `mapfs_interpose::alloc`).
+mapfs_interpose::allocator_exports!();
+
 pub mod data_hooks;
 pub mod desc;
 pub mod dirs;

@@ -7,17 +7,19 @@
 //! - **Outside any handler, not inside the library:** enter the
 //!   [`guard::Guard`], take locks from [`sync`] (inside the fork
 //!   [`gate`]), allocate, talk to a daemon.
-//! - **From a signal handler** ([`signal::in_handler`]) that interrupted
-//!   the program outside the library: data calls are served as anywhere
-//!   else (the locks they take are never held by the interrupted thread);
-//!   `close`, `dup2` and the like do only lock-free bookkeeping (atomic
-//!   stores) and the plain system call, and work that needs the daemon
-//!   waits for the next entry outside a handler. Nothing allocates or
-//!   frees (the handler may have interrupted `malloc`): a last reference
-//!   let go is parked in [`retire`], and tables grow only outside handlers.
-//! - **Already inside the library on this thread** (a handler that
-//!   interrupted it, or the library's own call): no lock, no allocation;
-//!   the plain system call on the program's descriptor.
+//! - **From a signal handler** ([`signal::in_handler`]): a handler never
+//!   runs on top of the library or of an allocator call ([`signal`]
+//!   delays it until the thread leaves them, [`alloc`]), so the locks a
+//!   hook takes are never held by its own thread, and an allocation cannot
+//!   meet a half-done one. Still, what the shim does in a handler does not
+//!   allocate and needs no daemon: `close`, `dup2` and the like do only
+//!   bookkeeping without allocation (a last reference let go is parked in
+//!   [`retire`], descriptors are filed in [`fdslots`]) and the plain system
+//!   call, and work that needs the daemon waits for the next entry outside
+//!   a handler.
+//! - **Already inside the library on this thread** (the library's own
+//!   call): no lock, no allocation; the plain system call on the program's
+//!   descriptor.
 //! - **In a `vfork` child before `exec`:** the parent's memory: no lock,
 //!   no allocation, nothing written but what `exec` needs.
 //! - **In `fork`:** the library's `fork` hook closes the gate
@@ -33,6 +35,7 @@
 
 #![warn(missing_docs)]
 
+pub mod alloc;
 pub mod clone;
 pub mod copy;
 pub mod fdslots;

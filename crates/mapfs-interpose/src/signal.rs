@@ -50,7 +50,7 @@ fn synchronous(sig: c_int) -> bool {
 
 /// The thread is inside the library: its guard, or a lock of it.
 fn library_busy() -> bool {
-    crate::guard::inside() || crate::gate::inside()
+    crate::guard::inside() || crate::gate::inside() || crate::alloc::inside()
 }
 
 /// Delivers again, to this thread, the signals deferred while it was
@@ -126,6 +126,9 @@ extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut libc:
         // locks held, its tables mid-change): it runs as the thread
         // leaves the library instead ([`replay`]).
         DEFERRED.with(|d| d.set(d.get() | 1u128 << i));
+        if crate::alloc::inside() {
+            crate::alloc::note_waiting();
+        }
         if !info.is_null() {
             // SAFETY: the kernel's siginfo for this delivery; this thread's
             // own array, not read while the thread is inside the library.

@@ -77,6 +77,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod hooks;
+
+// The malloc family, seen by the signal layer: a program's handler never
+// runs on top of an allocator call (see `mapfs_interpose::alloc`).
+mapfs_interpose::allocator_exports!();
+
 pub mod lent;
 pub mod lent_calls;
 pub mod mcache;

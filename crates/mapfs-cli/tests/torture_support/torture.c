@@ -10,7 +10,9 @@
  *                exit, _exit or exec /bin/true
  *       spawn  - vfork+exec and posix_spawn of /bin/sh writing a file
  *       signal - SIGALRM every 100-500 us; the handler dups, preads,
- *                writes and closes tracked descriptors
+ *                writes, fstats, dup2s, opens and closes tracked
+ *                descriptors, and must not allocate (this program's
+ *                malloc family counts what the libraries call in it)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -235,14 +237,101 @@ static void run_spawn(int rounds) {
 }
 
 /* Signal mode: the handler works on descriptors the main thread keeps
- * open, one call per signal (dup, pread, pwrite, close in turn), so that a
- * handler costs less than the timer's interval even through a daemon.
- * Everything it calls is async-signal-safe. */
+ * open, one or two calls per signal (dup, pread, pwrite, fstat, dup2,
+ * close, open, fcntl(F_DUPFD) in turn), so that a handler costs less than
+ * the timer's interval even through a daemon. Everything it calls is
+ * async-signal-safe, and so must be what the library does for it: it may
+ * not allocate (the handler may have interrupted the program's own
+ * malloc), which the malloc family below counts. */
 static int sig_fd = -1;
 static int sig_dup = -1;
+static char sig_path[4096];
+
 static volatile sig_atomic_t handled;
 
+/* The malloc family of this program, which the libraries preloaded into
+ * it call too (the executable comes first in the lookup): each call made
+ * while this thread runs the handler is counted. glibc's own entry points
+ * do the work. */
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+extern void __libc_free(void *);
+static __thread volatile sig_atomic_t in_handler;
+static volatile long handler_allocs;
+/* The same, by the handler's step (see on_alarm). */
+static volatile long step_allocs[10];
+
+static void count_alloc(void) {
+    if (in_handler) {
+        __atomic_fetch_add(&handler_allocs, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&step_allocs[handled % 10], 1, __ATOMIC_RELAXED);
+    }
+}
+void *malloc(size_t n) {
+    count_alloc();
+    return __libc_malloc(n);
+}
+void *calloc(size_t n, size_t m) {
+    count_alloc();
+    return __libc_calloc(n, m);
+}
+void *realloc(void *p, size_t n) {
+    count_alloc();
+    return __libc_realloc(p, n);
+}
+void free(void *p) {
+    if (p)
+        count_alloc();
+    __libc_free(p);
+}
+void *memalign(size_t a, size_t n) {
+    count_alloc();
+    return __libc_memalign(a, n);
+}
+void *aligned_alloc(size_t a, size_t n) {
+    count_alloc();
+    return __libc_memalign(a, n);
+}
+int posix_memalign(void **out, size_t a, size_t n) {
+    count_alloc();
+    void *p = __libc_memalign(a, n);
+    if (!p)
+        return ENOMEM;
+    *out = p;
+    return 0;
+}
+
+/* Writes message m (n bytes) and the errno and step of the failure, with
+ * nothing but write(2), then exits. */
 static void handler_failed(const char *m, size_t n) {
+    int e = errno;
+    char num[64];
+    int k = 0;
+    const char *tag = "torture: handler step ";
+    write(2, tag, strlen(tag));
+    unsigned v = (unsigned)(handled % 10);
+    num[k++] = (char)('0' + v);
+    num[k++] = ' ';
+    num[k++] = 'e';
+    num[k++] = 'r';
+    num[k++] = 'r';
+    num[k++] = 'n';
+    num[k++] = 'o';
+    num[k++] = ' ';
+    char digits[16];
+    int d = 0;
+    unsigned u = (unsigned)e;
+    do {
+        digits[d++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u && d < 16);
+    while (d)
+        num[k++] = digits[--d];
+    num[k++] = ':';
+    num[k++] = ' ';
+    write(2, num, (size_t)k);
     write(2, m, n);
     _exit(1);
 }
@@ -251,14 +340,18 @@ static void handler_failed(const char *m, size_t n) {
 static void on_alarm(int sig) {
     (void)sig;
     int saved = errno;
+    in_handler = 1;
     unsigned char got[64], want[64];
-    switch (handled % 4) {
+    struct stat st;
+    int other;
+    switch (handled % 10) {
     case 0:
         sig_dup = dup(sig_fd);
         if (sig_dup < 0)
             FAIL("torture: dup in the handler failed\n");
         break;
     case 1:
+    case 8:
         if (pread(sig_dup, got, 64, 0) != 64)
             FAIL("torture: pread in the handler failed\n");
         fill(want, 64, 7);
@@ -270,17 +363,55 @@ static void on_alarm(int sig) {
         if (pwrite(sig_dup, want, 64, BLOCK) != 64)
             FAIL("torture: pwrite in the handler failed\n");
         break;
+    case 3:
+        if (fstat(sig_dup, &st) != 0 || st.st_size < BLOCK + 64)
+            FAIL("torture: fstat in the handler failed or missed the write\n");
+        break;
+    case 4:
+        /* Replaces the tracked duplicate by another duplicate. */
+        if (dup2(sig_fd, sig_dup) != sig_dup)
+            FAIL("torture: dup2 in the handler failed\n");
+        break;
+    case 6:
+        /* Another file, written and closed before the signals: an open
+         * in a handler sees a file as of the last time this process's
+         * writes through an open served in-process reached the file
+         * system (a handler cannot ask the daemon to take them). */
+        sig_dup = open(sig_path, O_RDWR);
+        if (sig_dup < 0)
+            FAIL("torture: open in the handler failed\n");
+        break;
+    case 7:
+        other = fcntl(sig_dup, F_DUPFD_CLOEXEC, 40);
+        if (other < 0)
+            FAIL("torture: F_DUPFD in the handler failed\n");
+        if (close(sig_dup) != 0)
+            FAIL("torture: close in the handler failed\n");
+        sig_dup = other;
+        break;
     default:
         if (close(sig_dup) != 0)
             FAIL("torture: close in the handler failed\n");
         sig_dup = -1;
     }
     handled++;
+    in_handler = 0;
     errno = saved;
 }
 
 static void run_signal(int rounds) {
     sig_fd = shared_fd();
+    snprintf(sig_path, sizeof sig_path, "%s/other", dir);
+    {
+        unsigned char b[BLOCK];
+        int o = open(sig_path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+        if (o < 0)
+            die("open %s", sig_path);
+        fill(b, BLOCK, 7);
+        write_all(o, b, BLOCK, 0, "other");
+        if (close(o) != 0)
+            die("close %s", sig_path);
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_alarm;
@@ -319,6 +450,27 @@ static void run_signal(int rounds) {
             die("the handlers' write is not in the file");
     }
     close(sig_fd);
+    /* TORTURE_ALLOC_CHECK says what the library may allocate in a handler
+     * (tests/torture.rs): "all" (nothing), "writes" (only a write to a
+     * file whose map runs in-process, a lent plfs open: its map update
+     * allocates), "off" (embedded: opens and writes under a prefix run
+     * the file system in the handler; the library delays every handler
+     * past any allocator call instead, which its own malloc family, not
+     * this program's, makes possible). */
+    const char *check = getenv("TORTURE_ALLOC_CHECK");
+    long enforced = handler_allocs;
+    if (check && strcmp(check, "writes") == 0)
+        enforced -= step_allocs[2];
+    else if (check && strcmp(check, "off") == 0)
+        enforced = 0;
+    if (enforced != 0)
+        die("the libraries allocated or freed memory %ld times in signal "
+            "handlers (by step: dup %ld, pread %ld, pwrite %ld, fstat %ld, "
+            "dup2 %ld, close %ld, open %ld, F_DUPFD+close %ld, pread %ld, "
+            "close %ld)",
+            handler_allocs, step_allocs[0], step_allocs[1], step_allocs[2],
+            step_allocs[3], step_allocs[4], step_allocs[5], step_allocs[6],
+            step_allocs[7], step_allocs[8], step_allocs[9]);
 }
 
 int main(int argc, char **argv) {

@@ -23,7 +23,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::Ordering;
 
 use libc::{mode_t, size_t, ssize_t};
 use mapfs::{Attr, RenameFlags, SetAttr, TimeSet};
@@ -33,78 +33,12 @@ use crate::resolve::Target;
 use crate::state::{self, Emb, Place};
 use crate::{statbuf, Guard};
 
-/// The next definition of a hooked symbol.
-pub struct Real {
-    ptr: AtomicPtr<c_void>,
-    name: &'static CStr,
-}
-
-impl Real {
-    /// A not-yet-resolved function.
-    pub const fn new(name: &'static CStr) -> Self {
-        Real {
-            ptr: AtomicPtr::new(std::ptr::null_mut()),
-            name,
-        }
-    }
-
-    /// Its address (resolved at first use).
-    #[inline]
-    pub fn addr(&self) -> *mut c_void {
-        let p = self.ptr.load(Ordering::Relaxed);
-        if !p.is_null() {
-            return p;
-        }
-        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT searches the
-        // objects loaded after this library.
-        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) };
-        if p.is_null() {
-            let msg = b"mapfs-embed: a libc function is missing; aborting\n";
-            let _ = rustix::io::write(rustix::stdio::stderr(), msg);
-            std::process::abort();
-        }
-        self.ptr.store(p, Ordering::Relaxed);
-        p
-    }
-}
-
-/// Declares hooks: `fn name(args) -> ret = |real| body`, `real` being the
-/// next definition, of the hook's own type.
+/// Declares hooks ([`mapfs_interpose::hooks!`]): `fn name(args) -> ret =
+/// |real| body`, `real` being the next definition, of the hook's own type;
+/// each hook reports its call ([`crate::report::enter_call`]) first.
 macro_rules! hooks {
-    ($(
-        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = |$real:ident| $body:block
-    )*) => {
-        $(
-            #[allow(non_snake_case)]
-            mod $name {
-                /// The next definition of the symbol.
-                pub(super) static REAL: $crate::hooks::Real = $crate::hooks::Real::new(
-                    // SAFETY: NUL-terminated literal without interior NUL.
-                    unsafe { std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()) }
-                );
-            }
-
-            #[doc = concat!("Embedded `", stringify!($name), "` (see the module docs).")]
-            #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                // SAFETY: REAL holds the address of the next definition of
-                // this very symbol, whose C prototype is this hook's.
-                #[allow(unused_variables)]
-                let $real: unsafe extern "C" fn($($ty),*) -> $ret =
-                    unsafe { std::mem::transmute::<*mut c_void, _>($name::REAL.addr()) };
-                $crate::report::enter_call(stringify!($name));
-                $body
-            }
-        )*
-
-        /// Resolves every hook's next definition, from the constructor: a
-        /// hook first called in a signal handler or a forked child must not
-        /// run `dlsym` there (it takes the loader's lock).
-        pub(crate) fn resolve_all() {
-            $(
-                let _ = $name::REAL.addr();
-            )*
-        }
+    ($($table:tt)*) => {
+        mapfs_interpose::hooks! { prelude = $crate::report::enter_call; $($table)* }
     };
 }
 

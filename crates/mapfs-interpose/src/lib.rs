@@ -3,6 +3,15 @@
 //! (`mapfs_embed::library!`). Each library links its own copy, so each
 //! has its own gate, guard and tables.
 //!
+//! What it holds: the declaration of hooks ([`hooks!`] and [`hooks::Real`],
+//! the exported symbols and the next definitions they call, all resolved
+//! by the constructor), the fork [`gate`], the reentrancy [`guard`],
+//! signal-context tracking ([`signal`]), the malloc family seen by it
+//! ([`alloc`]), gated locks ([`sync`]), the [`seqlock`], the descriptor
+//! slots ([`fdslots`]), references parked by handlers ([`retire`]), the
+//! library's own threads ([`threads`]), `copy_file_range` by hand
+//! ([`copy`]) and the clone ioctls ([`clone`]).
+//!
 //! What a hook may do (one line each):
 //! - **Outside any handler, not inside the library:** enter the
 //!   [`guard::Guard`], take locks from [`sync`] (inside the fork
@@ -41,6 +50,7 @@ pub mod copy;
 pub mod fdslots;
 pub mod gate;
 pub mod guard;
+pub mod hooks;
 pub mod retire;
 pub mod seqlock;
 pub mod signal;

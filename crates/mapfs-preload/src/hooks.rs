@@ -1,6 +1,7 @@
-//! The interposed libc functions, declared once in one table (`hooks!`):
-//! each entry generates the exported symbol and the pointer to the real
-//! function (`dlsym(RTLD_NEXT)`, resolved at first use).
+//! The interposed libc functions, declared once in one table
+//! ([`mapfs_interpose::hooks!`]): each entry generates the exported symbol
+//! and the pointer to the real function (`dlsym(RTLD_NEXT)`, resolved by
+//! the constructor).
 //!
 //! `lseek`, `ftruncate`, `fsync` and `fdatasync` matter only to lent
 //! descriptors (maps run in-process, [`crate::lent`]); on every other
@@ -45,95 +46,13 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::{off64_t, off_t, size_t, ssize_t, FILE};
+use mapfs_interpose::hooks;
+use mapfs_interpose::hooks::Real;
 
 use crate::table::{self, ADOPTED, MOUNT, OTHER, UNKNOWN};
 use crate::{lent_calls, report, sys, Guard};
-
-/// The real libc function behind a hook.
-pub struct Real {
-    ptr: AtomicPtr<c_void>,
-    name: &'static std::ffi::CStr,
-}
-
-impl Real {
-    /// A not-yet-resolved function.
-    pub const fn new(name: &'static std::ffi::CStr) -> Self {
-        Real {
-            ptr: AtomicPtr::new(std::ptr::null_mut()),
-            name,
-        }
-    }
-
-    /// The address of the next definition of the symbol after this library.
-    #[inline]
-    pub fn addr(&self) -> *mut c_void {
-        let p = self.ptr.load(Ordering::Relaxed);
-        if !p.is_null() {
-            return p;
-        }
-        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT searches the
-        // libraries loaded after this one (libc).
-        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) };
-        if p.is_null() {
-            let msg = b"mapfs-preload: a libc function is missing; aborting\n";
-            let _ = rustix::io::write(sys::fd(2), msg);
-            std::process::abort();
-        }
-        self.ptr.store(p, Ordering::Relaxed);
-        p
-    }
-}
-
-/// Declares the hooks. Each entry is
-/// `fn name(args) -> ret [as RealFnType] = |real| body`: the body runs as
-/// the exported function with `real` bound to the real libc function (of
-/// type `RealFnType`, by default the hook's own signature).
-macro_rules! hooks {
-    (@realty [$($ty:ty),*] $ret:ty) => { unsafe extern "C" fn($($ty),*) -> $ret };
-    (@realty [$($ty:ty),*] $ret:ty, $real_ty:ty) => { $real_ty };
-    ($(
-        $(#[$m:meta])*
-        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $(as $real_ty:ty)? = |$real:ident| $body:block
-    )*) => {
-        $(
-            $(#[$m])*
-            #[allow(non_snake_case)]
-            mod $name {
-                /// The next definition of the symbol.
-                pub(super) static REAL: super::Real = super::Real::new(
-                    // SAFETY: the literal below is NUL-terminated and has no
-                    // interior NUL.
-                    unsafe { std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()) }
-                );
-            }
-
-            $(#[$m])*
-            #[doc = concat!("The shim's `", stringify!($name), "` (see the module docs); the real one is libc's.")]
-            #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                // SAFETY: `REAL` holds the address of libc's function of the
-                // same name, whose C prototype is the type named here.
-                let $real: hooks!(@realty [$($ty),*] $ret $(, $real_ty)?) =
-                    unsafe { std::mem::transmute::<*mut c_void, _>($name::REAL.addr()) };
-                $body
-            }
-        )*
-
-        /// Resolves every hook's real function, from the constructor: a
-        /// hook first called in a signal handler or a forked child must
-        /// not run `dlsym` there (it takes the loader's lock).
-        #[allow(unused_doc_comments)]
-        pub(crate) fn resolve_all() {
-            $(
-                $(#[$m])*
-                let _ = $name::REAL.addr();
-            )*
-        }
-    };
-}
 
 /// Before a data call moving `len` bytes on `fd`: adopt a pending
 /// descriptor when the policy says so ([`table::serve`]), count the call.
@@ -938,7 +857,8 @@ hooks! {
     // ---- fork: the gate closed and lent opens handed back first, see
     // [`crate::fork_with`] ----
     fn fork() -> libc::pid_t = |real| {
-        crate::fork_with(|| real())
+        // SAFETY: libc's own function, with the caller's arguments.
+        crate::fork_with(|| unsafe { real() })
     }
 
     // ---- signal handlers run marked, so hooks entered from one take no
@@ -957,19 +877,23 @@ hooks! {
     }
     fn longjmp(env: *mut c_void, val: c_int) -> () = |real| {
         mapfs_interpose::signal::jumped();
-        real(env, val)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(env, val) }
     }
     fn _longjmp(env: *mut c_void, val: c_int) -> () = |real| {
         mapfs_interpose::signal::jumped();
-        real(env, val)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(env, val) }
     }
     fn siglongjmp(env: *mut c_void, val: c_int) -> () = |real| {
         mapfs_interpose::signal::jumped();
-        real(env, val)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(env, val) }
     }
     fn __longjmp_chk(env: *mut c_void, val: c_int) -> () = |real| {
         mapfs_interpose::signal::jumped();
-        real(env, val)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(env, val) }
     }
 
     // ---- children started without fork's handlers (glibc runs
@@ -977,36 +901,44 @@ hooks! {
     // inherited lent descriptor must be the mount's open by then ----
     fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
         hand_back_lent("posix_spawn");
-        real(pid, path, actions, attr, argv, envp)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(pid, path, actions, attr, argv, envp) }
     }
     fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const c_void, attr: *const c_void, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = |real| {
         hand_back_lent("posix_spawn");
-        real(pid, file, actions, attr, argv, envp)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(pid, file, actions, attr, argv, envp) }
     }
     fn system(command: *const c_char) -> c_int = |real| {
         hand_back_lent("system");
-        real(command)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(command) }
     }
     fn popen(command: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
         hand_back_lent("popen");
-        real(command, mode)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(command, mode) }
     }
 
     // ---- exec: hand adopted descriptors to the new image ----
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
         let env = unsafe { handoff_env(envp) };
-        vfork_exec(|| real(path, argv, env.envp))
+        // SAFETY: libc's own function, with the caller's arguments and an
+        // environment array `env` owns, null-terminated, alive for the call.
+        vfork_exec(|| unsafe { real(path, argv, env.envp) })
     }
     fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
         let env = unsafe { handoff_env(envp) };
-        vfork_exec(|| real(file, argv, env.envp))
+        // SAFETY: as in execve.
+        vfork_exec(|| unsafe { real(file, argv, env.envp) })
     }
     fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = |real| {
         // SAFETY: the caller's environment array.
         let env = unsafe { handoff_env(envp) };
-        vfork_exec(|| real(fd, argv, env.envp))
+        // SAFETY: as in execve.
+        vfork_exec(|| unsafe { real(fd, argv, env.envp) })
     }
     // The variants using the process environment become the explicit-
     // environment ones above (glibc's own call execve internally, out of
@@ -1023,43 +955,53 @@ hooks! {
     // ---- opens: classify the new descriptor ----
     fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenFn = |real| {
         before_open(libc::AT_FDCWD, path);
-        opened(fd_retry(real(path, flags, mode), || real(path, flags, mode)), flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(path, flags, mode) }, || unsafe { real(path, flags, mode) }), flags)
     }
     fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenFn = |real| {
         before_open(libc::AT_FDCWD, path);
-        opened(fd_retry(real(path, flags, mode), || real(path, flags, mode)), flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(path, flags, mode) }, || unsafe { real(path, flags, mode) }), flags)
     }
     fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenAtFn = |real| {
         before_open(dirfd, path);
-        opened(fd_retry(real(dirfd, path, flags, mode), || real(dirfd, path, flags, mode)), flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(dirfd, path, flags, mode) }, || unsafe { real(dirfd, path, flags, mode) }), flags)
     }
     fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int as OpenAtFn = |real| {
         before_open(dirfd, path);
-        opened(fd_retry(real(dirfd, path, flags, mode), || real(dirfd, path, flags, mode)), flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(dirfd, path, flags, mode) }, || unsafe { real(dirfd, path, flags, mode) }), flags)
     }
     fn __open_2(path: *const c_char, flags: c_int) -> c_int = |real| {
         before_open(libc::AT_FDCWD, path);
-        opened(fd_retry(real(path, flags), || real(path, flags)), flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(path, flags) }, || unsafe { real(path, flags) }), flags)
     }
     fn __open64_2(path: *const c_char, flags: c_int) -> c_int = |real| {
         before_open(libc::AT_FDCWD, path);
-        opened(fd_retry(real(path, flags), || real(path, flags)), flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(path, flags) }, || unsafe { real(path, flags) }), flags)
     }
     fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int = |real| {
         before_open(dirfd, path);
-        opened(fd_retry(real(dirfd, path, flags), || real(dirfd, path, flags)), flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(dirfd, path, flags) }, || unsafe { real(dirfd, path, flags) }), flags)
     }
     fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int = |real| {
         before_open(dirfd, path);
-        opened(fd_retry(real(dirfd, path, flags), || real(dirfd, path, flags)), flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(dirfd, path, flags) }, || unsafe { real(dirfd, path, flags) }), flags)
     }
     fn creat(path: *const c_char, mode: libc::mode_t) -> c_int = |real| {
         before_open(libc::AT_FDCWD, path);
-        opened(fd_retry(real(path, mode), || real(path, mode)), libc::O_WRONLY)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(path, mode) }, || unsafe { real(path, mode) }), libc::O_WRONLY)
     }
     fn creat64(path: *const c_char, mode: libc::mode_t) -> c_int = |real| {
         before_open(libc::AT_FDCWD, path);
-        opened(fd_retry(real(path, mode), || real(path, mode)), libc::O_WRONLY)
+        // SAFETY: libc's own function, with the caller's arguments.
+        opened(fd_retry(unsafe { real(path, mode) }, || unsafe { real(path, mode) }), libc::O_WRONLY)
     }
 
     // ---- close and duplication ----
@@ -1075,7 +1017,8 @@ hooks! {
             Closing::Deferred => return 0,
         };
         let lost = note.as_ref().is_some_and(|n| n.lost());
-        let r = real(fd);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(fd) };
         closed(note);
         if lost && r == 0 {
             sys::set_errno(libc::EIO);
@@ -1085,10 +1028,12 @@ hooks! {
     }
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int = |real| {
         if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
-            return real(first, last, flags);
+            // SAFETY: libc's own function, with the caller's arguments.
+            return unsafe { real(first, last, flags) };
         }
         let Some(_g) = Guard::enter() else {
-            return real(first, last, flags);
+            // SAFETY: libc's own function, with the caller's arguments.
+            return unsafe { real(first, last, flags) };
         };
         // Bookkeeping for the tracked descriptors in the range, and the
         // shim's own sockets cut out of it.
@@ -1101,7 +1046,9 @@ hooks! {
             let s = table::state(fd as c_int);
             if s == table::SHIM {
                 if fd > start {
-                    r |= real(start, fd - 1, flags);
+                    // SAFETY: libc's own function; a sub-range of the
+                    // caller's, with its flags (no pointer involved).
+                    r |= unsafe { real(start, fd - 1, flags) };
                 }
                 start = fd + 1;
             } else if s != UNKNOWN && s != OTHER {
@@ -1112,7 +1059,8 @@ hooks! {
             fd += 1;
         }
         if start <= last {
-            r |= real(start, last, flags);
+            // SAFETY: as above.
+            r |= unsafe { real(start, last, flags) };
         }
         let e = sys::errno();
         for n in notes.into_iter().flatten() {
@@ -1122,19 +1070,22 @@ hooks! {
         r
     }
     fn dup(old: c_int) -> c_int = |real| {
-        let r = real(old);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(old) };
         duped(old, r);
         r
     }
     fn dup2(old: c_int, new: c_int) -> c_int = |real| {
         replacing(old, new);
-        let r = real(old, new);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(old, new) };
         duped(old, r);
         r
     }
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int = |real| {
         replacing(old, new);
-        let r = real(old, new, flags);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(old, new, flags) };
         duped(old, r);
         r
     }
@@ -1149,37 +1100,45 @@ hooks! {
     fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t = |real| {
         match lent_calls::lseek(fd, off, whence) {
             Some(r) => r,
-            None => real(fd, off, whence),
+            // SAFETY: libc's own function, with the caller's arguments.
+            None => unsafe { real(fd, off, whence) },
         }
     }
     fn lseek64(fd: c_int, off: off64_t, whence: c_int) -> off64_t = |real| {
         match lent_calls::lseek(fd, off, whence) {
             Some(r) => r,
-            None => real(fd, off, whence),
+            // SAFETY: libc's own function, with the caller's arguments.
+            None => unsafe { real(fd, off, whence) },
         }
     }
     fn ftruncate(fd: c_int, len: off_t) -> c_int = |real| {
         match lent_calls::ftruncate(fd, len) {
             Some(r) => r,
-            None => real(fd, len),
+            // SAFETY: libc's own function, with the caller's arguments.
+            None => unsafe { real(fd, len) },
         }
     }
     fn ftruncate64(fd: c_int, len: off64_t) -> c_int = |real| {
         match lent_calls::ftruncate(fd, len) {
             Some(r) => r,
-            None => real(fd, len),
+            // SAFETY: libc's own function, with the caller's arguments.
+            None => unsafe { real(fd, len) },
         }
     }
     fn fsync(fd: c_int) -> c_int = |real| {
         match lent_calls::fsync(fd, false) {
             Some(r) => r,
-            None => real(table::engine_target(fd).unwrap_or(fd)),
+            // SAFETY: libc's own function, on the caller's descriptor or the
+            // open it stands for (no pointer involved).
+            None => unsafe { real(table::engine_target(fd).unwrap_or(fd)) },
         }
     }
     fn fdatasync(fd: c_int) -> c_int = |real| {
         match lent_calls::fsync(fd, true) {
             Some(r) => r,
-            None => real(table::engine_target(fd).unwrap_or(fd)),
+            // SAFETY: libc's own function, on the caller's descriptor or the
+            // open it stands for (no pointer involved).
+            None => unsafe { real(table::engine_target(fd).unwrap_or(fd)) },
         }
     }
 
@@ -1189,7 +1148,8 @@ hooks! {
             sys::set_errno(libc::ENOTTY);
             return 0;
         }
-        real(fd)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd) }
     }
 
     // ---- data calls: adopt first, then the real call ----
@@ -1197,97 +1157,112 @@ hooks! {
         let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n, None) } { return r; }
-        real(fd, buf, n)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, buf, n) }
     }
     fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t = |real| {
         let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n.min(buflen), None) } { return r; }
-        real(fd, buf, n, buflen)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, buf, n, buflen) }
     }
     fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t = |real| {
         let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::write(fd, buf, n, None) } { return r; }
-        real(fd, buf, n)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, buf, n) }
     }
     fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t = |real| {
         let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n, Some(off as i64)) } { return r; }
-        real(fd, buf, n, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, buf, n, off) }
     }
     fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
         let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n, Some(off as i64)) } { return r; }
-        real(fd, buf, n, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, buf, n, off) }
     }
     fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t = |real| {
         let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n.min(buflen), Some(off as i64)) } { return r; }
-        real(fd, buf, n, off, buflen)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, buf, n, off, buflen) }
     }
     fn __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off64_t, buflen: size_t) -> ssize_t = |real| {
         let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::read(fd, buf, n.min(buflen), Some(off as i64)) } { return r; }
-        real(fd, buf, n, off, buflen)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, buf, n, off, buflen) }
     }
     fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t = |real| {
         let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::write(fd, buf, n, Some(off as i64)) } { return r; }
-        real(fd, buf, n, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, buf, n, off) }
     }
     fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off64_t) -> ssize_t = |real| {
         let _mount = data(fd, n);
         // SAFETY: the caller's buffer, as for the real call.
         if let Some(r) = unsafe { lent_calls::write(fd, buf, n, Some(off as i64)) } { return r; }
-        real(fd, buf, n, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, buf, n, off) }
     }
     fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, None) } { return r; }
-        real(fd, iov, cnt)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt) }
     }
     fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, None) } { return r; }
-        real(fd, iov, cnt)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt) }
     }
     fn preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
-        real(fd, iov, cnt, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt, off) }
     }
     fn preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
-        real(fd, iov, cnt, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt, off) }
     }
     fn pwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
-        real(fd, iov, cnt, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt, off) }
     }
     fn pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
         let _mount = data(fd, unsafe { iov_len(iov, cnt) });
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
-        real(fd, iov, cnt, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt, off) }
     }
     fn preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
@@ -1297,7 +1272,8 @@ hooks! {
         }
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
-        real(fd, iov, cnt, off, flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt, off, flags) }
     }
     fn preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
@@ -1307,7 +1283,8 @@ hooks! {
         }
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::readv(fd, iov, cnt, Some(off as i64)) } { return r; }
-        real(fd, iov, cnt, off, flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt, off, flags) }
     }
     fn pwritev2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
@@ -1317,7 +1294,8 @@ hooks! {
         }
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
-        real(fd, iov, cnt, off, flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt, off, flags) }
     }
     fn pwritev64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off64_t, flags: c_int) -> ssize_t = |real| {
         // SAFETY: the caller's iovec array.
@@ -1327,66 +1305,78 @@ hooks! {
         }
         // SAFETY: the caller's iovec array, as for the real call.
         if let Some(r) = unsafe { lent_calls::writev(fd, iov, cnt, Some(off as i64)) } { return r; }
-        real(fd, iov, cnt, off, flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, iov, cnt, off, flags) }
     }
     fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void = |real| {
         if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 {
             data_final(fd, "mmap");
         }
-        real(addr, len, prot, flags, fd, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(addr, len, prot, flags, fd, off) }
     }
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void = |real| {
         if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 {
             data_final(fd, "mmap");
         }
-        real(addr, len, prot, flags, fd, off)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(addr, len, prot, flags, fd, off) }
     }
     fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int = |real| {
         data_now(fd);
         if let Some(r) = lent_calls::fallocate(fd, mode, off as i64, len as i64) { return r; }
-        real(fd, mode, off, len)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, mode, off, len) }
     }
     fn fallocate64(fd: c_int, mode: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
         data_now(fd);
         if let Some(r) = lent_calls::fallocate(fd, mode, off as i64, len as i64) { return r; }
-        real(fd, mode, off, len)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, mode, off, len) }
     }
     fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c_int = |real| {
         data_now(fd);
         if let Some(r) = lent_calls::posix_fallocate(fd, off as i64, len as i64) { return r; }
-        real(fd, off, len)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, off, len) }
     }
     fn posix_fallocate64(fd: c_int, off: off64_t, len: off64_t) -> c_int = |real| {
         data_now(fd);
         if let Some(r) = lent_calls::posix_fallocate(fd, off as i64, len as i64) { return r; }
-        real(fd, off, len)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, off, len) }
     }
     fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int = |real| {
         // Advice is a hint: it never makes a descriptor worth adopting
         // (`cat` advises sequential reads of every file, however small).
         if let Some(r) = lent_calls::fadvise(fd) { return r; }
-        real(fd, off, len, advice)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, off, len, advice) }
     }
     fn posix_fadvise64(fd: c_int, off: off64_t, len: off64_t, advice: c_int) -> c_int = |real| {
         // Advice is a hint: it never makes a descriptor worth adopting
         // (`cat` advises sequential reads of every file, however small).
         if let Some(r) = lent_calls::fadvise(fd) { return r; }
-        real(fd, off, len, advice)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(fd, off, len, advice) }
     }
     fn sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, n: size_t) -> ssize_t = |real| {
         data_final(in_fd, "sendfile");
         data_final(out_fd, "sendfile");
-        real(out_fd, in_fd, off, n)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(out_fd, in_fd, off, n) }
     }
     fn sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off64_t, n: size_t) -> ssize_t = |real| {
         data_final(in_fd, "sendfile");
         data_final(out_fd, "sendfile");
-        real(out_fd, in_fd, off, n)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(out_fd, in_fd, off, n) }
     }
     fn copy_file_range(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
         data_final(in_fd, "copy_file_range");
         data_final(out_fd, "copy_file_range");
-        let r = real(in_fd, off_in, out_fd, off_out, n, flags);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(in_fd, off_in, out_fd, off_out, n, flags) };
         if r < 0 && sys::errno() == libc::EXDEV && flags == 0 && both_mapfs(in_fd, out_fd) {
             // SAFETY: the caller's offset pointers (NULL or valid).
             if let Some(r) = unsafe { copy_by_hand(in_fd, off_in, out_fd, off_out, n) } {
@@ -1398,30 +1388,36 @@ hooks! {
     fn splice(in_fd: c_int, off_in: *mut off64_t, out_fd: c_int, off_out: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t = |real| {
         data_final(in_fd, "splice");
         data_final(out_fd, "splice");
-        real(in_fd, off_in, out_fd, off_out, n, flags)
+        // SAFETY: libc's own function, with the caller's arguments.
+        unsafe { real(in_fd, off_in, out_fd, off_out, n, flags) }
     }
     fn flock(fd: c_int, op: c_int) -> c_int = |real| {
         data_now(fd);
-        real(lock_target(fd, false).unwrap_or(fd), op)
+        // SAFETY: libc's own function, with the caller's operation on its
+        // descriptor or the mount's open it locks for (no pointer involved).
+        unsafe { real(lock_target(fd, false).unwrap_or(fd), op) }
     }
     fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int = |real| {
         data_now(fd);
         match lock_target(fd, true) {
             Some(target) => lockf_on(target, fd, cmd, len),
-            None => real(fd, cmd, len),
+            // SAFETY: libc's own function, with the caller's arguments.
+            None => unsafe { real(fd, cmd, len) },
         }
     }
     fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int = |real| {
         data_now(fd);
         match lock_target(fd, true) {
             Some(target) => lockf_on(target, fd, cmd, len),
-            None => real(fd, cmd, len),
+            // SAFETY: libc's own function, with the caller's arguments.
+            None => unsafe { real(fd, cmd, len) },
         }
     }
 
     // ---- fstat family: adopted descriptors report the mount's identity ----
     fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int = |real| {
-        let r = real(fd, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(fd, buf) };
         if r == 0 {
             // SAFETY: the real fstat filled `buf`.
             let b = unsafe { &mut *buf };
@@ -1431,7 +1427,8 @@ hooks! {
         r
     }
     fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int = |real| {
-        let r = real(fd, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(fd, buf) };
         if r == 0 {
             // SAFETY: the real fstat64 filled `buf`.
             let b = unsafe { &mut *buf };
@@ -1441,7 +1438,8 @@ hooks! {
         r
     }
     fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int = |real| {
-        let r = real(ver, fd, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(ver, fd, buf) };
         if r == 0 {
             // SAFETY: the real __fxstat filled `buf`.
             let b = unsafe { &mut *buf };
@@ -1451,7 +1449,8 @@ hooks! {
         r
     }
     fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int = |real| {
-        let r = real(ver, fd, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(ver, fd, buf) };
         if r == 0 {
             // SAFETY: the real __fxstat64 filled `buf`.
             let b = unsafe { &mut *buf };
@@ -1461,27 +1460,32 @@ hooks! {
         r
     }
     fn fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |real| {
-        let r = real(dirfd, path, buf, flags);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(dirfd, path, buf, flags) };
         stat_at_result!(r, dirfd, path, flags, buf);
         r
     }
     fn fstatat64(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = |real| {
-        let r = real(dirfd, path, buf, flags);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(dirfd, path, buf, flags) };
         stat_at_result!(r, dirfd, path, flags, buf);
         r
     }
     fn __fxstatat(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int = |real| {
-        let r = real(ver, dirfd, path, buf, flags);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(ver, dirfd, path, buf, flags) };
         stat_at_result!(r, dirfd, path, flags, buf);
         r
     }
     fn __fxstatat64(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = |real| {
-        let r = real(ver, dirfd, path, buf, flags);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(ver, dirfd, path, buf, flags) };
         stat_at_result!(r, dirfd, path, flags, buf);
         r
     }
     fn statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, buf: *mut libc::statx) -> c_int = |real| {
-        let r = real(dirfd, path, flags, mask, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(dirfd, path, flags, mask, buf) };
         // SAFETY: as in fstatat.
         if r == 0 && unsafe { empty_path(path, flags) } && table::state(dirfd) == ADOPTED {
             // SAFETY: the real statx filled `buf`.
@@ -1519,7 +1523,8 @@ hooks! {
 
     // ---- stat by path: a writer sees its own native writes at once ----
     fn stat(path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
-        let r = real(path, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(path, buf) };
         if r == 0 {
             // SAFETY: the real call filled `buf`.
             own_writes!(unsafe { &mut *buf });
@@ -1527,7 +1532,8 @@ hooks! {
         r
     }
     fn stat64(path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
-        let r = real(path, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(path, buf) };
         if r == 0 {
             // SAFETY: the real call filled `buf`.
             own_writes!(unsafe { &mut *buf });
@@ -1535,7 +1541,8 @@ hooks! {
         r
     }
     fn lstat(path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
-        let r = real(path, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(path, buf) };
         if r == 0 {
             // SAFETY: the real call filled `buf`.
             own_writes!(unsafe { &mut *buf });
@@ -1543,7 +1550,8 @@ hooks! {
         r
     }
     fn lstat64(path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
-        let r = real(path, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(path, buf) };
         if r == 0 {
             // SAFETY: the real call filled `buf`.
             own_writes!(unsafe { &mut *buf });
@@ -1551,7 +1559,8 @@ hooks! {
         r
     }
     fn __xstat(ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
-        let r = real(ver, path, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(ver, path, buf) };
         if r == 0 {
             // SAFETY: the real call filled `buf`.
             own_writes!(unsafe { &mut *buf });
@@ -1559,7 +1568,8 @@ hooks! {
         r
     }
     fn __xstat64(ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
-        let r = real(ver, path, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(ver, path, buf) };
         if r == 0 {
             // SAFETY: the real call filled `buf`.
             own_writes!(unsafe { &mut *buf });
@@ -1567,7 +1577,8 @@ hooks! {
         r
     }
     fn __lxstat(ver: c_int, path: *const c_char, buf: *mut libc::stat) -> c_int = |real| {
-        let r = real(ver, path, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(ver, path, buf) };
         if r == 0 {
             // SAFETY: the real call filled `buf`.
             own_writes!(unsafe { &mut *buf });
@@ -1575,7 +1586,8 @@ hooks! {
         r
     }
     fn __lxstat64(ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = |real| {
-        let r = real(ver, path, buf);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(ver, path, buf) };
         if r == 0 {
             // SAFETY: the real call filled `buf`.
             own_writes!(unsafe { &mut *buf });
@@ -1587,22 +1599,26 @@ hooks! {
     // descriptor is adopted when the stream is made ----
     fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
         before_open(libc::AT_FDCWD, path);
-        let r = retry_emfile(real(path, mode), |r| r.is_null(), || real(path, mode));
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = retry_emfile(unsafe { real(path, mode) }, |r| r.is_null(), || unsafe { real(path, mode) });
         stream_opened(r, true)
     }
     fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE = |real| {
         before_open(libc::AT_FDCWD, path);
-        let r = retry_emfile(real(path, mode), |r| r.is_null(), || real(path, mode));
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = retry_emfile(unsafe { real(path, mode) }, |r| r.is_null(), || unsafe { real(path, mode) });
         stream_opened(r, true)
     }
     fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE = |real| {
-        stream_opened(real(fd, mode), false)
+        // SAFETY: libc's own function, with the caller's arguments.
+        stream_opened(unsafe { real(fd, mode) }, false)
     }
     fn freopen(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE = |real| {
         // SAFETY: the caller's stream (null is allowed by glibc).
         let old = if stream.is_null() { -1 } else { unsafe { libc::fileno(stream) } };
         let note = closing_note(old);
-        let r = real(path, mode, stream);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(path, mode, stream) };
         closed(note);
         stream_opened(r, true)
     }
@@ -1610,7 +1626,8 @@ hooks! {
         // SAFETY: as in freopen.
         let old = if stream.is_null() { -1 } else { unsafe { libc::fileno(stream) } };
         let note = closing_note(old);
-        let r = real(path, mode, stream);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(path, mode, stream) };
         closed(note);
         stream_opened(r, true)
     }
@@ -1618,7 +1635,8 @@ hooks! {
         // SAFETY: the caller's stream.
         let fd = unsafe { libc::fileno(stream) };
         let note = closing_note(fd);
-        let r = real(stream);
+        // SAFETY: libc's own function, with the caller's arguments.
+        let r = unsafe { real(stream) };
         closed(note);
         r
     }

@@ -29,6 +29,8 @@ pub enum Setup {
     /// transport=uring`: requests over FUSE over io_uring, checked after
     /// mounting (`mapfs stats --json` must say `uring`: a kernel that does
     /// not offer it would otherwise give a `/dev/fuse` mount silently).
+    /// Skipped when the kernel's switch ([`ENABLE_URING`]) is off and this
+    /// process cannot turn it on.
     MapfsUring {
         /// The `--data` mode.
         data: &'static str,
@@ -754,6 +756,9 @@ pub fn prepare(
             }
             let uring = matches!(def.setup, Setup::MapfsUring { .. });
             if uring {
+                // The daemon would fall back to /dev/fuse: say so as a skip
+                // rather than fail the row below.
+                uring_switch_on()?;
                 cmd.args(["-o", "transport=uring"]);
             }
             // Set before mounting: a mount that fails after making it

@@ -5,12 +5,13 @@
 //! `Setup::Mapfs { data: "auto" }` with `Wrap::MapfsRun(&[])`.
 
 use std::ffi::{OsStr, OsString};
+use std::io::{Read, Seek};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 /// How a configuration makes the backing directory visible.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,40 @@ pub enum Setup {
     },
     /// `bindfs BACKING MNT`, the reference FUSE passthrough.
     Bindfs,
+    /// `mapfs mount passthrough BACKING MNT --data <data> -o
+    /// transport=uring`: requests over FUSE over io_uring, checked after
+    /// mounting (`mapfs stats --json` must say `uring`: a kernel that does
+    /// not offer it would otherwise give a `/dev/fuse` mount silently).
+    /// Skipped when the kernel's switch ([`ENABLE_URING`]) is off and this
+    /// process cannot turn it on.
+    MapfsUring {
+        /// The `--data` mode.
+        data: &'static str,
+    },
+    /// libfuse's `passthrough_hp BACKING MNT`, the program named by
+    /// [`PASSTHROUGH_HP_ENV`] (`scripts/passthrough-hp.sh` builds it from
+    /// libfuse 3.18+); the row is skipped when the variable is unset.
+    ///
+    /// Started with its defaults, which are its fastest mode and what the
+    /// mapfs rows do: reads and writes by kernel passthrough
+    /// (`FUSE_CAP_PASSTHROUGH`, as `--data passthrough`; it then turns the
+    /// writeback cache off), `splice`, libfuse's worker threads, and
+    /// `default_permissions` (which it always adds, as mapfs does, so the
+    /// kernel checks permissions with the same parent `GETATTR`s). Its
+    /// entry and attribute timeouts are one day (without `--nocache`), as
+    /// mapfs's `--exclusive` rows keep names and attributes, where the
+    /// other mapfs rows keep them 1 s; sound here for the reason given at
+    /// [`Setup::Exclusive`]. `--foreground` keeps the daemon the bench's
+    /// own child, so that teardown waits for it and its log (with
+    /// `FUSE_INIT_STATUS=1`, libfuse's report of what `INIT` negotiated)
+    /// can be read: the `uring` row must report `io_uring=on`, the other
+    /// `io_uring=off`.
+    PassthroughHp {
+        /// `-o io_uring`: FUSE over io_uring. The kernel's switch
+        /// ([`ENABLE_URING`]) is turned on first if it is off and this
+        /// process may; the row is skipped if it stays off.
+        uring: bool,
+    },
     /// No mount: the workload runs under `mapfs run --embed
     /// FS:BACKING:DIR`, DIR existing only inside its processes (so only
     /// workloads run by a worker under the command prefix work there).
@@ -77,6 +112,13 @@ pub enum Setup {
 /// (plfs's opens then share one map per file).
 pub const DAEMON_WRITEBACK: &str = "daemon+writeback";
 
+/// The environment variable naming libfuse's `passthrough_hp` executable
+/// for the [`Setup::PassthroughHp`] rows.
+pub const PASSTHROUGH_HP_ENV: &str = "MAPFS_PASSTHROUGH_HP";
+
+/// The kernel's switch for FUSE over io_uring (read at each mount's `INIT`).
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
 /// What the workload command runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wrap {
@@ -123,9 +165,29 @@ pub const CONFIGS: &[ConfigDef] = &[
         wrap: Wrap::None,
     },
     ConfigDef {
+        name: "passthrough-uring",
+        about: "mapfs passthrough fs mounted with --data passthrough -o transport=uring (FUSE over io_uring)",
+        setup: Setup::MapfsUring {
+            data: "passthrough",
+        },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
         name: "bindfs",
         about: "reference: bindfs BACKING MNT (Debian's bindfs, an existing FUSE passthrough)",
         setup: Setup::Bindfs,
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "passthrough_hp",
+        about: "peer: libfuse's passthrough_hp BACKING MNT over /dev/fuse ($MAPFS_PASSTHROUGH_HP, built by scripts/passthrough-hp.sh)",
+        setup: Setup::PassthroughHp { uring: false },
+        wrap: Wrap::None,
+    },
+    ConfigDef {
+        name: "passthrough_hp-uring",
+        about: "peer: libfuse's passthrough_hp -o io_uring BACKING MNT (FUSE over io_uring)",
+        setup: Setup::PassthroughHp { uring: true },
         wrap: Wrap::None,
     },
     ConfigDef {
@@ -353,6 +415,9 @@ impl Prepared {
 pub struct MountGuard {
     mnt: PathBuf,
     unmount: Vec<Vec<OsString>>,
+    /// A daemon the bench started in the foreground: waited for after the
+    /// unmount (which ends it), killed if it does not end.
+    daemon: Option<Child>,
 }
 
 impl MountGuard {
@@ -367,12 +432,40 @@ impl MountGuard {
                 vec!["fusermount3".into(), "-u".into(), mnt_os.clone()],
                 vec!["umount".into(), "-l".into(), mnt_os],
             ],
+            daemon: None,
         }
     }
 }
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
+        self.unmount();
+        if let Some(mut d) = self.daemon.take() {
+            let start = Instant::now();
+            while matches!(d.try_wait(), Ok(None)) {
+                if start.elapsed() > Duration::from_secs(10) {
+                    eprintln!(
+                        "mapfs bench: the daemon of {} did not end after the unmount; killing it",
+                        self.mnt.display()
+                    );
+                    let _ = d.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = d.wait();
+        }
+    }
+}
+
+impl MountGuard {
+    /// Tries the unmount commands in order until the mount is gone.
+    fn unmount(&self) {
+        // A daemon that failed before mounting left nothing to unmount; a
+        // dead mount (ENOTCONN) still needs its unmount.
+        if !is_mountpoint(&self.mnt).unwrap_or(true) {
+            return;
+        }
         for cmd in &self.unmount {
             let ok = Command::new(&cmd[0])
                 .args(&cmd[1..])
@@ -416,6 +509,142 @@ fn run_mount_command(cmd: Command, timeout: Duration) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The transport (`uring` or `dev`) that `mapfs stats --json` reports for
+/// the mapfs mount `mnt`.
+fn mapfs_transport(mapfs: &Path, mnt: &Path) -> Result<String> {
+    let mut cmd = Command::new(mapfs);
+    cmd.arg("stats").arg("--json").arg(mnt);
+    let r = super::process::run(cmd, Duration::from_secs(30))?;
+    if !r.status.success() {
+        bail!("mapfs stats --json {}: {}", mnt.display(), r.error_line());
+    }
+    transport_in_stats(&r.stdout)
+}
+
+/// `raw.transport` of a `mapfs stats --json` report.
+fn transport_in_stats(json: &str) -> Result<String> {
+    let v: serde_json::Value = serde_json::from_str(json).context("mapfs stats --json")?;
+    match v.pointer("/raw/transport").and_then(|t| t.as_str()) {
+        Some(t) => Ok(t.to_string()),
+        None => bail!("mapfs stats --json has no raw.transport"),
+    }
+}
+
+/// Makes sure the kernel will offer FUSE over io_uring: turns
+/// [`ENABLE_URING`] on if it is off (root), else the row is skipped.
+fn uring_switch_on() -> Result<()> {
+    let now = std::fs::read_to_string(ENABLE_URING).unwrap_or_default();
+    if now.trim() == "Y" {
+        return Ok(());
+    }
+    // Failure shows in the read-back below.
+    let _ = std::fs::write(ENABLE_URING, "Y");
+    let now = std::fs::read_to_string(ENABLE_URING).unwrap_or_default();
+    if now.trim() != "Y" {
+        bail!(
+            "skipped: the kernel's FUSE over io_uring is off or absent (Linux 6.14+; as root: \
+             echo Y > {ENABLE_URING})"
+        );
+    }
+    Ok(())
+}
+
+/// The command line of a [`Setup::PassthroughHp`] row, `exe` being the
+/// value of [`PASSTHROUGH_HP_ENV`]: unset or empty skips the row, a path
+/// that is not a file is an error (a typo should not pass for a skip).
+fn passthrough_hp_command(
+    exe: Option<&OsStr>,
+    backing: &Path,
+    mnt: &Path,
+    uring: bool,
+) -> Result<Command> {
+    let exe = match exe {
+        Some(e) if !e.is_empty() => Path::new(e),
+        _ => bail!(
+            "skipped: {PASSTHROUGH_HP_ENV} is not set (the path of libfuse's passthrough_hp, \
+             3.18+; scripts/passthrough-hp.sh builds it)"
+        ),
+    };
+    if !exe.is_file() {
+        bail!("{PASSTHROUGH_HP_ENV}={}: no such program", exe.display());
+    }
+    let mut cmd = Command::new(exe);
+    cmd.arg("--foreground");
+    if uring {
+        cmd.args(["-o", "io_uring"]);
+    }
+    cmd.arg(backing).arg(mnt).env("FUSE_INIT_STATUS", "1");
+    Ok(cmd)
+}
+
+/// The value of libfuse's `FUSE_INIT: io_uring=` report line in a daemon's
+/// log (`on`, or `off:<why>`), if it has been written.
+fn init_io_uring(log: &str) -> Option<&str> {
+    log.lines()
+        .find_map(|l| l.trim().strip_prefix("FUSE_INIT: io_uring="))
+}
+
+/// Starts `passthrough_hp` (in the foreground, its output in a temporary
+/// file), waits for its mount on `mnt` and its `INIT` report, and checks
+/// that the report's transport is the one asked for.
+fn start_passthrough_hp(mut cmd: Command, mnt: &Path, uring: bool) -> Result<MountGuard> {
+    let mut log = tempfile::tempfile().context("temporary file for the daemon's log")?;
+    let shown = format!("{cmd:?}");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log.try_clone()?)
+        .spawn()
+        .with_context(|| format!("cannot run {shown}"))?;
+    let mnt_os: OsString = mnt.into();
+    let mut guard = MountGuard {
+        mnt: mnt.to_path_buf(),
+        unmount: vec![
+            vec!["fusermount3".into(), "-u".into(), mnt_os.clone()],
+            vec!["umount".into(), "-l".into(), mnt_os],
+        ],
+        daemon: Some(child),
+    };
+    let mut read_log = || -> Result<String> {
+        let mut s = String::new();
+        log.rewind()?;
+        log.read_to_string(&mut s)?;
+        Ok(s)
+    };
+    let start = Instant::now();
+    let report = loop {
+        let text = read_log()?;
+        // The report is written once INIT is answered, after the mount.
+        if let Some(r) = init_io_uring(&text) {
+            break r.to_string();
+        }
+        if let Some(d) = guard.daemon.as_mut() {
+            if let Some(st) = d.try_wait()? {
+                let last = text.lines().rev().find(|l| !l.trim().is_empty());
+                bail!(
+                    "passthrough_hp ended ({st}) before its INIT report: {}",
+                    last.unwrap_or("no output")
+                );
+            }
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("passthrough_hp did not report INIT within 30 s ({shown})");
+        }
+        if is_mountpoint(mnt).unwrap_or(false) {
+            // A stat waits for INIT; the report follows.
+            let _ = std::fs::metadata(mnt);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    match (uring, report.as_str()) {
+        (true, "on") => {}
+        (true, r) => bail!("passthrough_hp -o io_uring got no FUSE over io_uring: io_uring={r}"),
+        (false, "on") => bail!("passthrough_hp without -o io_uring reports io_uring=on"),
+        (false, _) => {}
+    }
+    Ok(guard)
 }
 
 /// Whether `prog` is on PATH.
@@ -494,13 +723,14 @@ pub fn prepare(
             (dir, None)
         }
         Setup::Mapfs { .. }
+        | Setup::MapfsUring { .. }
         | Setup::MapfsFs { .. }
         | Setup::OwnStore { .. }
         | Setup::Exclusive { .. } => {
             let (fs, data, exclusive) = match def.setup {
                 Setup::MapfsFs { fs, data } | Setup::OwnStore { fs, data } => (fs, data, false),
                 Setup::Exclusive { fs, data } => (fs, data, true),
-                Setup::Mapfs { data } => ("passthrough", data, false),
+                Setup::Mapfs { data } | Setup::MapfsUring { data } => ("passthrough", data, false),
                 _ => unreachable!("matched above"),
             };
             let own_store = matches!(def.setup, Setup::OwnStore { .. });
@@ -524,6 +754,13 @@ pub fn prepare(
             if exclusive {
                 cmd.arg("--exclusive");
             }
+            let uring = matches!(def.setup, Setup::MapfsUring { .. });
+            if uring {
+                // The daemon would fall back to /dev/fuse: say so as a skip
+                // rather than fail the row below.
+                uring_switch_on()?;
+                cmd.args(["-o", "transport=uring"]);
+            }
             // Set before mounting: a mount that fails after making it
             // leaves nothing behind either.
             made = made_in_backing(fs, &store)
@@ -541,7 +778,38 @@ pub fn prepare(
                     vec!["fusermount3".into(), "-u".into(), mnt_os.clone()],
                     vec!["umount".into(), "-l".into(), mnt_os],
                 ],
+                daemon: None,
             };
+            if uring {
+                // The daemon reports `dev` until its queues have taken
+                // their first requests; a stat of the root makes some.
+                let start = Instant::now();
+                loop {
+                    let _ = std::fs::metadata(&mnt);
+                    let t = mapfs_transport(mapfs, &mnt)?;
+                    if t == "uring" {
+                        break;
+                    }
+                    if start.elapsed() > Duration::from_secs(10) {
+                        bail!(
+                            "mounted with -o transport=uring but served over {t:?} \
+                             (the kernel did not offer FUSE over io_uring; see the daemon's log)"
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            (mnt, Some(guard))
+        }
+        Setup::PassthroughHp { uring } => {
+            let exe = std::env::var_os(PASSTHROUGH_HP_ENV);
+            if uring {
+                uring_switch_on()?;
+            }
+            let mnt = mnt_parent.join(def.name);
+            std::fs::create_dir_all(&mnt)?;
+            let cmd = passthrough_hp_command(exe.as_deref(), backing, &mnt, uring)?;
+            let guard = start_passthrough_hp(cmd, &mnt, uring)?;
             (mnt, Some(guard))
         }
         Setup::Bindfs => {
@@ -560,6 +828,7 @@ pub fn prepare(
                     vec!["fusermount3".into(), "-u".into(), mnt_os.clone()],
                     vec!["umount".into(), "-l".into(), mnt_os],
                 ],
+                daemon: None,
             };
             (mnt, Some(guard))
         }
@@ -597,6 +866,82 @@ mod tests {
             ["native", "bindfs"]
         );
         assert!(select(&["nfs".into()]).is_err());
+    }
+
+    #[test]
+    fn passthrough_hp_rows_skip_without_the_variable() {
+        let (b, m) = (Path::new("/b"), Path::new("/m"));
+        for exe in [None, Some(OsStr::new(""))] {
+            let e = passthrough_hp_command(exe, b, m, false).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.starts_with("skipped: "), "{msg}");
+            assert!(msg.contains(PASSTHROUGH_HP_ENV), "{msg}");
+        }
+        // A wrong path is an error, not a skip.
+        let e = passthrough_hp_command(Some(OsStr::new("/nonexistent/passthrough_hp")), b, m, true)
+            .unwrap_err()
+            .to_string();
+        assert!(!e.starts_with("skipped"), "{e}");
+        assert!(e.contains("/nonexistent/passthrough_hp"), "{e}");
+    }
+
+    #[test]
+    fn passthrough_hp_command_line() {
+        let exe = std::env::current_exe().unwrap();
+        let (b, m) = (Path::new("/back"), Path::new("/mnt"));
+        let args = |uring| -> Vec<String> {
+            let c = passthrough_hp_command(Some(exe.as_os_str()), b, m, uring).unwrap();
+            assert_eq!(c.get_program(), exe.as_os_str());
+            assert!(c
+                .get_envs()
+                .any(|(k, v)| k == "FUSE_INIT_STATUS" && v == Some(OsStr::new("1"))));
+            c.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(args(false), ["--foreground", "/back", "/mnt"]);
+        assert_eq!(
+            args(true),
+            ["--foreground", "-o", "io_uring", "/back", "/mnt"]
+        );
+    }
+
+    #[test]
+    fn init_report_and_stats_transport() {
+        let log = "FUSE_INIT: FUSE_CAP_PASSTHROUGH\nFUSE_INIT: FUSE_CAP_OVER_IO_URING\n\
+                   FUSE_INIT: io_uring=on\nFUSE_INIT: proto_minor=45\n";
+        assert_eq!(init_io_uring(log), Some("on"));
+        assert_eq!(
+            init_io_uring("FUSE_INIT: io_uring=off:not_offered\n"),
+            Some("off:not_offered")
+        );
+        assert_eq!(init_io_uring("FUSE_INIT: FUSE_CAP_OVER_IO_URING\n"), None);
+        assert_eq!(init_io_uring(""), None);
+        let json =
+            r#"{"mountpoint":"/m","requests":3,"raw":{"transport":"uring","uring_requests":2}}"#;
+        assert_eq!(transport_in_stats(json).unwrap(), "uring");
+        assert!(transport_in_stats(r#"{"raw":{}}"#).is_err());
+        assert!(transport_in_stats("not json").is_err());
+    }
+
+    #[test]
+    fn uring_rows_exist() {
+        let s = select(&[
+            "passthrough_hp-uring".into(),
+            "passthrough-uring".into(),
+            "passthrough_hp".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.iter().map(|c| c.setup).collect::<Vec<_>>(),
+            [
+                Setup::MapfsUring {
+                    data: "passthrough"
+                },
+                Setup::PassthroughHp { uring: false },
+                Setup::PassthroughHp { uring: true },
+            ]
+        );
     }
 
     #[test]

@@ -98,6 +98,19 @@ struct Inner {
     dirty: bool,
 }
 
+impl Inner {
+    /// The state of file-system open `opened`, made in fork generation
+    /// `gen`.
+    fn new(opened: Opened, gen: u64, dirty: bool) -> Inner {
+        Inner {
+            handle: opened.handle,
+            data: DataFile::new(opened),
+            gen,
+            dirty,
+        }
+    }
+}
+
 /// Bumped in a forked child: opens of an older generation are the
 /// parent's and must be reopened before use.
 static GEN: AtomicU64 = AtomicU64::new(0);
@@ -226,6 +239,12 @@ fn above_program_fds(f: Arc<std::fs::File>) -> Arc<std::fs::File> {
     }
 }
 
+/// `opened` with its backing descriptors moved [`above_program_fds`].
+fn lifted(mut opened: Opened) -> Opened {
+    opened.files = opened.files.into_iter().map(above_program_fds).collect();
+    opened
+}
+
 /// The device of memfds (every placeholder's `st_dev`).
 fn placeholder_dev() -> Option<u64> {
     static DEV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
@@ -303,12 +322,7 @@ fn join(
                     idx,
                     path: path.to_path_buf(),
                     fsflags: AtomicI32::new(fsflags & !libc::O_TRUNC),
-                    inner: RwLock::new(Inner {
-                        handle: opened.handle,
-                        data: DataFile::new(opened),
-                        gen: now,
-                        dirty: fsflags & libc::O_TRUNC != 0,
-                    }),
+                    inner: RwLock::new(Inner::new(opened, now, fsflags & libc::O_TRUNC != 0)),
                     posix_locks: Mutex::new(None),
                     forked: std::sync::atomic::AtomicBool::new(false),
                 });
@@ -328,10 +342,9 @@ fn reopen(idx: usize, path: &std::path::Path, fsflags: i32, opened: Opened) -> O
     let fs = &embs()[idx].fs;
     let ctx = state::ctx();
     match fs.open(&ctx, path, OpenFlags(fsflags)) {
-        Ok(mut o) => {
-            o.files = o.files.into_iter().map(above_program_fds).collect();
+        Ok(o) => {
             let _ = fs.release(&ctx, path, opened.handle, &opened.map);
-            o
+            lifted(o)
         }
         Err(_) => opened,
     }
@@ -352,8 +365,7 @@ pub fn adopt(
     desc: Option<Desc>,
 ) -> Result<OwnedFd, i32> {
     let e = &embs()[idx];
-    let mut opened = opened;
-    opened.files = opened.files.into_iter().map(above_program_fds).collect();
+    let opened = lifted(opened);
     let handle = opened.handle;
     let fail = |opened: &Opened, n: i32| {
         let _ = e.fs.release(&state::ctx(), &path, handle, &opened.map);
@@ -423,12 +435,7 @@ impl SharedFile {
         if g.gen != now {
             let old = std::mem::replace(
                 &mut *g,
-                Inner {
-                    handle: opened.handle,
-                    data: DataFile::new(opened),
-                    gen: now,
-                    dirty: fsflags & libc::O_TRUNC != 0,
-                },
+                Inner::new(opened, now, fsflags & libc::O_TRUNC != 0),
             );
             self.fsflags
                 .store(fsflags & !libc::O_TRUNC, Ordering::Release);
@@ -455,17 +462,8 @@ impl SharedFile {
             return false;
         }
         match self.fs().open(&ctx, &self.path, OpenFlags(both)) {
-            Ok(mut o) => {
-                o.files = o.files.into_iter().map(above_program_fds).collect();
-                let old = std::mem::replace(
-                    &mut *g,
-                    Inner {
-                        handle: o.handle,
-                        data: DataFile::new(o),
-                        gen: now,
-                        dirty: false,
-                    },
-                );
+            Ok(o) => {
+                let old = std::mem::replace(&mut *g, Inner::new(lifted(o), now, false));
                 self.fsflags.store(both, Ordering::Release);
                 self.retire(old);
             }
@@ -508,7 +506,7 @@ impl SharedFile {
         }
         let mut g = self.inner.write();
         if g.gen != now {
-            let mut o = self
+            let o = self
                 .fs()
                 .open(
                     &state::ctx(),
@@ -516,16 +514,7 @@ impl SharedFile {
                     OpenFlags(self.fsflags.load(Ordering::Acquire)),
                 )
                 .map_err(|e| e.errno())?;
-            o.files = o.files.into_iter().map(above_program_fds).collect();
-            let old = std::mem::replace(
-                &mut *g,
-                Inner {
-                    handle: o.handle,
-                    data: DataFile::new(o),
-                    gen: now,
-                    dirty: false,
-                },
-            );
+            let old = std::mem::replace(&mut *g, Inner::new(lifted(o), now, false));
             // The parent's handle is the parent's to release.
             std::mem::forget(old);
         }
